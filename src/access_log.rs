@@ -1,0 +1,48 @@
+//! The access log (SPEC §10): one `tracing` event per request, target `access`, written
+//! when the response body is finished, together with the request metrics.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::Method;
+
+use crate::metrics::Metrics;
+
+/// The route label of requests that matched no route.
+pub fn no_route() -> Arc<str> {
+    Arc::from("")
+}
+
+/// What is known about a request by the time its response starts.
+pub struct AccessRecord {
+    pub metrics: Arc<Metrics>,
+    pub start: Instant,
+    pub method: Method,
+    pub path: String,
+    pub route: Arc<str>,
+    pub status: u16,
+    pub client_ip: IpAddr,
+    /// The rate-limit outcome; `"none"` for routes without limits.
+    pub limit_outcome: &'static str,
+}
+
+impl AccessRecord {
+    /// Emits the log event and records the request metrics.
+    pub fn finish(self, bytes: u64) {
+        let elapsed = self.start.elapsed();
+        self.metrics
+            .record_request(&self.route, self.status, elapsed.as_secs_f64());
+        tracing::info!(
+            target: "access",
+            method = %self.method,
+            path = %self.path,
+            route = %self.route,
+            status = self.status,
+            duration_ms = elapsed.as_secs_f64() * 1000.0,
+            client_ip = %self.client_ip,
+            bytes,
+            limit = self.limit_outcome,
+        );
+    }
+}

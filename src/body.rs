@@ -1,0 +1,139 @@
+//! Body types of the request path: the request body on its way upstream, bounded by
+//! `server.max_body` while it streams, and the response body on its way to the client,
+//! which writes the access log when it is finished or dropped (so the log carries the
+//! bytes actually sent and the whole duration).
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use pin_project_lite::pin_project;
+
+use crate::access_log::AccessRecord;
+
+/// Why a request body stopped streaming.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestBodyError {
+    #[error("the request body exceeds server.max_body")]
+    TooLarge,
+    #[error("reading the request body failed: {0}")]
+    Client(#[from] hyper::Error),
+}
+
+pin_project! {
+    /// A client's request body, streamed upstream, failing once it exceeds its limit.
+    pub struct RequestBody {
+        #[pin]
+        inner: Incoming,
+        remaining: Option<u64>,
+    }
+}
+
+impl RequestBody {
+    pub fn new(inner: Incoming, limit: Option<u64>) -> Self {
+        RequestBody {
+            inner,
+            remaining: limit,
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = RequestBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.project();
+        let frame = match ready!(this.inner.poll_frame(cx)) {
+            None => return Poll::Ready(None),
+            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+            Some(Ok(frame)) => frame,
+        };
+        if let (Some(remaining), Some(data)) = (this.remaining.as_mut(), frame.data_ref()) {
+            let len = data.len() as u64;
+            if len > *remaining {
+                return Poll::Ready(Some(Err(RequestBodyError::TooLarge)));
+            }
+            *remaining -= len;
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// What a response carries: the upstream's streamed body, or floodgate's own bytes.
+pub type Payload = Either<Incoming, Full<Bytes>>;
+
+/// A body floodgate writes itself.
+pub fn full(bytes: impl Into<Bytes>) -> Payload {
+    Either::Right(Full::new(bytes.into()))
+}
+
+pin_project! {
+    /// The body sent to the client; logs the request when done.
+    pub struct ResponseBody {
+        #[pin]
+        inner: Payload,
+        record: Option<AccessRecord>,
+        bytes: u64,
+    }
+
+    impl PinnedDrop for ResponseBody {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(record) = this.record.take() {
+                record.finish(*this.bytes);
+            }
+        }
+    }
+}
+
+impl ResponseBody {
+    pub fn new(inner: Payload, record: AccessRecord) -> Self {
+        ResponseBody {
+            inner,
+            record: Some(record),
+            bytes: 0,
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.project();
+        let polled = ready!(this.inner.poll_frame(cx));
+        if let Some(Ok(frame)) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            *this.bytes += data.len() as u64;
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,140 @@
+//! Who the client is (SPEC §2 `client_ip`): the TCP peer, unless the peer is a trusted
+//! proxy, in which case `X-Forwarded-For` is read from right to left, skipping trusted
+//! addresses, and the first untrusted one is the client. A client can therefore never
+//! choose its own address by sending `X-Forwarded-For` directly.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::HeaderMap;
+use http::header::HeaderValue;
+use ipnet::IpNet;
+
+/// The `server.trusted_proxies` set.
+#[derive(Debug, Clone, Default)]
+pub struct TrustedProxies {
+    nets: Vec<IpNet>,
+}
+
+impl TrustedProxies {
+    pub fn new(nets: Vec<IpNet>) -> Self {
+        TrustedProxies { nets }
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.nets.iter().any(|net| net.contains(&ip))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty()
+    }
+}
+
+/// The client address for a request from `peer` carrying `headers`.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> IpAddr {
+    let peer = peer.to_canonical();
+    if trusted.is_empty() || !trusted.contains(peer) {
+        return peer;
+    }
+    let lines: Vec<&HeaderValue> = headers.get_all("x-forwarded-for").iter().collect();
+    let mut client = peer;
+    for entry in lines
+        .iter()
+        .rev()
+        .flat_map(|line| line.as_bytes().rsplit(|&b| b == b','))
+    {
+        match parse_entry(entry) {
+            Some(ip) if trusted.contains(ip) => client = ip,
+            Some(ip) => return ip,
+            // An entry we cannot read: the last trusted hop is the best we know.
+            None => return client,
+        }
+    }
+    client
+}
+
+/// `1.2.3.4`, `1.2.3.4:5678`, `2001:db8::1` or `[2001:db8::1]:443`, with optional spaces.
+fn parse_entry(raw: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(raw).ok()?.trim();
+    text.parse::<IpAddr>()
+        .or_else(|_| text.parse::<SocketAddr>().map(|s| s.ip()))
+        .ok()
+        .map(|ip| ip.to_canonical())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(xff: &[&str]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for line in xff {
+            map.append("x-forwarded-for", HeaderValue::from_str(line).unwrap());
+        }
+        map
+    }
+
+    fn trusted(nets: &[&str]) -> TrustedProxies {
+        TrustedProxies::new(nets.iter().map(|n| n.parse().unwrap()).collect())
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn untrusted_peer_is_the_client_whatever_it_sends() {
+        let t = trusted(&["10.0.0.0/8"]);
+        assert_eq!(
+            client_ip(ip("203.0.113.9"), &headers(&["1.2.3.4"]), &t),
+            ip("203.0.113.9")
+        );
+        assert_eq!(
+            client_ip(ip("203.0.113.9"), &headers(&["1.2.3.4"]), &trusted(&[])),
+            ip("203.0.113.9")
+        );
+    }
+
+    #[test]
+    fn trusted_peer_reads_right_to_left_skipping_trusted_hops() {
+        let t = trusted(&["10.0.0.0/8"]);
+        let h = headers(&["6.6.6.6, 198.51.100.7", "10.0.0.2"]);
+        assert_eq!(client_ip(ip("10.0.0.1"), &h, &t), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn all_trusted_gives_the_leftmost_and_no_header_gives_the_peer() {
+        let t = trusted(&["10.0.0.0/8"]);
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &headers(&["10.0.0.3, 10.0.0.2"]), &t),
+            ip("10.0.0.3")
+        );
+        assert_eq!(client_ip(ip("10.0.0.1"), &headers(&[]), &t), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn garbage_stops_at_the_last_trusted_hop() {
+        let t = trusted(&["10.0.0.0/8"]);
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &headers(&["1.1.1.1, bogus, 10.0.0.5"]), &t),
+            ip("10.0.0.5")
+        );
+    }
+
+    #[test]
+    fn ports_brackets_and_mapped_addresses() {
+        let t = trusted(&["10.0.0.0/8"]);
+        assert_eq!(
+            client_ip(ip("::ffff:10.0.0.1"), &headers(&["[2001:db8::1]:443"]), &t),
+            ip("2001:db8::1")
+        );
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &headers(&["192.0.2.1:5678"]), &t),
+            ip("192.0.2.1")
+        );
+        assert_eq!(
+            client_ip(ip("::ffff:192.0.2.1"), &headers(&[]), &t),
+            ip("192.0.2.1")
+        );
+    }
+}

@@ -1,0 +1,556 @@
+//! Configuration: `gateway.toml` → [`file::FileConfig`] (raw serde) → [`Config`] (validated).
+//!
+//! Validation happens once, at load: every duration, size, address, CIDR and URL is parsed,
+//! every reference resolved and every rule checked, and all problems are reported together
+//! with `file:line:column`. Nothing downstream re-checks or unwraps a configuration value.
+
+mod error;
+mod file;
+mod values;
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http::{HeaderValue, Method, StatusCode, Uri};
+use ipnet::IpNet;
+use toml::Spanned;
+
+use error::ErrorSink;
+pub use error::{ConfigError, ConfigErrors};
+use file::{FileConfig, RespondFile, RouteFile, ServerFile, UpstreamFile};
+
+use crate::path::normalize_path;
+
+const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
+const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
+const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from (for messages and reloads).
+    pub path: PathBuf,
+    pub server: ServerConfig,
+    /// Upstreams by name.
+    pub upstreams: BTreeMap<String, Arc<UpstreamConfig>>,
+    /// Routes in file order: the first match wins.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// `[server]`
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub trusted_proxies: Vec<IpNet>,
+    pub shutdown_grace: Duration,
+    /// How long a client may take to send a request's headers (slowloris guard).
+    pub header_timeout: Duration,
+    /// Runtime worker threads; 0 = one per CPU core.
+    pub workers: usize,
+    pub ratelimit_headers: RateLimitHeaders,
+    /// Largest accepted request body; `None` = unlimited.
+    pub max_body: Option<u64>,
+}
+
+/// Which rate-limit response headers are sent (`server.ratelimit_headers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateLimitHeaders {
+    Ietf,
+    Legacy,
+    Both,
+    None,
+}
+
+/// `[upstreams.NAME]`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub authority: Authority,
+    /// Path prefixed to every forwarded path; empty, or starting with `/` and without a
+    /// trailing `/`.
+    pub base_path: String,
+    pub connect_timeout: Duration,
+    /// Time allowed until the upstream's response headers arrive.
+    pub timeout: Duration,
+}
+
+/// One `[[routes]]` entry.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: Arc<str>,
+    pub host: Option<HostMatch>,
+    pub path: PathMatch,
+    pub methods: Option<Vec<Method>>,
+    pub target: RouteTarget,
+}
+
+/// How a route matches the request's host (lower-case, port and trailing dot removed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMatch {
+    Exact(String),
+    /// `*.example.com`, stored as `.example.com`: any subdomain, not the bare domain.
+    Wildcard(String),
+}
+
+/// How a route matches the normalized path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathMatch {
+    Exact(String),
+    Prefix(String),
+}
+
+/// Where a matched request goes.
+#[derive(Debug, Clone)]
+pub enum RouteTarget {
+    Upstream(Arc<UpstreamConfig>),
+    Respond(RespondConfig),
+}
+
+/// A fixed response served by floodgate itself.
+#[derive(Debug, Clone)]
+pub struct RespondConfig {
+    pub status: StatusCode,
+    pub body: Bytes,
+    pub content_type: HeaderValue,
+}
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigErrors::single(path, "", format!("cannot read the file: {e}")))?;
+        Config::parse(path, &text)
+    }
+
+    /// Validates `text` as the contents of `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
+        let raw = deserialize(path, text)?;
+        let mut sink = ErrorSink::new(text);
+        let server = validate_server(raw.server, &mut sink);
+        let upstreams = validate_upstreams(raw.upstreams, &mut sink);
+        let routes = validate_routes(raw.routes, &upstreams, &mut sink);
+        sink.finish(path)?;
+        Ok(Config {
+            path: path.to_path_buf(),
+            server,
+            upstreams,
+            routes,
+        })
+    }
+}
+
+/// TOML syntax, types and unknown keys: serde stops at the first such problem.
+fn deserialize(path: &Path, text: &str) -> Result<FileConfig, ConfigErrors> {
+    let fail = |span, key: String, message: String| {
+        let mut sink = ErrorSink::new(text);
+        sink.push(span, key, message);
+        sink.into_errors(path)
+    };
+    let deserializer = toml::Deserializer::parse(text).map_err(|e| {
+        fail(
+            e.span(),
+            String::new(),
+            format!("invalid TOML: {}", e.message().trim()),
+        )
+    })?;
+    serde_path_to_error::deserialize::<_, FileConfig>(deserializer).map_err(|e| {
+        let key = match e.path().to_string() {
+            p if p == "." => String::new(),
+            p => p,
+        };
+        let inner = e.into_inner();
+        fail(inner.span(), key, inner.message().trim().to_owned())
+    })
+}
+
+/// Parses a spanned string with `parse`, recording a failure at its position.
+fn parse_spanned<T>(
+    value: &Spanned<String>,
+    key: impl Into<String>,
+    sink: &mut ErrorSink,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Option<T> {
+    match parse(value.get_ref()) {
+        Ok(v) => Some(v),
+        Err(message) => {
+            sink.push(Some(value.span()), key, message);
+            None
+        }
+    }
+}
+
+/// An optional spanned value, parsed, or `default` when absent or invalid.
+fn parse_or<T>(
+    value: &Option<Spanned<String>>,
+    key: &str,
+    default: T,
+    sink: &mut ErrorSink,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> T {
+    value
+        .as_ref()
+        .and_then(|v| parse_spanned(v, key, sink, parse))
+        .unwrap_or(default)
+}
+
+fn socket_addr(text: &str) -> Result<SocketAddr, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("expected an address such as \"0.0.0.0:8080\" or \"[::]:8080\", got {text:?}"))
+}
+
+fn validate_server(raw: ServerFile, sink: &mut ErrorSink) -> ServerConfig {
+    let default_listen = DEFAULT_LISTEN.parse().expect("valid default");
+    let default_admin = DEFAULT_ADMIN_LISTEN.parse().expect("valid default");
+    let trusted_proxies = raw
+        .trusted_proxies
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, v)| parse_spanned(v, format!("server.trusted_proxies[{i}]"), sink, values::cidr))
+        .collect();
+    let workers = match raw.workers {
+        Some(w) if *w.get_ref() < 0 || *w.get_ref() > 1024 => {
+            sink.push(
+                Some(w.span()),
+                "server.workers",
+                format!(
+                    "expected 0 (one per CPU core) or a thread count up to 1024, got {}",
+                    w.get_ref()
+                ),
+            );
+            0
+        }
+        Some(w) => *w.get_ref() as usize,
+        None => 0,
+    };
+    ServerConfig {
+        listen: parse_or(&raw.listen, "server.listen", default_listen, sink, socket_addr),
+        admin_listen: parse_or(
+            &raw.admin_listen,
+            "server.admin_listen",
+            default_admin,
+            sink,
+            socket_addr,
+        ),
+        trusted_proxies,
+        shutdown_grace: parse_or(
+            &raw.shutdown_grace,
+            "server.shutdown_grace",
+            DEFAULT_SHUTDOWN_GRACE,
+            sink,
+            values::duration,
+        ),
+        header_timeout: parse_or(
+            &raw.header_timeout,
+            "server.header_timeout",
+            DEFAULT_HEADER_TIMEOUT,
+            sink,
+            values::positive_duration,
+        ),
+        workers,
+        ratelimit_headers: parse_or(
+            &raw.ratelimit_headers,
+            "server.ratelimit_headers",
+            RateLimitHeaders::Ietf,
+            sink,
+            |text| match text {
+                "ietf" => Ok(RateLimitHeaders::Ietf),
+                "legacy" => Ok(RateLimitHeaders::Legacy),
+                "both" => Ok(RateLimitHeaders::Both),
+                "none" => Ok(RateLimitHeaders::None),
+                other => Err(format!(
+                    "expected one of \"ietf\", \"legacy\", \"both\", \"none\", got {other:?}"
+                )),
+            },
+        ),
+        max_body: raw
+            .max_body
+            .as_ref()
+            .and_then(|v| parse_spanned(v, "server.max_body", sink, values::size)),
+    }
+}
+
+fn validate_upstreams(
+    raw: BTreeMap<String, Spanned<UpstreamFile>>,
+    sink: &mut ErrorSink,
+) -> BTreeMap<String, Arc<UpstreamConfig>> {
+    let mut upstreams = BTreeMap::new();
+    for (name, upstream) in raw {
+        let key = format!("upstreams.{name}");
+        let upstream = upstream.into_inner();
+        let url = parse_spanned(&upstream.url, format!("{key}.url"), sink, upstream_url);
+        let connect_timeout = parse_or(
+            &upstream.connect_timeout,
+            &format!("{key}.connect_timeout"),
+            DEFAULT_CONNECT_TIMEOUT,
+            sink,
+            values::positive_duration,
+        );
+        let timeout = parse_or(
+            &upstream.timeout,
+            &format!("{key}.timeout"),
+            DEFAULT_UPSTREAM_TIMEOUT,
+            sink,
+            values::positive_duration,
+        );
+        if let Some((authority, base_path)) = url {
+            upstreams.insert(
+                name.clone(),
+                Arc::new(UpstreamConfig {
+                    name,
+                    authority,
+                    base_path,
+                    connect_timeout,
+                    timeout,
+                }),
+            );
+        }
+    }
+    upstreams
+}
+
+/// `http://host:port/optional/base` → (authority with an explicit port, base path).
+fn upstream_url(text: &str) -> Result<(Authority, String), String> {
+    let expected = || format!("expected an upstream URL such as \"http://127.0.0.1:9000\", got {text:?}");
+    let uri: Uri = text.trim().parse().map_err(|_| expected())?;
+    match uri.scheme() {
+        Some(scheme) if *scheme == Scheme::HTTP => {}
+        Some(scheme) if *scheme == Scheme::HTTPS => {
+            return Err(format!(
+                "https:// upstreams are not supported yet; expected an http:// URL, got {text:?}"
+            ));
+        }
+        _ => return Err(expected()),
+    }
+    let authority = uri.authority().ok_or_else(expected)?;
+    if authority.host().is_empty() || authority.as_str().contains('@') {
+        return Err(expected());
+    }
+    if uri.query().is_some() {
+        return Err(format!(
+            "expected an upstream URL without a query string, got {text:?}"
+        ));
+    }
+    let authority: Authority = match authority.port_u16() {
+        Some(_) => authority.clone(),
+        None => format!("{}:80", authority.host())
+            .parse()
+            .map_err(|_| expected())?,
+    };
+    let base_path = uri.path().trim_end_matches('/').to_owned();
+    Ok((authority, base_path))
+}
+
+fn validate_routes(
+    raw: Vec<Spanned<RouteFile>>,
+    upstreams: &BTreeMap<String, Arc<UpstreamConfig>>,
+    sink: &mut ErrorSink,
+) -> Vec<RouteConfig> {
+    let mut names = HashSet::new();
+    let mut routes = Vec::with_capacity(raw.len());
+    for (i, route) in raw.into_iter().enumerate() {
+        let key = format!("routes[{i}]");
+        let span = route.span();
+        let route = route.into_inner();
+        if let Some(route) = validate_route(&key, span, route, upstreams, &mut names, sink) {
+            routes.push(route);
+        }
+    }
+    routes
+}
+
+fn validate_route(
+    key: &str,
+    span: std::ops::Range<usize>,
+    raw: RouteFile,
+    upstreams: &BTreeMap<String, Arc<UpstreamConfig>>,
+    names: &mut HashSet<String>,
+    sink: &mut ErrorSink,
+) -> Option<RouteConfig> {
+    let name = raw.name.get_ref().trim().to_owned();
+    if name.is_empty() {
+        sink.push(
+            Some(raw.name.span()),
+            format!("{key}.name"),
+            "expected a non-empty route name",
+        );
+    } else if !names.insert(name.clone()) {
+        sink.push(
+            Some(raw.name.span()),
+            format!("{key}.name"),
+            format!("route name {name:?} is already used by an earlier route; expected unique names"),
+        );
+    }
+    let host = raw
+        .host
+        .as_ref()
+        .and_then(|h| parse_spanned(h, format!("{key}.host"), sink, host_match));
+    let path = match (&raw.path, &raw.path_prefix) {
+        (Some(_), Some(prefix)) => {
+            sink.push(
+                Some(prefix.span()),
+                format!("{key}.path_prefix"),
+                "expected either `path` or `path_prefix`, not both",
+            );
+            None
+        }
+        (Some(path), None) => {
+            parse_spanned(path, format!("{key}.path"), sink, route_path).map(PathMatch::Exact)
+        }
+        (None, Some(prefix)) => {
+            parse_spanned(prefix, format!("{key}.path_prefix"), sink, route_path).map(PathMatch::Prefix)
+        }
+        (None, None) => Some(PathMatch::Prefix("/".to_owned())),
+    };
+    let methods = match &raw.methods {
+        None => Some(None),
+        Some(list) if list.is_empty() => {
+            sink.push(
+                Some(span.clone()),
+                format!("{key}.methods"),
+                "expected at least one method",
+            );
+            None
+        }
+        Some(list) => list
+            .iter()
+            .enumerate()
+            .map(|(i, m)| parse_spanned(m, format!("{key}.methods[{i}]"), sink, method))
+            .collect::<Option<Vec<_>>>()
+            .map(Some),
+    };
+    let target = match (&raw.upstream, raw.respond) {
+        (Some(_), Some(respond)) => {
+            sink.push(
+                Some(respond.span()),
+                format!("{key}.respond"),
+                "expected either `upstream` or `respond`, not both",
+            );
+            None
+        }
+        (Some(name), None) => match upstreams.get(name.get_ref()) {
+            Some(upstream) => Some(RouteTarget::Upstream(upstream.clone())),
+            None => {
+                let known: Vec<_> = upstreams.keys().map(|k| format!("{k:?}")).collect();
+                sink.push(
+                    Some(name.span()),
+                    format!("{key}.upstream"),
+                    format!(
+                        "unknown upstream {:?}; expected one of the [upstreams.*] tables: {}",
+                        name.get_ref(),
+                        if known.is_empty() {
+                            "none are defined".to_owned()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                );
+                None
+            }
+        },
+        (None, Some(respond)) => {
+            validate_respond(&format!("{key}.respond"), respond.into_inner(), sink).map(RouteTarget::Respond)
+        }
+        (None, None) => {
+            sink.push(
+                Some(span),
+                key.to_owned(),
+                "expected `upstream = \"NAME\"` or `respond = { status = ... }`",
+            );
+            None
+        }
+    };
+    Some(RouteConfig {
+        name: Arc::from(name.as_str()),
+        host,
+        path: path?,
+        methods: methods?,
+        target: target?,
+    })
+}
+
+fn validate_respond(key: &str, raw: RespondFile, sink: &mut ErrorSink) -> Option<RespondConfig> {
+    let status = match raw.status {
+        None => Some(StatusCode::OK),
+        Some(status) => match u16::try_from(*status.get_ref())
+            .ok()
+            .and_then(|s| StatusCode::from_u16(s).ok())
+        {
+            Some(code) if code.as_u16() >= 200 && code.as_u16() <= 599 => Some(code),
+            _ => {
+                sink.push(
+                    Some(status.span()),
+                    format!("{key}.status"),
+                    format!(
+                        "expected an HTTP status from 200 to 599, got {}",
+                        status.get_ref()
+                    ),
+                );
+                None
+            }
+        },
+    };
+    let content_type = match raw.content_type {
+        None => Some(HeaderValue::from_static("text/plain")),
+        Some(ct) => parse_spanned(&ct, format!("{key}.content_type"), sink, |text| {
+            HeaderValue::from_str(text)
+                .map_err(|_| format!("expected a valid Content-Type value, got {text:?}"))
+        }),
+    };
+    Some(RespondConfig {
+        status: status?,
+        body: Bytes::from(raw.body.unwrap_or_default()),
+        content_type: content_type?,
+    })
+}
+
+fn host_match(text: &str) -> Result<HostMatch, String> {
+    let host = text.trim().trim_end_matches('.').to_ascii_lowercase();
+    let valid_label = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+    };
+    match host.strip_prefix("*.") {
+        Some(domain) if valid_label(domain) => Ok(HostMatch::Wildcard(format!(".{domain}"))),
+        None if valid_label(&host) => Ok(HostMatch::Exact(host)),
+        _ => Err(format!(
+            "expected a host name such as \"api.example.com\" or \"*.example.com\" (no port), got {text:?}"
+        )),
+    }
+}
+
+fn route_path(text: &str) -> Result<String, String> {
+    match normalize_path(text) {
+        Ok(normalized) if normalized == text => Ok(text.to_owned()),
+        _ => Err(format!(
+            "expected a normalized path starting with \"/\" (no \".\", \"..\" or \"//\" segments), got {text:?}"
+        )),
+    }
+}
+
+fn method(text: &str) -> Result<Method, String> {
+    let upper = text.trim().to_ascii_uppercase();
+    if upper.is_empty()
+        || !upper
+            .bytes()
+            .all(|b| b.is_ascii_alphabetic() || b == b'-' || b == b'_')
+    {
+        return Err(format!("expected an HTTP method such as \"GET\", got {text:?}"));
+    }
+    Method::from_bytes(upper.as_bytes())
+        .map_err(|_| format!("expected an HTTP method such as \"GET\", got {text:?}"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,122 @@
+//! Errors of the request path and the one place they become HTTP responses (SPEC §5).
+//!
+//! The mapping is an exhaustive `match` without a catch-all, so a new failure cannot be
+//! added without deciding its status. Clients get a fixed one-line body; the detail goes
+//! to the log.
+
+use http::StatusCode;
+
+use crate::path::PathError;
+
+/// How an upstream failed; also the `kind` label of `floodgate_upstream_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// Refused, unreachable, or not connected within `connect_timeout`.
+    Connect,
+    /// No response headers within the upstream's `timeout`.
+    Timeout,
+    /// The connection broke or the upstream answered with something that is not HTTP.
+    Reset,
+}
+
+impl UpstreamFailure {
+    pub fn label(self) -> &'static str {
+        match self {
+            UpstreamFailure::Connect => "connect",
+            UpstreamFailure::Timeout => "timeout",
+            UpstreamFailure::Reset => "reset",
+        }
+    }
+}
+
+/// Why floodgate answered a request itself instead of relaying the upstream's response.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("no route matches the request")]
+    NoRoute,
+    #[error("bad request path: {0}")]
+    BadPath(#[from] PathError),
+    #[error("malformed request: {0}")]
+    MalformedRequest(&'static str),
+    #[error("the request body could not be read: {0}")]
+    BadRequestBody(String),
+    #[error("the request body exceeds server.max_body")]
+    BodyTooLarge,
+    #[error("upstream {upstream:?} failed ({kind:?}): {detail}")]
+    Upstream {
+        upstream: std::sync::Arc<str>,
+        kind: UpstreamFailure,
+        detail: String,
+    },
+}
+
+impl GatewayError {
+    /// The status a client sees for this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::NoRoute => StatusCode::NOT_FOUND,
+            GatewayError::BadPath(_)
+            | GatewayError::MalformedRequest(_)
+            | GatewayError::BadRequestBody(_) => StatusCode::BAD_REQUEST,
+            GatewayError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::Upstream { kind, .. } => match kind {
+                UpstreamFailure::Connect | UpstreamFailure::Reset => StatusCode::BAD_GATEWAY,
+                UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            },
+        }
+    }
+
+    /// The one-line body a client sees: the status's reason phrase, nothing internal.
+    pub fn body(&self) -> String {
+        let status = self.status();
+        format!("{}\n", status.canonical_reason().unwrap_or("Error"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(kind: UpstreamFailure) -> GatewayError {
+        GatewayError::Upstream {
+            upstream: "php".into(),
+            kind,
+            detail: "connection refused at 10.1.2.3:9000".into(),
+        }
+    }
+
+    #[test]
+    fn every_error_has_its_status() {
+        assert_eq!(GatewayError::NoRoute.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            GatewayError::BadPath(PathError::AboveRoot).status(),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            GatewayError::MalformedRequest("x").status(),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            GatewayError::BadRequestBody("x".into()).status(),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(GatewayError::BodyTooLarge.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            upstream(UpstreamFailure::Connect).status(),
+            StatusCode::BAD_GATEWAY
+        );
+        assert_eq!(upstream(UpstreamFailure::Reset).status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            upstream(UpstreamFailure::Timeout).status(),
+            StatusCode::GATEWAY_TIMEOUT
+        );
+    }
+
+    #[test]
+    fn bodies_are_one_line_and_leak_nothing() {
+        let body = upstream(UpstreamFailure::Connect).body();
+        assert_eq!(body, "Bad Gateway\n");
+        assert_eq!(GatewayError::NoRoute.body(), "Not Found\n");
+        assert_eq!(upstream(UpstreamFailure::Timeout).body(), "Gateway Timeout\n");
+    }
+}

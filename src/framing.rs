@@ -1,0 +1,463 @@
+//! A guard between the socket and hyper's HTTP/1 parser for what hyper tolerates but a
+//! gateway must refuse.
+//!
+//! * **Ambiguous framing**: a request carrying both `Content-Length` and
+//!   `Transfer-Encoding` is a request-smuggling attempt (RFC 9112 §6.3). hyper would drop
+//!   the `Content-Length` and forward the body as chunked; SPEC §8 wants a 400 and nothing
+//!   forwarded. The guard holds each request head until it is complete, and when it sees
+//!   both headers it breaks the request line, so hyper answers 400 and closes the
+//!   connection without ever calling the service.
+//! * **Silent connections**: until the first request head has arrived, hyper-util's
+//!   protocol detection waits without a deadline. The guard closes a connection whose first
+//!   head is not complete within `server.header_timeout`; later heads are covered by
+//!   hyper's own header read timeout.
+//!
+//! To find every request head on a keep-alive connection the guard follows the framing of
+//! each request body (`Content-Length` or chunked). Request bodies pass through without a
+//! copy where possible. An HTTP/2 connection, an `Upgrade`/`CONNECT` request, or anything
+//! the guard cannot parse turns it transparent: hyper then decides alone.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Sleep;
+
+/// The HTTP/2 connection preface (prior-knowledge h2c).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Beyond this a head is hyper's to refuse (431); the guard stops inspecting.
+const MAX_HEAD: usize = 64 * 1024;
+/// Longest chunk-size or trailer line the guard follows.
+const MAX_LINE: usize = 8 * 1024;
+const MAX_HEADERS: usize = 128;
+const READ_CHUNK: usize = 8 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Waiting for a complete request head.
+    Head,
+    /// Inside a `Content-Length` body with this many bytes left.
+    Body(u64),
+    /// Before a chunk-size line.
+    ChunkSize,
+    /// Inside a chunk with this many bytes left.
+    ChunkData(u64),
+    /// The CRLF that ends a chunk's data.
+    ChunkEnd,
+    /// Trailer lines after the last chunk, up to an empty line.
+    Trailers,
+    /// Not inspecting any more.
+    Transparent,
+}
+
+/// What the guard found in a complete request head.
+#[derive(Debug, PartialEq, Eq)]
+enum HeadVerdict {
+    /// Both `Content-Length` and `Transfer-Encoding`: break it.
+    Ambiguous,
+    /// Follow this framing for the body.
+    Framing(State),
+    /// `Upgrade`, `CONNECT`, or something hyper will refuse by itself.
+    StopInspecting,
+}
+
+/// The connection stream with request framing checked. See the module docs.
+pub struct FramingGuard<S> {
+    inner: S,
+    /// Bytes read from the socket that hyper has not yet been given.
+    buf: BytesMut,
+    /// How many bytes at the front of `buf` have been inspected and may be handed out.
+    cleared: usize,
+    state: State,
+    first_head_deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> FramingGuard<S> {
+    pub fn new(inner: S, first_head_timeout: Duration) -> Self {
+        FramingGuard {
+            inner,
+            buf: BytesMut::new(),
+            cleared: 0,
+            state: State::Head,
+            first_head_deadline: Some(Box::pin(tokio::time::sleep(first_head_timeout))),
+        }
+    }
+
+    /// Inspects what `buf` holds beyond `cleared`; returns whether anything changed.
+    fn advance(&mut self) -> bool {
+        let pending = &self.buf[self.cleared..];
+        if pending.is_empty() && self.state != State::Head {
+            return false;
+        }
+        match self.state {
+            State::Transparent => {
+                self.cleared = self.buf.len();
+                true
+            }
+            State::Body(left) | State::ChunkData(left) => {
+                let take = left.min(pending.len() as u64);
+                self.cleared += take as usize;
+                let left = left - take;
+                self.state = match (self.state, left) {
+                    (State::Body(_), 0) => State::Head,
+                    (State::Body(_), _) => State::Body(left),
+                    (_, 0) => State::ChunkEnd,
+                    _ => State::ChunkData(left),
+                };
+                take > 0
+            }
+            State::ChunkSize => match httparse::parse_chunk_size(pending) {
+                Ok(httparse::Status::Complete((used, size))) => {
+                    self.cleared += used;
+                    self.state = if size == 0 {
+                        State::Trailers
+                    } else {
+                        State::ChunkData(size)
+                    };
+                    true
+                }
+                Ok(httparse::Status::Partial) if pending.len() <= MAX_LINE => false,
+                _ => self.stop_inspecting(),
+            },
+            State::ChunkEnd => match pending {
+                [b'\r', b'\n', ..] => self.clear_line(2, State::ChunkSize),
+                [b'\n', ..] => self.clear_line(1, State::ChunkSize),
+                [b'\r'] => false,
+                _ => self.stop_inspecting(),
+            },
+            State::Trailers => match pending {
+                [b'\r', b'\n', ..] => self.clear_line(2, State::Head),
+                [b'\n', ..] => self.clear_line(1, State::Head),
+                [b'\r'] => false,
+                _ => match memchr(b'\n', pending) {
+                    Some(end) => self.clear_line(end + 1, State::Trailers),
+                    None if pending.len() <= MAX_LINE => false,
+                    None => self.stop_inspecting(),
+                },
+            },
+            State::Head => self.advance_head(),
+        }
+    }
+
+    fn clear_line(&mut self, len: usize, next: State) -> bool {
+        self.cleared += len;
+        self.state = next;
+        true
+    }
+
+    fn stop_inspecting(&mut self) -> bool {
+        self.state = State::Transparent;
+        self.first_head_deadline = None;
+        self.cleared = self.buf.len();
+        true
+    }
+
+    fn advance_head(&mut self) -> bool {
+        let pending = &self.buf[self.cleared..];
+        // Empty lines before a request line are allowed (RFC 9112 §2.2).
+        let blank = pending.iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
+        if blank > 0 {
+            self.cleared += blank;
+            return true;
+        }
+        if pending.is_empty() {
+            return false;
+        }
+        let preface_len = pending.len().min(H2_PREFACE.len());
+        if pending[..preface_len] == H2_PREFACE[..preface_len] {
+            return if preface_len == H2_PREFACE.len() {
+                self.stop_inspecting()
+            } else {
+                false
+            };
+        }
+        let Some(head_len) = head_end(pending) else {
+            return if pending.len() > MAX_HEAD {
+                self.stop_inspecting()
+            } else {
+                false
+            };
+        };
+        let head_start = self.cleared;
+        self.first_head_deadline = None;
+        match inspect_head(&pending[..head_len]) {
+            HeadVerdict::Framing(next) => {
+                self.cleared += head_len;
+                self.state = next;
+                true
+            }
+            HeadVerdict::StopInspecting => self.stop_inspecting(),
+            HeadVerdict::Ambiguous => {
+                tracing::warn!("refused a request with both Content-Length and Transfer-Encoding (400)");
+                // A byte that cannot start a method: hyper answers 400 and closes.
+                self.buf[head_start] = b'@';
+                self.stop_inspecting()
+            }
+        }
+    }
+}
+
+fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&b| b == needle)
+}
+
+/// The length of the head at the start of `bytes` (through the empty line), if complete.
+fn head_end(bytes: &[u8]) -> Option<usize> {
+    let mut from = 0;
+    while let Some(nl) = memchr(b'\n', &bytes[from..]) {
+        let at = from + nl;
+        match bytes.get(at + 1..) {
+            Some([b'\n', ..]) => return Some(at + 2),
+            Some([b'\r', b'\n', ..]) => return Some(at + 3),
+            _ => from = at + 1,
+        }
+    }
+    None
+}
+
+fn inspect_head(head: &[u8]) -> HeadVerdict {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return HeadVerdict::StopInspecting,
+    }
+    if request.method == Some("CONNECT") {
+        return HeadVerdict::StopInspecting;
+    }
+    let mut transfer_encoding: Option<&[u8]> = None;
+    let mut content_length: Option<&[u8]> = None;
+    let mut lengths_agree = true;
+    for header in request.headers.iter() {
+        if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            transfer_encoding = Some(header.value);
+        } else if header.name.eq_ignore_ascii_case("content-length") {
+            lengths_agree &= content_length.is_none_or(|previous| previous == header.value);
+            content_length = Some(header.value);
+        } else if header.name.eq_ignore_ascii_case("upgrade") {
+            return HeadVerdict::StopInspecting;
+        }
+    }
+    match (transfer_encoding, content_length) {
+        (Some(_), Some(_)) => HeadVerdict::Ambiguous,
+        (Some(coding), None) if ends_with_chunked(coding) => HeadVerdict::Framing(State::ChunkSize),
+        (None, Some(length)) if lengths_agree => std::str::from_utf8(length)
+            .ok()
+            .and_then(|l| l.trim().parse::<u64>().ok())
+            .map_or(HeadVerdict::StopInspecting, |len| {
+                HeadVerdict::Framing(if len == 0 { State::Head } else { State::Body(len) })
+            }),
+        (None, None) => HeadVerdict::Framing(State::Head),
+        _ => HeadVerdict::StopInspecting,
+    }
+}
+
+fn ends_with_chunked(coding: &[u8]) -> bool {
+    std::str::from_utf8(coding)
+        .ok()
+        .and_then(|c| c.rsplit(',').next())
+        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for FramingGuard<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            if this.cleared > 0 {
+                let n = this.cleared.min(out.remaining());
+                out.put_slice(&this.buf[..n]);
+                this.buf.advance(n);
+                this.cleared -= n;
+                return Poll::Ready(Ok(()));
+            }
+            if this.buf.is_empty() {
+                match this.state {
+                    // Nothing held back: read straight into hyper's buffer.
+                    State::Transparent => return Pin::new(&mut this.inner).poll_read(cx, out),
+                    State::Body(left) => return this.read_body_directly(cx, out, left),
+                    _ => {}
+                }
+            }
+            if this.advance() {
+                continue;
+            }
+            if let Some(deadline) = this.first_head_deadline.as_mut()
+                && deadline.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no complete request head within server.header_timeout",
+                )));
+            }
+            this.buf.reserve(READ_CHUNK);
+            let spare = this.buf.spare_capacity_mut();
+            let mut read_buf = ReadBuf::uninit(spare);
+            match Pin::new(&mut this.inner).poll_read(cx, &mut read_buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => {
+                    let n = read_buf.filled().len();
+                    if n == 0 {
+                        // End of stream: hand over whatever is held so hyper sees it all.
+                        this.stop_inspecting();
+                        if this.cleared == 0 {
+                            return Poll::Ready(Ok(()));
+                        }
+                        continue;
+                    }
+                    // SAFETY: `poll_read` initialized the first `n` bytes of the spare capacity.
+                    unsafe { this.buf.set_len(this.buf.len() + n) };
+                }
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> FramingGuard<S> {
+    /// Reads at most `left` body bytes from the socket straight into `out`.
+    fn read_body_directly(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+        left: u64,
+    ) -> Poll<io::Result<()>> {
+        let limit = usize::try_from(left).unwrap_or(usize::MAX).min(out.remaining());
+        let mut limited = out.take(limit);
+        let polled = Pin::new(&mut self.inner).poll_read(cx, &mut limited);
+        let n = limited.filled().len();
+        if let Poll::Ready(Ok(())) = polled {
+            // SAFETY: `take` lends the unfilled part of `out`, whose first `n` bytes the
+            // inner reader has just initialized.
+            unsafe { out.assume_init(n) };
+            out.advance(n);
+            let left = left - n as u64;
+            self.state = if left == 0 { State::Head } else { State::Body(left) };
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// Feeds `input` through a guard in pieces of `piece` bytes and returns what hyper
+    /// would read.
+    async fn through_guard(input: &[u8], piece: usize) -> Vec<u8> {
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let input = input.to_vec();
+        let writer = tokio::spawn(async move {
+            for chunk in input.chunks(piece) {
+                client.write_all(chunk).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            client.shutdown().await.unwrap();
+        });
+        let mut guard = FramingGuard::new(server, Duration::from_secs(5));
+        let mut seen = Vec::new();
+        guard.read_to_end(&mut seen).await.unwrap();
+        writer.await.unwrap();
+        seen
+    }
+
+    const PIPELINE: &[u8] = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
+POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n0\r\nX-T: 1\r\n\r\n\
+GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    #[tokio::test]
+    async fn well_framed_requests_pass_unchanged_in_any_pieces() {
+        for piece in [1, 3, 7, 64, 4096] {
+            assert_eq!(
+                through_guard(PIPELINE, piece).await,
+                PIPELINE,
+                "piece size {piece}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn content_length_with_transfer_encoding_is_broken_in_either_order() {
+        for head in [
+            &b"POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..],
+            &b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n"[..],
+        ] {
+            let seen = through_guard(head, 5).await;
+            assert_eq!(seen[0], b'@');
+            assert_eq!(&seen[1..], &head[1..]);
+        }
+    }
+
+    #[tokio::test]
+    async fn smuggled_request_after_a_clean_one_is_found() {
+        let mut input = b"POST /a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc".to_vec();
+        let second = b"POST /b HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
+        input.extend_from_slice(second);
+        let seen = through_guard(&input, 11).await;
+        let at = input.len() - second.len();
+        assert_eq!(seen[at], b'@');
+        assert_eq!(seen[..at], input[..at]);
+    }
+
+    #[tokio::test]
+    async fn body_bytes_that_look_like_heads_are_left_alone() {
+        let body = b"GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mut input = format!("POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+        input.extend_from_slice(body);
+        assert_eq!(through_guard(&input, 9).await, input);
+    }
+
+    #[tokio::test]
+    async fn upgrade_and_h2_turn_transparent() {
+        let mut ws = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n".to_vec();
+        ws.extend_from_slice(b"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert_eq!(through_guard(&ws, 13).await, ws);
+        let mut h2 = H2_PREFACE.to_vec();
+        h2.extend_from_slice(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00");
+        assert_eq!(through_guard(&h2, 5).await, h2);
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_times_out() {
+        let (_client, server) = tokio::io::duplex(64);
+        let mut guard = FramingGuard::new(server, Duration::from_millis(50));
+        let mut buf = [0u8; 16];
+        let error = guard.read(&mut buf).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+    }
+}

@@ -1,0 +1,32 @@
+//! floodgate: a rate-limiting HTTP reverse proxy.
+//!
+//! ```text
+//! gateway.toml ─► config (raw serde ─► validated Config) ─► state::GatewayState (ArcSwap)
+//!
+//! client ─► server (accept, framing guard, HTTP/1.1 + h2c) ─► service::handle
+//!        ─► path::normalize_path ─► router::Router::lookup ─► client_ip
+//!        ─► respond, or proxy::UpstreamClient (pooled keep-alive, headers rewritten)
+//!        ─► body::ResponseBody (streams, then access_log + metrics)
+//! ```
+//!
+//! `main.rs` is a thin CLI over [`Config`] and [`Gateway`]; everything else lives here so
+//! that tests can run a gateway in-process on port 0.
+
+pub mod access_log;
+pub mod admin;
+pub mod body;
+pub mod client_ip;
+pub mod config;
+pub mod error;
+pub mod framing;
+pub mod logging;
+pub mod metrics;
+pub mod path;
+pub mod proxy;
+pub mod router;
+pub mod server;
+pub mod service;
+pub mod state;
+
+pub use config::{Config, ConfigErrors};
+pub use server::Gateway;

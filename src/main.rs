@@ -1,0 +1,119 @@
+//! The `floodgate` command: parse the CLI, load and validate the configuration, set up
+//! logging and the runtime, then serve until SIGTERM/SIGINT.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use floodgate::{Config, Gateway, logging};
+
+#[derive(Parser)]
+#[command(name = "floodgate", version, about = "A rate-limiting HTTP reverse proxy")]
+struct Cli {
+    /// The configuration file.
+    #[arg(
+        long,
+        short,
+        global = true,
+        env = "FLOODGATE_CONFIG",
+        default_value = "gateway.toml"
+    )]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate the configuration file, print a summary, and exit 0 (valid) or 1.
+    Check,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Check) => check(&cli.config),
+        None => run(&cli.config),
+    }
+}
+
+fn check(path: &Path) -> ExitCode {
+    match Config::load(path) {
+        Ok(config) => {
+            println!(
+                "{}: ok: {} route(s), {} upstream(s); listen {}, admin {}",
+                path.display(),
+                config.routes.len(),
+                config.upstreams.len(),
+                config.server.listen,
+                config.server.admin_listen,
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(path: &Path) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(config) => config,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(message) = logging::init() {
+        eprintln!("floodgate: {message}");
+        return ExitCode::FAILURE;
+    }
+    match serve(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("floodgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(config: Config) -> anyhow::Result<()> {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if config.server.workers > 0 {
+        runtime.worker_threads(config.server.workers);
+    }
+    let runtime = runtime.enable_all().build().context("starting the runtime")?;
+    runtime.block_on(async {
+        let workers = config.server.workers;
+        let gateway = Gateway::bind(config).await?;
+        tracing::info!(
+            listen = %gateway.local_addr(),
+            admin = %gateway.admin_addr(),
+            workers,
+            version = env!("CARGO_PKG_VERSION"),
+            "floodgate listening"
+        );
+        gateway.serve(shutdown_signal()).await;
+        Ok(())
+    })
+}
+
+/// Completes on the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = match signal(SignalKind::terminate()) {
+        Ok(signal) => signal,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}

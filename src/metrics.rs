@@ -1,0 +1,153 @@
+//! Prometheus metrics (SPEC §9), owned by the gateway instance (no globals), rendered by
+//! the admin listener in the text exposition format.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Latency buckets in seconds, from 0.5 ms to 10 s.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A label value shared with the configuration (route and upstream names) so that
+/// recording a metric does not copy the name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Name(pub Arc<str>);
+
+impl EncodeLabelValue for Name {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    route: Name,
+    status: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RouteLabels {
+    route: Name,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct UpstreamErrorLabels {
+    upstream: Name,
+    kind: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+/// Every metric floodgate exports.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    request_duration: HistogramFamily<RouteLabels>,
+    upstream_errors: Family<UpstreamErrorLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let request_duration: HistogramFamily<RouteLabels> = Family::new_with_constructor(duration_histogram);
+        let upstream_errors = Family::<UpstreamErrorLabels, Counter>::default();
+        registry.register(
+            "floodgate_requests",
+            "Requests answered, by route (\"\" when none matched) and status",
+            requests.clone(),
+        );
+        registry.register(
+            "floodgate_request_duration_seconds",
+            "Time from request to the end of the response body, by route",
+            request_duration.clone(),
+        );
+        registry.register(
+            "floodgate_upstream_errors",
+            "Upstream failures by upstream and kind (connect, timeout, reset)",
+            upstream_errors.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            request_duration,
+            upstream_errors,
+        }
+    }
+
+    /// Counts one answered request and its duration.
+    pub fn record_request(&self, route: &Arc<str>, status: u16, seconds: f64) {
+        let route = Name(route.clone());
+        self.requests
+            .get_or_create(&RequestLabels {
+                route: route.clone(),
+                status,
+            })
+            .inc();
+        self.request_duration
+            .get_or_create(&RouteLabels { route })
+            .observe(seconds);
+    }
+
+    pub fn record_upstream_error(&self, upstream: &Arc<str>, kind: &'static str) {
+        self.upstream_errors
+            .get_or_create(&UpstreamErrorLabels {
+                upstream: Name(upstream.clone()),
+                kind,
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+            let _ = writeln!(out, "# metrics encoding failed");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_with_labels() {
+        let metrics = Metrics::new();
+        metrics.record_request(&Arc::from("api"), 200, 0.003);
+        metrics.record_request(&Arc::from("api"), 200, 0.004);
+        metrics.record_upstream_error(&Arc::from("php"), "timeout");
+        let text = metrics.render();
+        assert!(
+            text.contains("floodgate_requests_total{route=\"api\",status=\"200\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("floodgate_request_duration_seconds_count{route=\"api\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("floodgate_upstream_errors_total{upstream=\"php\",kind=\"timeout\"} 1"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! Header rewriting between client and upstream (SPEC §8): hop-by-hop headers removed
+//! (RFC 9110 §7.6.1, including the names listed in `Connection`), forwarding headers set by
+//! floodgate alone, and underscore spellings of them dropped (PHP and CGI read
+//! `X_Real_IP` as `HTTP_X_REAL_IP`, so a client could otherwise plant one).
+
+use std::net::IpAddr;
+
+use http::Version;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Headers that describe one connection and never travel past it.
+fn hop_by_hop() -> [&'static HeaderName; 7] {
+    [
+        &header::CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &header::TE,
+        &header::TRAILER,
+        &header::TRANSFER_ENCODING,
+        &header::UPGRADE,
+    ]
+}
+
+/// The headers floodgate owns on the way upstream, with `-` spelled `_`.
+const UNDERSCORE_SPELLINGS: [&str; 4] = [
+    "x_forwarded_for",
+    "x_real_ip",
+    "x_forwarded_proto",
+    "x_forwarded_host",
+];
+
+/// Removes hop-by-hop headers and every header named in `Connection`. `Host` is never
+/// removed, whatever `Connection` says.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .filter(|name| *name != header::HOST)
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in hop_by_hop() {
+        headers.remove(name);
+    }
+}
+
+/// The `Upgrade` value of an HTTP/1.1 request that asks for a protocol switch the
+/// upstream may accept (WebSocket and the like; `h2c` is ours to refuse, not to forward).
+pub fn requested_upgrade(version: Version, headers: &HeaderMap) -> Option<HeaderValue> {
+    if version != Version::HTTP_11 {
+        return None;
+    }
+    let connection_says_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    let upgrade = headers.get(header::UPGRADE)?;
+    let is_h2c = upgrade
+        .to_str()
+        .is_ok_and(|v| v.trim().eq_ignore_ascii_case("h2c"));
+    (connection_says_upgrade && !is_h2c).then(|| upgrade.clone())
+}
+
+/// What floodgate knows about the client connection, for the forwarding headers.
+pub struct ForwardingContext<'a> {
+    pub peer: IpAddr,
+    pub client_ip: IpAddr,
+    /// The peer is inside `server.trusted_proxies`: its forwarding headers are believed.
+    pub peer_trusted: bool,
+    /// The `Host` the client asked for (header or `:authority`).
+    pub host: Option<&'a str>,
+    pub version: Version,
+}
+
+/// Sets `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Via`
+/// on a request going upstream. Call after [`remove_hop_by_hop`].
+pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'_>) {
+    remove_underscore_spellings(headers);
+
+    let peer = ctx.peer.to_canonical().to_string();
+    let forwarded_for = if ctx.peer_trusted {
+        let previous: Vec<&str> = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .collect();
+        if previous.is_empty() {
+            peer
+        } else {
+            format!("{}, {peer}", previous.join(", "))
+        }
+    } else {
+        headers.remove(&FORWARDED);
+        peer
+    };
+    insert(headers, &X_FORWARDED_FOR, &forwarded_for);
+    insert(headers, &X_REAL_IP, &ctx.client_ip.to_string());
+
+    if !(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    }
+    if !(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
+        match ctx.host {
+            Some(host) => insert(headers, &X_FORWARDED_HOST, host),
+            None => {
+                headers.remove(&X_FORWARDED_HOST);
+            }
+        }
+    }
+    headers.append(header::VIA, via_value(ctx.version));
+}
+
+fn via_value(version: Version) -> HeaderValue {
+    HeaderValue::from_static(match version {
+        Version::HTTP_09 => "0.9 floodgate",
+        Version::HTTP_10 => "1.0 floodgate",
+        Version::HTTP_2 => "2.0 floodgate",
+        Version::HTTP_3 => "3.0 floodgate",
+        _ => "1.1 floodgate",
+    })
+}
+
+fn insert(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
+    match HeaderValue::from_str(value) {
+        Ok(value) => {
+            headers.insert(name.clone(), value);
+        }
+        Err(_) => {
+            headers.remove(name);
+        }
+    }
+}
+
+fn remove_underscore_spellings(headers: &mut HeaderMap) {
+    let planted: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().contains('_'))
+        .filter(|name| {
+            let normalized = name.as_str().replace('-', "_");
+            UNDERSCORE_SPELLINGS.contains(&normalized.as_str())
+        })
+        .cloned()
+        .collect();
+    for name in planted {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        headers
+    }
+
+    fn ctx(trusted: bool) -> ForwardingContext<'static> {
+        ForwardingContext {
+            peer: "10.0.0.1".parse().unwrap(),
+            client_ip: "198.51.100.7".parse().unwrap(),
+            peer_trusted: trusted,
+            host: Some("app.example.com"),
+            version: Version::HTTP_11,
+        }
+    }
+
+    fn all(headers: &HeaderMap, name: &str) -> Vec<String> {
+        headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_are_removed() {
+        let mut h = map(&[
+            ("connection", "keep-alive, X-Secret, host"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret", "1"),
+            ("proxy-connection", "keep-alive"),
+            ("te", "trailers"),
+            ("trailer", "x-checksum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("host", "app"),
+            ("x-kept", "yes"),
+        ]);
+        remove_hop_by_hop(&mut h);
+        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["host", "x-kept"]);
+    }
+
+    #[test]
+    fn upgrade_is_detected_only_with_connection_upgrade_on_http11() {
+        let ws = map(&[("connection", "keep-alive, Upgrade"), ("upgrade", "websocket")]);
+        assert_eq!(requested_upgrade(Version::HTTP_11, &ws).unwrap(), "websocket");
+        assert!(requested_upgrade(Version::HTTP_10, &ws).is_none());
+        assert!(requested_upgrade(Version::HTTP_11, &map(&[("upgrade", "websocket")])).is_none());
+        let h2c = map(&[("connection", "upgrade"), ("upgrade", "h2c")]);
+        assert!(requested_upgrade(Version::HTTP_11, &h2c).is_none());
+    }
+
+    #[test]
+    fn untrusted_peer_forwarding_headers_are_replaced() {
+        let mut h = map(&[
+            ("x-forwarded-for", "1.2.3.4"),
+            ("x-real-ip", "1.2.3.4"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "evil.example"),
+            ("forwarded", "for=1.2.3.4"),
+            ("x_forwarded_for", "1.2.3.4"),
+            ("x_real_ip", "1.2.3.4"),
+            ("x-real_ip", "1.2.3.4"),
+            ("x_custom", "kept"),
+        ]);
+        set_forwarding_headers(&mut h, &ctx(false));
+        assert_eq!(all(&h, "x-forwarded-for"), ["10.0.0.1"]);
+        assert_eq!(all(&h, "x-real-ip"), ["198.51.100.7"]);
+        assert_eq!(all(&h, "x-forwarded-proto"), ["http"]);
+        assert_eq!(all(&h, "x-forwarded-host"), ["app.example.com"]);
+        assert_eq!(all(&h, "via"), ["1.1 floodgate"]);
+        assert!(h.get("forwarded").is_none());
+        assert!(h.get("x_forwarded_for").is_none());
+        assert!(h.get("x_real_ip").is_none());
+        assert!(h.get("x-real_ip").is_none());
+        assert_eq!(all(&h, "x_custom"), ["kept"]);
+    }
+
+    #[test]
+    fn trusted_peer_forwarding_headers_are_appended_or_kept() {
+        let mut h = map(&[
+            ("x-forwarded-for", "198.51.100.7"),
+            ("x-forwarded-for", "10.0.0.9"),
+            ("x-forwarded-proto", "https"),
+            ("via", "1.1 lb"),
+        ]);
+        set_forwarding_headers(&mut h, &ctx(true));
+        assert_eq!(all(&h, "x-forwarded-for"), ["198.51.100.7, 10.0.0.9, 10.0.0.1"]);
+        assert_eq!(all(&h, "x-forwarded-proto"), ["https"]);
+        assert_eq!(all(&h, "x-forwarded-host"), ["app.example.com"]);
+        assert_eq!(all(&h, "via"), ["1.1 lb", "1.1 floodgate"]);
+    }
+}

@@ -1,0 +1,218 @@
+//! The request path, in named phases:
+//!
+//! ```text
+//! request → normalize path → route → client_ip → (limits) → respond | forward upstream
+//!         → rewrite response headers → stream body → access log + metrics
+//! ```
+//!
+//! [`handle`] is the outer handler: it never fails, renders a [`GatewayError`] into a
+//! response in exactly one place, and attaches the access record to the response body.
+//! [`serve`] is the inner one and returns `Result`.
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, Version};
+use http_body_util::Either;
+use hyper::body::Incoming;
+
+use crate::access_log::AccessRecord;
+use crate::body::{Payload, RequestBody, ResponseBody, full};
+use crate::client_ip::client_ip;
+use crate::config::RespondConfig;
+use crate::error::GatewayError;
+use crate::metrics::Metrics;
+use crate::path::normalize_path;
+use crate::proxy::headers::{
+    ForwardingContext, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
+};
+use crate::proxy::{UpstreamClient, tunnel};
+use crate::router::normalize_host;
+use crate::state::{GatewayState, Target};
+
+/// State shared by every connection of one gateway instance.
+pub struct Shared {
+    pub state: ArcSwap<GatewayState>,
+    pub metrics: Arc<Metrics>,
+    /// Set from the first shutdown signal on; `/readyz` answers 503.
+    pub draining: AtomicBool,
+    /// The route label of requests no route matched.
+    no_route: Arc<str>,
+}
+
+impl Shared {
+    pub fn new(state: GatewayState) -> Self {
+        Shared {
+            state: ArcSwap::from_pointee(state),
+            metrics: Arc::new(Metrics::new()),
+            draining: AtomicBool::new(false),
+            no_route: Arc::from(""),
+        }
+    }
+}
+
+/// Answers one request from `peer`; never fails.
+pub async fn handle(
+    shared: Arc<Shared>,
+    peer: SocketAddr,
+    request: Request<Incoming>,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let start = Instant::now();
+    let state = shared.state.load_full();
+    let client_ip = client_ip(peer.ip(), request.headers(), &state.trusted_proxies);
+    let mut record = AccessRecord {
+        metrics: shared.metrics.clone(),
+        start,
+        method: request.method().clone(),
+        path: String::new(),
+        route: shared.no_route.clone(),
+        status: 0,
+        client_ip,
+        limit_outcome: "none",
+    };
+    let response = match serve(&state, peer.ip(), client_ip, request, &mut record).await {
+        Ok(response) => response,
+        Err(error) => render_error(&shared.metrics, &record, error),
+    };
+    record.status = response.status().as_u16();
+    Ok(response.map(|body| ResponseBody::new(body, record)))
+}
+
+/// Turns a [`GatewayError`] into the client's response, counting and logging it once.
+fn render_error(metrics: &Metrics, record: &AccessRecord, error: GatewayError) -> Response<Payload> {
+    let status = error.status();
+    if let GatewayError::Upstream { upstream, kind, .. } = &error {
+        metrics.record_upstream_error(upstream, kind.label());
+    }
+    if status.is_server_error() {
+        tracing::warn!(route = %record.route, path = %record.path, client_ip = %record.client_ip, %error, "request failed");
+    } else {
+        tracing::debug!(route = %record.route, path = %record.path, client_ip = %record.client_ip, %error, "request refused");
+    }
+    let mut response = Response::new(full(error.body()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// The inner handler: route the request and answer it or forward it.
+async fn serve(
+    state: &GatewayState,
+    peer: IpAddr,
+    client_ip: IpAddr,
+    request: Request<Incoming>,
+    record: &mut AccessRecord,
+) -> Result<Response<Payload>, GatewayError> {
+    let path = match normalize_path(request.uri().path()) {
+        Ok(path) => path.into_owned(),
+        Err(e) => {
+            record.path = request.uri().path().to_owned();
+            return Err(e.into());
+        }
+    };
+    record.path.clone_from(&path);
+    let host = request_host(&request);
+    let route_host = host.and_then(normalize_host);
+    let index = state
+        .router
+        .lookup(route_host.as_deref(), &path, request.method())
+        .ok_or(GatewayError::NoRoute)?;
+    record.route = state.router.routes()[index].name.clone();
+    match &state.targets[index] {
+        Target::Respond(respond) => Ok(respond_with(respond)),
+        Target::Upstream(upstream) => {
+            let host = host.map(str::to_owned);
+            let context = ForwardingContext {
+                peer,
+                client_ip,
+                peer_trusted: state.trusted_proxies.contains(peer),
+                host: host.as_deref(),
+                version: request.version(),
+            };
+            forward(upstream, request, &path, &context, state.config.server.max_body).await
+        }
+    }
+}
+
+/// The host the client asked for: the URI's authority (HTTP/2, absolute-form) or `Host`.
+fn request_host<B>(request: &Request<B>) -> Option<&str> {
+    request
+        .uri()
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| request.headers().get(header::HOST).and_then(|h| h.to_str().ok()))
+}
+
+fn respond_with(respond: &RespondConfig) -> Response<Payload> {
+    let mut response = Response::new(full(respond.body.clone()));
+    *response.status_mut() = respond.status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, respond.content_type.clone());
+    response
+}
+
+fn declared_length(request: &Request<Incoming>) -> Option<u64> {
+    request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Rewrites the request for `upstream`, sends it and relays the response.
+async fn forward(
+    upstream: &UpstreamClient,
+    mut request: Request<Incoming>,
+    path: &str,
+    context: &ForwardingContext<'_>,
+    max_body: Option<u64>,
+) -> Result<Response<Payload>, GatewayError> {
+    if let (Some(limit), Some(length)) = (max_body, declared_length(&request))
+        && length > limit
+    {
+        return Err(GatewayError::BodyTooLarge);
+    }
+    let upgrade = requested_upgrade(request.version(), request.headers());
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
+
+    let (mut parts, body) = request.into_parts();
+    let uri = upstream
+        .uri_for(path, parts.uri.query())
+        .map_err(|_| GatewayError::MalformedRequest("the request target cannot be forwarded"))?;
+    remove_hop_by_hop(&mut parts.headers);
+    if let Some(authority) = parts.uri.authority() {
+        let host = HeaderValue::from_str(authority.as_str())
+            .map_err(|_| GatewayError::MalformedRequest("invalid authority"))?;
+        parts.headers.insert(header::HOST, host);
+    } else if !parts.headers.contains_key(header::HOST) {
+        return Err(GatewayError::MalformedRequest("the request has no Host"));
+    }
+    set_forwarding_headers(&mut parts.headers, context);
+    if let Some(protocol) = upgrade {
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, protocol);
+    }
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+
+    let request = Request::from_parts(parts, RequestBody::new(body, max_body));
+    let mut response = upstream.send(request).await?;
+    match client_upgrade {
+        Some(client) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+            tunnel(client, &mut response, upstream.name().clone());
+        }
+        _ => remove_hop_by_hop(response.headers_mut()),
+    }
+    Ok(response.map(Either::Left))
+}
