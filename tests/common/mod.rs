@@ -1,0 +1,271 @@
+//! Helpers for integration tests: a gateway in-process on port 0, a real upstream HTTP
+//! server that describes what it received, HTTP clients, and raw-socket requests.
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use floodgate::{Config, Gateway};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A floodgate instance running in this process.
+pub struct TestGateway {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl TestGateway {
+    /// Starts a gateway from `toml`; `listen`/`admin_listen` default to port 0 here.
+    pub async fn start(toml: &str) -> TestGateway {
+        let mut text = String::new();
+        if !toml.contains("[server]") {
+            text.push_str("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n");
+        }
+        text.push_str(toml);
+        let config = Config::parse(Path::new("test.toml"), &text).unwrap_or_else(|e| panic!("{e}"));
+        let gateway = Gateway::bind(config).await.expect("bind");
+        let addr = gateway.local_addr();
+        let admin = gateway.admin_addr();
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(gateway.serve(async {
+            let _ = stopped.await;
+        }));
+        TestGateway {
+            addr,
+            admin,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+
+    /// Starts the graceful shutdown; returns the task that completes when it is done.
+    pub fn shutdown(&mut self) -> JoinHandle<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task.take().expect("shut down once")
+    }
+
+    /// The value of one metric line (`name{labels}`), or 0 when absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let (_, _, body) = get(&self.admin_url("/metrics")).await;
+        body.lines()
+            .find_map(|line| line.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+            .map_or(0.0, |value| value.trim().parse().unwrap())
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A real upstream that answers with a description of the request it received:
+/// `GET /slow?ms=N` waits N ms; `/big?bytes=N` streams N bytes; `/echo` streams the body
+/// back; `/status?code=N` answers N; anything else describes the request as text.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service_fn(upstream_answer))
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type UpstreamBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
+
+fn query_number(request: &Request<Incoming>, name: &str) -> u64 {
+    request
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn upstream_answer(mut request: Request<Incoming>) -> Result<Response<UpstreamBody>, Infallible> {
+    let path = request.uri().path().to_owned();
+    let boxed = |b: Full<Bytes>| b.map_err(|never| match never {}).boxed();
+    if path == "/ws" {
+        // Accepts a protocol switch and echoes bytes, upper-cased, until the client closes.
+        let upgrade = hyper::upgrade::on(&mut request);
+        tokio::spawn(async move {
+            if let Ok(upgraded) = upgrade.await {
+                let mut io = TokioIo::new(upgraded);
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let upper: Vec<u8> = buf[..n].to_ascii_uppercase();
+                    if io.write_all(&upper).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let response = Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header("connection", "upgrade")
+            .header("upgrade", "websocket")
+            .body(boxed(Full::new(Bytes::new())))
+            .unwrap();
+        return Ok(response);
+    }
+    if path == "/slow" {
+        tokio::time::sleep(Duration::from_millis(query_number(&request, "ms"))).await;
+    }
+    if path == "/big" {
+        let total = query_number(&request, "bytes");
+        let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+        let stream = futures_stream(total, chunk);
+        return Ok(Response::new(StreamBody::new(stream).boxed()));
+    }
+    if path == "/echo" {
+        return Ok(Response::new(request.into_body().boxed()));
+    }
+    if path == "/status" {
+        let mut response = Response::new(boxed(Full::new(Bytes::from_static(b"status\n"))));
+        *response.status_mut() = StatusCode::from_u16(query_number(&request, "code") as u16).unwrap();
+        return Ok(response);
+    }
+    let mut description = format!("{} {}\n", request.method(), request.uri());
+    for (name, value) in request.headers() {
+        description.push_str(&format!("{}: {}\n", name, value.to_str().unwrap_or("<binary>")));
+    }
+    let body = request
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    description.push_str(&format!("body-bytes: {}\n", body.len()));
+    Ok(Response::builder()
+        .header("x-upstream", "yes")
+        .header("connection", "x-hop")
+        .header("x-hop", "should-not-pass")
+        .header("keep-alive", "timeout=5")
+        .body(boxed(Full::new(Bytes::from(description))))
+        .unwrap())
+}
+
+fn futures_stream(
+    total: u64,
+    chunk: Bytes,
+) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, hyper::Error>> + Send + 'static {
+    let mut sent = 0u64;
+    futures_util::stream::poll_fn(move |_| {
+        if sent >= total {
+            return std::task::Poll::Ready(None);
+        }
+        let n = (total - sent).min(chunk.len() as u64) as usize;
+        sent += n as u64;
+        std::task::Poll::Ready(Some(Ok(Frame::data(chunk.slice(..n)))))
+    })
+}
+
+/// Lines of an upstream description that start with `name: `, values only.
+pub fn header_lines<'a>(description: &'a str, name: &str) -> Vec<&'a str> {
+    let prefix = format!("{name}: ");
+    description
+        .lines()
+        .filter_map(|line| line.strip_prefix(prefix.as_str()))
+        .collect()
+}
+
+pub fn http1_client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+pub fn h2c_client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(HttpConnector::new())
+}
+
+/// `GET url` over HTTP/1.1: status, headers, body.
+pub async fn get(url: &str) -> (StatusCode, http::HeaderMap, String) {
+    send(Request::get(url).body(Full::new(Bytes::new())).unwrap()).await
+}
+
+pub async fn send(request: Request<Full<Bytes>>) -> (StatusCode, http::HeaderMap, String) {
+    let response = http1_client().request(request).await.expect("request");
+    read_response(response).await
+}
+
+pub async fn read_response(response: Response<Incoming>) -> (StatusCode, http::HeaderMap, String) {
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Writes `raw` to `addr` and reads until the server closes or 5 s pass.
+pub async fn raw_request(addr: SocketAddr, raw: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(raw).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A free TCP port on 127.0.0.1 with nothing listening.
+pub fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}

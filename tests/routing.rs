@@ -1,0 +1,126 @@
+//! Routing through HTTP: first match in file order by host, path and method; `respond`
+//! routes; 404; path normalization before matching, and the normalized path forwarded.
+
+mod common;
+
+use bytes::Bytes;
+use common::{TestGateway, Upstream, get, raw_request, send};
+use http::{Request, StatusCode};
+use http_body_util::Full;
+
+async fn gateway(upstream: &Upstream) -> TestGateway {
+    TestGateway::start(&format!(
+        r#"
+[upstreams.app]
+url = "{}"
+
+[[routes]]
+name = "admin-only-host"
+host = "admin.example.com"
+path_prefix = "/"
+respond = {{ status = 403, body = "admin host\n" }}
+
+[[routes]]
+name = "wild"
+host = "*.example.com"
+path_prefix = "/w/"
+upstream = "app"
+
+[[routes]]
+name = "health"
+path = "/health"
+methods = ["GET"]
+respond = {{ status = 200, body = "healthy\n", content_type = "text/x-health" }}
+
+[[routes]]
+name = "public"
+path_prefix = "/public/"
+methods = ["GET", "POST"]
+upstream = "app"
+"#,
+        upstream.url()
+    ))
+    .await
+}
+
+fn request(url: &str, host: &str) -> Request<Full<Bytes>> {
+    Request::get(url)
+        .header("host", host)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn routes_by_host_path_and_method_in_file_order() {
+    let upstream = Upstream::start().await;
+    let gw = gateway(&upstream).await;
+
+    let (status, headers, body) = send(request(&gw.url("/public/x"), "Admin.Example.com:8080")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::FORBIDDEN, "admin host\n"));
+    assert_eq!(headers["content-type"], "text/plain");
+
+    let (status, _, body) = send(request(&gw.url("/w/page?q=1"), "shop.example.com")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.starts_with("GET /w/page?q=1\n"), "{body}");
+
+    let (status, headers, body) = get(&gw.url("/health")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "healthy\n"));
+    assert_eq!(headers["content-type"], "text/x-health");
+
+    // Method not listed, path not matched, wildcard needs a subdomain: no route.
+    let post = Request::post(gw.url("/health"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(post).await.0, StatusCode::NOT_FOUND);
+    let (status, _, body) = get(&gw.url("/nowhere")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::NOT_FOUND, "Not Found\n"));
+    assert_eq!(
+        send(request(&gw.url("/w/page"), "example.com")).await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    assert_eq!(
+        gw.metric("floodgate_requests_total{route=\"health\",status=\"200\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        gw.metric("floodgate_requests_total{route=\"\",status=\"404\"}")
+            .await,
+        3.0
+    );
+}
+
+#[tokio::test]
+async fn paths_are_normalized_before_matching_and_forwarded_normalized() {
+    let upstream = Upstream::start().await;
+    let gw = gateway(&upstream).await;
+
+    let raw = raw_request(
+        gw.addr,
+        b"GET /x/..//public/./%61b%2Fc?q=%2e HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    assert!(raw.contains("GET /public/ab%2Fc?q=%2e\n"), "{raw}");
+
+    // Climbing above the root, or hiding it behind an encoded slash, is a 400 and never forwarded.
+    for target in [
+        "/public/../../etc/passwd",
+        "/public/%2e%2e/%2e%2e/x",
+        "/public/..%2f..%2fadmin",
+        "/public/%zz",
+    ] {
+        let raw = raw_request(
+            gw.addr,
+            format!("GET {target} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(raw.starts_with("HTTP/1.1 400"), "{target}: {raw}");
+        assert!(raw.ends_with("Bad Request\n"), "{target}: {raw}");
+        assert!(
+            !raw.contains("body-bytes"),
+            "{target} reached the upstream: {raw}"
+        );
+    }
+}
