@@ -163,10 +163,14 @@ fn deserialize(path: &Path, text: &str) -> Result<FileConfig, ConfigErrors> {
         )
     })?;
     serde_path_to_error::deserialize::<_, FileConfig>(deserializer).map_err(|e| {
-        let key = match e.path().to_string() {
-            p if p == "." => String::new(),
-            p => p,
-        };
+        // `Spanned` values show up in the path as serde's private wrapper fields.
+        let key = e
+            .path()
+            .to_string()
+            .split('.')
+            .filter(|segment| !segment.is_empty() && !segment.starts_with("$__serde_spanned"))
+            .collect::<Vec<_>>()
+            .join(".");
         let inner = e.into_inner();
         fail(inner.span(), key, inner.message().trim().to_owned())
     })

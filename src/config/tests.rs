@@ -1,1 +1,250 @@
+//! One test per kind of configuration error, plus the defaults.
 
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigErrors> {
+    Config::parse(Path::new("gw.toml"), text)
+}
+
+/// The single error of `text`, as `(line, column, key, message)`.
+fn error(text: &str) -> (usize, usize, String, String) {
+    let errors = parse(text).expect_err("the file is invalid").errors;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    let e = &errors[0];
+    let (line, column) = e.position.expect("errors have a position");
+    (line, column, e.key.clone(), e.message.clone())
+}
+
+const UPSTREAM: &str = "[upstreams.app]\nurl = \"http://127.0.0.1:9000\"\n";
+
+#[test]
+fn defaults() {
+    let config = parse("").unwrap();
+    assert_eq!(config.server.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(config.server.admin_listen.to_string(), "127.0.0.1:9901");
+    assert_eq!(config.server.shutdown_grace, Duration::from_secs(10));
+    assert_eq!(config.server.header_timeout, Duration::from_secs(10));
+    assert_eq!(config.server.workers, 0);
+    assert_eq!(config.server.ratelimit_headers, RateLimitHeaders::Ietf);
+    assert_eq!(config.server.max_body, None);
+    assert!(config.server.trusted_proxies.is_empty());
+    assert!(config.routes.is_empty());
+}
+
+#[test]
+fn a_full_file_is_validated_into_typed_values() {
+    let config = parse(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:8081"
+trusted_proxies = ["10.0.0.0/8", "192.168.1.1"]
+shutdown_grace = "3s"
+workers = 2
+ratelimit_headers = "both"
+max_body = "10MB"
+
+[upstreams.app]
+url = "http://app.internal/base/"
+connect_timeout = "250ms"
+timeout = "5s"
+
+[[routes]]
+name = "api"
+host = "*.Example.com"
+path_prefix = "/api/"
+methods = ["get", "POST"]
+upstream = "app"
+
+[[routes]]
+name = "ping"
+path = "/ping"
+respond = {{ status = 204 }}
+"#
+    ))
+    .unwrap();
+    assert_eq!(config.server.max_body, Some(10 << 20));
+    assert_eq!(config.server.trusted_proxies.len(), 2);
+    let app = &config.upstreams["app"];
+    assert_eq!(app.authority.as_str(), "app.internal:80");
+    assert_eq!(app.base_path, "/base");
+    assert_eq!(app.connect_timeout, Duration::from_millis(250));
+    let api = &config.routes[0];
+    assert_eq!(api.host, Some(HostMatch::Wildcard(".example.com".into())));
+    assert_eq!(api.path, PathMatch::Prefix("/api/".into()));
+    assert_eq!(api.methods, Some(vec![Method::GET, Method::POST]));
+    assert!(matches!(&api.target, RouteTarget::Upstream(u) if u.name == "app"));
+    assert!(
+        matches!(&config.routes[1].target, RouteTarget::Respond(r) if r.status == StatusCode::NO_CONTENT)
+    );
+}
+
+#[test]
+fn toml_syntax_error() {
+    let (line, column, key, message) = error("[server]\nlisten = \"0.0.0.0:80\n");
+    assert_eq!((line, key.as_str()), (2, ""));
+    assert!(column >= 1);
+    assert!(message.starts_with("invalid TOML"), "{message}");
+}
+
+#[test]
+fn unknown_key() {
+    let (line, column, key, message) = error("[server]\nlisten_addr = \"0.0.0.0:80\"\n");
+    assert_eq!((line, column, key.as_str()), (2, 1, "server.listen_addr"));
+    assert!(message.contains("unknown field `listen_addr`"), "{message}");
+    assert!(message.contains("expected one of"), "{message}");
+}
+
+#[test]
+fn unknown_table_until_its_feature_exists() {
+    let (line, _, _, message) = error("[redis]\nurl = \"redis://127.0.0.1\"\n");
+    assert_eq!(line, 1);
+    assert!(message.contains("unknown field `redis`"), "{message}");
+}
+
+#[test]
+fn wrong_type() {
+    let (line, column, key, message) = error("[server]\nworkers = \"two\"\n");
+    assert_eq!((line, column, key.as_str()), (2, 11, "server.workers"));
+    assert!(message.contains("expected i64"), "{message}");
+}
+
+#[test]
+fn missing_required_key() {
+    let (line, _, key, message) = error("[upstreams.app]\nconnect_timeout = \"1s\"\n");
+    assert_eq!((line, key.as_str()), (1, "upstreams.app"));
+    assert!(message.contains("missing field `url`"), "{message}");
+}
+
+#[test]
+fn bad_duration() {
+    let (line, column, key, message) = error("[server]\nshutdown_grace = \"10 parsecs\"\n");
+    assert_eq!((line, column, key.as_str()), (2, 18, "server.shutdown_grace"));
+    assert!(message.starts_with("expected a duration"), "{message}");
+}
+
+#[test]
+fn zero_timeout() {
+    let (_, _, key, message) = error(&format!("{UPSTREAM}timeout = \"0s\"\n"));
+    assert_eq!(key, "upstreams.app.timeout");
+    assert!(message.contains("greater than zero"), "{message}");
+}
+
+#[test]
+fn bad_size() {
+    let (_, _, key, message) = error("[server]\nmax_body = \"lots\"\n");
+    assert_eq!(key, "server.max_body");
+    assert!(message.starts_with("expected a size"), "{message}");
+}
+
+#[test]
+fn bad_cidr() {
+    let (line, column, key, message) =
+        error("[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/99\"]\n");
+    assert_eq!((line, column, key.as_str()), (2, 34, "server.trusted_proxies[1]"));
+    assert!(message.starts_with("expected a CIDR"), "{message}");
+}
+
+#[test]
+fn bad_socket_address() {
+    let (_, _, key, message) = error("[server]\nlisten = \"localhost:80\"\n");
+    assert_eq!(key, "server.listen");
+    assert!(message.starts_with("expected an address"), "{message}");
+}
+
+#[test]
+fn bad_workers_and_header_mode() {
+    let errors = parse("[server]\nworkers = -1\nratelimit_headers = \"draft\"\n")
+        .unwrap_err()
+        .errors;
+    let keys: Vec<_> = errors.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["server.workers", "server.ratelimit_headers"]);
+}
+
+#[test]
+fn bad_upstream_url() {
+    for url in ["127.0.0.1:9000", "ftp://host", "http://host/?q=1", "https://host"] {
+        let (_, _, key, _) = error(&format!("[upstreams.app]\nurl = \"{url}\"\n"));
+        assert_eq!(key, "upstreams.app.url", "{url}");
+    }
+}
+
+#[test]
+fn unknown_upstream_reference() {
+    let (line, column, key, message) = error(&format!(
+        "{UPSTREAM}[[routes]]\nname = \"r\"\nupstream = \"ap\"\n"
+    ));
+    assert_eq!((line, column, key.as_str()), (5, 12, "routes[0].upstream"));
+    assert!(message.contains("unknown upstream \"ap\""), "{message}");
+    assert!(message.contains("\"app\""), "{message}");
+}
+
+#[test]
+fn duplicate_route_name() {
+    let (line, _, key, message) = error(&format!(
+        "{UPSTREAM}[[routes]]\nname = \"r\"\nupstream = \"app\"\n[[routes]]\nname = \"r\"\nupstream = \"app\"\n"
+    ));
+    assert_eq!((line, key.as_str()), (7, "routes[1].name"));
+    assert!(message.contains("already used"), "{message}");
+}
+
+#[test]
+fn route_needs_exactly_one_target() {
+    let (_, _, key, message) = error("[[routes]]\nname = \"r\"\n");
+    assert_eq!(key, "routes[0]");
+    assert!(message.contains("upstream"), "{message}");
+    let (_, _, key, _) = error(&format!(
+        "{UPSTREAM}[[routes]]\nname = \"r\"\nupstream = \"app\"\nrespond = {{ status = 200 }}\n"
+    ));
+    assert_eq!(key, "routes[0].respond");
+}
+
+#[test]
+fn path_and_prefix_are_exclusive_and_normalized() {
+    let (_, _, key, _) =
+        error("[[routes]]\nname = \"r\"\npath = \"/a\"\npath_prefix = \"/b\"\nrespond = {}\n");
+    assert_eq!(key, "routes[0].path_prefix");
+    let (_, _, key, message) = error("[[routes]]\nname = \"r\"\npath_prefix = \"/a/../b\"\nrespond = {}\n");
+    assert_eq!(key, "routes[0].path_prefix");
+    assert!(message.contains("normalized path"), "{message}");
+    let (_, _, key, _) = error("[[routes]]\nname = \"r\"\npath = \"api\"\nrespond = {}\n");
+    assert_eq!(key, "routes[0].path");
+}
+
+#[test]
+fn bad_method_and_host() {
+    let (_, _, key, _) = error("[[routes]]\nname = \"r\"\nmethods = [\"GET\", \"G T\"]\nrespond = {}\n");
+    assert_eq!(key, "routes[0].methods[1]");
+    let (_, _, key, message) = error("[[routes]]\nname = \"r\"\nhost = \"example.com:80\"\nrespond = {}\n");
+    assert_eq!(key, "routes[0].host");
+    assert!(message.contains("no port"), "{message}");
+}
+
+#[test]
+fn bad_respond_status() {
+    let (_, _, key, message) = error("[[routes]]\nname = \"r\"\nrespond = { status = 99 }\n");
+    assert_eq!(key, "routes[0].respond.status");
+    assert!(message.contains("200 to 599"), "{message}");
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let errors = parse(&format!(
+        "[server]\nlisten = \"nope\"\nshutdown_grace = \"x\"\n{UPSTREAM}[[routes]]\nname = \"r\"\nupstream = \"zzz\"\n"
+    ))
+    .unwrap_err();
+    assert_eq!(errors.errors.len(), 3);
+    let text = errors.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("gw.toml:2:10: server.listen: expected an address"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("gw.toml:3:18: server.shutdown_grace: expected a duration"),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with("gw.toml:8:12: routes[0].upstream: unknown upstream"),
+        "{text}"
+    );
+}
