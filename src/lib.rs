@@ -19,6 +19,7 @@ pub mod client_ip;
 pub mod config;
 pub mod error;
 pub mod framing;
+pub mod limit;
 pub mod logging;
 pub mod metrics;
 pub mod path;

@@ -1,0 +1,126 @@
+//! Store keys (SPEC §2): `PREFIX:{TUPLE}:LIMIT`, where TUPLE is the limit's key parts,
+//! encoded so that no two distinct tuples share a key and no key exceeds [`MAX_KEY_LEN`]
+//! bytes, whatever a client sends.
+//!
+//! Each part is percent-escaped (everything but `A-Z a-z 0-9 . - _`), so the `:` between
+//! parts, the braces of the hash tag and `#` never occur inside one. A tuple whose escaped
+//! form would not fit is replaced by `#` and the hex SHA-256 of the escaped form (128 bits
+//! kept): distinct tuples still map to distinct keys, and an escaped tuple never starts
+//! with `#`. The braces make TUPLE the Redis Cluster hash tag, so limits of one request that
+//! share a key tuple land in one slot and are decided in one atomic script call.
+
+use sha2::{Digest, Sha256};
+
+/// The longest key floodgate writes.
+pub const MAX_KEY_LEN: usize = 200;
+/// The longest prefix and limit name the configuration accepts; what remains of
+/// [`MAX_KEY_LEN`] is the tuple's budget.
+pub const MAX_PREFIX_LEN: usize = 32;
+pub const MAX_LIMIT_NAME_LEN: usize = 48;
+/// `:{` + `}:` + `:lock` around prefix, tuple and name.
+const OVERHEAD: usize = 9;
+const TUPLE_BUDGET: usize = MAX_KEY_LEN - MAX_PREFIX_LEN - MAX_LIMIT_NAME_LEN - OVERHEAD;
+/// Hex digits of the digest kept for long tuples (128 bits).
+const DIGEST_HEX: usize = 32;
+
+/// The encoded key tuple of one request for one limit.
+pub fn encode_tuple<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let mut escaped = String::new();
+    for (i, part) in parts.into_iter().enumerate() {
+        if i > 0 {
+            escaped.push(':');
+        }
+        escape_into(&mut escaped, part);
+    }
+    if escaped.len() <= TUPLE_BUDGET {
+        return escaped;
+    }
+    let digest = Sha256::digest(escaped.as_bytes());
+    let mut hashed = String::with_capacity(1 + DIGEST_HEX);
+    hashed.push('#');
+    for byte in &digest[..DIGEST_HEX / 2] {
+        hashed.push(HEX[usize::from(byte >> 4)] as char);
+        hashed.push(HEX[usize::from(byte & 0xf)] as char);
+    }
+    hashed
+}
+
+/// The store key of `limit`'s counter for `tuple`.
+pub fn store_key(prefix: &str, tuple: &str, limit: &str) -> String {
+    format!("{prefix}:{{{tuple}}}:{limit}")
+}
+
+/// The store key of `limit`'s lock-out marker for `tuple`.
+pub fn lock_key(prefix: &str, tuple: &str, limit: &str) -> String {
+    format!("{prefix}:{{{tuple}}}:{limit}:lock")
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+fn escape_into(out: &mut String, part: &[u8]) {
+    for &byte in part {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'-' | b'_') {
+            out.push(byte as char);
+        } else {
+            out.push('%');
+            out.push(HEX[usize::from(byte >> 4)] as char);
+            out.push(HEX[usize::from(byte & 0xf)] as char);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn tuple(parts: &[&str]) -> String {
+        encode_tuple(parts.iter().map(|p| p.as_bytes()))
+    }
+
+    #[test]
+    fn plain_parts_stay_readable() {
+        assert_eq!(tuple(&["203.0.113.9"]), "203.0.113.9");
+        assert_eq!(tuple(&["2001:db8::1", "GET"]), "2001%3Adb8%3A%3A1:GET");
+        assert_eq!(store_key("fg", &tuple(&["k"]), "per_ip"), "fg:{k}:per_ip");
+        assert_eq!(lock_key("fg", &tuple(&["k"]), "per_ip"), "fg:{k}:per_ip:lock");
+    }
+
+    #[test]
+    fn separators_and_braces_cannot_be_forged() {
+        assert_ne!(tuple(&["a:b"]), tuple(&["a", "b"]));
+        assert_eq!(tuple(&["}{x"]), "%7D%7Bx");
+        assert!(!tuple(&["#abc"]).starts_with('#'));
+    }
+
+    #[test]
+    fn long_tuples_are_hashed_within_the_budget() {
+        let long = "x".repeat(10_000);
+        let hashed = tuple(&[&long]);
+        assert!(hashed.starts_with('#'));
+        assert_eq!(hashed.len(), 1 + DIGEST_HEX);
+        assert_ne!(hashed, tuple(&[&format!("{long}y")]));
+        let key = lock_key(
+            &"p".repeat(MAX_PREFIX_LEN),
+            &hashed,
+            &"n".repeat(MAX_LIMIT_NAME_LEN),
+        );
+        assert!(key.len() <= MAX_KEY_LEN);
+    }
+
+    proptest! {
+        #[test]
+        fn distinct_tuples_give_distinct_bounded_keys(
+            a in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..150), 1..4),
+            b in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..150), 1..4),
+        ) {
+            let ka = encode_tuple(a.iter().map(Vec::as_slice));
+            let kb = encode_tuple(b.iter().map(Vec::as_slice));
+            prop_assert!(ka.len() <= TUPLE_BUDGET);
+            if a != b {
+                prop_assert_ne!(ka, kb);
+            }
+        }
+    }
+}
