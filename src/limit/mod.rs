@@ -1,4 +1,149 @@
 //! Rate limiting: the algorithms, store keys, and the stores that decide.
+//!
+//! A request's limits are decided together, in one store call, all or nothing: the store
+//! gets one [`LimitCheck`] per limit and answers one [`LimitDecision`] per limit. If any
+//! limit rejects (or is locked), no limit consumes anything.
 
 pub mod algorithm;
+pub mod clock;
 pub mod key;
+pub mod memory;
+
+use std::time::Duration;
+
+pub use algorithm::Algorithm;
+
+/// One limit to decide for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitCheck {
+    /// The counter's store key ([`key::store_key`]).
+    pub key: String,
+    pub algorithm: Algorithm,
+    /// With a lock-out penalty: the lock's key and its duration in microseconds.
+    pub lockout: Option<(String, u64)>,
+    /// Units this request consumes (route `cost`, at least 1).
+    pub cost: u64,
+}
+
+/// What one limit decided for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Within the limit (or within it but not consumed, because another limit refused).
+    Allowed,
+    /// Admitted after waiting this long for its turn (leaky bucket).
+    Delayed(Duration),
+    /// Over the limit.
+    Rejected,
+    /// The key is serving a lock-out penalty.
+    Locked,
+}
+
+impl Outcome {
+    pub fn admits(self) -> bool {
+        matches!(self, Outcome::Allowed | Outcome::Delayed(_))
+    }
+}
+
+/// One limit's decision, with what the rate-limit headers need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitDecision {
+    pub outcome: Outcome,
+    /// Requests of cost 1 still admissible.
+    pub remaining: u64,
+    /// Time until the limit is fully reset.
+    pub reset: Duration,
+    /// For a refused request: when to try again.
+    pub retry_after: Duration,
+}
+
+/// Decides every check of one request against stored state, all or nothing.
+///
+/// `stored(key)` reads a counter's live state, `lock_left(key)` the time left in a live
+/// lock. Returns the decisions and the writes to apply: counter states when everything
+/// was admitted, new locks otherwise. Both stores run exactly this.
+pub(crate) fn decide_all(
+    checks: &[LimitCheck],
+    now: u64,
+    mut stored: impl FnMut(&str) -> Option<algorithm::State>,
+    mut lock_left: impl FnMut(&str) -> Option<u64>,
+) -> (Vec<LimitDecision>, Vec<Write>) {
+    let locks: Vec<Option<u64>> = checks
+        .iter()
+        .map(|check| check.lockout.as_ref().and_then(|(lock, _)| lock_left(lock)))
+        .collect();
+    let evaluations: Vec<algorithm::Evaluation> = checks
+        .iter()
+        .map(|check| algorithm::evaluate(&check.algorithm, stored(&check.key), check.cost, now))
+        .collect();
+    let admitted = locks.iter().all(Option::is_none) && evaluations.iter().all(|e| e.admitted);
+    let mut writes = Vec::new();
+    let decisions = checks
+        .iter()
+        .zip(&evaluations)
+        .zip(&locks)
+        .map(|((check, evaluation), lock)| {
+            let micros = Duration::from_micros;
+            if let Some(left) = *lock {
+                return LimitDecision {
+                    outcome: Outcome::Locked,
+                    remaining: 0,
+                    reset: micros(left),
+                    retry_after: micros(left),
+                };
+            }
+            if !evaluation.admitted {
+                let mut retry_after = evaluation.retry_after;
+                if let Some((lock, penalty)) = &check.lockout {
+                    writes.push(Write::Lock {
+                        key: lock.clone(),
+                        ttl: *penalty,
+                    });
+                    retry_after = retry_after.max(*penalty);
+                }
+                return LimitDecision {
+                    outcome: Outcome::Rejected,
+                    remaining: evaluation.remaining_before,
+                    reset: micros(evaluation.reset),
+                    retry_after: micros(retry_after),
+                };
+            }
+            if !admitted {
+                return LimitDecision {
+                    outcome: Outcome::Allowed,
+                    remaining: evaluation.remaining_before,
+                    reset: micros(evaluation.reset),
+                    retry_after: Duration::ZERO,
+                };
+            }
+            writes.push(Write::State {
+                key: check.key.clone(),
+                state: evaluation.new_state,
+                ttl: evaluation.ttl,
+            });
+            LimitDecision {
+                outcome: if evaluation.delay > 0 {
+                    Outcome::Delayed(micros(evaluation.delay))
+                } else {
+                    Outcome::Allowed
+                },
+                remaining: evaluation.remaining_after,
+                reset: micros(evaluation.reset),
+                retry_after: Duration::ZERO,
+            }
+        })
+        .collect();
+    (decisions, writes)
+}
+
+/// A change a decision makes to the store.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Write {
+    /// Store a counter's new state for `ttl` microseconds.
+    State {
+        key: String,
+        state: algorithm::State,
+        ttl: u64,
+    },
+    /// Create a lock for `ttl` microseconds unless one exists.
+    Lock { key: String, ttl: u64 },
+}

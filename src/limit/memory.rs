@@ -1,0 +1,224 @@
+//! The in-process store: the same semantics as Redis for a single instance.
+//!
+//! Keys are spread over shards, each behind its own mutex, so decisions for different
+//! clients rarely contend. One decision locks every shard its keys live in (in index
+//! order, so two decisions never deadlock) and runs [`super::decide_all`] under them:
+//! atomic and all-or-nothing like the Redis script. Entries expire after their TTL, and a
+//! shard that reaches its share of `max_keys` first drops expired entries, then the
+//! entries closest to expiry, so a client spraying random keys cannot grow it without
+//! bound.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::algorithm::State;
+use super::clock::Clock;
+use super::{LimitCheck, LimitDecision, Write, decide_all};
+
+const SHARDS: usize = 64;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// `None` for a lock.
+    state: Option<State>,
+    expires_at: u64,
+}
+
+type Shard = HashMap<String, Entry>;
+
+/// The in-process rate-limit store.
+pub struct MemoryStore {
+    shards: Vec<Mutex<Shard>>,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    max_per_shard: usize,
+}
+
+impl MemoryStore {
+    /// A store keeping at most about `max_keys` keys, on `clock`.
+    pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            clock,
+            max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    fn shard_of(&self, key: &str) -> usize {
+        (self.hasher.hash_one(key) % SHARDS as u64) as usize
+    }
+
+    /// Decides all of one request's limits, atomically.
+    pub fn decide(&self, checks: &[LimitCheck]) -> Vec<LimitDecision> {
+        let mut indexes: Vec<usize> = checks
+            .iter()
+            .flat_map(|c| std::iter::once(&c.key).chain(c.lockout.as_ref().map(|(lock, _)| lock)))
+            .map(|key| self.shard_of(key))
+            .collect();
+        indexes.sort_unstable();
+        indexes.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = indexes
+            .iter()
+            .map(|&i| {
+                (
+                    i,
+                    self.shards[i]
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner()),
+                )
+            })
+            .collect();
+        let now = self.clock.now_micros();
+        let live = |guards: &[(usize, MutexGuard<'_, Shard>)], key: &str| -> Option<Entry> {
+            let shard = self.shard_of(key);
+            let (_, guard) = guards.iter().find(|(i, _)| *i == shard)?;
+            guard.get(key).copied().filter(|entry| entry.expires_at > now)
+        };
+        let (decisions, writes) = decide_all(
+            checks,
+            now,
+            |key| live(&guards, key).and_then(|entry| entry.state),
+            |key| live(&guards, key).map(|entry| entry.expires_at - now),
+        );
+        for write in writes {
+            let (key, entry, only_if_absent) = match write {
+                Write::State { key, state, ttl } => (
+                    key,
+                    Entry {
+                        state: Some(state),
+                        expires_at: now + ttl,
+                    },
+                    false,
+                ),
+                Write::Lock { key, ttl } => (
+                    key,
+                    Entry {
+                        state: None,
+                        expires_at: now + ttl,
+                    },
+                    true,
+                ),
+            };
+            let shard = self.shard_of(&key);
+            let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == shard) else {
+                continue;
+            };
+            if only_if_absent && guard.get(&key).is_some_and(|e| e.expires_at > now) {
+                continue;
+            }
+            if !guard.contains_key(&key) && guard.len() >= self.max_per_shard {
+                make_room(guard, now, self.max_per_shard);
+            }
+            guard.insert(key, entry);
+        }
+        decisions
+    }
+
+    /// Keys currently held (expired ones included until they are swept).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Drops expired entries; if the shard is still full, the quarter closest to expiry.
+fn make_room(shard: &mut Shard, now: u64, max: usize) {
+    shard.retain(|_, entry| entry.expires_at > now);
+    if shard.len() < max {
+        return;
+    }
+    let mut expiries: Vec<u64> = shard.values().map(|e| e.expires_at).collect();
+    let cut = (max / 4).max(1).min(expiries.len() - 1);
+    let (_, threshold, _) = expiries.select_nth_unstable(cut);
+    let threshold = *threshold;
+    shard.retain(|_, entry| entry.expires_at > threshold);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::limit::clock::ManualClock;
+    use crate::limit::{Algorithm, Outcome};
+
+    const S: u64 = 1_000_000;
+
+    fn check(key: &str, algorithm: Algorithm) -> LimitCheck {
+        LimitCheck {
+            key: key.to_owned(),
+            algorithm,
+            lockout: None,
+            cost: 1,
+        }
+    }
+
+    fn fixed(limit: u64) -> Algorithm {
+        Algorithm::FixedWindow { limit, window: S }
+    }
+
+    #[test]
+    fn concurrent_decisions_admit_exactly_the_limit() {
+        let store = Arc::new(MemoryStore::new(Arc::new(ManualClock::default()), 10_000));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    (0..25)
+                        .filter(|_| store.decide(&[check("k", fixed(50))])[0].outcome.admits())
+                        .count()
+                })
+            })
+            .collect();
+        let admitted: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(admitted, 50);
+    }
+
+    #[test]
+    fn a_rejection_by_one_limit_consumes_nothing_from_the_others() {
+        let store = MemoryStore::new(Arc::new(ManualClock::default()), 10_000);
+        let both = [check("wide", fixed(10)), check("narrow", fixed(1))];
+        assert!(store.decide(&both).iter().all(|d| d.outcome.admits()));
+        let refused = store.decide(&both);
+        assert_eq!(refused[0].outcome, Outcome::Allowed);
+        assert_eq!(refused[0].remaining, 9);
+        assert_eq!(refused[1].outcome, Outcome::Rejected);
+        assert_eq!(store.decide(&[check("wide", fixed(10))])[0].remaining, 8);
+    }
+
+    #[test]
+    fn lockout_outlives_the_window() {
+        let clock = Arc::new(ManualClock::default());
+        let store = MemoryStore::new(clock.clone(), 10_000);
+        let mut locked = check("k", fixed(1));
+        locked.lockout = Some(("k:lock".into(), 10 * S));
+        assert!(store.decide(std::slice::from_ref(&locked))[0].outcome.admits());
+        let first = store.decide(std::slice::from_ref(&locked))[0];
+        assert_eq!(first.outcome, Outcome::Rejected);
+        assert_eq!(first.retry_after, Duration::from_secs(10));
+        clock.advance(Duration::from_secs(5));
+        let during = store.decide(std::slice::from_ref(&locked))[0];
+        assert_eq!(during.outcome, Outcome::Locked);
+        assert_eq!(during.retry_after, Duration::from_secs(5));
+        clock.advance(Duration::from_secs(5));
+        assert!(store.decide(std::slice::from_ref(&locked))[0].outcome.admits());
+    }
+
+    #[test]
+    fn sprayed_keys_stay_bounded() {
+        let clock = Arc::new(ManualClock::default());
+        let store = MemoryStore::new(clock.clone(), 1_000);
+        for i in 0..100_000 {
+            store.decide(&[check(&format!("client-{i}"), fixed(5))]);
+        }
+        assert!(store.len() <= 1_000 + SHARDS, "{}", store.len());
+    }
+}
