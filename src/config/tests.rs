@@ -33,7 +33,7 @@ fn defaults() {
 
 #[test]
 fn a_full_file_is_validated_into_typed_values() {
-    let config = parse(&format!(
+    let config = parse(
         r#"
 [server]
 listen = "127.0.0.1:8081"
@@ -58,9 +58,9 @@ upstream = "app"
 [[routes]]
 name = "ping"
 path = "/ping"
-respond = {{ status = 204 }}
-"#
-    ))
+respond = { status = 204 }
+"#,
+    )
     .unwrap();
     assert_eq!(config.server.max_body, Some(10 << 20));
     assert_eq!(config.server.trusted_proxies.len(), 2);
