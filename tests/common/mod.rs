@@ -2,9 +2,15 @@
 //! server that describes what it received, HTTP clients, and raw-socket requests.
 #![allow(dead_code)]
 
+pub mod redis_server;
+
+pub mod process;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -89,8 +95,11 @@ impl Drop for TestGateway {
 /// A real upstream that answers with a description of the request it received:
 /// `GET /slow?ms=N` waits N ms; `/big?bytes=N` streams N bytes; `/echo` streams the body
 /// back; `/status?code=N` answers N; anything else describes the request as text.
+/// It counts the connections it accepted and the request heads it received.
 pub struct Upstream {
     pub addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
@@ -98,24 +107,48 @@ impl Upstream {
     pub async fn start() -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let (accepted, received) = (connections.clone(), requests.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let received = received.clone();
+                let service = service_fn(move |request| {
+                    received.fetch_add(1, Ordering::SeqCst);
+                    upstream_answer(request)
+                });
                 tokio::spawn(async move {
                     let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service_fn(upstream_answer))
+                        .serve_connection(TokioIo::new(stream), service)
                         .with_upgrades()
                         .await;
                 });
             }
         });
-        Upstream { addr, task }
+        Upstream {
+            addr,
+            connections,
+            requests,
+            task,
+        }
     }
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    /// Request heads received so far (whatever became of their bodies).
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
     }
 }
 

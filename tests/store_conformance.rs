@@ -1,0 +1,305 @@
+//! One conformance suite, run against both stores: the in-process store and Redis (a
+//! private `redis-server` per test). Windows are short and tolerances honest; Redis's clock
+//! is its `TIME`, the memory store's a monotonic clock.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
+use floodgate::limit::clock::MonotonicClock;
+use floodgate::limit::key::{MAX_KEY_LEN, encode_tuple, lock_key, store_key};
+use floodgate::limit::memory::MemoryStore;
+use floodgate::limit::redis::RedisStore;
+use floodgate::limit::{Algorithm, LimitCheck, LimitDecision, Outcome};
+
+const MS: u64 = 1_000;
+
+enum Store {
+    Memory(Arc<MemoryStore>),
+    Redis(RedisStore, RedisServer),
+}
+
+impl Store {
+    async fn decide(&self, checks: &[LimitCheck]) -> Vec<LimitDecision> {
+        match self {
+            Store::Memory(store) => store.decide(checks),
+            Store::Redis(store, _) => store.decide(checks).await.expect("redis decides"),
+        }
+    }
+
+    async fn one(&self, check: &LimitCheck) -> LimitDecision {
+        self.decide(std::slice::from_ref(check)).await[0]
+    }
+}
+
+async fn memory() -> Store {
+    Store::Memory(Arc::new(MemoryStore::new(
+        Arc::new(MonotonicClock::default()),
+        100_000,
+    )))
+}
+
+async fn redis() -> Store {
+    let server = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
+    let store = RedisStore::connect(&server.url(), Duration::from_secs(2))
+        .await
+        .expect("connect");
+    Store::Redis(store, server)
+}
+
+fn check(name: &str, algorithm: Algorithm) -> LimitCheck {
+    let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
+    LimitCheck {
+        key: store_key("fg", &tuple, name),
+        algorithm,
+        lockout: None,
+        cost: 1,
+    }
+}
+
+fn fixed(limit: u64, window_ms: u64) -> Algorithm {
+    Algorithm::FixedWindow {
+        limit,
+        window: window_ms * MS,
+    }
+}
+
+async fn admitted_count(store: &Store, check: &LimitCheck, attempts: usize) -> usize {
+    let mut admitted = 0;
+    for _ in 0..attempts {
+        if store.one(check).await.outcome.admits() {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+async fn exact_count_under_concurrency(store: Store) {
+    let store = Arc::new(store);
+    let limit = check("conc", fixed(50, 60_000));
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let store = store.clone();
+            let limit = limit.clone();
+            tokio::spawn(async move { store.one(&limit).await.outcome.admits() })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.unwrap());
+    }
+    assert_eq!(admitted, 50);
+}
+
+async fn fixed_window_resets(store: Store) {
+    let limit = check("fw", fixed(2, 300));
+    assert_eq!(admitted_count(&store, &limit, 3).await, 2);
+    let rejected = store.one(&limit).await;
+    assert_eq!(rejected.outcome, Outcome::Rejected);
+    assert!(rejected.retry_after <= Duration::from_millis(300), "{rejected:?}");
+    assert!(rejected.retry_after >= Duration::from_millis(200), "{rejected:?}");
+    tokio::time::sleep(rejected.retry_after + Duration::from_millis(30)).await;
+    let fresh = store.one(&limit).await;
+    assert_eq!((fresh.outcome, fresh.remaining), (Outcome::Allowed, 1));
+}
+
+async fn token_bucket_burst_then_rate(store: Store) {
+    let limit = check(
+        "tb",
+        Algorithm::TokenBucket {
+            rate: 10.0,
+            per: 1_000 * MS,
+            burst: 5,
+        },
+    );
+    assert_eq!(admitted_count(&store, &limit, 8).await, 5);
+    let rejected = store.one(&limit).await;
+    assert_eq!(rejected.outcome, Outcome::Rejected);
+    assert!(rejected.retry_after <= Duration::from_millis(100), "{rejected:?}");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(admitted_count(&store, &limit, 3).await, 1);
+}
+
+async fn leaky_bucket_spaces_and_bounds_the_queue(store: Store) {
+    let limit = check(
+        "lb",
+        Algorithm::LeakyBucket {
+            rate: 20.0,
+            per: 1_000 * MS,
+            burst: 3,
+        },
+    );
+    let mut delays = Vec::new();
+    for _ in 0..5 {
+        delays.push(store.one(&limit).await.outcome);
+    }
+    assert_eq!(delays[0], Outcome::Allowed);
+    for (i, outcome) in delays[1..4].iter().enumerate() {
+        let Outcome::Delayed(delay) = *outcome else {
+            panic!("request {} should wait: {delays:?}", i + 1)
+        };
+        let expected = 50.0 * (i + 1) as f64;
+        let got = delay.as_secs_f64() * 1000.0;
+        assert!(
+            (got - expected).abs() < 10.0,
+            "delay {got} ms, expected {expected}: {delays:?}"
+        );
+    }
+    assert_eq!(delays[4], Outcome::Rejected);
+}
+
+async fn sliding_window_admits_no_double_burst(store: Store) {
+    let limit = check(
+        "sw",
+        Algorithm::SlidingWindow {
+            limit: 10,
+            window: 1_000 * MS,
+        },
+    );
+    assert_eq!(admitted_count(&store, &limit, 10).await, 10);
+    // Whether or not a window boundary falls here, the previous window still weighs in.
+    assert!(admitted_count(&store, &limit, 10).await <= 1);
+}
+
+async fn lockout_outlives_the_window(store: Store) {
+    let mut limit = check("lo", fixed(1, 200));
+    let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
+    limit.lockout = Some((lock_key("fg", &tuple, "lo"), 700 * MS));
+    assert!(store.one(&limit).await.outcome.admits());
+    let first = store.one(&limit).await;
+    assert_eq!(first.outcome, Outcome::Rejected);
+    assert!(first.retry_after >= Duration::from_millis(690), "{first:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let locked = store.one(&limit).await;
+    assert_eq!(locked.outcome, Outcome::Locked);
+    assert!(locked.retry_after <= Duration::from_millis(400), "{locked:?}");
+    tokio::time::sleep(locked.retry_after + Duration::from_millis(30)).await;
+    assert!(store.one(&limit).await.outcome.admits());
+}
+
+async fn cost_above_one(store: Store) {
+    let mut limit = check("cost", fixed(10, 60_000));
+    limit.cost = 4;
+    assert!(store.one(&limit).await.outcome.admits());
+    assert!(store.one(&limit).await.outcome.admits());
+    let refused = store.one(&limit).await;
+    assert_eq!((refused.outcome, refused.remaining), (Outcome::Rejected, 2));
+    limit.cost = 2;
+    let last = store.one(&limit).await;
+    assert_eq!((last.outcome, last.remaining), (Outcome::Allowed, 0));
+}
+
+async fn all_or_nothing_across_limits(store: Store) {
+    let wide = check("wide", fixed(10, 60_000));
+    let narrow = check("narrow", fixed(1, 60_000));
+    let both = [wide.clone(), narrow];
+    assert!(store.decide(&both).await.iter().all(|d| d.outcome.admits()));
+    for _ in 0..5 {
+        let refused = store.decide(&both).await;
+        assert_eq!(refused[0].outcome, Outcome::Allowed);
+        assert_eq!(refused[1].outcome, Outcome::Rejected);
+    }
+    // Five refusals consumed nothing from `wide`.
+    assert_eq!(store.one(&wide).await.remaining, 8);
+}
+
+async fn an_edited_limit_applies_at_once(store: Store) {
+    let small = check("edit", fixed(2, 60_000));
+    assert_eq!(admitted_count(&store, &small, 3).await, 2);
+    let larger = check("edit", fixed(5, 60_000));
+    assert_eq!(admitted_count(&store, &larger, 5).await, 3);
+    let bucket = |rate| {
+        check(
+            "edit-bucket",
+            Algorithm::LeakyBucket {
+                rate,
+                per: 1_000 * MS,
+                burst: 2,
+            },
+        )
+    };
+    assert_eq!(admitted_count(&store, &bucket(1000.0), 3).await, 3);
+    // A much slower rate: the queue left behind is clamped, not a spurious denial.
+    assert!(store.one(&bucket(1.0)).await.outcome.admits());
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod memory_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::memory().await).await;
+                }
+            )*
+        }
+        mod redis_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::redis().await).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    exact_count_under_concurrency,
+    fixed_window_resets,
+    token_bucket_burst_then_rate,
+    leaky_bucket_spaces_and_bounds_the_queue,
+    sliding_window_admits_no_double_burst,
+    lockout_outlives_the_window,
+    cost_above_one,
+    all_or_nothing_across_limits,
+    an_edited_limit_applies_at_once,
+);
+
+#[tokio::test]
+async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
+    let store = redis().await;
+    let long_client = "x".repeat(5_000);
+    let tuple = encode_tuple([long_client.as_bytes(), b"GET"]);
+    let algorithms = [
+        fixed(1, 60_000),
+        Algorithm::SlidingWindow {
+            limit: 1,
+            window: 60_000 * MS,
+        },
+        Algorithm::TokenBucket {
+            rate: 1.0,
+            per: 60_000 * MS,
+            burst: 1,
+        },
+        Algorithm::LeakyBucket {
+            rate: 1.0,
+            per: 60_000 * MS,
+            burst: 1,
+        },
+    ];
+    for (i, algorithm) in algorithms.into_iter().enumerate() {
+        let name = format!("limit{i}");
+        let limit = LimitCheck {
+            key: store_key("fg", &tuple, &name),
+            algorithm,
+            lockout: Some((lock_key("fg", &tuple, &name), 60_000 * MS)),
+            cost: 1,
+        };
+        for _ in 0..3 {
+            store.one(&limit).await;
+        }
+    }
+    let Store::Redis(_, server) = &store else {
+        unreachable!()
+    };
+    let keys: Vec<String> = server.cli(&["--scan"]).lines().map(str::to_owned).collect();
+    assert_eq!(keys.len(), 8, "{keys:?}");
+    for key in keys {
+        assert!(key.len() <= MAX_KEY_LEN, "{key}");
+        let ttl: i64 = server.cli(&["pttl", &key]).trim().parse().unwrap();
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+}
