@@ -1,6 +1,8 @@
 //! Log setup: `FLOODGATE_LOG` is a tracing filter (default `info`), `FLOODGATE_LOG_FORMAT`
 //! is `text` (default) or `json`. Logs go to standard output, as containers expect.
 
+use std::io::IsTerminal as _;
+
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber from the environment.
@@ -11,7 +13,11 @@ pub fn init() -> Result<(), String> {
         Err(_) => EnvFilter::new("info"),
     };
     let format = std::env::var("FLOODGATE_LOG_FORMAT").unwrap_or_else(|_| "text".to_owned());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colour only for a terminal: escape codes in a file, pipe or log collector would split
+    // `key=value` pairs and break grep and parsers.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     match format.as_str() {
         "text" => builder.init(),
         "json" => builder.json().flatten_event(true).init(),

@@ -97,7 +97,9 @@ impl<'a> ErrorSink<'a> {
         }
     }
 
-    pub(crate) fn into_errors(self, file: &Path) -> ConfigErrors {
+    /// The recorded errors in file order (those without a position first).
+    pub(crate) fn into_errors(mut self, file: &Path) -> ConfigErrors {
+        self.errors.sort_by_key(|e| e.position);
         ConfigErrors {
             file: file.to_path_buf(),
             errors: self.errors,
