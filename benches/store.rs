@@ -3,8 +3,6 @@
 //!
 //! `cargo bench --bench store`
 
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,6 +12,11 @@ use floodgate::limit::key::{encode_tuple, store_key};
 use floodgate::limit::memory::MemoryStore;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::{Algorithm, LimitCheck};
+
+#[allow(dead_code)] // the bench uses only part of the test helper
+#[path = "../tests/common/redis_server.rs"]
+mod redis_server;
+use redis_server::RedisServer;
 
 /// A check that never rejects, for one of 1024 clients.
 fn check(client: usize) -> LimitCheck {
@@ -62,49 +65,11 @@ fn memory(c: &mut Criterion) {
     group.finish();
 }
 
-struct RedisServer(Child);
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn redis(c: &mut Criterion) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = std::env::temp_dir();
-    let server = RedisServer(
-        Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server"),
-    );
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let server = RedisServer::start();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let store = runtime
-        .block_on(RedisStore::connect(
-            &format!("redis://127.0.0.1:{port}"),
-            Duration::from_secs(1),
-        ))
+        .block_on(RedisStore::connect(&server.url(), Duration::from_secs(1)))
         .unwrap();
     let checks: Arc<Vec<LimitCheck>> = Arc::new((0..1024).map(check).collect());
     let mut group = c.benchmark_group("redis_store");

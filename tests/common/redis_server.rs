@@ -1,5 +1,6 @@
 //! A private `redis-server` per test: started on a free port in a temporary directory and
 //! killed when dropped, so tests can stop, pause or restart it and run in parallel.
+//! Self-contained, so that benches can include it too.
 
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -14,7 +15,10 @@ pub struct RedisServer {
 impl RedisServer {
     pub fn start() -> RedisServer {
         let dir = tempfile::tempdir().expect("temp dir");
-        let port = super::closed_port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
         let child = Command::new("redis-server")
             .args([
                 "--port",
