@@ -1,0 +1,163 @@
+//! Protocols (SPEC §8): HTTP/2 prior-knowledge clients, pooled keep-alive upstream
+//! connections, and `Upgrade` (WebSocket) tunnels.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{TestGateway, Upstream, h2c_client, header_lines, http1_client, raw_request, read_response};
+use http::{Request, StatusCode, Version};
+use http_body_util::Full;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn gateway(upstream: &Upstream) -> TestGateway {
+    TestGateway::start(&format!(
+        r#"
+[upstreams.app]
+url = "{}"
+
+[[routes]]
+name = "app"
+path_prefix = "/"
+upstream = "app"
+"#,
+        upstream.url()
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn h2c_clients_are_proxied_to_an_http11_upstream() {
+    let upstream = Upstream::start().await;
+    let gw = gateway(&upstream).await;
+    let client = h2c_client();
+
+    let response = client.request(
+        Request::get(gw.url("/h2/page?x=1"))
+            .body(Full::default())
+            .unwrap(),
+    );
+    let response = response.await.expect("h2c request");
+    assert_eq!(response.version(), Version::HTTP_2);
+    let (status, headers, seen) = read_response(response).await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert_eq!(headers["x-upstream"], "yes");
+    assert!(seen.starts_with("GET /h2/page?x=1\n"), "{seen}");
+    let authority = gw.addr.to_string();
+    assert_eq!(header_lines(&seen, "host"), [authority.as_str()], "{seen}");
+    assert_eq!(
+        header_lines(&seen, "x-forwarded-host"),
+        [authority.as_str()],
+        "{seen}"
+    );
+    assert_eq!(header_lines(&seen, "via"), ["2.0 floodgate"], "{seen}");
+    assert_eq!(header_lines(&seen, "x-forwarded-for"), ["127.0.0.1"], "{seen}");
+
+    // A request body, and many streams at once on the one HTTP/2 connection.
+    let requests = (0..10).map(|i| {
+        let request = Request::post(gw.url(&format!("/h2/post/{i}")))
+            .body(Full::new(Bytes::from(vec![b'a'; 100 * i])))
+            .unwrap();
+        let sent = client.request(request);
+        async move { read_response(sent.await.expect("h2c request")).await }
+    });
+    let answers = futures_util::future::join_all(requests).await;
+    for (i, (status, _, seen)) in answers.into_iter().enumerate() {
+        assert_eq!(status, StatusCode::OK, "{seen}");
+        assert!(seen.starts_with(&format!("POST /h2/post/{i}\n")), "{seen}");
+        assert!(seen.ends_with(&format!("body-bytes: {}\n", 100 * i)), "{seen}");
+    }
+}
+
+#[tokio::test]
+async fn upstream_connections_are_pooled_and_kept_alive() {
+    let upstream = Upstream::start().await;
+    let gw = gateway(&upstream).await;
+
+    let client = http1_client();
+    for i in 0..20 {
+        let request = Request::get(gw.url(&format!("/n/{i}")))
+            .body(Full::default())
+            .unwrap();
+        let (status, _, seen) = read_response(client.request(request).await.expect("request")).await;
+        assert_eq!(status, StatusCode::OK, "{seen}");
+    }
+    assert_eq!(upstream.requests(), 20);
+    assert_eq!(upstream.connections(), 1);
+
+    // A client's `Connection: close` is about its own connection, not the pooled one.
+    for i in 0..5 {
+        let raw = raw_request(
+            gw.addr,
+            format!("GET /close/{i} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(raw.starts_with("HTTP/1.1 200 "), "{raw}");
+    }
+    assert_eq!(upstream.requests(), 25);
+    assert_eq!(upstream.connections(), 1);
+}
+
+/// Reads from `stream` until the end of a response head.
+async fn read_head(stream: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = stream.read(&mut byte).await.expect("read head");
+        assert_eq!(
+            n,
+            1,
+            "closed before the end of the head: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+async fn read_exactly(stream: &mut TcpStream, n: usize) -> String {
+    let mut buf = vec![0u8; n];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut buf))
+        .await
+        .expect("tunnel answered in time")
+        .expect("tunnel read");
+    String::from_utf8(buf).unwrap()
+}
+
+#[tokio::test]
+async fn websocket_upgrade_is_tunnelled_both_ways() {
+    let upstream = Upstream::start().await;
+    let gw = gateway(&upstream).await;
+
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+              Sec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let head = tokio::time::timeout(Duration::from_secs(5), read_head(&mut stream))
+        .await
+        .expect("101 in time");
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert!(lower.contains("\r\nupgrade: websocket\r\n"), "{head}");
+    assert!(lower.contains("\r\nconnection: upgrade\r\n"), "{head}");
+
+    // The upstream upper-cases what it receives, so each answer proves a round trip.
+    stream.write_all(b"hello tunnel").await.unwrap();
+    assert_eq!(read_exactly(&mut stream, 12).await, "HELLO TUNNEL");
+    stream.write_all(b"second frame").await.unwrap();
+    assert_eq!(read_exactly(&mut stream, 12).await, "SECOND FRAME");
+
+    // Closing our side ends the upstream's loop, and the tunnel closes back to us.
+    stream.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the tunnel stayed open after both sides finished");
+    assert!(rest.is_empty(), "{rest:?}");
+    assert_eq!(upstream.requests(), 1);
+}
