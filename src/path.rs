@@ -22,6 +22,14 @@ pub enum PathError {
 }
 
 /// Normalizes `path` (without its query string). Borrows when nothing changes.
+///
+/// ```
+/// use floodgate::path::{PathError, normalize_path};
+///
+/// assert_eq!(normalize_path("/a//b/./c/../%64").unwrap(), "/a/b/d");
+/// assert_eq!(normalize_path("/public/..%2Fadmin"), Err(PathError::EncodedTraversal));
+/// assert_eq!(normalize_path("/.."), Err(PathError::AboveRoot));
+/// ```
 pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
     if !path.starts_with('/') {
         return Err(PathError::NotAbsolute);
