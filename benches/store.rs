@@ -21,13 +21,14 @@ use redis_server::RedisServer;
 /// A check that never rejects, for one of 1024 clients.
 fn check(client: usize) -> LimitCheck {
     let ip = format!("10.0.{}.{}", client / 256, client % 256);
+    let algorithm = Algorithm::TokenBucket {
+        rate: 1e9,
+        per: 1_000_000,
+        burst: 1_000_000_000,
+    };
     LimitCheck {
-        key: store_key("bench", &encode_tuple([ip.as_bytes()]), "per_ip"),
-        algorithm: Algorithm::TokenBucket {
-            rate: 1e9,
-            per: 1_000_000,
-            burst: 1_000_000_000,
-        },
+        key: store_key("bench", &encode_tuple([ip.as_bytes()]), "per_ip", &algorithm),
+        algorithm,
         lockout: None,
         cost: 1,
     }

@@ -52,7 +52,7 @@ async fn redis() -> Store {
 fn check(name: &str, algorithm: Algorithm) -> LimitCheck {
     let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
     LimitCheck {
-        key: store_key("fg", &tuple, name),
+        key: store_key("fg", &tuple, name, &algorithm),
         algorithm,
         lockout: None,
         cost: 1,
@@ -223,6 +223,16 @@ async fn an_edited_limit_applies_at_once(store: Store) {
     assert_eq!(admitted_count(&store, &bucket(1000.0), 3).await, 3);
     // A much slower rate: the queue left behind is clamped, not a spurious denial.
     assert!(store.one(&bucket(1.0)).await.outcome.admits());
+    // Another algorithm under the same limit name starts afresh (no WRONGTYPE in Redis).
+    let as_token_bucket = check(
+        "edit",
+        Algorithm::TokenBucket {
+            rate: 1.0,
+            per: 1_000 * MS,
+            burst: 2,
+        },
+    );
+    assert_eq!(admitted_count(&store, &as_token_bucket, 3).await, 2);
 }
 
 macro_rules! conformance {
@@ -283,7 +293,7 @@ async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
     for (i, algorithm) in algorithms.into_iter().enumerate() {
         let name = format!("limit{i}");
         let limit = LimitCheck {
-            key: store_key("fg", &tuple, &name),
+            key: store_key("fg", &tuple, &name, &algorithm),
             algorithm,
             lockout: Some((lock_key("fg", &tuple, &name), 60_000 * MS)),
             cost: 1,

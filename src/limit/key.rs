@@ -1,4 +1,4 @@
-//! Store keys (SPEC §2): `PREFIX:{TUPLE}:LIMIT`, where TUPLE is the limit's key parts,
+//! Store keys (SPEC §2): `PREFIX:{TUPLE}:LIMIT:ALGORITHM` and `PREFIX:{TUPLE}:LIMIT:lock`, where TUPLE is the limit's key parts,
 //! encoded so that no two distinct tuples share a key and no key exceeds [`MAX_KEY_LEN`]
 //! bytes, whatever a client sends.
 //!
@@ -11,13 +11,15 @@
 
 use sha2::{Digest, Sha256};
 
+use super::Algorithm;
+
 /// The longest key floodgate writes.
 pub const MAX_KEY_LEN: usize = 200;
 /// The longest prefix and limit name the configuration accepts; what remains of
 /// [`MAX_KEY_LEN`] is the tuple's budget.
 pub const MAX_PREFIX_LEN: usize = 32;
 pub const MAX_LIMIT_NAME_LEN: usize = 48;
-/// `:{` + `}:` + `:lock` around prefix, tuple and name.
+/// `:{` + `}:` + `:lock` (the longest suffix) around prefix, tuple and name.
 const OVERHEAD: usize = 9;
 const TUPLE_BUDGET: usize = MAX_KEY_LEN - MAX_PREFIX_LEN - MAX_LIMIT_NAME_LEN - OVERHEAD;
 /// Hex digits of the digest kept for long tuples (128 bits).
@@ -45,9 +47,16 @@ pub fn encode_tuple<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
     hashed
 }
 
-/// The store key of `limit`'s counter for `tuple`.
-pub fn store_key(prefix: &str, tuple: &str, limit: &str) -> String {
-    format!("{prefix}:{{{tuple}}}:{limit}")
+/// The store key of `limit`'s counter for `tuple`. It names the algorithm, so that a limit
+/// edited to another algorithm starts afresh instead of meeting state of another shape.
+pub fn store_key(prefix: &str, tuple: &str, limit: &str, algorithm: &Algorithm) -> String {
+    let tag = match algorithm {
+        Algorithm::FixedWindow { .. } => "fw",
+        Algorithm::SlidingWindow { .. } => "sw",
+        Algorithm::TokenBucket { .. } => "tb",
+        Algorithm::LeakyBucket { .. } => "lb",
+    };
+    format!("{prefix}:{{{tuple}}}:{limit}:{tag}")
 }
 
 /// The store key of `limit`'s lock-out marker for `tuple`.
@@ -83,7 +92,11 @@ mod tests {
     fn plain_parts_stay_readable() {
         assert_eq!(tuple(&["203.0.113.9"]), "203.0.113.9");
         assert_eq!(tuple(&["2001:db8::1", "GET"]), "2001%3Adb8%3A%3A1:GET");
-        assert_eq!(store_key("fg", &tuple(&["k"]), "per_ip"), "fg:{k}:per_ip");
+        let fixed = Algorithm::FixedWindow { limit: 1, window: 1 };
+        assert_eq!(
+            store_key("fg", &tuple(&["k"]), "per_ip", &fixed),
+            "fg:{k}:per_ip:fw"
+        );
         assert_eq!(lock_key("fg", &tuple(&["k"]), "per_ip"), "fg:{k}:per_ip:lock");
     }
 
