@@ -95,6 +95,8 @@ mod tests {
                 body: bytes::Bytes::new(),
                 content_type: http::HeaderValue::from_static("text/plain"),
             }),
+            limits: Vec::new(),
+            cost: 1,
         }
     }
 

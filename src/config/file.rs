@@ -16,8 +16,11 @@ use toml::Spanned;
 pub(crate) struct FileConfig {
     #[serde(default)]
     pub server: ServerFile,
+    pub redis: Option<Spanned<RedisFile>>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, Spanned<UpstreamFile>>,
+    #[serde(default)]
+    pub limits: BTreeMap<String, Spanned<LimitFile>>,
     #[serde(default)]
     pub routes: Vec<Spanned<RouteFile>>,
 }
@@ -56,6 +59,8 @@ pub(crate) struct RouteFile {
     pub methods: Option<Vec<Spanned<String>>>,
     pub upstream: Option<Spanned<String>>,
     pub respond: Option<Spanned<RespondFile>>,
+    pub limits: Option<Vec<Spanned<String>>>,
+    pub cost: Option<Spanned<i64>>,
 }
 
 /// A route's inline `respond = { ... }` table.
@@ -65,4 +70,36 @@ pub(crate) struct RespondFile {
     pub status: Option<Spanned<i64>>,
     pub body: Option<String>,
     pub content_type: Option<Spanned<String>>,
+}
+
+/// `[redis]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RedisFile {
+    pub url: Option<Spanned<String>>,
+    pub cluster: Option<Spanned<bool>>,
+    pub sentinels: Option<Spanned<Vec<String>>>,
+    pub master_name: Option<Spanned<String>>,
+    pub prefix: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+    pub on_error: Option<Spanned<String>>,
+}
+
+/// `[limits.NAME]`: every key of every algorithm; validation rejects those that do not
+/// belong to the chosen one.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LimitFile {
+    pub algorithm: Spanned<String>,
+    pub limit: Option<Spanned<i64>>,
+    pub window: Option<Spanned<String>>,
+    pub rate: Option<Spanned<f64>>,
+    pub per: Option<Spanned<String>>,
+    pub burst: Option<Spanned<i64>>,
+    pub key: Option<Vec<Spanned<String>>>,
+    pub lockout: Option<Spanned<String>>,
+    pub exempt: Option<Vec<Spanned<String>>>,
+    pub mode: Option<Spanned<String>>,
+    pub status: Option<Spanned<i64>>,
+    pub message: Option<Spanned<String>>,
 }

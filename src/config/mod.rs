@@ -6,6 +6,7 @@
 
 mod error;
 mod file;
+mod limits;
 mod values;
 
 use std::collections::{BTreeMap, HashSet};
@@ -22,6 +23,7 @@ use toml::Spanned;
 
 use error::ErrorSink;
 pub use error::{ConfigError, ConfigErrors};
+pub use limits::{KeyPart, LimitConfig, Mode, OnError, RedisConfig};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile, UpstreamFile};
 
 use crate::path::normalize_path;
@@ -39,8 +41,12 @@ pub struct Config {
     /// The file it was read from (for messages and reloads).
     pub path: PathBuf,
     pub server: ServerConfig,
+    /// The shared store; `None`: the in-process store.
+    pub redis: Option<RedisConfig>,
     /// Upstreams by name.
     pub upstreams: BTreeMap<String, Arc<UpstreamConfig>>,
+    /// Limits by name.
+    pub limits: BTreeMap<String, Arc<LimitConfig>>,
     /// Routes in file order: the first match wins.
     pub routes: Vec<RouteConfig>,
 }
@@ -91,6 +97,10 @@ pub struct RouteConfig {
     pub path: PathMatch,
     pub methods: Option<Vec<Method>>,
     pub target: RouteTarget,
+    /// All must admit a request (in this order).
+    pub limits: Vec<Arc<LimitConfig>>,
+    /// Units one request consumes from each limit.
+    pub cost: u64,
 }
 
 /// How a route matches the request's host (lower-case, port and trailing dot removed).
@@ -136,15 +146,31 @@ impl Config {
         let raw = deserialize(path, text)?;
         let mut sink = ErrorSink::new(text);
         let server = validate_server(raw.server, &mut sink);
+        let redis = limits::validate_redis(raw.redis, &mut sink);
         let upstreams = validate_upstreams(raw.upstreams, &mut sink);
-        let routes = validate_routes(raw.routes, &upstreams, &mut sink);
+        let limits = limits::validate_limits(raw.limits, &mut sink);
+        let routes = validate_routes(raw.routes, &upstreams, &limits, &mut sink);
         sink.finish(path)?;
         Ok(Config {
             path: path.to_path_buf(),
             server,
+            redis,
             upstreams,
+            limits,
             routes,
         })
+    }
+
+    /// Applies `FLOODGATE_REDIS_URL`: overrides `[redis].url`, or enables Redis with
+    /// defaults when the file has no `[redis]`.
+    pub fn with_redis_url(mut self, url: &str) -> Result<Config, ConfigErrors> {
+        let url = limits::redis_url(url)
+            .map_err(|message| ConfigErrors::single(&self.path, "FLOODGATE_REDIS_URL", message))?;
+        match &mut self.redis {
+            Some(redis) => redis.url = url,
+            None => self.redis = Some(RedisConfig::with_url(url)),
+        }
+        Ok(self)
     }
 }
 
@@ -358,6 +384,7 @@ fn upstream_url(text: &str) -> Result<(Authority, String), String> {
 fn validate_routes(
     raw: Vec<Spanned<RouteFile>>,
     upstreams: &BTreeMap<String, Arc<UpstreamConfig>>,
+    limits: &BTreeMap<String, Arc<LimitConfig>>,
     sink: &mut ErrorSink,
 ) -> Vec<RouteConfig> {
     let mut names = HashSet::new();
@@ -366,7 +393,7 @@ fn validate_routes(
         let key = format!("routes[{i}]");
         let span = route.span();
         let route = route.into_inner();
-        if let Some(route) = validate_route(&key, span, route, upstreams, &mut names, sink) {
+        if let Some(route) = validate_route(&key, span, route, upstreams, limits, &mut names, sink) {
             routes.push(route);
         }
     }
@@ -378,6 +405,7 @@ fn validate_route(
     span: std::ops::Range<usize>,
     raw: RouteFile,
     upstreams: &BTreeMap<String, Arc<UpstreamConfig>>,
+    limits: &BTreeMap<String, Arc<LimitConfig>>,
     names: &mut HashSet<String>,
     sink: &mut ErrorSink,
 ) -> Option<RouteConfig> {
@@ -474,13 +502,59 @@ fn validate_route(
             None
         }
     };
+    let route_limits = route_limits(key, &raw.limits, limits, sink);
+    let cost = match &raw.cost {
+        None => Some(1),
+        Some(cost) if *cost.get_ref() >= 1 => Some(*cost.get_ref() as u64),
+        Some(cost) => {
+            sink.push(Some(cost.span()), format!("{key}.cost"), "expected a whole number ≥ 1");
+            None
+        }
+    };
     Some(RouteConfig {
         name: Arc::from(name.as_str()),
         host,
         path: path?,
         methods: methods?,
         target: target?,
+        limits: route_limits?,
+        cost: cost?,
     })
+}
+
+/// A route's `limits = [...]`, each resolved to a defined limit, none twice.
+fn route_limits(
+    key: &str,
+    names: &Option<Vec<Spanned<String>>>,
+    limits: &BTreeMap<String, Arc<LimitConfig>>,
+    sink: &mut ErrorSink,
+) -> Option<Vec<Arc<LimitConfig>>> {
+    let mut resolved: Vec<Arc<LimitConfig>> = Vec::new();
+    let mut ok = true;
+    for (i, name) in names.iter().flatten().enumerate() {
+        let entry = format!("{key}.limits[{i}]");
+        match limits.get(name.get_ref()) {
+            Some(_) if resolved.iter().any(|l| *l.name == **name.get_ref()) => {
+                sink.push(Some(name.span()), entry, format!("limit {:?} is listed twice", name.get_ref()));
+                ok = false;
+            }
+            Some(limit) => resolved.push(limit.clone()),
+            None => {
+                let known: Vec<_> = limits.keys().map(|k| format!("{k:?}")).collect();
+                sink.push(
+                    Some(name.span()),
+                    entry,
+                    format!(
+                        "unknown limit {:?}; expected one of the [limits.*] tables: {}",
+                        name.get_ref(),
+                        if known.is_empty() { "none are defined".to_owned() } else { known.join(", ") }
+                    ),
+                );
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(resolved)
 }
 
 fn validate_respond(key: &str, raw: RespondFile, sink: &mut ErrorSink) -> Option<RespondConfig> {

@@ -95,10 +95,10 @@ fn unknown_key() {
 }
 
 #[test]
-fn unknown_table_until_its_feature_exists() {
-    let (line, _, _, message) = error("[redis]\nurl = \"redis://127.0.0.1\"\n");
+fn unknown_table() {
+    let (line, _, _, message) = error("[cache]\nsize = 1\n");
     assert_eq!(line, 1);
-    assert!(message.contains("unknown field `redis`"), "{message}");
+    assert!(message.contains("unknown field `cache`"), "{message}");
 }
 
 #[test]
@@ -247,4 +247,109 @@ fn every_problem_is_reported_at_once() {
         lines[2].starts_with("gw.toml:8:12: routes[0].upstream: unknown upstream"),
         "{text}"
     );
+}
+
+const LIMITED_ROUTE: &str = "[[routes]]\nname = \"r\"\nrespond = {}\nlimits = [\"l\"]\n";
+
+#[test]
+fn limits_are_validated_per_algorithm() {
+    let config = parse(&format!(
+        r#"
+[redis]
+url = "redis://127.0.0.1:6379/0"
+prefix = "fg"
+timeout = "20ms"
+on_error = "deny"
+
+[limits.l]
+algorithm = "token_bucket"
+rate = 10
+per = "1s"
+key = ["header:X-Api-Key", "client_ip", "query:k", "cookie:s", "method", "path", "host", "route"]
+lockout = "5m"
+exempt = ["10.0.0.0/8"]
+mode = "shadow"
+status = 503
+message = "slow down\n"
+
+[limits.w]
+algorithm = "sliding_window"
+limit = 600
+window = "1m"
+
+{LIMITED_ROUTE}cost = 3
+"#
+    ))
+    .unwrap();
+    let redis = config.redis.as_ref().unwrap();
+    assert_eq!((redis.prefix.as_str(), redis.timeout, redis.on_error), ("fg", Duration::from_millis(20), OnError::Deny));
+    let l = &config.limits["l"];
+    assert_eq!(l.algorithm, crate::limit::Algorithm::TokenBucket { rate: 10.0, per: 1_000_000, burst: 10 });
+    assert_eq!(l.key.len(), 8);
+    assert_eq!(l.key[0], KeyPart::Header(http::HeaderName::from_static("x-api-key")));
+    assert_eq!((l.mode, l.status.as_u16(), l.lockout), (Mode::Shadow, 503, Some(Duration::from_secs(300))));
+    assert_eq!(l.policy(), (10, 1));
+    assert_eq!(config.limits["w"].policy(), (600, 60));
+    assert_eq!(config.routes[0].cost, 3);
+    assert_eq!(&*config.routes[0].limits[0].name, "l");
+}
+
+#[test]
+fn a_key_of_another_algorithm_is_an_error() {
+    let (line, _, key, message) = error("[limits.l]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nburst = 3\n");
+    assert_eq!((line, key.as_str()), (5, "limits.l.burst"));
+    assert!(message.contains("does not apply"), "{message}");
+    let (_, _, key, _) = error("[limits.l]\nalgorithm = \"token_bucket\"\nrate = 5\nwindow = \"1m\"\n");
+    assert_eq!(key, "limits.l.window");
+}
+
+#[test]
+fn limit_values_are_range_checked() {
+    for (body, bad_key) in [
+        ("algorithm = \"fixed_window\"\nlimit = 0\nwindow = \"1m\"", "limits.l.limit"),
+        ("algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"0s\"", "limits.l.window"),
+        ("algorithm = \"fixed_window\"\nlimit = 1", "limits.l.window"),
+        ("algorithm = \"token_bucket\"\nrate = 0", "limits.l.rate"),
+        ("algorithm = \"leaky_bucket\"\nrate = 1\nburst = 0", "limits.l.burst"),
+        ("algorithm = \"gcra\"", "limits.l.algorithm"),
+        ("algorithm = \"token_bucket\"\nrate = 1\nkey = [\"header:\"]", "limits.l.key[0]"),
+        ("algorithm = \"token_bucket\"\nrate = 1\nkey = [\"ip\"]", "limits.l.key[0]"),
+        ("algorithm = \"token_bucket\"\nrate = 1\nmode = \"dry\"", "limits.l.mode"),
+        ("algorithm = \"token_bucket\"\nrate = 1\nstatus = 200", "limits.l.status"),
+        ("algorithm = \"token_bucket\"\nrate = 1\nexempt = [\"x\"]", "limits.l.exempt[0]"),
+    ] {
+        let (_, _, key, _) = error(&format!("[limits.l]\n{body}\n"));
+        assert_eq!(key, bad_key, "{body}");
+    }
+}
+
+#[test]
+fn route_limits_resolve_and_cost_is_positive() {
+    let (_, _, key, message) = error(LIMITED_ROUTE);
+    assert_eq!(key, "routes[0].limits[0]");
+    assert!(message.contains("unknown limit \"l\""), "{message}");
+    let (_, _, key, _) = error("[[routes]]\nname = \"r\"\nrespond = {}\ncost = 0\n");
+    assert_eq!(key, "routes[0].cost");
+}
+
+#[test]
+fn redis_settings() {
+    let (_, _, key, _) = error("[redis]\nurl = \"http://x\"\n");
+    assert_eq!(key, "redis.url");
+    let (_, _, key, _) = error("[redis]\nurl = \"redis://x\"\nprefix = \"a{b}\"\n");
+    assert_eq!(key, "redis.prefix");
+    let (_, _, key, _) = error("[redis]\nurl = \"redis://x\"\ncluster = true\n");
+    assert_eq!(key, "redis.cluster");
+    let (_, _, _, message) = error("[redis]\nurl = \"redis://user:s3cret@x:6379/0\"\non_error = \"maybe\"\n");
+    assert!(!message.contains("s3cret"));
+    let errors = parse("[redis]\nurl = \"redis://:s3cret@x:99999\"\n").unwrap_err().to_string();
+    assert!(!errors.contains("s3cret"), "{errors}");
+}
+
+#[test]
+fn redis_url_from_the_environment() {
+    let config = parse("").unwrap().with_redis_url("redis://10.1.1.1:6380/2").unwrap();
+    let redis = config.redis.unwrap();
+    assert_eq!((redis.url.as_str(), redis.prefix.as_str()), ("redis://10.1.1.1:6380/2", "floodgate"));
+    assert!(parse("").unwrap().with_redis_url("nope").is_err());
 }

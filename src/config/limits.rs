@@ -1,0 +1,385 @@
+//! Validation of `[redis]` and `[limits.NAME]` (SPEC §2): each algorithm accepts only its
+//! own keys, every value is range-checked, and key parts are parsed once.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::HeaderName;
+use http::StatusCode;
+use ipnet::IpNet;
+use toml::Spanned;
+
+use super::error::ErrorSink;
+use super::file::{LimitFile, RedisFile};
+use super::{parse_or, parse_spanned, values};
+use crate::limit::Algorithm;
+use crate::limit::algorithm::micros;
+use crate::limit::key::{MAX_LIMIT_NAME_LEN, MAX_PREFIX_LEN};
+
+const DEFAULT_PREFIX: &str = "floodgate";
+const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
+const DEFAULT_MESSAGE: &str = "Too Many Requests\n";
+
+/// `[redis]`: present means the shared Redis store decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port[/db]`.
+    pub url: String,
+    /// Every key floodgate writes starts with this.
+    pub prefix: String,
+    /// Deadline for one decision.
+    pub timeout: Duration,
+    pub on_error: OnError,
+}
+
+impl RedisConfig {
+    /// Defaults for everything but the URL (for `FLOODGATE_REDIS_URL` without `[redis]`).
+    pub fn with_url(url: String) -> Self {
+        RedisConfig {
+            url,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_REDIS_TIMEOUT,
+            on_error: OnError::Allow,
+        }
+    }
+}
+
+/// What a request gets when the store fails (SPEC §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// Forward the request (fail open).
+    Allow,
+    /// Answer 503.
+    Deny,
+}
+
+/// A named limit, shared by every route that lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitConfig {
+    pub name: Arc<str>,
+    pub algorithm: Algorithm,
+    pub key: Vec<KeyPart>,
+    pub lockout: Option<Duration>,
+    pub exempt: Vec<IpNet>,
+    pub mode: Mode,
+    pub status: StatusCode,
+    pub message: Bytes,
+}
+
+impl LimitConfig {
+    /// The `q` and `w` of the `RateLimit-Policy` header: the quota, and the window in
+    /// whole seconds (for buckets, the time to refill an empty bucket, rounded up).
+    pub fn policy(&self) -> (u64, u64) {
+        let seconds = |us: f64| (us / 1e6).ceil().max(1.0) as u64;
+        match self.algorithm {
+            Algorithm::FixedWindow { limit, window } | Algorithm::SlidingWindow { limit, window } => {
+                (limit, seconds(window as f64))
+            }
+            Algorithm::TokenBucket { rate, per, burst } | Algorithm::LeakyBucket { rate, per, burst } => {
+                (burst, seconds(burst as f64 * per as f64 / rate))
+            }
+        }
+    }
+}
+
+/// `enforce` or `shadow` (count and log, never reject).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Enforce,
+    Shadow,
+}
+
+/// One part of a limit's key tuple.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    ClientIp,
+    Header(HeaderName),
+    Query(String),
+    Cookie(String),
+    Method,
+    Path,
+    Host,
+    Route,
+}
+
+pub(super) fn validate_redis(raw: Option<Spanned<RedisFile>>, sink: &mut ErrorSink) -> Option<RedisConfig> {
+    let raw = raw?;
+    let span = raw.span();
+    let raw = raw.into_inner();
+    let unsupported = |sink: &mut ErrorSink, span, key: &str| {
+        sink.push(
+            Some(span),
+            format!("redis.{key}"),
+            "is not supported yet (Redis Cluster and Sentinel are coming); expected a single Redis `url`",
+        )
+    };
+    if let Some(cluster) = &raw.cluster
+        && *cluster.get_ref()
+    {
+        unsupported(sink, cluster.span(), "cluster");
+    }
+    if let Some(sentinels) = &raw.sentinels {
+        unsupported(sink, sentinels.span(), "sentinels");
+    }
+    if let Some(master) = &raw.master_name {
+        unsupported(sink, master.span(), "master_name");
+    }
+    let url = match &raw.url {
+        Some(url) => parse_spanned(url, "redis.url", sink, redis_url),
+        None => {
+            sink.push(Some(span), "redis", "expected `url = \"redis://host:port\"`");
+            None
+        }
+    };
+    let prefix = parse_or(&raw.prefix, "redis.prefix", DEFAULT_PREFIX.to_owned(), sink, key_prefix);
+    let timeout = parse_or(&raw.timeout, "redis.timeout", DEFAULT_REDIS_TIMEOUT, sink, values::positive_duration);
+    let on_error = parse_or(&raw.on_error, "redis.on_error", OnError::Allow, sink, |text| match text {
+        "allow" => Ok(OnError::Allow),
+        "deny" => Ok(OnError::Deny),
+        "local" => Err("\"local\" is not supported yet; expected \"allow\" or \"deny\"".to_owned()),
+        other => Err(format!("expected \"allow\", \"deny\" or \"local\", got {other:?}")),
+    });
+    Some(RedisConfig {
+        url: url?,
+        prefix,
+        timeout,
+        on_error,
+    })
+}
+
+/// A Redis URL, checked without ever echoing its password.
+pub(super) fn redis_url(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.starts_with("rediss://") {
+        return Err("rediss:// (TLS) is not supported yet; expected a redis:// URL".to_owned());
+    }
+    if !text.starts_with("redis://") {
+        return Err("expected a URL such as \"redis://127.0.0.1:6379/0\"".to_owned());
+    }
+    redis::IntoConnectionInfo::into_connection_info(text)
+        .map(|_| text.to_owned())
+        .map_err(|_| "expected a URL such as \"redis://[user:password@]host:port/db\"".to_owned())
+}
+
+fn key_prefix(text: &str) -> Result<String, String> {
+    let valid = !text.is_empty()
+        && text.len() <= MAX_PREFIX_LEN
+        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
+    if valid {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "expected 1 to {MAX_PREFIX_LEN} characters from A-Z a-z 0-9 _ - . :, got {text:?}"
+        ))
+    }
+}
+
+pub(super) fn validate_limits(
+    raw: BTreeMap<String, Spanned<LimitFile>>,
+    sink: &mut ErrorSink,
+) -> BTreeMap<String, Arc<LimitConfig>> {
+    let mut limits = BTreeMap::new();
+    for (name, limit) in raw {
+        let span = limit.span();
+        if let Some(limit) = validate_limit(&name, span, limit.into_inner(), sink) {
+            limits.insert(name, Arc::new(limit));
+        }
+    }
+    limits
+}
+
+fn validate_limit(
+    name: &str,
+    span: std::ops::Range<usize>,
+    raw: LimitFile,
+    sink: &mut ErrorSink,
+) -> Option<LimitConfig> {
+    let key = format!("limits.{name}");
+    if name.len() > MAX_LIMIT_NAME_LEN || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
+        sink.push(
+            Some(span.clone()),
+            key.clone(),
+            format!("expected a limit name of 1 to {MAX_LIMIT_NAME_LEN} characters from A-Z a-z 0-9 _ - ."),
+        );
+    }
+    let algorithm = validate_algorithm(&key, span, &raw, sink);
+    let key_parts = match &raw.key {
+        None => Some(vec![KeyPart::ClientIp]),
+        Some(parts) if parts.is_empty() => {
+            sink.push(None, format!("{key}.key"), "expected at least one key part, e.g. [\"client_ip\"]");
+            None
+        }
+        Some(parts) => parts
+            .iter()
+            .enumerate()
+            .map(|(i, part)| parse_spanned(part, format!("{key}.key[{i}]"), sink, key_part))
+            .collect::<Option<Vec<_>>>(),
+    };
+    let lockout = raw
+        .lockout
+        .as_ref()
+        .and_then(|l| parse_spanned(l, format!("{key}.lockout"), sink, values::positive_duration));
+    let exempt = raw
+        .exempt
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, cidr)| parse_spanned(cidr, format!("{key}.exempt[{i}]"), sink, values::cidr))
+        .collect();
+    let mode = parse_or(&raw.mode, &format!("{key}.mode"), Mode::Enforce, sink, |text| match text {
+        "enforce" => Ok(Mode::Enforce),
+        "shadow" => Ok(Mode::Shadow),
+        other => Err(format!("expected \"enforce\" or \"shadow\", got {other:?}")),
+    });
+    let status = match &raw.status {
+        None => Some(StatusCode::TOO_MANY_REQUESTS),
+        Some(status) => match u16::try_from(*status.get_ref()).ok().and_then(|s| StatusCode::from_u16(s).ok()) {
+            Some(code) if (400..=599).contains(&code.as_u16()) => Some(code),
+            _ => {
+                sink.push(
+                    Some(status.span()),
+                    format!("{key}.status"),
+                    format!("expected an HTTP status from 400 to 599, got {}", status.get_ref()),
+                );
+                None
+            }
+        },
+    };
+    let message = raw
+        .message
+        .map_or_else(|| Bytes::from_static(DEFAULT_MESSAGE.as_bytes()), |m| Bytes::from(m.into_inner()));
+    Some(LimitConfig {
+        name: Arc::from(name),
+        algorithm: algorithm?,
+        key: key_parts?,
+        lockout,
+        exempt,
+        mode,
+        status: status?,
+        message,
+    })
+}
+
+fn validate_algorithm(
+    key: &str,
+    span: std::ops::Range<usize>,
+    raw: &LimitFile,
+    sink: &mut ErrorSink,
+) -> Option<Algorithm> {
+    let algorithm = raw.algorithm.get_ref().as_str();
+    let windowed = matches!(algorithm, "fixed_window" | "sliding_window");
+    let bucket = matches!(algorithm, "token_bucket" | "leaky_bucket");
+    if !windowed && !bucket {
+        sink.push(
+            Some(raw.algorithm.span()),
+            format!("{key}.algorithm"),
+            format!(
+                "expected \"fixed_window\", \"sliding_window\", \"token_bucket\" or \"leaky_bucket\", got {algorithm:?}"
+            ),
+        );
+        return None;
+    }
+    let mut foreign = |present: Option<std::ops::Range<usize>>, field: &str| {
+        if let Some(field_span) = present {
+            sink.push(
+                Some(field_span),
+                format!("{key}.{field}"),
+                format!("does not apply to algorithm {algorithm:?}; remove it"),
+            );
+        }
+    };
+    if windowed {
+        foreign(raw.rate.as_ref().map(Spanned::span), "rate");
+        foreign(raw.per.as_ref().map(Spanned::span), "per");
+        foreign(raw.burst.as_ref().map(Spanned::span), "burst");
+    } else {
+        foreign(raw.limit.as_ref().map(Spanned::span), "limit");
+        foreign(raw.window.as_ref().map(Spanned::span), "window");
+    }
+    if windowed {
+        let limit = match &raw.limit {
+            Some(limit) if *limit.get_ref() >= 1 => Some(*limit.get_ref() as u64),
+            Some(limit) => {
+                sink.push(Some(limit.span()), format!("{key}.limit"), "expected a whole number ≥ 1");
+                None
+            }
+            None => {
+                sink.push(Some(span.clone()), format!("{key}.limit"), "is required for this algorithm");
+                None
+            }
+        };
+        let window = match &raw.window {
+            Some(window) => parse_spanned(window, format!("{key}.window"), sink, at_least_a_millisecond),
+            None => {
+                sink.push(Some(span), format!("{key}.window"), "is required for this algorithm");
+                None
+            }
+        };
+        let (limit, window) = (limit?, micros(window?));
+        return Some(if algorithm == "fixed_window" {
+            Algorithm::FixedWindow { limit, window }
+        } else {
+            Algorithm::SlidingWindow { limit, window }
+        });
+    }
+    let rate = match &raw.rate {
+        Some(rate) if rate.get_ref().is_finite() && *rate.get_ref() > 0.0 => Some(*rate.get_ref()),
+        Some(rate) => {
+            sink.push(Some(rate.span()), format!("{key}.rate"), "expected a number > 0");
+            None
+        }
+        None => {
+            sink.push(Some(span), format!("{key}.rate"), "is required for this algorithm");
+            None
+        }
+    };
+    let per = parse_or(&raw.per, &format!("{key}.per"), Duration::from_secs(1), sink, at_least_a_millisecond);
+    let burst = match &raw.burst {
+        Some(burst) if *burst.get_ref() >= 1 => Some(*burst.get_ref() as u64),
+        Some(burst) => {
+            sink.push(Some(burst.span()), format!("{key}.burst"), "expected a whole number ≥ 1");
+            None
+        }
+        None => rate.map(|r| r.ceil().max(1.0) as u64),
+    };
+    let (rate, per, burst) = (rate?, micros(per), burst?);
+    Some(if algorithm == "token_bucket" {
+        Algorithm::TokenBucket { rate, per, burst }
+    } else {
+        Algorithm::LeakyBucket { rate, per, burst }
+    })
+}
+
+fn at_least_a_millisecond(text: &str) -> Result<Duration, String> {
+    match values::duration(text)? {
+        d if d < Duration::from_millis(1) => Err(format!("expected a duration of at least 1ms, got {text:?}")),
+        d => Ok(d),
+    }
+}
+
+fn key_part(text: &str) -> Result<KeyPart, String> {
+    let expected = || {
+        format!(
+            "expected \"client_ip\", \"header:NAME\", \"query:NAME\", \"cookie:NAME\", \"method\", \"path\", \"host\" or \"route\", got {text:?}"
+        )
+    };
+    match text.split_once(':') {
+        None => match text {
+            "client_ip" => Ok(KeyPart::ClientIp),
+            "method" => Ok(KeyPart::Method),
+            "path" => Ok(KeyPart::Path),
+            "host" => Ok(KeyPart::Host),
+            "route" => Ok(KeyPart::Route),
+            _ => Err(expected()),
+        },
+        Some((_, "")) => Err(expected()),
+        Some(("header", name)) => HeaderName::from_bytes(name.trim().as_bytes())
+            .map(KeyPart::Header)
+            .map_err(|_| expected()),
+        Some(("query", name)) => Ok(KeyPart::Query(name.to_owned())),
+        Some(("cookie", name)) => Ok(KeyPart::Cookie(name.to_owned())),
+        Some(_) => Err(expected()),
+    }
+}
