@@ -31,6 +31,7 @@ fn check(client: usize) -> LimitCheck {
         algorithm,
         lockout: None,
         cost: 1,
+        shadow: false,
     }
 }
 

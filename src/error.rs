@@ -36,6 +36,8 @@ pub enum GatewayError {
     NoRoute,
     #[error("bad request path: {0}")]
     BadPath(#[from] PathError),
+    #[error("{0}")]
+    AmbiguousKey(#[from] crate::limit::request_key::AmbiguousKey),
     #[error("malformed request: {0}")]
     MalformedRequest(&'static str),
     #[error("the request body could not be read: {0}")]
@@ -56,6 +58,7 @@ impl GatewayError {
         match self {
             GatewayError::NoRoute => StatusCode::NOT_FOUND,
             GatewayError::BadPath(_)
+            | GatewayError::AmbiguousKey(_)
             | GatewayError::MalformedRequest(_)
             | GatewayError::BadRequestBody(_) => StatusCode::BAD_REQUEST,
             GatewayError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,

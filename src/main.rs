@@ -38,14 +38,28 @@ fn main() -> ExitCode {
     }
 }
 
+/// Loads `path` and applies `FLOODGATE_REDIS_URL`.
+fn load(path: &Path) -> Result<Config, floodgate::ConfigErrors> {
+    let config = Config::load(path)?;
+    match std::env::var("FLOODGATE_REDIS_URL") {
+        Ok(url) if !url.is_empty() => config.with_redis_url(&url),
+        _ => Ok(config),
+    }
+}
+
 fn check(path: &Path) -> ExitCode {
-    match Config::load(path) {
+    match load(path) {
         Ok(config) => {
+            let store = match &config.redis {
+                Some(redis) => format!("redis {}", floodgate::limit::redis::redacted(&redis.url)),
+                None => "in-process store".to_owned(),
+            };
             println!(
-                "{}: ok: {} route(s), {} upstream(s); listen {}, admin {}",
+                "{}: ok: {} route(s), {} upstream(s), {} limit(s) ({store}); listen {}, admin {}",
                 path.display(),
                 config.routes.len(),
                 config.upstreams.len(),
+                config.limits.len(),
                 config.server.listen,
                 config.server.admin_listen,
             );
@@ -59,7 +73,7 @@ fn check(path: &Path) -> ExitCode {
 }
 
 fn run(path: &Path) -> ExitCode {
-    let config = match Config::load(path) {
+    let config = match load(path) {
         Ok(config) => config,
         Err(errors) => {
             eprintln!("{errors}");

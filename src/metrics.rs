@@ -43,6 +43,17 @@ struct UpstreamErrorLabels {
     kind: &'static str,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DecisionLabels {
+    limit: Name,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StoreLabels {
+    store: &'static str,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn duration_histogram() -> Histogram {
@@ -55,6 +66,9 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     request_duration: HistogramFamily<RouteLabels>,
     upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    decisions: Family<DecisionLabels, Counter>,
+    store_duration: HistogramFamily<StoreLabels>,
+    store_errors: Family<StoreLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -84,11 +98,32 @@ impl Metrics {
             "Upstream failures by upstream and kind (connect, timeout, reset)",
             upstream_errors.clone(),
         );
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        let store_duration: HistogramFamily<StoreLabels> = Family::new_with_constructor(duration_histogram);
+        let store_errors = Family::<StoreLabels, Counter>::default();
+        registry.register(
+            "floodgate_ratelimit_decisions",
+            "Rate-limit decisions by limit and outcome (allowed, rejected, locked, delayed, shadow_rejected, store_error)",
+            decisions.clone(),
+        );
+        registry.register(
+            "floodgate_store_duration_seconds",
+            "Time of one rate-limit store call, by store (memory, redis)",
+            store_duration.clone(),
+        );
+        registry.register(
+            "floodgate_store_errors",
+            "Rate-limit store calls that failed, by store",
+            store_errors.clone(),
+        );
         Metrics {
             registry,
             requests,
             request_duration,
             upstream_errors,
+            decisions,
+            store_duration,
+            store_errors,
         }
     }
 
@@ -113,6 +148,25 @@ impl Metrics {
                 kind,
             })
             .inc();
+    }
+
+    pub fn record_decision(&self, limit: &Arc<str>, outcome: &'static str) {
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                limit: Name(limit.clone()),
+                outcome,
+            })
+            .inc();
+    }
+
+    pub fn record_store_call(&self, store: &'static str, seconds: f64) {
+        self.store_duration
+            .get_or_create(&StoreLabels { store })
+            .observe(seconds);
+    }
+
+    pub fn record_store_error(&self, store: &'static str) {
+        self.store_errors.get_or_create(&StoreLabels { store }).inc();
     }
 
     /// The Prometheus text exposition of every metric.

@@ -38,8 +38,10 @@ impl Gateway {
     pub async fn bind(config: Config) -> io::Result<Gateway> {
         let listener = bind(config.server.listen, "server.listen").await?;
         let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;
+        let state = GatewayState::new(config)
+            .map_err(|e| io::Error::other(format!("cannot set up the rate-limit store: {e}")))?;
         Ok(Gateway {
-            shared: Arc::new(Shared::new(GatewayState::new(config))),
+            shared: Arc::new(Shared::new(state)),
             listener,
             admin_listener,
         })

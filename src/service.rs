@@ -1,8 +1,9 @@
 //! The request path, in named phases:
 //!
 //! ```text
-//! request → normalize path → route → client_ip → (limits) → respond | forward upstream
-//!         → rewrite response headers → stream body → access log + metrics
+//! request → normalize path → route → client_ip → limits (one store call; reject, hold, or
+//!         pass) → respond | forward upstream → rewrite response headers, add rate-limit
+//!         headers → stream body → access log + metrics
 //! ```
 //!
 //! [`handle`] is the outer handler: it never fails, renders a [`GatewayError`] into a
@@ -13,11 +14,12 @@ use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use http::header::{self, HeaderValue};
-use http::{Request, Response, Version};
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
@@ -26,6 +28,10 @@ use crate::body::{Payload, RequestBody, ResponseBody, full};
 use crate::client_ip::client_ip;
 use crate::config::RespondConfig;
 use crate::error::GatewayError;
+use crate::limit::LimitCheck;
+use crate::limit::request_key::KeySource;
+use crate::limit::route::{Action, LimitSettings};
+use crate::limit::store::LimitStore;
 use crate::metrics::Metrics;
 use crate::path::normalize_path;
 use crate::proxy::headers::{
@@ -75,10 +81,24 @@ pub async fn handle(
         client_ip,
         limit_outcome: "none",
     };
-    let response = match serve(&state, peer.ip(), client_ip, request, &mut record).await {
+    let mut limit_headers = Vec::new();
+    let served = serve(
+        &shared,
+        &state,
+        peer.ip(),
+        client_ip,
+        request,
+        &mut record,
+        &mut limit_headers,
+    )
+    .await;
+    let mut response = match served {
         Ok(response) => response,
         Err(error) => render_error(&shared.metrics, &record, error),
     };
+    for (name, value) in limit_headers {
+        response.headers_mut().append(name, value);
+    }
     record.status = response.status().as_u16();
     Ok(response.map(|body| ResponseBody::new(body, record)))
 }
@@ -103,13 +123,16 @@ fn render_error(metrics: &Metrics, record: &AccessRecord, error: GatewayError) -
     response
 }
 
-/// The inner handler: route the request and answer it or forward it.
+/// The inner handler: route the request, apply its limits, and answer it or forward it.
+/// `limit_headers` receives the rate-limit headers for whatever response follows.
 async fn serve(
+    shared: &Shared,
     state: &GatewayState,
     peer: IpAddr,
     client_ip: IpAddr,
     request: Request<Incoming>,
     record: &mut AccessRecord,
+    limit_headers: &mut Vec<(HeaderName, HeaderValue)>,
 ) -> Result<Response<Payload>, GatewayError> {
     let path = match normalize_path(request.uri().path()) {
         Ok(path) => path.into_owned(),
@@ -126,7 +149,39 @@ async fn serve(
         .lookup(route_host.as_deref(), &path, request.method())
         .ok_or(GatewayError::NoRoute)?;
     record.route = state.router.routes()[index].name.clone();
-    match &state.targets[index] {
+    let route = &state.routes[index];
+    if !route.limits.is_empty() {
+        let client = client_ip.to_string();
+        let source = KeySource {
+            client_ip: &client,
+            headers: request.headers(),
+            query: request.uri().query(),
+            method: request.method(),
+            path: &path,
+            host: route_host.as_deref(),
+            route: &record.route,
+        };
+        let settings = LimitSettings {
+            store: &state.store,
+            prefix: &state.key_prefix,
+            on_error: state.on_error,
+            headers: state.config.server.ratelimit_headers,
+            metrics: &shared.metrics,
+        };
+        let verdict = route.limits.decide(&settings, client_ip, &source).await?;
+        record.limit_outcome = verdict.outcome;
+        *limit_headers = verdict.headers;
+        match verdict.action {
+            Action::Reject {
+                status,
+                message,
+                retry_after,
+            } => return Ok(rejection(status, message, retry_after)),
+            Action::Pass { delay, held } if !delay.is_zero() => hold(&state.store, delay, held).await,
+            Action::Pass { .. } => {}
+        }
+    }
+    match &route.target {
         Target::Respond(respond) => Ok(respond_with(respond)),
         Target::Upstream(upstream) => {
             let host = host.map(str::to_owned);
@@ -136,10 +191,55 @@ async fn serve(
                 peer_trusted: state.trusted_proxies.contains(peer),
                 host: host.as_deref(),
                 version: request.version(),
+                key_headers: &state.key_headers,
             };
             forward(upstream, request, &path, &context, state.config.server.max_body).await
         }
     }
+}
+
+/// A request refused by its limits (or by a failed store under `on_error = "deny"`).
+fn rejection(status: StatusCode, message: Bytes, retry_after: u64) -> Response<Payload> {
+    let mut response = Response::new(full(message));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+    response
+}
+
+/// Holds a leaky-bucket request until its turn, without a thread. If the client leaves
+/// first, this future is dropped and the slots it held are given back.
+async fn hold(store: &LimitStore, delay: Duration, held: Vec<LimitCheck>) {
+    struct Slots {
+        store: LimitStore,
+        checks: Vec<LimitCheck>,
+    }
+    impl Drop for Slots {
+        fn drop(&mut self) {
+            if self.checks.is_empty() {
+                return;
+            }
+            let store = self.store.clone();
+            let checks = std::mem::take(&mut self.checks);
+            tokio::spawn(async move {
+                for check in &checks {
+                    if let Err(error) = store.refund(check).await {
+                        tracing::debug!(%error, "could not give back a held slot");
+                    }
+                }
+            });
+        }
+    }
+    let mut slots = Slots {
+        store: store.clone(),
+        checks: held,
+    };
+    tokio::time::sleep(delay).await;
+    slots.checks.clear();
 }
 
 /// The host the client asked for: the URI's authority (HTTP/2, absolute-form) or `Host`.

@@ -1,52 +1,97 @@
 //! Everything a request needs that a reload may replace, behind one `ArcSwap`: the
 //! validated config, the route table and the runtime objects built from them (upstream
-//! connection pools). A request loads it once and keeps that snapshot to the end.
+//! connection pools, per-route limits, the rate-limit store). A request loads it once and
+//! keeps that snapshot to the end.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use http::HeaderName;
+
 use crate::client_ip::TrustedProxies;
-use crate::config::{Config, RespondConfig, RouteTarget};
+use crate::config::{Config, KeyPart, OnError, RespondConfig, RouteTarget};
+use crate::limit::redis::StoreError;
+use crate::limit::route::RouteLimits;
+use crate::limit::store::LimitStore;
 use crate::proxy::UpstreamClient;
 use crate::router::Router;
+
+/// The key prefix of the in-process store (which has no `[redis]` table to set one).
+const MEMORY_PREFIX: &str = "floodgate";
 
 /// One loaded configuration, ready to serve.
 pub struct GatewayState {
     pub config: Arc<Config>,
     pub router: Router,
     pub trusted_proxies: TrustedProxies,
-    /// Per route (same order as the router's): where its requests go.
-    pub targets: Vec<Target>,
+    /// Per route (same order as the router's).
+    pub routes: Vec<RouteRuntime>,
+    pub store: LimitStore,
+    pub key_prefix: String,
+    pub on_error: OnError,
+    /// Headers some limit keys on: their underscore spellings never reach the upstream.
+    pub key_headers: Vec<HeaderName>,
 }
 
-/// A route's destination, with its runtime objects.
+/// A route's destination and limits, with their runtime objects.
+pub struct RouteRuntime {
+    pub target: Target,
+    pub limits: RouteLimits,
+}
+
+/// Where a route's requests go.
 pub enum Target {
     Upstream(Arc<UpstreamClient>),
     Respond(RespondConfig),
 }
 
 impl GatewayState {
-    pub fn new(config: Config) -> Self {
+    /// Builds the runtime for `config`; must run inside the runtime (the Redis store
+    /// connects in the background).
+    pub fn new(config: Config) -> Result<Self, StoreError> {
         let clients: HashMap<&str, Arc<UpstreamClient>> = config
             .upstreams
             .iter()
             .map(|(name, upstream)| (name.as_str(), Arc::new(UpstreamClient::new(upstream.clone()))))
             .collect();
-        let targets = config
+        let routes = config
             .routes
             .iter()
-            .map(|route| match &route.target {
-                RouteTarget::Upstream(upstream) => Target::Upstream(clients[upstream.name.as_str()].clone()),
-                RouteTarget::Respond(respond) => Target::Respond(respond.clone()),
+            .map(|route| RouteRuntime {
+                target: match &route.target {
+                    RouteTarget::Upstream(upstream) => {
+                        Target::Upstream(clients[upstream.name.as_str()].clone())
+                    }
+                    RouteTarget::Respond(respond) => Target::Respond(respond.clone()),
+                },
+                limits: RouteLimits::new(route.limits.clone(), route.cost),
             })
             .collect();
-        let router = Router::new(config.routes.clone());
-        let trusted_proxies = TrustedProxies::new(config.server.trusted_proxies.clone());
-        GatewayState {
+        let mut key_headers: Vec<HeaderName> = config
+            .limits
+            .values()
+            .flat_map(|limit| &limit.key)
+            .filter_map(|part| match part {
+                KeyPart::Header(name) => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        key_headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        key_headers.dedup();
+        let store = LimitStore::from_config(config.redis.as_ref())?;
+        let (key_prefix, on_error) = match &config.redis {
+            Some(redis) => (redis.prefix.clone(), redis.on_error),
+            None => (MEMORY_PREFIX.to_owned(), OnError::Allow),
+        };
+        Ok(GatewayState {
+            router: Router::new(config.routes.clone()),
+            trusted_proxies: TrustedProxies::new(config.server.trusted_proxies.clone()),
             config: Arc::new(config),
-            router,
-            trusted_proxies,
-            targets,
-        }
+            routes,
+            store,
+            key_prefix,
+            on_error,
+            key_headers,
+        })
     }
 }

@@ -56,6 +56,7 @@ fn check(name: &str, algorithm: Algorithm) -> LimitCheck {
         algorithm,
         lockout: None,
         cost: 1,
+        shadow: false,
     }
 }
 
@@ -297,6 +298,7 @@ async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
             algorithm,
             lockout: Some((lock_key("fg", &tuple, &name), 60_000 * MS)),
             cost: 1,
+            shadow: false,
         };
         for _ in 0..3 {
             store.one(&limit).await;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::HeaderName;
 use http::StatusCode;
+use http::header::HeaderName;
 use ipnet::IpNet;
 use toml::Spanned;
 
@@ -133,14 +133,34 @@ pub(super) fn validate_redis(raw: Option<Spanned<RedisFile>>, sink: &mut ErrorSi
             None
         }
     };
-    let prefix = parse_or(&raw.prefix, "redis.prefix", DEFAULT_PREFIX.to_owned(), sink, key_prefix);
-    let timeout = parse_or(&raw.timeout, "redis.timeout", DEFAULT_REDIS_TIMEOUT, sink, values::positive_duration);
-    let on_error = parse_or(&raw.on_error, "redis.on_error", OnError::Allow, sink, |text| match text {
-        "allow" => Ok(OnError::Allow),
-        "deny" => Ok(OnError::Deny),
-        "local" => Err("\"local\" is not supported yet; expected \"allow\" or \"deny\"".to_owned()),
-        other => Err(format!("expected \"allow\", \"deny\" or \"local\", got {other:?}")),
-    });
+    let prefix = parse_or(
+        &raw.prefix,
+        "redis.prefix",
+        DEFAULT_PREFIX.to_owned(),
+        sink,
+        key_prefix,
+    );
+    let timeout = parse_or(
+        &raw.timeout,
+        "redis.timeout",
+        DEFAULT_REDIS_TIMEOUT,
+        sink,
+        values::positive_duration,
+    );
+    let on_error = parse_or(
+        &raw.on_error,
+        "redis.on_error",
+        OnError::Allow,
+        sink,
+        |text| match text {
+            "allow" => Ok(OnError::Allow),
+            "deny" => Ok(OnError::Deny),
+            "local" => Err("\"local\" is not supported yet; expected \"allow\" or \"deny\"".to_owned()),
+            other => Err(format!(
+                "expected \"allow\", \"deny\" or \"local\", got {other:?}"
+            )),
+        },
+    );
     Some(RedisConfig {
         url: url?,
         prefix,
@@ -166,7 +186,9 @@ pub(super) fn redis_url(text: &str) -> Result<String, String> {
 fn key_prefix(text: &str) -> Result<String, String> {
     let valid = !text.is_empty()
         && text.len() <= MAX_PREFIX_LEN
-        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
     if valid {
         Ok(text.to_owned())
     } else {
@@ -197,7 +219,11 @@ fn validate_limit(
     sink: &mut ErrorSink,
 ) -> Option<LimitConfig> {
     let key = format!("limits.{name}");
-    if name.len() > MAX_LIMIT_NAME_LEN || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) {
+    if name.len() > MAX_LIMIT_NAME_LEN
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+    {
         sink.push(
             Some(span.clone()),
             key.clone(),
@@ -208,7 +234,11 @@ fn validate_limit(
     let key_parts = match &raw.key {
         None => Some(vec![KeyPart::ClientIp]),
         Some(parts) if parts.is_empty() => {
-            sink.push(None, format!("{key}.key"), "expected at least one key part, e.g. [\"client_ip\"]");
+            sink.push(
+                None,
+                format!("{key}.key"),
+                "expected at least one key part, e.g. [\"client_ip\"]",
+            );
             None
         }
         Some(parts) => parts
@@ -228,28 +258,41 @@ fn validate_limit(
         .enumerate()
         .filter_map(|(i, cidr)| parse_spanned(cidr, format!("{key}.exempt[{i}]"), sink, values::cidr))
         .collect();
-    let mode = parse_or(&raw.mode, &format!("{key}.mode"), Mode::Enforce, sink, |text| match text {
-        "enforce" => Ok(Mode::Enforce),
-        "shadow" => Ok(Mode::Shadow),
-        other => Err(format!("expected \"enforce\" or \"shadow\", got {other:?}")),
-    });
+    let mode = parse_or(
+        &raw.mode,
+        &format!("{key}.mode"),
+        Mode::Enforce,
+        sink,
+        |text| match text {
+            "enforce" => Ok(Mode::Enforce),
+            "shadow" => Ok(Mode::Shadow),
+            other => Err(format!("expected \"enforce\" or \"shadow\", got {other:?}")),
+        },
+    );
     let status = match &raw.status {
         None => Some(StatusCode::TOO_MANY_REQUESTS),
-        Some(status) => match u16::try_from(*status.get_ref()).ok().and_then(|s| StatusCode::from_u16(s).ok()) {
+        Some(status) => match u16::try_from(*status.get_ref())
+            .ok()
+            .and_then(|s| StatusCode::from_u16(s).ok())
+        {
             Some(code) if (400..=599).contains(&code.as_u16()) => Some(code),
             _ => {
                 sink.push(
                     Some(status.span()),
                     format!("{key}.status"),
-                    format!("expected an HTTP status from 400 to 599, got {}", status.get_ref()),
+                    format!(
+                        "expected an HTTP status from 400 to 599, got {}",
+                        status.get_ref()
+                    ),
                 );
                 None
             }
         },
     };
-    let message = raw
-        .message
-        .map_or_else(|| Bytes::from_static(DEFAULT_MESSAGE.as_bytes()), |m| Bytes::from(m.into_inner()));
+    let message = raw.message.map_or_else(
+        || Bytes::from_static(DEFAULT_MESSAGE.as_bytes()),
+        |m| Bytes::from(m.into_inner()),
+    );
     Some(LimitConfig {
         name: Arc::from(name),
         algorithm: algorithm?,
@@ -302,18 +345,30 @@ fn validate_algorithm(
         let limit = match &raw.limit {
             Some(limit) if *limit.get_ref() >= 1 => Some(*limit.get_ref() as u64),
             Some(limit) => {
-                sink.push(Some(limit.span()), format!("{key}.limit"), "expected a whole number ≥ 1");
+                sink.push(
+                    Some(limit.span()),
+                    format!("{key}.limit"),
+                    "expected a whole number ≥ 1",
+                );
                 None
             }
             None => {
-                sink.push(Some(span.clone()), format!("{key}.limit"), "is required for this algorithm");
+                sink.push(
+                    Some(span.clone()),
+                    format!("{key}.limit"),
+                    "is required for this algorithm",
+                );
                 None
             }
         };
         let window = match &raw.window {
             Some(window) => parse_spanned(window, format!("{key}.window"), sink, at_least_a_millisecond),
             None => {
-                sink.push(Some(span), format!("{key}.window"), "is required for this algorithm");
+                sink.push(
+                    Some(span),
+                    format!("{key}.window"),
+                    "is required for this algorithm",
+                );
                 None
             }
         };
@@ -331,15 +386,29 @@ fn validate_algorithm(
             None
         }
         None => {
-            sink.push(Some(span), format!("{key}.rate"), "is required for this algorithm");
+            sink.push(
+                Some(span),
+                format!("{key}.rate"),
+                "is required for this algorithm",
+            );
             None
         }
     };
-    let per = parse_or(&raw.per, &format!("{key}.per"), Duration::from_secs(1), sink, at_least_a_millisecond);
+    let per = parse_or(
+        &raw.per,
+        &format!("{key}.per"),
+        Duration::from_secs(1),
+        sink,
+        at_least_a_millisecond,
+    );
     let burst = match &raw.burst {
         Some(burst) if *burst.get_ref() >= 1 => Some(*burst.get_ref() as u64),
         Some(burst) => {
-            sink.push(Some(burst.span()), format!("{key}.burst"), "expected a whole number ≥ 1");
+            sink.push(
+                Some(burst.span()),
+                format!("{key}.burst"),
+                "expected a whole number ≥ 1",
+            );
             None
         }
         None => rate.map(|r| r.ceil().max(1.0) as u64),
@@ -354,7 +423,9 @@ fn validate_algorithm(
 
 fn at_least_a_millisecond(text: &str) -> Result<Duration, String> {
     match values::duration(text)? {
-        d if d < Duration::from_millis(1) => Err(format!("expected a duration of at least 1ms, got {text:?}")),
+        d if d < Duration::from_millis(1) => {
+            Err(format!("expected a duration of at least 1ms, got {text:?}"))
+        }
         d => Ok(d),
     }
 }

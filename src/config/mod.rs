@@ -23,8 +23,8 @@ use toml::Spanned;
 
 use error::ErrorSink;
 pub use error::{ConfigError, ConfigErrors};
-pub use limits::{KeyPart, LimitConfig, Mode, OnError, RedisConfig};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile, UpstreamFile};
+pub use limits::{KeyPart, LimitConfig, Mode, OnError, RedisConfig};
 
 use crate::path::normalize_path;
 
@@ -507,7 +507,11 @@ fn validate_route(
         None => Some(1),
         Some(cost) if *cost.get_ref() >= 1 => Some(*cost.get_ref() as u64),
         Some(cost) => {
-            sink.push(Some(cost.span()), format!("{key}.cost"), "expected a whole number ≥ 1");
+            sink.push(
+                Some(cost.span()),
+                format!("{key}.cost"),
+                "expected a whole number ≥ 1",
+            );
             None
         }
     };
@@ -535,7 +539,11 @@ fn route_limits(
         let entry = format!("{key}.limits[{i}]");
         match limits.get(name.get_ref()) {
             Some(_) if resolved.iter().any(|l| *l.name == **name.get_ref()) => {
-                sink.push(Some(name.span()), entry, format!("limit {:?} is listed twice", name.get_ref()));
+                sink.push(
+                    Some(name.span()),
+                    entry,
+                    format!("limit {:?} is listed twice", name.get_ref()),
+                );
                 ok = false;
             }
             Some(limit) => resolved.push(limit.clone()),
@@ -547,7 +555,11 @@ fn route_limits(
                     format!(
                         "unknown limit {:?}; expected one of the [limits.*] tables: {}",
                         name.get_ref(),
-                        if known.is_empty() { "none are defined".to_owned() } else { known.join(", ") }
+                        if known.is_empty() {
+                            "none are defined".to_owned()
+                        } else {
+                            known.join(", ")
+                        }
                     ),
                 );
                 ok = false;

@@ -282,12 +282,28 @@ window = "1m"
     ))
     .unwrap();
     let redis = config.redis.as_ref().unwrap();
-    assert_eq!((redis.prefix.as_str(), redis.timeout, redis.on_error), ("fg", Duration::from_millis(20), OnError::Deny));
+    assert_eq!(
+        (redis.prefix.as_str(), redis.timeout, redis.on_error),
+        ("fg", Duration::from_millis(20), OnError::Deny)
+    );
     let l = &config.limits["l"];
-    assert_eq!(l.algorithm, crate::limit::Algorithm::TokenBucket { rate: 10.0, per: 1_000_000, burst: 10 });
+    assert_eq!(
+        l.algorithm,
+        crate::limit::Algorithm::TokenBucket {
+            rate: 10.0,
+            per: 1_000_000,
+            burst: 10
+        }
+    );
     assert_eq!(l.key.len(), 8);
-    assert_eq!(l.key[0], KeyPart::Header(http::HeaderName::from_static("x-api-key")));
-    assert_eq!((l.mode, l.status.as_u16(), l.lockout), (Mode::Shadow, 503, Some(Duration::from_secs(300))));
+    assert_eq!(
+        l.key[0],
+        KeyPart::Header(http::HeaderName::from_static("x-api-key"))
+    );
+    assert_eq!(
+        (l.mode, l.status.as_u16(), l.lockout),
+        (Mode::Shadow, 503, Some(Duration::from_secs(300)))
+    );
     assert_eq!(l.policy(), (10, 1));
     assert_eq!(config.limits["w"].policy(), (600, 60));
     assert_eq!(config.routes[0].cost, 3);
@@ -296,7 +312,8 @@ window = "1m"
 
 #[test]
 fn a_key_of_another_algorithm_is_an_error() {
-    let (line, _, key, message) = error("[limits.l]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nburst = 3\n");
+    let (line, _, key, message) =
+        error("[limits.l]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nburst = 3\n");
     assert_eq!((line, key.as_str()), (5, "limits.l.burst"));
     assert!(message.contains("does not apply"), "{message}");
     let (_, _, key, _) = error("[limits.l]\nalgorithm = \"token_bucket\"\nrate = 5\nwindow = \"1m\"\n");
@@ -306,17 +323,41 @@ fn a_key_of_another_algorithm_is_an_error() {
 #[test]
 fn limit_values_are_range_checked() {
     for (body, bad_key) in [
-        ("algorithm = \"fixed_window\"\nlimit = 0\nwindow = \"1m\"", "limits.l.limit"),
-        ("algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"0s\"", "limits.l.window"),
+        (
+            "algorithm = \"fixed_window\"\nlimit = 0\nwindow = \"1m\"",
+            "limits.l.limit",
+        ),
+        (
+            "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"0s\"",
+            "limits.l.window",
+        ),
         ("algorithm = \"fixed_window\"\nlimit = 1", "limits.l.window"),
         ("algorithm = \"token_bucket\"\nrate = 0", "limits.l.rate"),
-        ("algorithm = \"leaky_bucket\"\nrate = 1\nburst = 0", "limits.l.burst"),
+        (
+            "algorithm = \"leaky_bucket\"\nrate = 1\nburst = 0",
+            "limits.l.burst",
+        ),
         ("algorithm = \"gcra\"", "limits.l.algorithm"),
-        ("algorithm = \"token_bucket\"\nrate = 1\nkey = [\"header:\"]", "limits.l.key[0]"),
-        ("algorithm = \"token_bucket\"\nrate = 1\nkey = [\"ip\"]", "limits.l.key[0]"),
-        ("algorithm = \"token_bucket\"\nrate = 1\nmode = \"dry\"", "limits.l.mode"),
-        ("algorithm = \"token_bucket\"\nrate = 1\nstatus = 200", "limits.l.status"),
-        ("algorithm = \"token_bucket\"\nrate = 1\nexempt = [\"x\"]", "limits.l.exempt[0]"),
+        (
+            "algorithm = \"token_bucket\"\nrate = 1\nkey = [\"header:\"]",
+            "limits.l.key[0]",
+        ),
+        (
+            "algorithm = \"token_bucket\"\nrate = 1\nkey = [\"ip\"]",
+            "limits.l.key[0]",
+        ),
+        (
+            "algorithm = \"token_bucket\"\nrate = 1\nmode = \"dry\"",
+            "limits.l.mode",
+        ),
+        (
+            "algorithm = \"token_bucket\"\nrate = 1\nstatus = 200",
+            "limits.l.status",
+        ),
+        (
+            "algorithm = \"token_bucket\"\nrate = 1\nexempt = [\"x\"]",
+            "limits.l.exempt[0]",
+        ),
     ] {
         let (_, _, key, _) = error(&format!("[limits.l]\n{body}\n"));
         assert_eq!(key, bad_key, "{body}");
@@ -342,14 +383,22 @@ fn redis_settings() {
     assert_eq!(key, "redis.cluster");
     let (_, _, _, message) = error("[redis]\nurl = \"redis://user:s3cret@x:6379/0\"\non_error = \"maybe\"\n");
     assert!(!message.contains("s3cret"));
-    let errors = parse("[redis]\nurl = \"redis://:s3cret@x:99999\"\n").unwrap_err().to_string();
+    let errors = parse("[redis]\nurl = \"redis://:s3cret@x:99999\"\n")
+        .unwrap_err()
+        .to_string();
     assert!(!errors.contains("s3cret"), "{errors}");
 }
 
 #[test]
 fn redis_url_from_the_environment() {
-    let config = parse("").unwrap().with_redis_url("redis://10.1.1.1:6380/2").unwrap();
+    let config = parse("")
+        .unwrap()
+        .with_redis_url("redis://10.1.1.1:6380/2")
+        .unwrap();
     let redis = config.redis.unwrap();
-    assert_eq!((redis.url.as_str(), redis.prefix.as_str()), ("redis://10.1.1.1:6380/2", "floodgate"));
+    assert_eq!(
+        (redis.url.as_str(), redis.prefix.as_str()),
+        ("redis://10.1.1.1:6380/2", "floodgate")
+    );
     assert!(parse("").unwrap().with_redis_url("nope").is_err());
 }

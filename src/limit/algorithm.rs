@@ -223,6 +223,18 @@ fn leaky_bucket(rate: f64, per: u64, burst: u64, stored: Option<State>, cost: u6
     }
 }
 
+/// The state after giving back the slot of a leaky-bucket request of `cost` that leaves
+/// before its turn, and how long to keep it; `None` when there is nothing to give back.
+pub fn refund(algorithm: &Algorithm, stored: Option<State>, cost: u64, now: u64) -> Option<(State, u64)> {
+    let (Algorithm::LeakyBucket { rate, per, .. }, Some(State::Gcra { tat, step })) = (algorithm, stored)
+    else {
+        return None;
+    };
+    let slot = cost as f64 * interval(*rate, *per);
+    let tat = (tat as f64 - slot).max(now as f64).round() as u64;
+    Some((State::Gcra { tat, step }, (tat - now).max(1)))
+}
+
 /// Microseconds in `duration`, saturating.
 pub fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)

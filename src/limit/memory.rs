@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::algorithm::State;
+use super::algorithm::{State, refund};
 use super::clock::Clock;
 use super::{LimitCheck, LimitDecision, Write, decide_all};
 
@@ -116,6 +116,28 @@ impl MemoryStore {
         decisions
     }
 
+    /// Gives back the queue slot of a leaky-bucket request that will not be forwarded.
+    pub fn refund(&self, check: &LimitCheck) {
+        let shard = self.shard_of(&check.key);
+        let mut guard = self.shards[shard]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = self.clock.now_micros();
+        let stored = guard
+            .get(&check.key)
+            .filter(|entry| entry.expires_at > now)
+            .and_then(|entry| entry.state);
+        if let Some((state, ttl)) = refund(&check.algorithm, stored, check.cost, now) {
+            guard.insert(
+                check.key.clone(),
+                Entry {
+                    state: Some(state),
+                    expires_at: now + ttl,
+                },
+            );
+        }
+    }
+
     /// Keys currently held (expired ones included until they are swept).
     pub fn len(&self) -> usize {
         self.shards
@@ -158,6 +180,7 @@ mod tests {
             algorithm,
             lockout: None,
             cost: 1,
+            shadow: false,
         }
     }
 

@@ -6,9 +6,13 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod headers;
 pub mod key;
 pub mod memory;
 pub mod redis;
+pub mod request_key;
+pub mod route;
+pub mod store;
 
 use std::time::Duration;
 
@@ -24,6 +28,9 @@ pub struct LimitCheck {
     pub lockout: Option<(String, u64)>,
     /// Units this request consumes (route `cost`, at least 1).
     pub cost: u64,
+    /// A shadow limit never refuses the request: its rejection does not stop the others,
+    /// and it consumes only when the whole request is admitted and it admits too.
+    pub shadow: bool,
 }
 
 /// What one limit decided for one request.
@@ -76,7 +83,11 @@ pub(crate) fn decide_all(
         .iter()
         .map(|check| algorithm::evaluate(&check.algorithm, stored(&check.key), check.cost, now))
         .collect();
-    let admitted = locks.iter().all(Option::is_none) && evaluations.iter().all(|e| e.admitted);
+    let admitted = checks
+        .iter()
+        .zip(&locks)
+        .zip(&evaluations)
+        .all(|((check, lock), evaluation)| check.shadow || (lock.is_none() && evaluation.admitted));
     let mut writes = Vec::new();
     let decisions = checks
         .iter()

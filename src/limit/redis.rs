@@ -2,19 +2,28 @@
 //! `NOSCRIPT` transparently by `redis::Script`), over one multiplexed, self-reconnecting
 //! connection shared by all requests, with a hard per-decision deadline.
 //!
-//! The script takes a batch of requests and decides each atomically and all-or-nothing,
-//! with Redis `TIME` as the only clock; today one call carries one request.
+//! The connection is made in the background: the gateway starts, and serves under its
+//! failure policy, whether or not Redis is up. The script takes a batch of requests and
+//! decides each atomically and all-or-nothing, with Redis `TIME` as the only clock; today
+//! one call carries one request.
 
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 
 use super::{Algorithm, LimitCheck, LimitDecision, Outcome};
 
 const DECIDE_LUA: &str = include_str!("scripts/decide.lua");
+const REFUND_LUA: &str = include_str!("scripts/refund.lua");
 /// Values the script returns per check.
 const FIELDS_PER_CHECK: usize = 5;
+/// Longest pause between two connection attempts.
+const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
+/// At most one "cannot connect" log line per this period.
+const CONNECT_LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// Why the store could not decide.
 #[derive(Debug, thiserror::Error)]
@@ -23,41 +32,71 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
+    #[error("not connected to redis yet")]
+    NotConnected,
     #[error("redis answered {got} values for {checks} checks")]
     Malformed { got: usize, checks: usize },
+}
+
+struct Shared {
+    connection: ArcSwapOption<ConnectionManager>,
+    decide: Script,
+    refund: Script,
+    timeout: Duration,
 }
 
 /// A rate-limit store in Redis.
 #[derive(Clone)]
 pub struct RedisStore {
-    connection: ConnectionManager,
-    script: Script,
-    timeout: Duration,
+    shared: Arc<Shared>,
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://` or `rediss://`); `timeout` bounds each decision.
-    pub async fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+    /// Starts connecting to `url` (`redis://`) in the background; `timeout` bounds each
+    /// decision. Fails only for a URL that cannot be used at all.
+    pub fn start(url: &str, timeout: Duration) -> Result<Self, StoreError> {
         let client = Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1);
-        let connection = tokio::time::timeout(timeout.max(Duration::from_secs(1)), async {
-            ConnectionManager::new_with_config(client, config).await
-        })
-        .await
-        .map_err(|_| StoreError::Timeout(timeout))??;
-        Ok(RedisStore {
-            connection,
-            script: Script::new(DECIDE_LUA),
+        let shared = Arc::new(Shared {
+            connection: ArcSwapOption::empty(),
+            decide: Script::new(DECIDE_LUA),
+            refund: Script::new(REFUND_LUA),
             timeout,
-        })
+        });
+        tokio::spawn(connect_in_background(
+            client,
+            redacted(url),
+            timeout,
+            Arc::downgrade(&shared),
+        ));
+        Ok(RedisStore { shared })
+    }
+
+    /// Starts and waits until connected (or `wait` passes).
+    pub async fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let store = RedisStore::start(url, timeout)?;
+        let deadline = Instant::now() + timeout.max(Duration::from_secs(2));
+        while store.shared.connection.load().is_none() {
+            if Instant::now() > deadline {
+                return Err(StoreError::NotConnected);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(store)
+    }
+
+    fn connection(&self) -> Result<ConnectionManager, StoreError> {
+        self.shared
+            .connection
+            .load()
+            .as_deref()
+            .cloned()
+            .ok_or(StoreError::NotConnected)
     }
 
     /// Decides all of one request's limits in one round trip.
     pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Vec<LimitDecision>, StoreError> {
-        let mut invocation = self.script.prepare_invoke();
+        let mut connection = self.connection()?;
+        let mut invocation = self.shared.decide.prepare_invoke();
         invocation.arg(1).arg(checks.len());
         for check in checks {
             invocation.key(&check.key);
@@ -78,12 +117,15 @@ impl RedisStore {
                     invocation.arg(4).arg(rate).arg(per).arg(burst)
                 }
             };
-            invocation.arg(check.cost).arg(lockout);
+            invocation
+                .arg(check.cost)
+                .arg(lockout)
+                .arg(u8::from(check.shadow));
         }
-        let mut connection = self.connection.clone();
-        let values: Vec<i64> = tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
+        let timeout = self.shared.timeout;
+        let values: Vec<i64> = tokio::time::timeout(timeout, invocation.invoke_async(&mut connection))
             .await
-            .map_err(|_| StoreError::Timeout(self.timeout))??;
+            .map_err(|_| StoreError::Timeout(timeout))??;
         if values.len() != checks.len() * FIELDS_PER_CHECK {
             return Err(StoreError::Malformed {
                 got: values.len(),
@@ -91,6 +133,69 @@ impl RedisStore {
             });
         }
         Ok(values.chunks_exact(FIELDS_PER_CHECK).map(decision).collect())
+    }
+
+    /// Gives back the queue slot of a leaky-bucket request that will not be forwarded.
+    pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
+        let Algorithm::LeakyBucket { rate, per, .. } = check.algorithm else {
+            return Ok(());
+        };
+        let mut connection = self.connection()?;
+        let slot = check.cost as f64 * per as f64 / rate;
+        let timeout = self.shared.timeout;
+        let mut invocation = self.shared.refund.prepare_invoke();
+        invocation.key(&check.key).arg(slot);
+        tokio::time::timeout(timeout, invocation.invoke_async::<()>(&mut connection))
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))??;
+        Ok(())
+    }
+}
+
+/// Connects, retrying with backoff, until the store is dropped or a connection is made;
+/// the connection manager reconnects by itself after that.
+async fn connect_in_background(client: Client, address: String, timeout: Duration, shared: Weak<Shared>) {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(1);
+    let mut backoff = Duration::from_millis(10);
+    let mut last_log: Option<Instant> = None;
+    loop {
+        if shared.strong_count() == 0 {
+            return;
+        }
+        match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
+            Ok(connection) => {
+                let Some(shared) = shared.upgrade() else { return };
+                shared.connection.store(Some(Arc::new(connection)));
+                tracing::info!(redis = %address, "connected to redis");
+                return;
+            }
+            Err(e) => {
+                if last_log.is_none_or(|at| at.elapsed() >= CONNECT_LOG_EVERY) {
+                    tracing::warn!(redis = %address, error = %e, "cannot connect to redis; retrying");
+                    last_log = Some(Instant::now());
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
+            }
+        }
+    }
+}
+
+/// `url` without its password, for logs.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{}", &rest[at + 1..])
+        }
+        None => url.to_owned(),
     }
 }
 
@@ -107,5 +212,20 @@ fn decision(fields: &[i64]) -> LimitDecision {
         remaining: u64::try_from(fields[1]).unwrap_or(0),
         reset: micros(fields[2]),
         retry_after: micros(fields[3]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted;
+
+    #[test]
+    fn passwords_never_reach_the_log() {
+        assert_eq!(
+            redacted("redis://:s3cret@10.0.0.5:6379/0"),
+            "redis://:***@10.0.0.5:6379/0"
+        );
+        assert_eq!(redacted("redis://app:s3cret@host/0"), "redis://app:***@host/0");
+        assert_eq!(redacted("redis://host:6379"), "redis://host:6379");
     }
 }

@@ -84,12 +84,14 @@ pub struct ForwardingContext<'a> {
     /// The `Host` the client asked for (header or `:authority`).
     pub host: Option<&'a str>,
     pub version: Version,
+    /// Headers rate limits key on: their underscore spellings are dropped too.
+    pub key_headers: &'a [HeaderName],
 }
 
 /// Sets `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Via`
 /// on a request going upstream. Call after [`remove_hop_by_hop`].
 pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'_>) {
-    remove_underscore_spellings(headers);
+    remove_underscore_spellings(headers, ctx.key_headers);
 
     let peer = ctx.peer.to_canonical().to_string();
     let forwarded_for = if ctx.peer_trusted {
@@ -147,13 +149,16 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
     }
 }
 
-fn remove_underscore_spellings(headers: &mut HeaderMap) {
+fn remove_underscore_spellings(headers: &mut HeaderMap, key_headers: &[HeaderName]) {
     let planted: Vec<HeaderName> = headers
         .keys()
         .filter(|name| name.as_str().contains('_'))
         .filter(|name| {
             let normalized = name.as_str().replace('-', "_");
             UNDERSCORE_SPELLINGS.contains(&normalized.as_str())
+                || key_headers
+                    .iter()
+                    .any(|key| key.as_str().replace('-', "_") == normalized)
         })
         .cloned()
         .collect();
@@ -184,6 +189,7 @@ mod tests {
             peer_trusted: trusted,
             host: Some("app.example.com"),
             version: Version::HTTP_11,
+            key_headers: &[],
         }
     }
 

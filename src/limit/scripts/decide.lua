@@ -4,7 +4,8 @@
 -- ARGV[1]: number of requests. Then per request: its number of checks, and per check:
 --   algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket, 4 leaky_bucket),
 --   a, b, c (fixed/sliding: limit, window_us, 0; buckets: rate, per_us, burst),
---   cost, lockout_us (0: none).
+--   cost, lockout_us (0: none), shadow (1: never refuses; consumes only when the request
+--   is admitted and it admits too).
 -- KEYS: per check, its counter key, then its lock key when lockout_us > 0.
 -- Returns, per check in order: outcome (0 allowed, 1 delayed, 2 rejected, 3 locked),
 --   remaining, reset_us, retry_after_us, delay_us.
@@ -155,7 +156,8 @@ for _ = 1, tonumber(ARGV[1]) do
     local algorithm = tonumber(ARGV[argi])
     local a, b, c = tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2]), tonumber(ARGV[argi + 3])
     local cost, lockout = tonumber(ARGV[argi + 4]), tonumber(ARGV[argi + 5])
-    argi = argi + 6
+    local shadow = ARGV[argi + 6] == '1'
+    argi = argi + 7
     local check = { key = KEYS[keyi], lockout = lockout }
     keyi = keyi + 1
     if lockout > 0 then
@@ -171,7 +173,7 @@ for _ = 1, tonumber(ARGV[1]) do
       check.admitted, check.delay, check.after, check.before, check.reset, check.retry, check.write =
         evaluators[algorithm](check.key, a, b, c, cost)
     end
-    if check.locked or not check.admitted then all_admitted = false end
+    if not shadow and (check.locked or not check.admitted) then all_admitted = false end
     checks[i] = check
   end
   for _, check in ipairs(checks) do

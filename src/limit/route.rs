@@ -1,0 +1,221 @@
+//! A route's limits in the request path: build one check per applicable limit, decide them
+//! in one store call, count the outcomes, and tell the service what to do: pass (perhaps
+//! after holding the request), or answer the rejection.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::StatusCode;
+use http::header::{HeaderName, HeaderValue};
+
+use super::headers::{ceil_seconds, policy_value, render};
+use super::key::{lock_key, store_key};
+use super::request_key::{AmbiguousKey, KeySource, key_tuple};
+use super::store::LimitStore;
+use super::{LimitCheck, LimitDecision, Outcome};
+use crate::config::{LimitConfig, Mode, OnError, RateLimitHeaders};
+use crate::metrics::Metrics;
+
+/// What a route's limits need at request time, computed once at load.
+pub struct RouteLimits {
+    limits: Vec<Arc<LimitConfig>>,
+    cost: u64,
+    /// `RateLimit-Policy` for the route's enforced limits.
+    policy: Option<HeaderValue>,
+}
+
+/// Gateway-wide settings the decision needs.
+pub struct LimitSettings<'a> {
+    pub store: &'a LimitStore,
+    pub prefix: &'a str,
+    pub on_error: OnError,
+    pub headers: RateLimitHeaders,
+    pub metrics: &'a Metrics,
+}
+
+/// What the limits decided for one request.
+pub struct Verdict {
+    pub action: Action,
+    /// The access log's `limit` field.
+    pub outcome: &'static str,
+    /// Rate-limit headers for the response, whatever it turns out to be.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+pub enum Action {
+    /// Forward, after holding the request this long (leaky bucket); `held` are the checks
+    /// whose slots to give back if the client leaves before then.
+    Pass { delay: Duration, held: Vec<LimitCheck> },
+    /// Answer with this status, body and `Retry-After` seconds.
+    Reject {
+        status: StatusCode,
+        message: Bytes,
+        retry_after: u64,
+    },
+}
+
+impl RouteLimits {
+    pub fn new(limits: Vec<Arc<LimitConfig>>, cost: u64) -> Self {
+        let policy = policy_value(limits.iter().filter(|l| l.mode == Mode::Enforce).map(|l| &**l));
+        RouteLimits { limits, cost, policy }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_empty()
+    }
+
+    /// Decides this request's limits, all in one store call.
+    pub async fn decide(
+        &self,
+        settings: &LimitSettings<'_>,
+        client_ip: IpAddr,
+        source: &KeySource<'_>,
+    ) -> Result<Verdict, AmbiguousKey> {
+        let mut applied: Vec<&LimitConfig> = Vec::with_capacity(self.limits.len());
+        let mut checks: Vec<LimitCheck> = Vec::with_capacity(self.limits.len());
+        for limit in &self.limits {
+            if limit.exempt.iter().any(|net| net.contains(&client_ip)) {
+                continue;
+            }
+            let tuple = key_tuple(&limit.key, source)?;
+            checks.push(LimitCheck {
+                key: store_key(settings.prefix, &tuple, &limit.name, &limit.algorithm),
+                algorithm: limit.algorithm,
+                lockout: limit
+                    .lockout
+                    .map(|penalty| (lock_key(settings.prefix, &tuple, &limit.name), micros(penalty))),
+                cost: self.cost,
+                shadow: limit.mode == Mode::Shadow,
+            });
+            applied.push(limit);
+        }
+        if checks.is_empty() {
+            return Ok(pass("exempt", Vec::new()));
+        }
+        let started = Instant::now();
+        let decided = settings.store.decide(&checks).await;
+        let store = settings.store.label();
+        settings
+            .metrics
+            .record_store_call(store, started.elapsed().as_secs_f64());
+        let decisions = match decided {
+            Ok(decisions) => decisions,
+            Err(error) => {
+                settings.metrics.record_store_error(store);
+                tracing::debug!(%error, store, "rate-limit store failed");
+                for limit in &applied {
+                    settings.metrics.record_decision(&limit.name, "store_error");
+                }
+                return Ok(match settings.on_error {
+                    OnError::Allow => pass("store_error", Vec::new()),
+                    OnError::Deny => Verdict {
+                        action: Action::Reject {
+                            status: StatusCode::SERVICE_UNAVAILABLE,
+                            message: Bytes::from_static(b"Service Unavailable\n"),
+                            retry_after: 1,
+                        },
+                        outcome: "store_error",
+                        headers: Vec::new(),
+                    },
+                });
+            }
+        };
+        Ok(self.verdict(settings, &applied, checks, &decisions))
+    }
+
+    fn verdict(
+        &self,
+        settings: &LimitSettings<'_>,
+        applied: &[&LimitConfig],
+        checks: Vec<LimitCheck>,
+        decisions: &[LimitDecision],
+    ) -> Verdict {
+        let mut enforced: Vec<(&LimitConfig, LimitDecision)> = Vec::with_capacity(decisions.len());
+        let mut refusal: Option<(&LimitConfig, Duration)> = None;
+        let mut delay = Duration::ZERO;
+        let mut outcome = "allowed";
+        for (limit, decision) in applied.iter().zip(decisions) {
+            let label = match (limit.mode, decision.outcome) {
+                (Mode::Shadow, Outcome::Rejected | Outcome::Locked) => {
+                    tracing::info!(limit = %limit.name, "shadow limit would have rejected the request");
+                    outcome = if outcome == "allowed" {
+                        "shadow_rejected"
+                    } else {
+                        outcome
+                    };
+                    "shadow_rejected"
+                }
+                (Mode::Shadow, _) => "allowed",
+                (Mode::Enforce, Outcome::Allowed) => "allowed",
+                (Mode::Enforce, Outcome::Delayed(wait)) => {
+                    delay = delay.max(wait);
+                    "delayed"
+                }
+                (Mode::Enforce, refused @ (Outcome::Rejected | Outcome::Locked)) => {
+                    let retry = refusal.map_or(decision.retry_after, |(_, r)| r.max(decision.retry_after));
+                    refusal = Some((refusal.map_or(*limit, |(first, _)| first), retry));
+                    if refused == Outcome::Locked {
+                        "locked"
+                    } else {
+                        "rejected"
+                    }
+                }
+            };
+            settings.metrics.record_decision(&limit.name, label);
+            if limit.mode == Mode::Enforce {
+                enforced.push((limit, *decision));
+            }
+        }
+        let mut headers = Vec::new();
+        render(settings.headers, self.policy.as_ref(), &enforced, &mut headers);
+        if let Some((limit, retry)) = refusal {
+            let locked = enforced
+                .iter()
+                .any(|(l, d)| std::ptr::eq(*l, limit) && d.outcome == Outcome::Locked);
+            return Verdict {
+                action: Action::Reject {
+                    status: limit.status,
+                    message: limit.message.clone(),
+                    retry_after: ceil_seconds(retry).max(1),
+                },
+                outcome: if locked { "locked" } else { "rejected" },
+                headers,
+            };
+        }
+        if !delay.is_zero() {
+            outcome = "delayed";
+        }
+        let held = if delay.is_zero() {
+            Vec::new()
+        } else {
+            checks
+                .into_iter()
+                .zip(decisions)
+                .filter(|(check, d)| !check.shadow && matches!(d.outcome, Outcome::Delayed(_)))
+                .map(|(check, _)| check)
+                .collect()
+        };
+        Verdict {
+            action: Action::Pass { delay, held },
+            outcome,
+            headers,
+        }
+    }
+}
+
+fn pass(outcome: &'static str, headers: Vec<(HeaderName, HeaderValue)>) -> Verdict {
+    Verdict {
+        action: Action::Pass {
+            delay: Duration::ZERO,
+            held: Vec::new(),
+        },
+        outcome,
+        headers,
+    }
+}
+
+fn micros(duration: Duration) -> u64 {
+    super::algorithm::micros(duration)
+}

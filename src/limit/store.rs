@@ -1,0 +1,57 @@
+//! The store a gateway decides with: in-process, or Redis when `[redis]` is configured.
+
+use std::sync::Arc;
+
+use super::clock::MonotonicClock;
+use super::memory::MemoryStore;
+use super::redis::{RedisStore, StoreError};
+use super::{LimitCheck, LimitDecision};
+use crate::config::RedisConfig;
+
+/// Keys the in-process store keeps at most (about 150 bytes each).
+const MEMORY_STORE_MAX_KEYS: usize = 200_000;
+
+/// One of the two stores, chosen by the configuration.
+#[derive(Clone)]
+pub enum LimitStore {
+    Memory(Arc<MemoryStore>),
+    Redis(RedisStore),
+}
+
+impl LimitStore {
+    /// The store for `redis` (`None`: in-process). Must run inside the runtime.
+    pub fn from_config(redis: Option<&RedisConfig>) -> Result<Self, StoreError> {
+        Ok(match redis {
+            None => LimitStore::Memory(Arc::new(MemoryStore::new(
+                Arc::new(MonotonicClock::default()),
+                MEMORY_STORE_MAX_KEYS,
+            ))),
+            Some(redis) => LimitStore::Redis(RedisStore::start(&redis.url, redis.timeout)?),
+        })
+    }
+
+    /// The `store` label of the store metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            LimitStore::Memory(_) => "memory",
+            LimitStore::Redis(_) => "redis",
+        }
+    }
+
+    pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Vec<LimitDecision>, StoreError> {
+        match self {
+            LimitStore::Memory(store) => Ok(store.decide(checks)),
+            LimitStore::Redis(store) => store.decide(checks).await,
+        }
+    }
+
+    pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
+        match self {
+            LimitStore::Memory(store) => {
+                store.refund(check);
+                Ok(())
+            }
+            LimitStore::Redis(store) => store.refund(check).await,
+        }
+    }
+}
