@@ -72,3 +72,100 @@ pub fn render(
         ));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use http::StatusCode;
+
+    use super::*;
+    use crate::config::Mode;
+    use crate::limit::{Algorithm, Outcome};
+
+    fn limit(name: &str, algorithm: Algorithm) -> LimitConfig {
+        LimitConfig {
+            name: Arc::from(name),
+            algorithm,
+            key: Vec::new(),
+            lockout: None,
+            exempt: Vec::new(),
+            mode: Mode::Enforce,
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: Bytes::new(),
+        }
+    }
+
+    fn decision(remaining: u64, reset_ms: u64) -> LimitDecision {
+        LimitDecision {
+            outcome: Outcome::Allowed,
+            remaining,
+            reset: Duration::from_millis(reset_ms),
+            retry_after: Duration::ZERO,
+        }
+    }
+
+    fn rendered(mode: RateLimitHeaders) -> Vec<(String, String)> {
+        let minute = limit(
+            "per_ip_minute",
+            Algorithm::FixedWindow {
+                limit: 600,
+                window: 60_000_000,
+            },
+        );
+        let burst = limit(
+            "search_burst",
+            Algorithm::TokenBucket {
+                rate: 10.0,
+                per: 1_000_000,
+                burst: 20,
+            },
+        );
+        let policy = policy_value([&minute, &burst]);
+        let decided = [(&minute, decision(599, 41_200)), (&burst, decision(19, 100))];
+        let mut out = Vec::new();
+        render(mode, policy.as_ref(), &decided, &mut out);
+        out.into_iter()
+            .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
+            .collect()
+    }
+
+    fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+        expected
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn ietf_lists_every_limit() {
+        assert_eq!(
+            rendered(RateLimitHeaders::Ietf),
+            pairs(&[
+                (
+                    "ratelimit-policy",
+                    "\"per_ip_minute\";q=600;w=60, \"search_burst\";q=20;w=2"
+                ),
+                (
+                    "ratelimit",
+                    "\"per_ip_minute\";r=599;t=42, \"search_burst\";r=19;t=1"
+                ),
+            ])
+        );
+    }
+
+    #[test]
+    fn legacy_names_the_most_restrictive_limit() {
+        assert_eq!(
+            rendered(RateLimitHeaders::Legacy),
+            pairs(&[
+                ("x-ratelimit-limit", "20"),
+                ("x-ratelimit-remaining", "19"),
+                ("x-ratelimit-reset", "1")
+            ])
+        );
+        assert_eq!(rendered(RateLimitHeaders::Both).len(), 5);
+        assert!(rendered(RateLimitHeaders::None).is_empty());
+    }
+}

@@ -130,3 +130,104 @@ fn form_decode(text: &str) -> Vec<u8> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    fn source<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> KeySource<'a> {
+        KeySource {
+            client_ip: "198.51.100.7",
+            headers,
+            query,
+            method: &Method::GET,
+            path: "/api/x",
+            host: Some("api.example.com"),
+            route: "api",
+        }
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    fn tuple(parts: &[KeyPart], headers: &HeaderMap, query: Option<&str>) -> Result<String, AmbiguousKey> {
+        key_tuple(parts, &source(headers, query))
+    }
+
+    #[test]
+    fn every_part_is_read() {
+        let parts = [
+            KeyPart::ClientIp,
+            KeyPart::Method,
+            KeyPart::Path,
+            KeyPart::Host,
+            KeyPart::Route,
+        ];
+        assert_eq!(
+            tuple(&parts, &HeaderMap::new(), None).unwrap(),
+            "i198.51.100.7:vGET:v%2Fapi%2Fx:vapi.example.com:vapi"
+        );
+    }
+
+    #[test]
+    fn an_absent_or_empty_value_falls_back_to_the_client_ip_tagged_apart() {
+        let api_key = [KeyPart::Header(http::HeaderName::from_static("x-api-key"))];
+        let fallback = tuple(&api_key, &HeaderMap::new(), None).unwrap();
+        assert_eq!(
+            fallback,
+            tuple(&[KeyPart::ClientIp], &HeaderMap::new(), None).unwrap()
+        );
+        assert_eq!(
+            tuple(&api_key, &headers(&[("x-api-key", "")]), None).unwrap(),
+            fallback
+        );
+        // A client sending someone's address as its key does not share that counter.
+        let forged = tuple(&api_key, &headers(&[("x-api-key", "198.51.100.7")]), None).unwrap();
+        assert_ne!(forged, fallback);
+    }
+
+    #[test]
+    fn a_key_given_twice_is_ambiguous() {
+        let api_key = [KeyPart::Header(http::HeaderName::from_static("x-api-key"))];
+        let twice = headers(&[("x-api-key", "a"), ("x-api-key", "b")]);
+        assert!(tuple(&api_key, &twice, None).is_err());
+        let query = [KeyPart::Query("k".into())];
+        assert!(tuple(&query, &HeaderMap::new(), Some("k=a&x=1&k=b")).is_err());
+        let cookie = [KeyPart::Cookie("s".into())];
+        assert!(
+            tuple(
+                &cookie,
+                &headers(&[("cookie", "s=1; t=2"), ("cookie", "s=3")]),
+                None
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn query_values_are_decoded_like_the_app_decodes_them() {
+        let query = [KeyPart::Query("key".into())];
+        let plain = tuple(&query, &HeaderMap::new(), Some("x=1&key=a%20b")).unwrap();
+        assert_eq!(
+            tuple(&query, &HeaderMap::new(), Some("%6Bey=a+b")).unwrap(),
+            plain
+        );
+        assert_eq!(plain, "va%20b");
+        let missing = tuple(&query, &HeaderMap::new(), Some("keys=1")).unwrap();
+        assert_eq!(missing, "i198.51.100.7");
+    }
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let cookie = [KeyPart::Cookie("session".into())];
+        let h = headers(&[("cookie", "theme=dark; session=abc123 ; x=y")]);
+        assert_eq!(tuple(&cookie, &h, None).unwrap(), "vabc123");
+    }
+}
