@@ -29,6 +29,13 @@ impl Store {
         }
     }
 
+    async fn refund(&self, check: &LimitCheck) {
+        match self {
+            Store::Memory(store) => store.refund(check),
+            Store::Redis(store, _) => store.refund(check).await.expect("redis refunds"),
+        }
+    }
+
     async fn one(&self, check: &LimitCheck) -> LimitDecision {
         self.decide(std::slice::from_ref(check)).await[0]
     }
@@ -206,6 +213,44 @@ async fn all_or_nothing_across_limits(store: Store) {
     assert_eq!(store.one(&wide).await.remaining, 8);
 }
 
+async fn a_shadow_limit_never_refuses(store: Store) {
+    let enforced = check("enforced", fixed(10, 60_000));
+    let mut shadow = check("shadow", fixed(1, 60_000));
+    shadow.shadow = true;
+    let both = [enforced.clone(), shadow];
+    for i in 0..3 {
+        let decided = store.decide(&both).await;
+        assert_eq!(decided[0].outcome, Outcome::Allowed, "request {i}");
+        let expected = if i == 0 {
+            Outcome::Allowed
+        } else {
+            Outcome::Rejected
+        };
+        assert_eq!(decided[1].outcome, expected, "request {i}");
+    }
+    // The shadow rejections did not stop the enforced limit from counting.
+    assert_eq!(store.one(&enforced).await.remaining, 6);
+}
+
+async fn a_leaky_bucket_slot_can_be_given_back(store: Store) {
+    let limit = check(
+        "refund",
+        Algorithm::LeakyBucket {
+            rate: 10.0,
+            per: 1_000 * MS,
+            burst: 5,
+        },
+    );
+    assert_eq!(store.one(&limit).await.outcome, Outcome::Allowed);
+    assert!(matches!(store.one(&limit).await.outcome, Outcome::Delayed(_)));
+    store.refund(&limit).await;
+    // The slot given back is taken by the next request: ~100 ms again, not ~200 ms.
+    let Outcome::Delayed(delay) = store.one(&limit).await.outcome else {
+        panic!("held")
+    };
+    assert!(delay <= Duration::from_millis(105), "{delay:?}");
+}
+
 async fn an_edited_limit_applies_at_once(store: Store) {
     let small = check("edit", fixed(2, 60_000));
     assert_eq!(admitted_count(&store, &small, 3).await, 2);
@@ -266,6 +311,8 @@ conformance!(
     lockout_outlives_the_window,
     cost_above_one,
     all_or_nothing_across_limits,
+    a_shadow_limit_never_refuses,
+    a_leaky_bucket_slot_can_be_given_back,
     an_edited_limit_applies_at_once,
 );
 
