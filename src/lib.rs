@@ -24,6 +24,7 @@ pub mod logging;
 pub mod metrics;
 pub mod path;
 pub mod proxy;
+pub mod reload;
 pub mod router;
 pub mod server;
 pub mod service;

@@ -6,6 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use std::sync::Arc;
+
+use floodgate::reload::{self, Reloader};
 use floodgate::{Config, Gateway, logging};
 
 #[derive(Parser)]
@@ -84,7 +87,7 @@ fn run(path: &Path) -> ExitCode {
         eprintln!("floodgate: {message}");
         return ExitCode::FAILURE;
     }
-    match serve(config) {
+    match serve(config, path.to_path_buf()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -94,7 +97,7 @@ fn run(path: &Path) -> ExitCode {
     }
 }
 
-fn serve(config: Config) -> anyhow::Result<()> {
+fn serve(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if config.server.workers > 0 {
         runtime.worker_threads(config.server.workers);
@@ -102,6 +105,7 @@ fn serve(config: Config) -> anyhow::Result<()> {
     let runtime = runtime.enable_all().build().context("starting the runtime")?;
     runtime.block_on(async {
         let workers = config.server.workers;
+        let config_path = config.path.clone();
         let gateway = Gateway::bind(config).await?;
         tracing::info!(
             listen = %gateway.local_addr(),
@@ -110,9 +114,37 @@ fn serve(config: Config) -> anyhow::Result<()> {
             version = env!("CARGO_PKG_VERSION"),
             "floodgate listening"
         );
+        let reloader = Arc::new(Reloader::new(
+            gateway.shared().clone(),
+            Box::new(move || load(&path)),
+        ));
+        let _watcher = match reload::watch_file(reloader.clone(), &config_path) {
+            Ok(watcher) => Some(watcher),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch the configuration file; reload with SIGHUP");
+                None
+            }
+        };
+        tokio::spawn(reload_on_sighup(reloader));
         gateway.serve(shutdown_signal()).await;
         Ok(())
     })
+}
+
+/// Reloads the configuration on every SIGHUP.
+async fn reload_on_sighup(reloader: Arc<Reloader>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(signal) => signal,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGHUP; reload by editing the file");
+            return;
+        }
+    };
+    while hangups.recv().await.is_some() {
+        let reloader = reloader.clone();
+        let _ = tokio::task::spawn_blocking(move || reloader.reload("SIGHUP")).await;
+    }
 }
 
 /// Completes on the first SIGTERM or SIGINT.

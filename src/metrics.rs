@@ -54,6 +54,11 @@ struct StoreLabels {
     store: &'static str,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn duration_histogram() -> Histogram {
@@ -69,6 +74,7 @@ pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     store_duration: HistogramFamily<StoreLabels>,
     store_errors: Family<StoreLabels, Counter>,
+    reloads: Family<ReloadLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -116,7 +122,14 @@ impl Metrics {
             "Rate-limit store calls that failed, by store",
             store_errors.clone(),
         );
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register(
+            "floodgate_config_reloads",
+            "Configuration reloads by result (ok, error)",
+            reloads.clone(),
+        );
         Metrics {
+            reloads,
             registry,
             requests,
             request_duration,
@@ -167,6 +180,11 @@ impl Metrics {
 
     pub fn record_store_error(&self, store: &'static str) {
         self.store_errors.get_or_create(&StoreLabels { store }).inc();
+    }
+
+    pub fn record_reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
     }
 
     /// The Prometheus text exposition of every metric.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use http::HeaderName;
 
 use crate::client_ip::TrustedProxies;
-use crate::config::{Config, KeyPart, OnError, RespondConfig, RouteTarget};
+use crate::config::{Config, KeyPart, OnError, RedisConfig, RespondConfig, RouteTarget};
 use crate::limit::redis::StoreError;
 use crate::limit::route::RouteLimits;
 use crate::limit::store::LimitStore;
@@ -33,6 +33,24 @@ pub struct GatewayState {
     pub key_headers: Vec<HeaderName>,
 }
 
+impl GatewayState {
+    fn upstream_client(&self, name: &str) -> Option<Arc<UpstreamClient>> {
+        self.routes.iter().find_map(|route| match &route.target {
+            Target::Upstream(client) if client.config.name == name => Some(client.clone()),
+            _ => None,
+        })
+    }
+}
+
+/// Whether two `[redis]` settings can share one store (the same server and deadline).
+fn same_store(old: &Option<RedisConfig>, new: &Option<RedisConfig>) -> bool {
+    match (old, new) {
+        (None, None) => true,
+        (Some(old), Some(new)) => old.url == new.url && old.timeout == new.timeout,
+        _ => false,
+    }
+}
+
 /// A route's destination and limits, with their runtime objects.
 pub struct RouteRuntime {
     pub target: Target,
@@ -49,10 +67,27 @@ impl GatewayState {
     /// Builds the runtime for `config`; must run inside the runtime (the Redis store
     /// connects in the background).
     pub fn new(config: Config) -> Result<Self, StoreError> {
+        GatewayState::build(config, None)
+    }
+
+    /// Builds the runtime for a reloaded `config`, keeping what did not change: the store
+    /// (so in-process counters survive, and the Redis connection too) and the connection
+    /// pools of unchanged upstreams.
+    pub fn rebuild(config: Config, previous: &GatewayState) -> Result<Self, StoreError> {
+        GatewayState::build(config, Some(previous))
+    }
+
+    fn build(config: Config, previous: Option<&GatewayState>) -> Result<Self, StoreError> {
         let clients: HashMap<&str, Arc<UpstreamClient>> = config
             .upstreams
             .iter()
-            .map(|(name, upstream)| (name.as_str(), Arc::new(UpstreamClient::new(upstream.clone()))))
+            .map(|(name, upstream)| {
+                let kept = previous
+                    .and_then(|p| p.upstream_client(name))
+                    .filter(|client| *client.config == **upstream);
+                let client = kept.unwrap_or_else(|| Arc::new(UpstreamClient::new(upstream.clone())));
+                (name.as_str(), client)
+            })
             .collect();
         let routes = config
             .routes
@@ -78,7 +113,10 @@ impl GatewayState {
             .collect();
         key_headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         key_headers.dedup();
-        let store = LimitStore::from_config(config.redis.as_ref())?;
+        let store = match previous {
+            Some(previous) if same_store(&previous.config.redis, &config.redis) => previous.store.clone(),
+            _ => LimitStore::from_config(config.redis.as_ref())?,
+        };
         let (key_prefix, on_error) = match &config.redis {
             Some(redis) => (redis.prefix.clone(), redis.on_error),
             None => (MEMORY_PREFIX.to_owned(), OnError::Allow),
