@@ -14,6 +14,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+use crate::config::OnError;
 use crate::service::Shared;
 
 /// Serves admin requests until the task is aborted.
@@ -52,6 +53,7 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
         "/readyz" if shared.draining.load(Ordering::SeqCst) => {
             text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
         }
+        "/readyz" if !store_ready(shared) => text(StatusCode::SERVICE_UNAVAILABLE, "redis unavailable\n"),
         "/readyz" => text(StatusCode::OK, "ready\n"),
         "/metrics" => {
             let mut response = Response::new(Full::new(Bytes::from(shared.metrics.render())));
@@ -65,6 +67,13 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
+}
+
+/// Under `on_error = "deny"` a gateway whose store fails refuses every limited request, so
+/// it is not ready; under `allow` and `local` it still serves.
+fn store_ready(shared: &Shared) -> bool {
+    let state = shared.state.load();
+    state.on_error != OnError::Deny || state.store.usable()
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {

@@ -53,6 +53,8 @@ pub enum OnError {
     Allow,
     /// Answer 503.
     Deny,
+    /// Decide in the in-process store, each limit divided by the live instance count.
+    Local,
 }
 
 /// A named limit, shared by every route that lists it.
@@ -155,7 +157,7 @@ pub(super) fn validate_redis(raw: Option<Spanned<RedisFile>>, sink: &mut ErrorSi
         |text| match text {
             "allow" => Ok(OnError::Allow),
             "deny" => Ok(OnError::Deny),
-            "local" => Err("\"local\" is not supported yet; expected \"allow\" or \"deny\"".to_owned()),
+            "local" => Ok(OnError::Local),
             other => Err(format!(
                 "expected \"allow\", \"deny\" or \"local\", got {other:?}"
             )),

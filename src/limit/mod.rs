@@ -11,6 +11,7 @@ pub mod key;
 pub mod memory;
 pub mod redis;
 pub mod request_key;
+pub mod resilient;
 pub mod route;
 pub mod store;
 

@@ -18,6 +18,7 @@ use super::{Algorithm, LimitCheck, LimitDecision, Outcome};
 
 const DECIDE_LUA: &str = include_str!("scripts/decide.lua");
 const REFUND_LUA: &str = include_str!("scripts/refund.lua");
+const HEARTBEAT_LUA: &str = include_str!("scripts/heartbeat.lua");
 /// Values the script returns per check.
 const FIELDS_PER_CHECK: usize = 5;
 /// Longest pause between two connection attempts.
@@ -34,6 +35,8 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("not connected to redis yet")]
     NotConnected,
+    #[error("redis is failing; not asked during the breaker's cool-down")]
+    BreakerOpen,
     #[error("redis answered {got} values for {checks} checks")]
     Malformed { got: usize, checks: usize },
 }
@@ -42,6 +45,7 @@ struct Shared {
     connection: ArcSwapOption<ConnectionManager>,
     decide: Script,
     refund: Script,
+    heartbeat: Script,
     timeout: Duration,
 }
 
@@ -60,6 +64,7 @@ impl RedisStore {
             connection: ArcSwapOption::empty(),
             decide: Script::new(DECIDE_LUA),
             refund: Script::new(REFUND_LUA),
+            heartbeat: Script::new(HEARTBEAT_LUA),
             timeout,
         });
         tokio::spawn(connect_in_background(
@@ -149,6 +154,35 @@ impl RedisStore {
             .await
             .map_err(|_| StoreError::Timeout(timeout))??;
         Ok(())
+    }
+}
+
+impl RedisStore {
+    /// Whether a connection has been made (it may have failed since).
+    pub fn connected(&self) -> bool {
+        self.shared.connection.load().is_some()
+    }
+
+    /// `PING`, within the decision deadline.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut connection = self.connection()?;
+        let timeout = self.shared.timeout;
+        tokio::time::timeout(timeout, redis::cmd("PING").query_async::<()>(&mut connection))
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))??;
+        Ok(())
+    }
+
+    /// Announces instance `id` in the `key` set for `ttl`; returns the live instance count.
+    pub async fn heartbeat(&self, key: &str, id: &str, ttl: Duration) -> Result<u64, StoreError> {
+        let mut connection = self.connection()?;
+        let timeout = self.shared.timeout.max(Duration::from_millis(500));
+        let mut invocation = self.shared.heartbeat.prepare_invoke();
+        invocation.key(key).arg(id).arg(ttl.as_millis() as u64);
+        let count = tokio::time::timeout(timeout, invocation.invoke_async::<u64>(&mut connection))
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))??;
+        Ok(count)
     }
 }
 

@@ -105,11 +105,17 @@ impl RouteLimits {
             Err(error) => {
                 settings.metrics.record_store_error(store);
                 tracing::debug!(%error, store, "rate-limit store failed");
+                if settings.on_error == OnError::Local {
+                    // Counted as what the local store decided; the failure itself is in
+                    // floodgate_store_errors_total.
+                    let decisions = settings.store.decide_locally(&checks);
+                    return Ok(self.verdict(settings, &applied, checks, &decisions));
+                }
                 for limit in &applied {
                     settings.metrics.record_decision(&limit.name, "store_error");
                 }
                 return Ok(match settings.on_error {
-                    OnError::Allow => pass("store_error", Vec::new()),
+                    OnError::Allow | OnError::Local => pass("store_error", Vec::new()),
                     OnError::Deny => Verdict {
                         action: Action::Reject {
                             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -168,8 +174,17 @@ impl RouteLimits {
                 enforced.push((limit, *decision));
             }
         }
+        // A limit the client is exempt from was skipped: the policy computed at load
+        // would still name it, so describe only the limits that were decided.
+        let partial;
+        let policy = if applied.len() == self.limits.len() {
+            self.policy.as_ref()
+        } else {
+            partial = policy_value(enforced.iter().map(|(limit, _)| *limit));
+            partial.as_ref()
+        };
         let mut headers = Vec::new();
-        render(settings.headers, self.policy.as_ref(), &enforced, &mut headers);
+        render(settings.headers, policy, &enforced, &mut headers);
         if let Some((limit, retry)) = refusal {
             let locked = enforced
                 .iter()

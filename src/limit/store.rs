@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use super::clock::MonotonicClock;
 use super::memory::MemoryStore;
-use super::redis::{RedisStore, StoreError};
+use super::redis::StoreError;
+use super::resilient::ResilientRedis;
 use super::{LimitCheck, LimitDecision};
 use crate::config::RedisConfig;
 
@@ -15,7 +16,7 @@ const MEMORY_STORE_MAX_KEYS: usize = 200_000;
 #[derive(Clone)]
 pub enum LimitStore {
     Memory(Arc<MemoryStore>),
-    Redis(RedisStore),
+    Redis(Arc<ResilientRedis>),
 }
 
 impl LimitStore {
@@ -26,7 +27,7 @@ impl LimitStore {
                 Arc::new(MonotonicClock::default()),
                 MEMORY_STORE_MAX_KEYS,
             ))),
-            Some(redis) => LimitStore::Redis(RedisStore::start(&redis.url, redis.timeout)?),
+            Some(redis) => LimitStore::Redis(ResilientRedis::start(redis)?),
         })
     }
 
@@ -42,6 +43,23 @@ impl LimitStore {
         match self {
             LimitStore::Memory(store) => Ok(store.decide(checks)),
             LimitStore::Redis(store) => store.decide(checks).await,
+        }
+    }
+
+    /// The `on_error = "local"` fallback: the in-process store with each limit divided by
+    /// the live instance count (the in-process store itself never fails).
+    pub fn decide_locally(&self, checks: &[LimitCheck]) -> Vec<LimitDecision> {
+        match self {
+            LimitStore::Memory(store) => store.decide(checks),
+            LimitStore::Redis(store) => store.decide_locally(checks),
+        }
+    }
+
+    /// Whether decisions can currently be made by this store (not failing over).
+    pub fn usable(&self) -> bool {
+        match self {
+            LimitStore::Memory(_) => true,
+            LimitStore::Redis(store) => store.usable(),
         }
     }
 

@@ -1,0 +1,234 @@
+//! Redis as the gateway uses it (SPEC §6): a circuit breaker so that an outage does not
+//! cost `redis.timeout` on every request, a background probe that closes it again as soon
+//! as Redis answers, a heartbeat that counts the live instances, and the in-process store
+//! that `on_error = "local"` falls back to with each limit divided by that count.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use super::algorithm::Algorithm;
+use super::clock::MonotonicClock;
+use super::memory::MemoryStore;
+use super::redis::{RedisStore, StoreError, redacted};
+use super::{LimitCheck, LimitDecision};
+use crate::config::RedisConfig;
+
+/// Consecutive failures that open the breaker.
+const FAILURES_TO_OPEN: u32 = 3;
+/// How often an open breaker probes Redis (recovery is seen within this).
+const PROBE_EVERY: Duration = Duration::from_millis(250);
+/// How often this instance announces itself, and how long an announcement lives.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+const HEARTBEAT_TTL: Duration = Duration::from_secs(5);
+/// Keys the local fallback store keeps at most.
+const LOCAL_MAX_KEYS: usize = 200_000;
+
+/// Counts consecutive failures; open means "do not ask Redis".
+#[derive(Debug, Default)]
+pub struct Breaker {
+    failures: AtomicU32,
+    open: AtomicBool,
+}
+
+impl Breaker {
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Records a failure; returns true when this failure opened the breaker.
+    pub fn failure(&self) -> bool {
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        failures >= FAILURES_TO_OPEN && !self.open.swap(true, Ordering::AcqRel)
+    }
+
+    pub fn success(&self) {
+        self.failures.store(0, Ordering::Release);
+    }
+
+    /// Closes the breaker; returns true when it was open.
+    pub fn close(&self) -> bool {
+        self.failures.store(0, Ordering::Release);
+        self.open.swap(false, Ordering::AcqRel)
+    }
+}
+
+/// The Redis store with its breaker, heartbeat and local fallback.
+pub struct ResilientRedis {
+    redis: RedisStore,
+    breaker: Breaker,
+    local: MemoryStore,
+    /// Live instances last seen in Redis (at least 1).
+    instances: AtomicU64,
+    address: String,
+}
+
+impl ResilientRedis {
+    /// Starts connecting, probing and heart-beating in the background.
+    pub fn start(config: &RedisConfig) -> Result<Arc<Self>, StoreError> {
+        let store = Arc::new(ResilientRedis {
+            redis: RedisStore::start(&config.url, config.timeout)?,
+            breaker: Breaker::default(),
+            local: MemoryStore::new(Arc::new(MonotonicClock::default()), LOCAL_MAX_KEYS),
+            instances: AtomicU64::new(1),
+            address: redacted(&config.url),
+        });
+        let instance_key = format!("{}:instances", config.prefix);
+        tokio::spawn(maintain(Arc::downgrade(&store), instance_key, instance_id()));
+        Ok(store)
+    }
+
+    /// Decides in Redis, unless the breaker is open.
+    pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Vec<LimitDecision>, StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::BreakerOpen);
+        }
+        match self.redis.decide(checks).await {
+            Ok(decisions) => {
+                self.breaker.success();
+                Ok(decisions)
+            }
+            Err(error) => {
+                if self.breaker.failure() {
+                    tracing::warn!(
+                        redis = %self.address, %error,
+                        "redis is failing; deciding by on_error until it answers again"
+                    );
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Decides in the in-process store, each limit divided by the live instance count.
+    pub fn decide_locally(&self, checks: &[LimitCheck]) -> Vec<LimitDecision> {
+        let instances = self.instances.load(Ordering::Relaxed).max(1);
+        let scaled: Vec<LimitCheck> = checks
+            .iter()
+            .map(|check| LimitCheck {
+                algorithm: divided(check.algorithm, instances),
+                ..check.clone()
+            })
+            .collect();
+        self.local.decide(&scaled)
+    }
+
+    pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::BreakerOpen);
+        }
+        self.redis.refund(check).await
+    }
+
+    /// Whether decisions can currently go to Redis.
+    pub fn usable(&self) -> bool {
+        self.redis.connected() && !self.breaker.is_open()
+    }
+
+    /// Live instances last seen (for tests and logs).
+    pub fn instances(&self) -> u64 {
+        self.instances.load(Ordering::Relaxed)
+    }
+}
+
+/// A limit's share for one of `instances` gateways (at least 1 request or token).
+fn divided(algorithm: Algorithm, instances: u64) -> Algorithm {
+    let share = |n: u64| (n / instances).max(1);
+    let n = instances as f64;
+    match algorithm {
+        Algorithm::FixedWindow { limit, window } => Algorithm::FixedWindow {
+            limit: share(limit),
+            window,
+        },
+        Algorithm::SlidingWindow { limit, window } => Algorithm::SlidingWindow {
+            limit: share(limit),
+            window,
+        },
+        Algorithm::TokenBucket { rate, per, burst } => Algorithm::TokenBucket {
+            rate: rate / n,
+            per,
+            burst: share(burst),
+        },
+        Algorithm::LeakyBucket { rate, per, burst } => Algorithm::LeakyBucket {
+            rate: rate / n,
+            per,
+            burst: share(burst),
+        },
+    }
+}
+
+/// A name for this instance in the heartbeat set: host, process and start time.
+fn instance_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    format!("{}:{}:{started}", host.trim(), std::process::id())
+}
+
+/// Probes while the breaker is open, and heart-beats, until the store is dropped.
+async fn maintain(store: Weak<ResilientRedis>, instance_key: String, id: String) {
+    let mut last_heartbeat: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(PROBE_EVERY).await;
+        let Some(store) = store.upgrade() else { return };
+        if store.breaker.is_open() && store.redis.ping().await.is_ok() && store.breaker.close() {
+            tracing::info!(redis = %store.address, "redis answers again; deciding in redis");
+        }
+        if last_heartbeat.is_none_or(|at| at.elapsed() >= HEARTBEAT_EVERY) {
+            last_heartbeat = Some(Instant::now());
+            if let Ok(count) = store.redis.heartbeat(&instance_key, &id, HEARTBEAT_TTL).await {
+                store.instances.store(count.max(1), Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn breaker_opens_after_consecutive_failures_only() {
+        let breaker = Breaker::default();
+        assert!(!breaker.failure());
+        breaker.success();
+        assert!(!breaker.failure());
+        assert!(!breaker.failure());
+        assert!(breaker.failure(), "the third consecutive failure opens it");
+        assert!(breaker.is_open());
+        assert!(!breaker.failure(), "it opens once");
+        assert!(breaker.close());
+        assert!(!breaker.is_open());
+    }
+
+    #[test]
+    fn limits_are_shared_out_between_instances() {
+        let fixed = Algorithm::FixedWindow {
+            limit: 600,
+            window: 1,
+        };
+        assert_eq!(
+            divided(fixed, 3),
+            Algorithm::FixedWindow {
+                limit: 200,
+                window: 1
+            }
+        );
+        let tiny = Algorithm::FixedWindow { limit: 2, window: 1 };
+        assert_eq!(divided(tiny, 5), Algorithm::FixedWindow { limit: 1, window: 1 });
+        let bucket = Algorithm::TokenBucket {
+            rate: 10.0,
+            per: 1,
+            burst: 20,
+        };
+        assert_eq!(
+            divided(bucket, 4),
+            Algorithm::TokenBucket {
+                rate: 2.5,
+                per: 1,
+                burst: 5
+            }
+        );
+    }
+}
