@@ -26,6 +26,9 @@ use crate::state::GatewayState;
 /// Largest request head (request line and headers) accepted; beyond it: 431.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
+/// How long a starting gateway waits for Redis before serving under `on_error`.
+const STORE_STARTUP_WAIT: Duration = Duration::from_secs(1);
+
 /// A bound, not yet serving, gateway instance.
 pub struct Gateway {
     shared: Arc<Shared>,
@@ -40,6 +43,7 @@ impl Gateway {
         let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;
         let state = GatewayState::new(config)
             .map_err(|e| io::Error::other(format!("cannot set up the rate-limit store: {e}")))?;
+        state.store.wait_ready(STORE_STARTUP_WAIT).await;
         Ok(Gateway {
             shared: Arc::new(Shared::new(state)),
             listener,

@@ -55,6 +55,16 @@ impl LimitStore {
         }
     }
 
+    /// Waits until the store can decide, at most `limit` (so that the first requests after
+    /// a start are decided by Redis when it is there; past `limit`, `on_error` applies
+    /// until it connects).
+    pub async fn wait_ready(&self, limit: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.usable() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
     /// Whether decisions can currently be made by this store (not failing over).
     pub fn usable(&self) -> bool {
         match self {

@@ -3,13 +3,14 @@
 //! Self-contained, so that benches can include it too.
 
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub struct RedisServer {
     pub port: u16,
     child: Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl RedisServer {
@@ -19,36 +20,8 @@ impl RedisServer {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (apt-get install redis-server)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not start on port {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        RedisServer {
-            port,
-            child,
-            _dir: dir,
-        }
+        let child = spawn(port, dir.path());
+        RedisServer { port, child, dir }
     }
 
     pub fn url(&self) -> String {
@@ -64,11 +37,73 @@ impl RedisServer {
             .expect("redis-cli");
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`RedisServer::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Kills the server (its data is gone).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts a fresh server on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = spawn(self.port, self.dir.path());
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+}
+
+fn spawn(port: u16, dir: &Path) -> Child {
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed (apt-get install redis-server)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "redis-server did not start on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // A paused server must be woken to die promptly.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
+        self.kill();
     }
 }

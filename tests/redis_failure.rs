@@ -1,0 +1,228 @@
+//! What clients see when Redis fails (SPEC §6): a hung or dead Redis costs at most
+//! `redis.timeout` per request until the breaker opens, then next to nothing; decisions
+//! return to Redis within 2 s of it answering again; `deny` answers 503 and turns /readyz
+//! 503; `local` shares each limit out between the live instances; `SCRIPT FLUSH` and a
+//! restart are survived. Every test runs its own redis-server.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis_server::RedisServer;
+use common::{TestGateway, Upstream, get};
+use http::StatusCode;
+
+async fn start_redis() -> RedisServer {
+    tokio::task::spawn_blocking(RedisServer::start).await.unwrap()
+}
+
+async fn gateway(redis_url: &str, upstream: &Upstream, on_error: &str, limit: u64) -> TestGateway {
+    let gateway = TestGateway::start(&format!(
+        r#"
+[redis]
+url = "{redis_url}"
+timeout = "100ms"
+on_error = "{on_error}"
+
+[upstreams.app]
+url = "{}"
+
+[limits.l]
+algorithm = "fixed_window"
+limit = {limit}
+window = "1m"
+
+[[routes]]
+name = "r"
+upstream = "app"
+limits = ["l"]
+"#,
+        upstream.url()
+    ))
+    .await;
+    assert_eq!(
+        status_of(&gateway).await,
+        StatusCode::OK,
+        "decided by redis from the start"
+    );
+    assert_eq!(
+        gateway
+            .metric(r#"floodgate_store_errors_total{store="redis"}"#)
+            .await,
+        0.0
+    );
+    gateway
+}
+
+async fn status_of(gateway: &TestGateway) -> StatusCode {
+    get(&gateway.url("/x")).await.0
+}
+
+/// Polls `condition` every 50 ms until it holds; panics after `limit`. Returns the time taken.
+async fn wait_until<F, Fut>(limit: Duration, mut condition: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if condition().await {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < limit, "condition not met within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn allowed(gateway: &TestGateway) -> f64 {
+    gateway
+        .metric(r#"floodgate_ratelimit_decisions_total{limit="l",outcome="allowed"}"#)
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_costs_the_timeout_until_the_breaker_opens_then_nothing() {
+    let redis = start_redis().await;
+    let upstream = Upstream::start().await;
+    let gw = gateway(&redis.url(), &upstream, "allow", 1_000_000).await;
+
+    redis.pause();
+    let mut latencies = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        assert_eq!(
+            status_of(&gw).await,
+            StatusCode::OK,
+            "allow forwards while redis hangs"
+        );
+        latencies.push(started.elapsed());
+    }
+    // Until the breaker opens (3 failures), a request waits at most the 100 ms deadline...
+    for latency in &latencies[..3] {
+        assert!(*latency < Duration::from_millis(250), "{latencies:?}");
+    }
+    // ...and after that Redis is not asked at all.
+    for latency in &latencies[3..] {
+        assert!(*latency < Duration::from_millis(30), "{latencies:?}");
+    }
+    assert_eq!(
+        gw.metric(r#"floodgate_store_errors_total{store="redis"}"#).await,
+        10.0
+    );
+    assert_eq!(
+        gw.metric(r#"floodgate_ratelimit_decisions_total{limit="l",outcome="store_error"}"#)
+            .await,
+        10.0
+    );
+
+    let before = allowed(&gw).await;
+    redis.resume();
+    let back_after = wait_until(Duration::from_secs(2), || async {
+        status_of(&gw).await;
+        allowed(&gw).await > before
+    })
+    .await;
+    assert!(
+        back_after < Duration::from_secs(2),
+        "back on redis after {back_after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_refuses_with_503_and_readyz_follows_redis() {
+    let mut redis = start_redis().await;
+    let upstream = Upstream::start().await;
+    let gw = gateway(&redis.url(), &upstream, "deny", 1_000_000).await;
+    assert_eq!(get(&gw.admin_url("/readyz")).await.0, StatusCode::OK);
+
+    tokio::task::block_in_place(|| redis.kill());
+    for _ in 0..4 {
+        let (status, headers, body) = get(&gw.url("/x")).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable\n")
+        );
+        assert_eq!(headers["retry-after"], "1");
+    }
+    assert_eq!(
+        upstream.requests(),
+        1,
+        "only the warm-up request reached the upstream"
+    );
+    let (status, _, body) = get(&gw.admin_url("/readyz")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, "redis unavailable\n")
+    );
+
+    tokio::task::block_in_place(|| redis.restart());
+    wait_until(Duration::from_secs(2), || async {
+        get(&gw.admin_url("/readyz")).await.0 == StatusCode::OK
+    })
+    .await;
+    assert_eq!(status_of(&gw).await, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_shares_each_limit_between_the_live_instances() {
+    let mut redis = start_redis().await;
+    let upstream = Upstream::start().await;
+    let a = gateway(&redis.url(), &upstream, "local", 4).await;
+    let b = gateway(&redis.url(), &upstream, "local", 4).await;
+    // Both instances announce themselves; then each needs one more heartbeat to see two.
+    wait_until(Duration::from_secs(3), || async {
+        redis.cli(&["zcard", "floodgate:instances"]).trim() == "2"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+
+    tokio::task::block_in_place(|| redis.kill());
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(status_of(&a).await);
+    }
+    // A limit of 4 shared by 2 instances: 2 each, decided locally (the warm-up request
+    // counted in Redis, which is gone).
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_and_restart_are_survived() {
+    let mut redis = start_redis().await;
+    let upstream = Upstream::start().await;
+    let gw = gateway(&redis.url(), &upstream, "deny", 30).await;
+    for _ in 0..9 {
+        assert_eq!(status_of(&gw).await, StatusCode::OK);
+    }
+    assert_eq!(redis.cli(&["script", "flush"]).trim(), "OK");
+    let mut statuses = Vec::new();
+    for _ in 0..30 {
+        statuses.push(status_of(&gw).await);
+    }
+    let admitted = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!(admitted, 20, "exact count across the flush: {statuses:?}");
+    assert_eq!(
+        gw.metric(r#"floodgate_store_errors_total{store="redis"}"#).await,
+        0.0
+    );
+
+    tokio::task::block_in_place(|| redis.restart());
+    let recovered = wait_until(Duration::from_secs(3), || async {
+        status_of(&gw).await == StatusCode::OK
+    })
+    .await;
+    let errors = gw.metric(r#"floodgate_store_errors_total{store="redis"}"#).await;
+    assert!(
+        errors <= 5.0,
+        "{errors} store errors around a restart (recovered in {recovered:?})"
+    );
+}
