@@ -31,6 +31,8 @@ use tokio::task::JoinHandle;
 pub struct TestGateway {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
+    /// The running gateway's state, for reloads.
+    pub shared: std::sync::Arc<floodgate::service::Shared>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -44,7 +46,13 @@ impl TestGateway {
         }
         text.push_str(toml);
         let config = Config::parse(Path::new("test.toml"), &text).unwrap_or_else(|e| panic!("{e}"));
+        TestGateway::start_config(config).await
+    }
+
+    /// Starts a gateway from an already loaded configuration.
+    pub async fn start_config(config: Config) -> TestGateway {
         let gateway = Gateway::bind(config).await.expect("bind");
+        let shared = gateway.shared().clone();
         let addr = gateway.local_addr();
         let admin = gateway.admin_addr();
         let (stop, stopped) = oneshot::channel();
@@ -54,6 +62,7 @@ impl TestGateway {
         TestGateway {
             addr,
             admin,
+            shared,
             stop: Some(stop),
             task: Some(task),
         }

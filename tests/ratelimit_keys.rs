@@ -1,0 +1,177 @@
+//! Limit keys through HTTP (SPEC §2 key parts): each distinct header, query parameter or
+//! cookie value has its own counter; an absent or empty one falls back to the client IP
+//! (and cannot pose as it); a key sent twice is a 400 that never reaches the upstream;
+//! query values count percent-decoded; underscore spellings of a key header are dropped.
+
+mod common;
+
+use bytes::Bytes;
+use common::{TestGateway, Upstream, get, raw_request, send};
+use http::{Request, StatusCode};
+use http_body_util::Full;
+
+/// A gateway with one route `/` limited by `limit` (2 per minute) keyed on `key`.
+async fn keyed_gateway(upstream: &Upstream, key: &str, limit: u64) -> TestGateway {
+    TestGateway::start(&format!(
+        r#"
+[upstreams.app]
+url = "{}"
+
+[limits.keyed]
+algorithm = "fixed_window"
+limit = {limit}
+window = "1m"
+key = [{key}]
+
+[[routes]]
+name = "api"
+upstream = "app"
+limits = ["keyed"]
+"#,
+        upstream.url()
+    ))
+    .await
+}
+
+/// `GET path` with `headers`; the status.
+async fn status_with(gw: &TestGateway, path: &str, headers: &[(&str, &str)]) -> u16 {
+    let mut request = Request::get(gw.url(path));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    send(request.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .0
+        .as_u16()
+}
+
+#[tokio::test]
+async fn each_header_value_has_its_own_counter_and_absence_falls_back_to_the_client_ip() {
+    let upstream = Upstream::start().await;
+    let gw = keyed_gateway(&upstream, "\"header:x-api-key\"", 2).await;
+    let key = |value: &'static str| [("x-api-key", value)];
+
+    assert_eq!(status_with(&gw, "/", &key("alice")).await, 200);
+    assert_eq!(status_with(&gw, "/", &key("alice")).await, 200);
+    assert_eq!(status_with(&gw, "/", &key("alice")).await, 429);
+    assert_eq!(status_with(&gw, "/", &key("bob")).await, 200);
+
+    // Without the header, the client IP is the key: a counter of its own...
+    assert_eq!(status_with(&gw, "/", &[]).await, 200);
+    assert_eq!(status_with(&gw, "/", &[]).await, 200);
+    assert_eq!(status_with(&gw, "/", &[]).await, 429);
+    // ...which an empty header falls back to as well...
+    assert_eq!(status_with(&gw, "/", &key("")).await, 429);
+    // ...and which a header spelling the address does not share.
+    assert_eq!(status_with(&gw, "/", &key("127.0.0.1")).await, 200);
+
+    assert_eq!(status_with(&gw, "/", &key("bob")).await, 200);
+    assert_eq!(status_with(&gw, "/", &key("bob")).await, 429);
+    assert_eq!(upstream.requests(), 7);
+}
+
+#[tokio::test]
+async fn a_key_header_sent_twice_is_a_400_that_never_reaches_the_upstream() {
+    let upstream = Upstream::start().await;
+    let gw = keyed_gateway(&upstream, "\"header:x-api-key\"", 2).await;
+
+    let request = Request::get(gw.url("/"))
+        .header("x-api-key", "alice")
+        .header("x-api-key", "bob")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, headers, body) = send(request).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::BAD_REQUEST, "Bad Request\n")
+    );
+    assert!(!headers.contains_key("ratelimit"), "{headers:?}");
+    assert_eq!(upstream.requests(), 0);
+    assert_eq!(
+        gw.metric("floodgate_store_duration_seconds_count{store=\"memory\"}")
+            .await,
+        0.0
+    );
+    assert_eq!(
+        gw.metric("floodgate_requests_total{route=\"api\",status=\"400\"}")
+            .await,
+        1.0
+    );
+
+    // Neither value was charged.
+    assert_eq!(status_with(&gw, "/", &[("x-api-key", "alice")]).await, 200);
+    assert_eq!(status_with(&gw, "/", &[("x-api-key", "alice")]).await, 200);
+    assert_eq!(status_with(&gw, "/", &[("x-api-key", "bob")]).await, 200);
+}
+
+#[tokio::test]
+async fn query_keys_count_decoded_values_and_refuse_repeats() {
+    let upstream = Upstream::start().await;
+    let gw = keyed_gateway(&upstream, "\"query:key\"", 1).await;
+
+    assert_eq!(status_with(&gw, "/q?key=%61", &[]).await, 200);
+    assert_eq!(status_with(&gw, "/q?key=a", &[]).await, 429);
+    assert_eq!(status_with(&gw, "/other?x=1&key=a", &[]).await, 429);
+    assert_eq!(status_with(&gw, "/q?key=b", &[]).await, 200);
+    assert_eq!(status_with(&gw, "/q?key=a+b", &[]).await, 200);
+    assert_eq!(status_with(&gw, "/q?key=a%20b", &[]).await, 429);
+
+    // Absent: the client IP's counter.
+    assert_eq!(status_with(&gw, "/q?other=1", &[]).await, 200);
+    assert_eq!(status_with(&gw, "/q", &[]).await, 429);
+
+    let (status, _, body) = get(&gw.url("/q?key=c&key=d")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::BAD_REQUEST, "Bad Request\n")
+    );
+    assert_eq!(upstream.requests(), 4);
+    // The query is forwarded as received.
+    let (_, _, body) = get(&gw.url("/q?key=%63")).await;
+    assert!(body.starts_with("GET /q?key=%63\n"), "{body}");
+}
+
+#[tokio::test]
+async fn cookie_keys_find_the_cookie_wherever_it_is_in_the_header() {
+    let upstream = Upstream::start().await;
+    let gw = keyed_gateway(&upstream, "\"cookie:session\"", 1).await;
+    let cookie = |value: &'static str| [("cookie", value)];
+
+    assert_eq!(
+        status_with(&gw, "/", &cookie("session=abc; theme=dark")).await,
+        200
+    );
+    assert_eq!(
+        status_with(&gw, "/", &cookie("theme=light; session=abc")).await,
+        429
+    );
+    assert_eq!(status_with(&gw, "/", &cookie("session=xyz")).await, 200);
+    // A cookie that only ends in the name is another cookie: the client IP decides.
+    assert_eq!(status_with(&gw, "/", &cookie("my_session=abc")).await, 200);
+    assert_eq!(status_with(&gw, "/", &[]).await, 429);
+
+    let twice = [("cookie", "session=one"), ("cookie", "session=two")];
+    assert_eq!(status_with(&gw, "/", &twice).await, 400);
+    assert_eq!(upstream.requests(), 3);
+}
+
+#[tokio::test]
+async fn underscore_spellings_of_a_key_header_never_reach_the_upstream() {
+    let upstream = Upstream::start().await;
+    let gw = keyed_gateway(&upstream, "\"header:x-api-key\"", 5).await;
+
+    let raw = raw_request(
+        gw.addr,
+        b"GET /u HTTP/1.1\r\nHost: h\r\nX_Api_Key: planted\r\nx-api_key: planted2\r\n\
+          X-Api-Key: real\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    let description = raw.split("\r\n\r\n").nth(1).unwrap_or_default();
+    assert_eq!(common::header_lines(description, "x-api-key"), ["real"], "{raw}");
+    assert!(!description.to_ascii_lowercase().contains("planted"), "{raw}");
+
+    // The gateway counted the real header: "real" now has 4 of 5 left.
+    assert!(raw.contains("\"keyed\";r=4;"), "{raw}");
+    assert_eq!(upstream.requests(), 1);
+}

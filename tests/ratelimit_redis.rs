@@ -1,0 +1,312 @@
+//! Rate limiting through HTTP with the Redis store (SPEC §2, §4–6, §9), each test with its
+//! own `redis-server`: exact counts and headers, a counter and a lock shared by two
+//! gateways, a TTL on every key, and a failing store (`on_error` allow and deny) that
+//! never holds a request up.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis_server::RedisServer;
+use common::{TestGateway, Upstream, closed_port, get};
+use http::{HeaderMap, StatusCode};
+
+/// A route `/warmup` answered by the gateway itself, limited generously: until its
+/// responses carry `RateLimit`, the gateway has not reached Redis yet.
+const WARMUP: &str = r#"
+[limits.warmup]
+algorithm = "fixed_window"
+limit = 1000000
+window = "1m"
+
+[[routes]]
+name = "warmup"
+path = "/warmup"
+respond = { status = 200, body = "ok\n" }
+limits = ["warmup"]
+"#;
+
+async fn redis_server() -> RedisServer {
+    tokio::task::spawn_blocking(RedisServer::start).await.unwrap()
+}
+
+/// A gateway on `redis_url` with `[redis]` extras, one upstream `app`, the warm-up
+/// route and `limits_and_routes`.
+async fn gateway(
+    redis_url: &str,
+    redis_extra: &str,
+    upstream: &Upstream,
+    limits_and_routes: &str,
+) -> TestGateway {
+    TestGateway::start(&format!(
+        r#"
+[redis]
+url = "{redis_url}"
+{redis_extra}
+
+[upstreams.app]
+url = "{}"
+{WARMUP}
+{limits_and_routes}"#,
+        upstream.url()
+    ))
+    .await
+}
+
+/// Waits until `gw` decides with Redis (it connects in the background).
+async fn until_connected(gw: &TestGateway) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, headers, _) = get(&gw.url("/warmup")).await;
+        assert_eq!(status, StatusCode::OK);
+        if headers.contains_key("ratelimit") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the gateway never reached redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn one<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
+    let values: Vec<_> = headers.get_all(name).iter().collect();
+    assert_eq!(values.len(), 1, "{name}: {values:?} in {headers:?}");
+    values[0].to_str().unwrap()
+}
+
+fn limited(name: &str, limit: u64, extra: &str) -> String {
+    format!(
+        r#"
+[limits.{name}]
+algorithm = "fixed_window"
+limit = {limit}
+window = "1m"
+{extra}
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstream = "app"
+limits = ["{name}"]
+"#
+    )
+}
+
+#[tokio::test]
+async fn redis_admits_exactly_the_limit_and_rejects_before_the_upstream() {
+    let redis = redis_server().await;
+    let upstream = Upstream::start().await;
+    let gw = gateway(&redis.url(), "", &upstream, &limited("per_ip", 3, "")).await;
+    until_connected(&gw).await;
+
+    for remaining in [2, 1, 0] {
+        let (status, headers, body) = get(&gw.url("/x")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.starts_with("GET /x\n"), "{body}");
+        assert_eq!(one(&headers, "ratelimit-policy"), "\"per_ip\";q=3;w=60");
+        let value = one(&headers, "ratelimit");
+        assert!(
+            [60, 59]
+                .map(|t| format!("\"per_ip\";r={remaining};t={t}"))
+                .contains(&value.to_owned()),
+            "{value}"
+        );
+    }
+    assert_eq!(upstream.requests(), 3);
+
+    let (status, headers, body) = get(&gw.url("/x")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, "Too Many Requests\n")
+    );
+    let retry: u64 = one(&headers, "retry-after").parse().unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    assert!(one(&headers, "ratelimit").starts_with("\"per_ip\";r=0;t="));
+    assert_eq!(upstream.requests(), 3);
+
+    let decisions = |outcome: &str| {
+        format!("floodgate_ratelimit_decisions_total{{limit=\"per_ip\",outcome=\"{outcome}\"}}")
+    };
+    assert_eq!(gw.metric(&decisions("allowed")).await, 3.0);
+    assert_eq!(gw.metric(&decisions("rejected")).await, 1.0);
+    assert_eq!(gw.metric(&decisions("store_error")).await, 0.0);
+
+    // Every key floodgate wrote expires.
+    let keys = redis.cli(&["--scan", "--pattern", "floodgate:*"]);
+    let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+    assert!(keys.iter().any(|k| k.ends_with(":per_ip:fw")), "{keys:?}");
+    for key in keys {
+        let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().unwrap();
+        assert!(ttl > 0 && ttl <= 60_000, "{key}: PTTL {ttl}");
+    }
+}
+
+#[tokio::test]
+async fn two_gateways_on_one_redis_share_the_counter() {
+    let redis = redis_server().await;
+    let upstream = Upstream::start().await;
+    let routes = limited("shared", 4, "");
+    let a = gateway(&redis.url(), "", &upstream, &routes).await;
+    let b = gateway(&redis.url(), "", &upstream, &routes).await;
+    until_connected(&a).await;
+    until_connected(&b).await;
+
+    assert_eq!(get(&a.url("/")).await.0, StatusCode::OK);
+    assert_eq!(get(&a.url("/")).await.0, StatusCode::OK);
+    assert_eq!(get(&b.url("/")).await.0, StatusCode::OK);
+    let (status, headers, _) = get(&b.url("/")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(one(&headers, "ratelimit").starts_with("\"shared\";r=0;t="));
+
+    assert_eq!(get(&a.url("/")).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(get(&b.url("/")).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(upstream.requests(), 4);
+}
+
+#[tokio::test]
+async fn a_lock_out_in_redis_binds_every_gateway() {
+    let redis = redis_server().await;
+    let upstream = Upstream::start().await;
+    let routes = r#"
+[limits.login]
+algorithm = "fixed_window"
+limit = 1
+window = "300ms"
+lockout = "2s"
+
+[[routes]]
+name = "api"
+upstream = "app"
+limits = ["login"]
+"#;
+    let a = gateway(&redis.url(), "", &upstream, routes).await;
+    let b = gateway(&redis.url(), "", &upstream, routes).await;
+    until_connected(&a).await;
+    until_connected(&b).await;
+
+    assert_eq!(get(&a.url("/")).await.0, StatusCode::OK);
+    let (status, headers, _) = get(&a.url("/")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(one(&headers, "retry-after"), "2");
+
+    // The window is over, but the lock set through gateway A holds on B.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (status, headers, _) = get(&b.url("/")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(one(&headers, "retry-after"), "2");
+    assert_eq!(
+        b.metric("floodgate_ratelimit_decisions_total{limit=\"login\",outcome=\"locked\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(upstream.requests(), 1);
+}
+
+/// `GET path` that must finish quickly although the store fails.
+async fn timed_get(gw: &TestGateway, path: &str) -> (StatusCode, HeaderMap, String) {
+    let started = Instant::now();
+    let response = get(&gw.url(path)).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(400), "{path} took {took:?}");
+    response
+}
+
+#[tokio::test]
+async fn unreachable_redis_with_on_error_allow_forwards_and_counts_store_errors() {
+    let upstream = Upstream::start().await;
+    let url = format!("redis://127.0.0.1:{}/0", closed_port());
+    let redis_extra = "timeout = \"50ms\"\non_error = \"allow\"";
+    let gw = gateway(&url, redis_extra, &upstream, &limited("per_ip", 1, "")).await;
+
+    for i in 0..3 {
+        let (status, headers, body) = timed_get(&gw, "/x").await;
+        assert_eq!(status, StatusCode::OK, "request {i}");
+        assert!(body.starts_with("GET /x\n"), "{body}");
+        assert!(!headers.contains_key("ratelimit"), "{headers:?}");
+        assert!(!headers.contains_key("ratelimit-policy"), "{headers:?}");
+    }
+    assert_eq!(upstream.requests(), 3);
+    assert_eq!(
+        gw.metric("floodgate_ratelimit_decisions_total{limit=\"per_ip\",outcome=\"store_error\"}")
+            .await,
+        3.0
+    );
+    assert_eq!(
+        gw.metric("floodgate_ratelimit_decisions_total{limit=\"per_ip\",outcome=\"allowed\"}")
+            .await,
+        0.0
+    );
+    assert_eq!(
+        gw.metric("floodgate_store_errors_total{store=\"redis\"}").await,
+        3.0
+    );
+}
+
+#[tokio::test]
+async fn unreachable_redis_with_on_error_deny_answers_503_with_retry_after_1() {
+    let upstream = Upstream::start().await;
+    let url = format!("redis://127.0.0.1:{}/0", closed_port());
+    let redis_extra = "timeout = \"50ms\"\non_error = \"deny\"";
+    let gw = gateway(&url, redis_extra, &upstream, &limited("per_ip", 100, "")).await;
+
+    for i in 0..3 {
+        let (status, headers, body) = timed_get(&gw, "/x").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable\n"),
+            "request {i}"
+        );
+        assert_eq!(one(&headers, "retry-after"), "1");
+        assert_eq!(one(&headers, "content-type"), "text/plain; charset=utf-8");
+    }
+    assert_eq!(upstream.requests(), 0);
+    assert_eq!(
+        gw.metric("floodgate_ratelimit_decisions_total{limit=\"per_ip\",outcome=\"store_error\"}")
+            .await,
+        3.0
+    );
+    assert_eq!(
+        gw.metric("floodgate_store_errors_total{store=\"redis\"}").await,
+        3.0
+    );
+    assert_eq!(
+        gw.metric("floodgate_requests_total{route=\"api\",status=\"503\"}")
+            .await,
+        3.0
+    );
+}
+
+#[tokio::test]
+async fn a_redis_that_misses_the_timeout_fails_the_decision_not_the_request() {
+    let redis = redis_server().await;
+    let upstream = Upstream::start().await;
+    let redis_extra = "timeout = \"50ms\"\non_error = \"allow\"";
+    let gw = gateway(&redis.url(), redis_extra, &upstream, &limited("per_ip", 100, "")).await;
+    until_connected(&gw).await;
+
+    // Redis accepts the commands but runs none of them for 1.5 s.
+    assert_eq!(redis.cli(&["CLIENT", "PAUSE", "1500", "ALL"]).trim(), "OK");
+    let paused = Instant::now();
+    for i in 0..3 {
+        let (status, headers, _) = timed_get(&gw, "/x").await;
+        assert_eq!(status, StatusCode::OK, "request {i}");
+        assert!(
+            !headers.contains_key("ratelimit"),
+            "decided during the pause: {headers:?}"
+        );
+    }
+    assert!(paused.elapsed() < Duration::from_millis(1500));
+    assert!(gw.metric("floodgate_store_errors_total{store=\"redis\"}").await >= 3.0);
+
+    // Redis answers again: decisions come from it within 2 s of the pause's end.
+    tokio::time::sleep_until((paused + Duration::from_millis(1500)).into()).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let (status, headers, _) = get(&gw.url("/x")).await;
+        assert_eq!(status, StatusCode::OK);
+        if headers.contains_key("ratelimit") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never returned to redis");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

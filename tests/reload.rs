@@ -1,0 +1,214 @@
+//! Hot reload (SPEC §7): a valid file is swapped in atomically, requests in flight finish
+//! under the configuration they started with, an invalid file changes nothing live and is
+//! counted, counters of unchanged limits survive, and the file is watched (including
+//! editors that write a new file and rename it over the old one).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{TestGateway, Upstream, get};
+use floodgate::Config;
+use floodgate::reload::{Reloader, watch_file};
+use http::StatusCode;
+
+fn config_text(upstream: &Upstream, greeting: &str, limit: u64) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[upstreams.app]
+url = "{}"
+
+[limits.quota]
+algorithm = "fixed_window"
+limit = {limit}
+window = "1m"
+
+[[routes]]
+name = "hello"
+path = "/hello"
+respond = {{ body = "{greeting}\n" }}
+
+[[routes]]
+name = "app"
+path_prefix = "/app/"
+upstream = "app"
+limits = ["quota"]
+"#,
+        upstream.url()
+    )
+}
+
+/// Writes `text` to `path` the way many editors do: a new file renamed over the old one.
+fn replace_file(path: &Path, text: &str) {
+    let temporary = path.with_extension("swp");
+    std::fs::write(&temporary, text).unwrap();
+    std::fs::rename(&temporary, path).unwrap();
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    upstream: Upstream,
+    gateway: TestGateway,
+    reloader: Arc<Reloader>,
+}
+
+async fn setup(limit: u64) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    let upstream = Upstream::start().await;
+    std::fs::write(&path, config_text(&upstream, "hello", limit)).unwrap();
+    let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    let load_path = path.clone();
+    let reloader = Arc::new(Reloader::new(
+        gateway.shared.clone(),
+        Box::new(move || Config::load(&load_path)),
+    ));
+    Setup {
+        _dir: dir,
+        path,
+        upstream,
+        gateway,
+        reloader,
+    }
+}
+
+async fn body(gateway: &TestGateway, path: &str) -> String {
+    get(&gateway.url(path)).await.2
+}
+
+async fn reload(reloader: &Arc<Reloader>) -> bool {
+    let reloader = reloader.clone();
+    tokio::task::spawn_blocking(move || reloader.reload("test"))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_file_is_swapped_in_and_an_invalid_one_changes_nothing() {
+    let s = setup(100).await;
+    assert_eq!(body(&s.gateway, "/hello").await, "hello\n");
+
+    std::fs::write(&s.path, config_text(&s.upstream, "bonjour", 100)).unwrap();
+    assert!(reload(&s.reloader).await);
+    assert_eq!(body(&s.gateway, "/hello").await, "bonjour\n");
+
+    std::fs::write(
+        &s.path,
+        config_text(&s.upstream, "hola", 100).replace("[[routes]]", "[[route]]"),
+    )
+    .unwrap();
+    assert!(!reload(&s.reloader).await);
+    assert_eq!(
+        body(&s.gateway, "/hello").await,
+        "bonjour\n",
+        "the old configuration still serves"
+    );
+    assert_eq!(
+        s.gateway
+            .metric(r#"floodgate_config_reloads_total{result="ok"}"#)
+            .await,
+        1.0
+    );
+    assert_eq!(
+        s.gateway
+            .metric(r#"floodgate_config_reloads_total{result="error"}"#)
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_of_limits_survive_a_reload() {
+    let s = setup(3).await;
+    assert_eq!(get(&s.gateway.url("/app/1")).await.0, StatusCode::OK);
+    assert_eq!(get(&s.gateway.url("/app/2")).await.0, StatusCode::OK);
+    std::fs::write(&s.path, config_text(&s.upstream, "changed", 3)).unwrap();
+    assert!(reload(&s.reloader).await);
+    assert_eq!(get(&s.gateway.url("/app/3")).await.0, StatusCode::OK);
+    assert_eq!(
+        get(&s.gateway.url("/app/4")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // An edited limit applies at once, on the same counter.
+    std::fs::write(&s.path, config_text(&s.upstream, "changed", 5)).unwrap();
+    assert!(reload(&s.reloader).await);
+    assert_eq!(get(&s.gateway.url("/app/5")).await.0, StatusCode::OK);
+    assert_eq!(get(&s.gateway.url("/app/6")).await.0, StatusCode::OK);
+    assert_eq!(
+        get(&s.gateway.url("/app/7")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_finish_under_the_configuration_they_started_with() {
+    let s = setup(100).await;
+    let slow = tokio::spawn({
+        let url = s.gateway.url("/app/slow?ms=600");
+        async move { get(&url).await }
+    });
+    let started = Instant::now();
+    while s.upstream.requests() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the slow request never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The new configuration has no /app/ route at all.
+    let without_app =
+        config_text(&s.upstream, "hello", 100).replace("path_prefix = \"/app/\"", "path = \"/gone\"");
+    std::fs::write(&s.path, without_app).unwrap();
+    assert!(reload(&s.reloader).await);
+    assert_eq!(get(&s.gateway.url("/app/new")).await.0, StatusCode::NOT_FOUND);
+    let (status, _, body) = slow.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.starts_with("GET /app/slow?ms=600"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_is_watched_through_rename_over_edits() {
+    let s = setup(100).await;
+    let _watcher = watch_file(s.reloader.clone(), &s.path).unwrap();
+    replace_file(&s.path, &config_text(&s.upstream, "renamed", 100));
+    let started = Instant::now();
+    while body(&s.gateway, "/hello").await != "renamed\n" {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the change was not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A second edit of the same kind is seen too (the watch survives the rename).
+    replace_file(&s.path, &config_text(&s.upstream, "again", 100));
+    let started = Instant::now();
+    while body(&s.gateway, "/hello").await != "again\n" {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the second change was not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Several writes in a burst make one reload.
+    let before = s
+        .gateway
+        .metric(r#"floodgate_config_reloads_total{result="ok"}"#)
+        .await;
+    for greeting in ["a", "b", "c"] {
+        std::fs::write(&s.path, config_text(&s.upstream, greeting, 100)).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(body(&s.gateway, "/hello").await, "c\n");
+    let after = s
+        .gateway
+        .metric(r#"floodgate_config_reloads_total{result="ok"}"#)
+        .await;
+    assert_eq!(after - before, 1.0);
+}
