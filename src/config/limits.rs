@@ -174,11 +174,8 @@ pub(super) fn validate_redis(raw: Option<Spanned<RedisFile>>, sink: &mut ErrorSi
 /// A Redis URL, checked without ever echoing its password.
 pub(super) fn redis_url(text: &str) -> Result<String, String> {
     let text = text.trim();
-    if text.starts_with("rediss://") {
-        return Err("rediss:// (TLS) is not supported yet; expected a redis:// URL".to_owned());
-    }
-    if !text.starts_with("redis://") {
-        return Err("expected a URL such as \"redis://127.0.0.1:6379/0\"".to_owned());
+    if !text.starts_with("redis://") && !text.starts_with("rediss://") {
+        return Err("expected a URL such as \"redis://127.0.0.1:6379/0\" or \"rediss://...\" (TLS)".to_owned());
     }
     redis::IntoConnectionInfo::into_connection_info(text)
         .map(|_| text.to_owned())

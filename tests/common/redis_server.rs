@@ -11,17 +11,39 @@ pub struct RedisServer {
     pub port: u16,
     child: Child,
     dir: tempfile::TempDir,
+    /// Arguments beyond port, bind, persistence and directory.
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts with extra `redis-server` arguments (`--requirepass`, ...). With
+    /// `--tls-port`, pass `PORT` for the port: it becomes the TLS port and plain TCP is off.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let child = spawn(port, dir.path());
-        RedisServer { port, child, dir }
+        let extra: Vec<String> = extra
+            .iter()
+            .map(|a| a.replace("PORT", &port.to_string()))
+            .collect();
+        let child = spawn(port, dir.path(), &extra);
+        RedisServer {
+            port,
+            child,
+            dir,
+            extra,
+        }
+    }
+
+    /// The server's directory (for certificates and the like).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     pub fn url(&self) -> String {
@@ -57,7 +79,7 @@ impl RedisServer {
     /// Starts a fresh server on the same port.
     pub fn restart(&mut self) {
         self.kill();
-        self.child = spawn(self.port, self.dir.path());
+        self.child = spawn(self.port, self.dir.path(), &self.extra);
     }
 
     fn signal(&self, signal: &str) {
@@ -69,11 +91,13 @@ impl RedisServer {
     }
 }
 
-fn spawn(port: u16, dir: &Path) -> Child {
+fn spawn(port: u16, dir: &Path, extra: &[String]) -> Child {
+    let tls = extra.iter().any(|a| a == "--tls-port");
+    let plain_port = if tls { "0".to_owned() } else { port.to_string() };
     let child = Command::new("redis-server")
         .args([
             "--port",
-            &port.to_string(),
+            &plain_port,
             "--bind",
             "127.0.0.1",
             "--save",
@@ -83,6 +107,7 @@ fn spawn(port: u16, dir: &Path) -> Child {
         ])
         .arg("--dir")
         .arg(dir)
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
