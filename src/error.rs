@@ -8,6 +8,10 @@ use http::StatusCode;
 
 use crate::path::PathError;
 
+/// nginx's "client closed request": the status logged for a request whose client left
+/// before its response started. The client never sees it.
+pub const CLIENT_CLOSED_REQUEST: u16 = 499;
+
 /// How an upstream failed; also the `kind` label of `floodgate_upstream_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamFailure {
@@ -50,6 +54,8 @@ pub enum GatewayError {
         kind: UpstreamFailure,
         detail: String,
     },
+    #[error("the client closed the connection while its request was held")]
+    ClientClosed,
 }
 
 impl GatewayError {
@@ -66,6 +72,9 @@ impl GatewayError {
                 UpstreamFailure::Connect | UpstreamFailure::Reset => StatusCode::BAD_GATEWAY,
                 UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
             },
+            GatewayError::ClientClosed => {
+                StatusCode::from_u16(CLIENT_CLOSED_REQUEST).expect("499 is a status code")
+            }
         }
     }
 
@@ -113,6 +122,7 @@ mod tests {
             upstream(UpstreamFailure::Timeout).status(),
             StatusCode::GATEWAY_TIMEOUT
         );
+        assert_eq!(GatewayError::ClientClosed.status().as_u16(), 499);
     }
 
     #[test]

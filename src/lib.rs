@@ -17,6 +17,7 @@ pub mod admin;
 pub mod body;
 pub mod client_ip;
 pub mod config;
+pub mod disconnect;
 pub mod error;
 pub mod framing;
 pub mod limit;

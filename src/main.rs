@@ -54,7 +54,7 @@ fn check(path: &Path) -> ExitCode {
     match load(path) {
         Ok(config) => {
             let store = match &config.redis {
-                Some(redis) => format!("redis {}", floodgate::limit::redis::redacted(&redis.url)),
+                Some(redis) => format!("redis {}", redis.target.describe()),
                 None => "in-process store".to_owned(),
             };
             println!(

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin;
 use crate::config::Config;
+use crate::disconnect::Watched;
 use crate::framing::FramingGuard;
 use crate::service::{Shared, handle};
 use crate::state::GatewayState;
@@ -157,8 +158,9 @@ async fn serve_connection(
     header_timeout: Duration,
 ) {
     let _ = stream.set_nodelay(true);
+    let (stream, socket) = Watched::new(stream);
     let io = TokioIo::new(FramingGuard::new(stream, header_timeout));
-    let service = service_fn(move |request| handle(shared.clone(), peer, request));
+    let service = service_fn(move |request| handle(shared.clone(), peer, socket.clone(), request));
     let connection = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(connection);
     let result = tokio::select! {

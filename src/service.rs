@@ -27,7 +27,8 @@ use crate::access_log::AccessRecord;
 use crate::body::{Payload, RequestBody, ResponseBody, full};
 use crate::client_ip::client_ip;
 use crate::config::RespondConfig;
-use crate::error::GatewayError;
+use crate::disconnect::ClientSocket;
+use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
 use crate::limit::LimitCheck;
 use crate::limit::request_key::KeySource;
 use crate::limit::route::{Action, LimitSettings};
@@ -62,16 +63,17 @@ impl Shared {
     }
 }
 
-/// Answers one request from `peer`; never fails.
+/// Answers one request from `peer`, whose connection is `socket`; never fails.
 pub async fn handle(
     shared: Arc<Shared>,
     peer: SocketAddr,
+    socket: Arc<ClientSocket>,
     request: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
     let state = shared.state.load_full();
     let client_ip = client_ip(peer.ip(), request.headers(), &state.trusted_proxies);
-    let mut record = AccessRecord {
+    let mut record = Unanswered(Some(AccessRecord {
         metrics: shared.metrics.clone(),
         start,
         method: request.method().clone(),
@@ -80,18 +82,22 @@ pub async fn handle(
         status: 0,
         client_ip,
         limit_outcome: "none",
-    };
+    }));
     let mut limit_headers = Vec::new();
     let served = serve(
         &shared,
         &state,
-        peer.ip(),
-        client_ip,
+        Client {
+            peer: peer.ip(),
+            ip: client_ip,
+            socket: &socket,
+        },
         request,
-        &mut record,
+        record.0.as_mut().expect("answered only below"),
         &mut limit_headers,
     )
     .await;
+    let mut record = record.0.take().expect("answered once");
     let mut response = match served {
         Ok(response) => response,
         Err(error) => render_error(&shared.metrics, &record, error),
@@ -101,6 +107,29 @@ pub async fn handle(
     }
     record.status = response.status().as_u16();
     Ok(response.map(|body| ResponseBody::new(body, record)))
+}
+
+/// The access record of a request not answered yet. hyper drops the request's future when
+/// the client leaves before the response starts (a held request, a slow upstream); the
+/// request is then logged and counted with nginx's 499, "client closed request".
+struct Unanswered(Option<AccessRecord>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(mut record) = self.0.take() {
+            record.status = CLIENT_CLOSED_REQUEST;
+            record.finish(0);
+        }
+    }
+}
+
+/// Where a request comes from.
+struct Client<'a> {
+    /// The TCP peer.
+    peer: IpAddr,
+    /// The client's address (section 2, `client_ip`).
+    ip: IpAddr,
+    socket: &'a ClientSocket,
 }
 
 /// Turns a [`GatewayError`] into the client's response, counting and logging it once.
@@ -128,8 +157,7 @@ fn render_error(metrics: &Metrics, record: &AccessRecord, error: GatewayError) -
 async fn serve(
     shared: &Shared,
     state: &GatewayState,
-    peer: IpAddr,
-    client_ip: IpAddr,
+    client: Client<'_>,
     request: Request<Incoming>,
     record: &mut AccessRecord,
     limit_headers: &mut Vec<(HeaderName, HeaderValue)>,
@@ -151,9 +179,9 @@ async fn serve(
     record.route = state.router.routes()[index].name.clone();
     let route = &state.routes[index];
     if !route.limits.is_empty() {
-        let client = client_ip.to_string();
+        let client_ip = client.ip.to_string();
         let source = KeySource {
-            client_ip: &client,
+            client_ip: &client_ip,
             headers: request.headers(),
             query: request.uri().query(),
             method: request.method(),
@@ -168,7 +196,7 @@ async fn serve(
             headers: state.config.server.ratelimit_headers,
             metrics: &shared.metrics,
         };
-        let verdict = route.limits.decide(&settings, client_ip, &source).await?;
+        let verdict = route.limits.decide(&settings, client.ip, &source).await?;
         record.limit_outcome = verdict.outcome;
         *limit_headers = verdict.headers;
         match verdict.action {
@@ -177,7 +205,9 @@ async fn serve(
                 message,
                 retry_after,
             } => return Ok(rejection(status, message, retry_after)),
-            Action::Pass { delay, held } if !delay.is_zero() => hold(&state.store, delay, held).await,
+            Action::Pass { delay, held } if !delay.is_zero() => {
+                hold(&state.store, delay, held, client.socket).await?;
+            }
             Action::Pass { .. } => {}
         }
     }
@@ -186,9 +216,9 @@ async fn serve(
         Target::Upstream(upstream) => {
             let host = host.map(str::to_owned);
             let context = ForwardingContext {
-                peer,
-                client_ip,
-                peer_trusted: state.trusted_proxies.contains(peer),
+                peer: client.peer,
+                client_ip: client.ip,
+                peer_trusted: state.trusted_proxies.contains(client.peer),
                 host: host.as_deref(),
                 version: request.version(),
                 key_headers: &state.key_headers,
@@ -212,8 +242,15 @@ fn rejection(status: StatusCode, message: Bytes, retry_after: u64) -> Response<P
 }
 
 /// Holds a leaky-bucket request until its turn, without a thread. If the client leaves
-/// first, this future is dropped and the slots it held are given back.
-async fn hold(store: &LimitStore, delay: Duration, held: Vec<LimitCheck>) {
+/// first, the slots it held are given back: when hyper sees it leave, by dropping this
+/// future; when hyper does not (an unread request body, see [`crate::disconnect`]), by
+/// answering [`GatewayError::ClientClosed`] instead of forwarding.
+async fn hold(
+    store: &LimitStore,
+    delay: Duration,
+    held: Vec<LimitCheck>,
+    client: &ClientSocket,
+) -> Result<(), GatewayError> {
     struct Slots {
         store: LimitStore,
         checks: Vec<LimitCheck>,
@@ -238,8 +275,13 @@ async fn hold(store: &LimitStore, delay: Duration, held: Vec<LimitCheck>) {
         store: store.clone(),
         checks: held,
     };
-    tokio::time::sleep(delay).await;
-    slots.checks.clear();
+    tokio::select! {
+        () = tokio::time::sleep(delay) => {
+            slots.checks.clear();
+            Ok(())
+        }
+        () = client.closed() => Err(GatewayError::ClientClosed),
+    }
 }
 
 /// The host the client asked for: the URI's authority (HTTP/2, absolute-form) or `Host`.

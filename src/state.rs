@@ -46,7 +46,7 @@ impl GatewayState {
 fn same_store(old: &Option<RedisConfig>, new: &Option<RedisConfig>) -> bool {
     match (old, new) {
         (None, None) => true,
-        (Some(old), Some(new)) => old.url == new.url && old.timeout == new.timeout,
+        (Some(old), Some(new)) => old.target == new.target && old.timeout == new.timeout,
         _ => false,
     }
 }

@@ -25,8 +25,7 @@ const DEFAULT_MESSAGE: &str = "Too Many Requests\n";
 /// `[redis]`: present means the shared Redis store decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
-    /// `redis://[user:password@]host:port[/db]`.
-    pub url: String,
+    pub target: RedisTarget,
     /// Every key floodgate writes starts with this.
     pub prefix: String,
     /// Deadline for one decision.
@@ -34,11 +33,42 @@ pub struct RedisConfig {
     pub on_error: OnError,
 }
 
+/// Which Redis to use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// `redis://[user:password@]host:port[/db]` or `rediss://...` (TLS).
+    Url(String),
+    /// The master that these sentinels monitor under `master_name`, followed on failover.
+    Sentinel {
+        sentinels: Vec<String>,
+        master_name: String,
+    },
+}
+
+impl RedisTarget {
+    /// A description for logs, without passwords.
+    pub fn describe(&self) -> String {
+        match self {
+            RedisTarget::Url(url) => crate::limit::redis::redacted(url),
+            RedisTarget::Sentinel {
+                sentinels,
+                master_name,
+            } => {
+                let nodes: Vec<String> = sentinels
+                    .iter()
+                    .map(|s| crate::limit::redis::redacted(s))
+                    .collect();
+                format!("master {master_name:?} via sentinels {}", nodes.join(", "))
+            }
+        }
+    }
+}
+
 impl RedisConfig {
     /// Defaults for everything but the URL (for `FLOODGATE_REDIS_URL` without `[redis]`).
     pub fn with_url(url: String) -> Self {
         RedisConfig {
-            url,
+            target: RedisTarget::Url(url),
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_REDIS_TIMEOUT,
             on_error: OnError::Allow,
@@ -110,28 +140,83 @@ pub(super) fn validate_redis(raw: Option<Spanned<RedisFile>>, sink: &mut ErrorSi
     let raw = raw?;
     let span = raw.span();
     let raw = raw.into_inner();
-    let unsupported = |sink: &mut ErrorSink, span, key: &str| {
+    let cluster = raw.cluster.as_ref().is_some_and(|c| *c.get_ref());
+    if let Some(flag) = raw.cluster.as_ref().filter(|_| cluster) {
         sink.push(
-            Some(span),
-            format!("redis.{key}"),
-            "is not supported yet (Redis Cluster and Sentinel are coming); expected a single Redis `url`",
-        )
-    };
-    if let Some(cluster) = &raw.cluster
-        && *cluster.get_ref()
-    {
-        unsupported(sink, cluster.span(), "cluster");
+            Some(flag.span()),
+            "redis.cluster",
+            "is not supported yet; expected a single Redis `url` or `sentinels`",
+        );
     }
-    if let Some(sentinels) = &raw.sentinels {
-        unsupported(sink, sentinels.span(), "sentinels");
-    }
-    if let Some(master) = &raw.master_name {
-        unsupported(sink, master.span(), "master_name");
-    }
-    let url = match &raw.url {
-        Some(url) => parse_spanned(url, "redis.url", sink, redis_url),
-        None => {
-            sink.push(Some(span), "redis", "expected `url = \"redis://host:port\"`");
+    let url = raw
+        .url
+        .as_ref()
+        .and_then(|url| parse_spanned(url, "redis.url", sink, redis_url));
+    let target = match (&raw.url, &raw.sentinels, &raw.master_name) {
+        (Some(_), None, None) => url.map(RedisTarget::Url),
+        (None, Some(sentinels), Some(master)) => {
+            let nodes: Option<Vec<String>> = sentinels
+                .get_ref()
+                .iter()
+                .map(|node| match redis_url(node) {
+                    Ok(node) => Some(node),
+                    Err(message) => {
+                        sink.push(Some(sentinels.span()), "redis.sentinels", message);
+                        None
+                    }
+                })
+                .collect();
+            if sentinels.get_ref().is_empty() {
+                sink.push(
+                    Some(sentinels.span()),
+                    "redis.sentinels",
+                    "expected at least one sentinel URL",
+                );
+            }
+            if master.get_ref().trim().is_empty() {
+                sink.push(
+                    Some(master.span()),
+                    "redis.master_name",
+                    "expected the monitored master's name",
+                );
+            }
+            nodes
+                .filter(|n| !n.is_empty())
+                .map(|sentinels| RedisTarget::Sentinel {
+                    sentinels,
+                    master_name: master.get_ref().trim().to_owned(),
+                })
+        }
+        (Some(url), Some(_), _) => {
+            sink.push(
+                Some(url.span()),
+                "redis.url",
+                "expected either `url` or `sentinels`, not both",
+            );
+            None
+        }
+        (None, Some(sentinels), None) => {
+            sink.push(
+                Some(sentinels.span()),
+                "redis.master_name",
+                "is required with `sentinels`",
+            );
+            None
+        }
+        (_, None, Some(master)) => {
+            sink.push(
+                Some(master.span()),
+                "redis.sentinels",
+                "is required with `master_name`",
+            );
+            None
+        }
+        (None, None, None) => {
+            sink.push(
+                Some(span),
+                "redis",
+                "expected `url = \"redis://host:port\"`, or `sentinels` and `master_name`",
+            );
             None
         }
     };
@@ -164,7 +249,7 @@ pub(super) fn validate_redis(raw: Option<Spanned<RedisFile>>, sink: &mut ErrorSi
         },
     );
     Some(RedisConfig {
-        url: url?,
+        target: target?,
         prefix,
         timeout,
         on_error,
@@ -175,7 +260,9 @@ pub(super) fn validate_redis(raw: Option<Spanned<RedisFile>>, sink: &mut ErrorSi
 pub(super) fn redis_url(text: &str) -> Result<String, String> {
     let text = text.trim();
     if !text.starts_with("redis://") && !text.starts_with("rediss://") {
-        return Err("expected a URL such as \"redis://127.0.0.1:6379/0\" or \"rediss://...\" (TLS)".to_owned());
+        return Err(
+            "expected a URL such as \"redis://127.0.0.1:6379/0\" or \"rediss://...\" (TLS)".to_owned(),
+        );
     }
     redis::IntoConnectionInfo::into_connection_info(text)
         .map(|_| text.to_owned())

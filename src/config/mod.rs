@@ -24,7 +24,7 @@ use toml::Spanned;
 use error::ErrorSink;
 pub use error::{ConfigError, ConfigErrors};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile, UpstreamFile};
-pub use limits::{KeyPart, LimitConfig, Mode, OnError, RedisConfig};
+pub use limits::{KeyPart, LimitConfig, Mode, OnError, RedisConfig, RedisTarget};
 
 use crate::path::normalize_path;
 
@@ -167,7 +167,7 @@ impl Config {
         let url = limits::redis_url(url)
             .map_err(|message| ConfigErrors::single(&self.path, "FLOODGATE_REDIS_URL", message))?;
         match &mut self.redis {
-            Some(redis) => redis.url = url,
+            Some(redis) => redis.target = RedisTarget::Url(url),
             None => self.redis = Some(RedisConfig::with_url(url)),
         }
         Ok(self)

@@ -397,8 +397,30 @@ fn redis_url_from_the_environment() {
         .unwrap();
     let redis = config.redis.unwrap();
     assert_eq!(
-        (redis.url.as_str(), redis.prefix.as_str()),
-        ("redis://10.1.1.1:6380/2", "floodgate")
+        (&redis.target, redis.prefix.as_str()),
+        (&RedisTarget::Url("redis://10.1.1.1:6380/2".into()), "floodgate")
     );
     assert!(parse("").unwrap().with_redis_url("nope").is_err());
+}
+
+#[test]
+fn sentinels_name_a_master() {
+    let config = parse(
+        "[redis]\nsentinels = [\"redis://10.0.0.5:26379\", \"redis://10.0.0.6:26379\"]\nmaster_name = \"mymaster\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.redis.unwrap().target,
+        RedisTarget::Sentinel {
+            sentinels: vec!["redis://10.0.0.5:26379".into(), "redis://10.0.0.6:26379".into()],
+            master_name: "mymaster".into(),
+        }
+    );
+    let (_, _, key, _) = error("[redis]\nsentinels = [\"redis://10.0.0.5:26379\"]\n");
+    assert_eq!(key, "redis.master_name");
+    let (_, _, key, _) =
+        error("[redis]\nurl = \"redis://x\"\nsentinels = [\"redis://y\"]\nmaster_name = \"m\"\n");
+    assert_eq!(key, "redis.url");
+    let (_, _, key, _) = error("[redis]\nsentinels = [\"http://y\"]\nmaster_name = \"m\"\n");
+    assert_eq!(key, "redis.sentinels");
 }

@@ -12,9 +12,11 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Client, Script};
 
 use super::{Algorithm, LimitCheck, LimitDecision, Outcome};
+use crate::config::RedisTarget;
 
 const DECIDE_LUA: &str = include_str!("scripts/decide.lua");
 const REFUND_LUA: &str = include_str!("scripts/refund.lua");
@@ -41,8 +43,41 @@ pub enum StoreError {
     Malformed { got: usize, checks: usize },
 }
 
+/// Where connections come from: one address, or the master that sentinels point at.
+enum Source {
+    Direct(Client),
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+impl Source {
+    fn new(target: &RedisTarget) -> Result<Self, StoreError> {
+        Ok(match target {
+            RedisTarget::Url(url) => Source::Direct(Client::open(url.as_str())?),
+            RedisTarget::Sentinel {
+                sentinels,
+                master_name,
+            } => Source::Sentinel(tokio::sync::Mutex::new(SentinelClient::build(
+                sentinels.iter().map(String::as_str).collect(),
+                master_name.as_str(),
+                None,
+                SentinelServerType::Master,
+            )?)),
+        })
+    }
+
+    /// A client for the current master.
+    async fn client(&self) -> Result<Client, StoreError> {
+        match self {
+            Source::Direct(client) => Ok(client.clone()),
+            Source::Sentinel(sentinel) => Ok(sentinel.lock().await.async_get_client().await?),
+        }
+    }
+}
+
 struct Shared {
     connection: ArcSwapOption<ConnectionManager>,
+    source: Source,
+    manager_config: ConnectionManagerConfig,
     decide: Script,
     refund: Script,
     heartbeat: Script,
@@ -56,29 +91,28 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// Starts connecting to `url` (`redis://`) in the background; `timeout` bounds each
-    /// decision. Fails only for a URL that cannot be used at all.
-    pub fn start(url: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let client = Client::open(url)?;
+    /// Starts connecting to `target` in the background; `timeout` bounds each decision.
+    /// Fails only for a target that cannot be used at all.
+    pub fn start(target: &RedisTarget, timeout: Duration) -> Result<Self, StoreError> {
         let shared = Arc::new(Shared {
             connection: ArcSwapOption::empty(),
+            source: Source::new(target)?,
+            manager_config: ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(1),
             decide: Script::new(DECIDE_LUA),
             refund: Script::new(REFUND_LUA),
             heartbeat: Script::new(HEARTBEAT_LUA),
             timeout,
         });
-        tokio::spawn(connect_in_background(
-            client,
-            redacted(url),
-            timeout,
-            Arc::downgrade(&shared),
-        ));
+        tokio::spawn(connect_in_background(target.describe(), Arc::downgrade(&shared)));
         Ok(RedisStore { shared })
     }
 
-    /// Starts and waits until connected (or `wait` passes).
+    /// Starts with `url` and waits until connected (at least 2 s, or `timeout`).
     pub async fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let store = RedisStore::start(url, timeout)?;
+        let store = RedisStore::start(&RedisTarget::Url(url.to_owned()), timeout)?;
         let deadline = Instant::now() + timeout.max(Duration::from_secs(2));
         while store.shared.connection.load().is_none() {
             if Instant::now() > deadline {
@@ -163,6 +197,26 @@ impl RedisStore {
         self.shared.connection.load().is_some()
     }
 
+    /// After failures: checks that Redis answers again. Through sentinels, first asks
+    /// them for the current master and connects to it (following a failover).
+    pub async fn recover(&self) -> Result<(), StoreError> {
+        if let Source::Sentinel(_) = self.shared.source {
+            let timeout = self.shared.timeout.max(Duration::from_millis(500));
+            let connection = tokio::time::timeout(timeout, async {
+                let client = self.shared.source.client().await?;
+                let mut connection =
+                    ConnectionManager::new_with_config(client, self.shared.manager_config.clone()).await?;
+                redis::cmd("PING").query_async::<()>(&mut connection).await?;
+                Ok::<_, StoreError>(connection)
+            })
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))??;
+            self.shared.connection.store(Some(Arc::new(connection)));
+            return Ok(());
+        }
+        self.ping().await
+    }
+
     /// `PING`, within the decision deadline.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let mut connection = self.connection()?;
@@ -188,21 +242,20 @@ impl RedisStore {
 
 /// Connects, retrying with backoff, until the store is dropped or a connection is made;
 /// the connection manager reconnects by itself after that.
-async fn connect_in_background(client: Client, address: String, timeout: Duration, shared: Weak<Shared>) {
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
-        .set_response_timeout(Some(timeout))
-        .set_number_of_retries(1);
+async fn connect_in_background(address: String, shared: Weak<Shared>) {
     let mut backoff = Duration::from_millis(10);
     let mut last_log: Option<Instant> = None;
     loop {
-        if shared.strong_count() == 0 {
-            return;
-        }
-        match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
+        let Some(strong) = shared.upgrade() else { return };
+        let attempt = async {
+            let client = strong.source.client().await?;
+            Ok::<_, StoreError>(
+                ConnectionManager::new_with_config(client, strong.manager_config.clone()).await?,
+            )
+        };
+        match attempt.await {
             Ok(connection) => {
-                let Some(shared) = shared.upgrade() else { return };
-                shared.connection.store(Some(Arc::new(connection)));
+                strong.connection.store(Some(Arc::new(connection)));
                 tracing::info!(redis = %address, "connected to redis");
                 return;
             }
@@ -211,6 +264,7 @@ async fn connect_in_background(client: Client, address: String, timeout: Duratio
                     tracing::warn!(redis = %address, error = %e, "cannot connect to redis; retrying");
                     last_log = Some(Instant::now());
                 }
+                drop(strong);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
             }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::algorithm::Algorithm;
 use super::clock::MonotonicClock;
 use super::memory::MemoryStore;
-use super::redis::{RedisStore, StoreError, redacted};
+use super::redis::{RedisStore, StoreError};
 use super::{LimitCheck, LimitDecision};
 use crate::config::RedisConfig;
 
@@ -67,11 +67,11 @@ impl ResilientRedis {
     /// Starts connecting, probing and heart-beating in the background.
     pub fn start(config: &RedisConfig) -> Result<Arc<Self>, StoreError> {
         let store = Arc::new(ResilientRedis {
-            redis: RedisStore::start(&config.url, config.timeout)?,
+            redis: RedisStore::start(&config.target, config.timeout)?,
             breaker: Breaker::default(),
             local: MemoryStore::new(Arc::new(MonotonicClock::default()), LOCAL_MAX_KEYS),
             instances: AtomicU64::new(1),
-            address: redacted(&config.url),
+            address: config.target.describe(),
         });
         let instance_key = format!("{}:instances", config.prefix);
         tokio::spawn(maintain(Arc::downgrade(&store), instance_key, instance_id()));
@@ -172,7 +172,7 @@ async fn maintain(store: Weak<ResilientRedis>, instance_key: String, id: String)
     loop {
         tokio::time::sleep(PROBE_EVERY).await;
         let Some(store) = store.upgrade() else { return };
-        if store.breaker.is_open() && store.redis.ping().await.is_ok() && store.breaker.close() {
+        if store.breaker.is_open() && store.redis.recover().await.is_ok() && store.breaker.close() {
             tracing::info!(redis = %store.address, "redis answers again; deciding in redis");
         }
         if last_heartbeat.is_none_or(|at| at.elapsed() >= HEARTBEAT_EVERY) {

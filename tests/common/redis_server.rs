@@ -128,6 +128,7 @@ impl Drop for RedisServer {
         // A paused server must be woken to die promptly.
         let _ = Command::new("kill")
             .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
             .status();
         self.kill();
     }
