@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use floodgate::config::RedisTarget;
 use floodgate::limit::clock::MonotonicClock;
 use floodgate::limit::key::{encode_tuple, store_key};
 use floodgate::limit::memory::MemoryStore;
@@ -71,7 +72,10 @@ fn redis(c: &mut Criterion) {
     let server = RedisServer::start();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let store = runtime
-        .block_on(RedisStore::connect(&server.url(), Duration::from_secs(1)))
+        .block_on(RedisStore::connect(
+            &RedisTarget::Url(server.url()),
+            Duration::from_secs(1),
+        ))
         .unwrap();
     let checks: Arc<Vec<LimitCheck>> = Arc::new((0..1024).map(check).collect());
     let mut group = c.benchmark_group("redis_store");

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
+use floodgate::config::RedisTarget;
 use floodgate::limit::clock::MonotonicClock;
 use floodgate::limit::key::{MAX_KEY_LEN, encode_tuple, lock_key, store_key};
 use floodgate::limit::memory::MemoryStore;
@@ -50,7 +51,7 @@ async fn memory() -> Store {
 
 async fn redis() -> Store {
     let server = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
-    let store = RedisStore::connect(&server.url(), Duration::from_secs(2))
+    let store = RedisStore::connect(&RedisTarget::Url(server.url()), Duration::from_secs(2))
         .await
         .expect("connect");
     Store::Redis(store, server)

@@ -43,6 +43,8 @@ pub enum RedisTarget {
         sentinels: Vec<String>,
         master_name: String,
     },
+    /// A Redis Cluster, discovered from this seed node.
+    Cluster(String),
 }
 
 impl RedisTarget {
@@ -50,6 +52,7 @@ impl RedisTarget {
     pub fn describe(&self) -> String {
         match self {
             RedisTarget::Url(url) => crate::limit::redis::redacted(url),
+            RedisTarget::Cluster(seed) => format!("cluster via {}", crate::limit::redis::redacted(seed)),
             RedisTarget::Sentinel {
                 sentinels,
                 master_name,
@@ -141,19 +144,21 @@ pub(super) fn validate_redis(raw: Option<Spanned<RedisFile>>, sink: &mut ErrorSi
     let span = raw.span();
     let raw = raw.into_inner();
     let cluster = raw.cluster.as_ref().is_some_and(|c| *c.get_ref());
-    if let Some(flag) = raw.cluster.as_ref().filter(|_| cluster) {
-        sink.push(
-            Some(flag.span()),
-            "redis.cluster",
-            "is not supported yet; expected a single Redis `url` or `sentinels`",
-        );
-    }
     let url = raw
         .url
         .as_ref()
         .and_then(|url| parse_spanned(url, "redis.url", sink, redis_url));
     let target = match (&raw.url, &raw.sentinels, &raw.master_name) {
+        (Some(_), None, None) if cluster => url.map(RedisTarget::Cluster),
         (Some(_), None, None) => url.map(RedisTarget::Url),
+        (None, Some(sentinels), Some(_)) if cluster => {
+            sink.push(
+                Some(sentinels.span()),
+                "redis.sentinels",
+                "expected either `cluster = true` with a seed `url`, or `sentinels`",
+            );
+            None
+        }
         (None, Some(sentinels), Some(master)) => {
             let nodes: Option<Vec<String>> = sentinels
                 .get_ref()

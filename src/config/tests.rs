@@ -379,8 +379,13 @@ fn redis_settings() {
     assert_eq!(key, "redis.url");
     let (_, _, key, _) = error("[redis]\nurl = \"redis://x\"\nprefix = \"a{b}\"\n");
     assert_eq!(key, "redis.prefix");
-    let (_, _, key, _) = error("[redis]\nurl = \"redis://x\"\ncluster = true\n");
-    assert_eq!(key, "redis.cluster");
+    let cluster = parse("[redis]\nurl = \"redis://10.0.0.7:7000\"\ncluster = true\n").unwrap();
+    assert_eq!(
+        cluster.redis.unwrap().target,
+        RedisTarget::Cluster("redis://10.0.0.7:7000".into())
+    );
+    let (_, _, key, _) = error("[redis]\ncluster = true\nsentinels = [\"redis://y\"]\nmaster_name = \"m\"\n");
+    assert_eq!(key, "redis.sentinels");
     let (_, _, _, message) = error("[redis]\nurl = \"redis://user:s3cret@x:6379/0\"\non_error = \"maybe\"\n");
     assert!(!message.contains("s3cret"));
     let errors = parse("[redis]\nurl = \"redis://:s3cret@x:99999\"\n")

@@ -223,16 +223,54 @@ fn leaky_bucket(rate: f64, per: u64, burst: u64, stored: Option<State>, cost: u6
     }
 }
 
-/// The state after giving back the slot of a leaky-bucket request of `cost` that leaves
-/// before its turn, and how long to keep it; `None` when there is nothing to give back.
-pub fn refund(algorithm: &Algorithm, stored: Option<State>, cost: u64, now: u64) -> Option<(State, u64)> {
-    let (Algorithm::LeakyBucket { rate, per, .. }, Some(State::Gcra { tat, step })) = (algorithm, stored)
-    else {
-        return None;
-    };
-    let slot = cost as f64 * interval(*rate, *per);
-    let tat = (tat as f64 - slot).max(now as f64).round() as u64;
-    Some((State::Gcra { tat, step }, (tat - now).max(1)))
+/// The state after giving back what an admitted request of `cost` consumed (a leaky-bucket
+/// request that leaves before its turn; on Redis Cluster, a limit admitted in one slot
+/// when another slot refused), and how long to keep it. `None`: nothing to give back.
+/// The expiry of a window is kept; a bucket's refill time is recomputed.
+pub fn refund(
+    algorithm: &Algorithm,
+    stored: Option<(State, u64)>,
+    cost: u64,
+    now: u64,
+) -> Option<(State, u64)> {
+    let (state, ttl) = stored?;
+    match (*algorithm, state) {
+        (Algorithm::FixedWindow { .. }, State::Fixed { count, window_end }) if count > 0 => Some((
+            State::Fixed {
+                count: count - cost.min(count),
+                window_end,
+            },
+            ttl,
+        )),
+        (
+            Algorithm::SlidingWindow { window, .. },
+            State::Sliding {
+                window_index,
+                current,
+                previous,
+            },
+        ) if window_index == now / window => Some((
+            State::Sliding {
+                window_index,
+                current: current.saturating_sub(cost),
+                previous,
+            },
+            ttl,
+        )),
+        (Algorithm::TokenBucket { burst, .. }, State::Bucket { tokens, updated }) => Some((
+            State::Bucket {
+                tokens: (tokens + cost as f64).min(burst as f64),
+                updated,
+            },
+            ttl,
+        )),
+        (Algorithm::LeakyBucket { rate, per, .. }, State::Gcra { tat, step }) => {
+            let slot = cost as f64 * interval(rate, per);
+            let tat = (tat as f64 - slot).max(now as f64).round() as u64;
+            Some((State::Gcra { tat, step }, (tat - now).max(1)))
+        }
+        _ => None,
+    }
 }
 
 /// Microseconds in `duration`, saturating.

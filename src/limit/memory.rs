@@ -116,7 +116,7 @@ impl MemoryStore {
         decisions
     }
 
-    /// Gives back the queue slot of a leaky-bucket request that will not be forwarded.
+    /// Gives back what an admitted request consumed from `check`'s limit.
     pub fn refund(&self, check: &LimitCheck) {
         let shard = self.shard_of(&check.key);
         let mut guard = self.shards[shard]
@@ -126,7 +126,7 @@ impl MemoryStore {
         let stored = guard
             .get(&check.key)
             .filter(|entry| entry.expires_at > now)
-            .and_then(|entry| entry.state);
+            .and_then(|entry| Some((entry.state?, entry.expires_at - now)));
         if let Some((state, ttl)) = refund(&check.algorithm, stored, check.cost, now) {
             guard.insert(
                 check.key.clone(),

@@ -10,6 +10,7 @@ pub mod headers;
 pub mod key;
 pub mod memory;
 pub mod redis;
+mod redis_connection;
 pub mod request_key;
 pub mod resilient;
 pub mod route;

@@ -6,15 +6,21 @@
 //! failure policy, whether or not Redis is up. The script takes a batch of requests and
 //! decides each atomically and all-or-nothing, with Redis `TIME` as the only clock; today
 //! one call carries one request.
+//!
+//! On Redis Cluster, the keys of one request share a slot when its limits share a key
+//! tuple (the tuple is the hash tag), and the decision stays one atomic call. When a
+//! route's limits have different tuples, each slot's limits are decided concurrently (each
+//! group atomic and all-or-nothing on its own), and if a group refuses the request, what
+//! the other groups consumed is given back.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{Client, Script};
+use redis::Script;
 
+use super::redis_connection::{Connection, Source};
 use super::{Algorithm, LimitCheck, LimitDecision, Outcome};
 use crate::config::RedisTarget;
 
@@ -43,41 +49,9 @@ pub enum StoreError {
     Malformed { got: usize, checks: usize },
 }
 
-/// Where connections come from: one address, or the master that sentinels point at.
-enum Source {
-    Direct(Client),
-    Sentinel(tokio::sync::Mutex<SentinelClient>),
-}
-
-impl Source {
-    fn new(target: &RedisTarget) -> Result<Self, StoreError> {
-        Ok(match target {
-            RedisTarget::Url(url) => Source::Direct(Client::open(url.as_str())?),
-            RedisTarget::Sentinel {
-                sentinels,
-                master_name,
-            } => Source::Sentinel(tokio::sync::Mutex::new(SentinelClient::build(
-                sentinels.iter().map(String::as_str).collect(),
-                master_name.as_str(),
-                None,
-                SentinelServerType::Master,
-            )?)),
-        })
-    }
-
-    /// A client for the current master.
-    async fn client(&self) -> Result<Client, StoreError> {
-        match self {
-            Source::Direct(client) => Ok(client.clone()),
-            Source::Sentinel(sentinel) => Ok(sentinel.lock().await.async_get_client().await?),
-        }
-    }
-}
-
 struct Shared {
-    connection: ArcSwapOption<ConnectionManager>,
+    connection: ArcSwapOption<Connection>,
     source: Source,
-    manager_config: ConnectionManagerConfig,
     decide: Script,
     refund: Script,
     heartbeat: Script,
@@ -96,11 +70,7 @@ impl RedisStore {
     pub fn start(target: &RedisTarget, timeout: Duration) -> Result<Self, StoreError> {
         let shared = Arc::new(Shared {
             connection: ArcSwapOption::empty(),
-            source: Source::new(target)?,
-            manager_config: ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
-                .set_response_timeout(Some(timeout))
-                .set_number_of_retries(1),
+            source: Source::new(target, timeout)?,
             decide: Script::new(DECIDE_LUA),
             refund: Script::new(REFUND_LUA),
             heartbeat: Script::new(HEARTBEAT_LUA),
@@ -110,11 +80,11 @@ impl RedisStore {
         Ok(RedisStore { shared })
     }
 
-    /// Starts with `url` and waits until connected (at least 2 s, or `timeout`).
-    pub async fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let store = RedisStore::start(&RedisTarget::Url(url.to_owned()), timeout)?;
+    /// Starts with `target` and waits until connected (at least 2 s, or `timeout`).
+    pub async fn connect(target: &RedisTarget, timeout: Duration) -> Result<Self, StoreError> {
+        let store = RedisStore::start(target, timeout)?;
         let deadline = Instant::now() + timeout.max(Duration::from_secs(2));
-        while store.shared.connection.load().is_none() {
+        while !store.connected() {
             if Instant::now() > deadline {
                 return Err(StoreError::NotConnected);
             }
@@ -123,7 +93,7 @@ impl RedisStore {
         Ok(store)
     }
 
-    fn connection(&self) -> Result<ConnectionManager, StoreError> {
+    fn connection(&self) -> Result<Connection, StoreError> {
         self.shared
             .connection
             .load()
@@ -132,9 +102,31 @@ impl RedisStore {
             .ok_or(StoreError::NotConnected)
     }
 
-    /// Decides all of one request's limits in one round trip.
+    /// Whether a connection has been made (it may have failed since).
+    pub fn connected(&self) -> bool {
+        self.shared.connection.load().is_some()
+    }
+
+    /// Decides all of one request's limits: one round trip, unless (on Redis Cluster) they
+    /// live in different slots.
     pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Vec<LimitDecision>, StoreError> {
         let mut connection = self.connection()?;
+        if !self.shared.source.is_cluster() {
+            return self.decide_together(&mut connection, checks).await;
+        }
+        let groups = slot_groups(checks);
+        if groups.len() == 1 {
+            return self.decide_together(&mut connection, checks).await;
+        }
+        self.decide_across_slots(&connection, checks, groups).await
+    }
+
+    /// One script call for `checks`, atomic and all-or-nothing.
+    async fn decide_together(
+        &self,
+        connection: &mut Connection,
+        checks: &[LimitCheck],
+    ) -> Result<Vec<LimitDecision>, StoreError> {
         let mut invocation = self.shared.decide.prepare_invoke();
         invocation.arg(1).arg(checks.len());
         for check in checks {
@@ -146,25 +138,14 @@ impl RedisStore {
                 }
                 None => 0,
             };
-            match check.algorithm {
-                Algorithm::FixedWindow { limit, window } => invocation.arg(1).arg(limit).arg(window).arg(0),
-                Algorithm::SlidingWindow { limit, window } => invocation.arg(2).arg(limit).arg(window).arg(0),
-                Algorithm::TokenBucket { rate, per, burst } => {
-                    invocation.arg(3).arg(rate).arg(per).arg(burst)
-                }
-                Algorithm::LeakyBucket { rate, per, burst } => {
-                    invocation.arg(4).arg(rate).arg(per).arg(burst)
-                }
-            };
+            let (code, a, b, c) = parameters(&check.algorithm);
+            invocation.arg(code).arg(a).arg(b).arg(c);
             invocation
                 .arg(check.cost)
                 .arg(lockout)
                 .arg(u8::from(check.shadow));
         }
-        let timeout = self.shared.timeout;
-        let values: Vec<i64> = tokio::time::timeout(timeout, invocation.invoke_async(&mut connection))
-            .await
-            .map_err(|_| StoreError::Timeout(timeout))??;
+        let values: Vec<i64> = self.within_deadline(invocation.invoke_async(connection)).await?;
         if values.len() != checks.len() * FIELDS_PER_CHECK {
             return Err(StoreError::Malformed {
                 got: values.len(),
@@ -174,38 +155,83 @@ impl RedisStore {
         Ok(values.chunks_exact(FIELDS_PER_CHECK).map(decision).collect())
     }
 
-    /// Gives back the queue slot of a leaky-bucket request that will not be forwarded.
-    pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
-        let Algorithm::LeakyBucket { rate, per, .. } = check.algorithm else {
-            return Ok(());
-        };
-        let mut connection = self.connection()?;
-        let slot = check.cost as f64 * per as f64 / rate;
-        let timeout = self.shared.timeout;
-        let mut invocation = self.shared.refund.prepare_invoke();
-        invocation.key(&check.key).arg(slot);
-        tokio::time::timeout(timeout, invocation.invoke_async::<()>(&mut connection))
-            .await
-            .map_err(|_| StoreError::Timeout(timeout))??;
-        Ok(())
+    /// Decides each slot's checks concurrently; if any enforced check refuses, gives back
+    /// what the groups that admitted consumed, so the request consumes nothing.
+    async fn decide_across_slots(
+        &self,
+        connection: &Connection,
+        checks: &[LimitCheck],
+        groups: Vec<Vec<usize>>,
+    ) -> Result<Vec<LimitDecision>, StoreError> {
+        let calls = groups.iter().map(|group| {
+            let mut connection = connection.clone();
+            let subset: Vec<LimitCheck> = group.iter().map(|&i| checks[i].clone()).collect();
+            async move { self.decide_together(&mut connection, &subset).await }
+        });
+        let answers = futures_util::future::join_all(calls).await;
+        let mut decisions = vec![None; checks.len()];
+        let mut failure = None;
+        for (group, answer) in groups.iter().zip(answers) {
+            match answer {
+                Ok(decided) => {
+                    for (&i, decision) in group.iter().zip(decided) {
+                        decisions[i] = Some(decision);
+                    }
+                }
+                Err(error) => failure = Some(error),
+            }
+        }
+        let refused = checks
+            .iter()
+            .zip(&decisions)
+            .any(|(check, d)| !check.shadow && d.is_some_and(|d| !d.outcome.admits()));
+        if refused || failure.is_some() {
+            // Give back every enforced check that consumed, so the request consumed nothing.
+            for (check, decision) in checks.iter().zip(decisions.iter_mut()) {
+                if let Some(d) = decision.as_mut().filter(|d| !check.shadow && d.outcome.admits()) {
+                    if let Err(error) = self.refund(check).await {
+                        tracing::warn!(%error, key = %check.key, "could not give back a cross-slot consumption");
+                    }
+                    *d = LimitDecision {
+                        outcome: Outcome::Allowed,
+                        remaining: d.remaining + check.cost,
+                        ..*d
+                    };
+                }
+            }
+        }
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        Ok(decisions
+            .into_iter()
+            .map(|d| d.expect("every group answered"))
+            .collect())
     }
-}
 
-impl RedisStore {
-    /// Whether a connection has been made (it may have failed since).
-    pub fn connected(&self) -> bool {
-        self.shared.connection.load().is_some()
+    /// Gives back what an admitted request consumed from `check`'s limit.
+    pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
+        let mut connection = self.connection()?;
+        let (code, a, b, c) = parameters(&check.algorithm);
+        let mut invocation = self.shared.refund.prepare_invoke();
+        invocation
+            .key(&check.key)
+            .arg(code)
+            .arg(a)
+            .arg(b)
+            .arg(c)
+            .arg(check.cost);
+        self.within_deadline(invocation.invoke_async::<()>(&mut connection))
+            .await
     }
 
     /// After failures: checks that Redis answers again. Through sentinels, first asks
     /// them for the current master and connects to it (following a failover).
     pub async fn recover(&self) -> Result<(), StoreError> {
-        if let Source::Sentinel(_) = self.shared.source {
+        if self.shared.source.follows_failover() {
             let timeout = self.shared.timeout.max(Duration::from_millis(500));
             let connection = tokio::time::timeout(timeout, async {
-                let client = self.shared.source.client().await?;
-                let mut connection =
-                    ConnectionManager::new_with_config(client, self.shared.manager_config.clone()).await?;
+                let mut connection = self.shared.source.connect().await?;
                 redis::cmd("PING").query_async::<()>(&mut connection).await?;
                 Ok::<_, StoreError>(connection)
             })
@@ -220,40 +246,75 @@ impl RedisStore {
     /// `PING`, within the decision deadline.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let mut connection = self.connection()?;
-        let timeout = self.shared.timeout;
-        tokio::time::timeout(timeout, redis::cmd("PING").query_async::<()>(&mut connection))
+        self.within_deadline(redis::cmd("PING").query_async::<()>(&mut connection))
             .await
-            .map_err(|_| StoreError::Timeout(timeout))??;
-        Ok(())
     }
 
     /// Announces instance `id` in the `key` set for `ttl`; returns the live instance count.
     pub async fn heartbeat(&self, key: &str, id: &str, ttl: Duration) -> Result<u64, StoreError> {
         let mut connection = self.connection()?;
-        let timeout = self.shared.timeout.max(Duration::from_millis(500));
         let mut invocation = self.shared.heartbeat.prepare_invoke();
         invocation.key(key).arg(id).arg(ttl.as_millis() as u64);
-        let count = tokio::time::timeout(timeout, invocation.invoke_async::<u64>(&mut connection))
+        self.within_deadline(invocation.invoke_async::<u64>(&mut connection))
             .await
-            .map_err(|_| StoreError::Timeout(timeout))??;
-        Ok(count)
+    }
+
+    async fn within_deadline<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        let timeout = self.shared.timeout;
+        Ok(tokio::time::timeout(timeout, call)
+            .await
+            .map_err(|_| StoreError::Timeout(timeout))??)
     }
 }
 
+/// The script's encoding of an algorithm: its code and three parameters.
+fn parameters(algorithm: &Algorithm) -> (u8, f64, u64, u64) {
+    match *algorithm {
+        Algorithm::FixedWindow { limit, window } => (1, limit as f64, window, 0),
+        Algorithm::SlidingWindow { limit, window } => (2, limit as f64, window, 0),
+        Algorithm::TokenBucket { rate, per, burst } => (3, rate, per, burst),
+        Algorithm::LeakyBucket { rate, per, burst } => (4, rate, per, burst),
+    }
+}
+
+/// Indexes of `checks` grouped by the hash tag of their keys (one Redis Cluster slot per
+/// group), in first-seen order.
+fn slot_groups(checks: &[LimitCheck]) -> Vec<Vec<usize>> {
+    let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    for (i, check) in checks.iter().enumerate() {
+        let tag = hash_tag(&check.key);
+        if !groups.contains_key(tag) {
+            order.push(tag);
+        }
+        groups.entry(tag).or_default().push(i);
+    }
+    order.into_iter().filter_map(|tag| groups.remove(tag)).collect()
+}
+
+/// The part of `key` Redis Cluster hashes: between the first `{` and the next `}`.
+fn hash_tag(key: &str) -> &str {
+    key.find('{')
+        .and_then(|open| {
+            key[open + 1..]
+                .find('}')
+                .map(|close| &key[open + 1..open + 1 + close])
+        })
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key)
+}
+
 /// Connects, retrying with backoff, until the store is dropped or a connection is made;
-/// the connection manager reconnects by itself after that.
+/// the connection reconnects by itself after that.
 async fn connect_in_background(address: String, shared: Weak<Shared>) {
     let mut backoff = Duration::from_millis(10);
     let mut last_log: Option<Instant> = None;
     loop {
         let Some(strong) = shared.upgrade() else { return };
-        let attempt = async {
-            let client = strong.source.client().await?;
-            Ok::<_, StoreError>(
-                ConnectionManager::new_with_config(client, strong.manager_config.clone()).await?,
-            )
-        };
-        match attempt.await {
+        match strong.source.connect().await {
             Ok(connection) => {
                 strong.connection.store(Some(Arc::new(connection)));
                 tracing::info!(redis = %address, "connected to redis");
@@ -264,11 +325,11 @@ async fn connect_in_background(address: String, shared: Weak<Shared>) {
                     tracing::warn!(redis = %address, error = %e, "cannot connect to redis; retrying");
                     last_log = Some(Instant::now());
                 }
-                drop(strong);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
             }
         }
+        drop(strong);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_RECONNECT_BACKOFF);
     }
 }
 
@@ -305,7 +366,7 @@ fn decision(fields: &[i64]) -> LimitDecision {
 
 #[cfg(test)]
 mod tests {
-    use super::redacted;
+    use super::*;
 
     #[test]
     fn passwords_never_reach_the_log() {
@@ -315,5 +376,24 @@ mod tests {
         );
         assert_eq!(redacted("redis://app:s3cret@host/0"), "redis://app:***@host/0");
         assert_eq!(redacted("redis://host:6379"), "redis://host:6379");
+    }
+
+    #[test]
+    fn checks_are_grouped_by_hash_tag() {
+        let check = |key: &str| LimitCheck {
+            key: key.to_owned(),
+            algorithm: Algorithm::FixedWindow { limit: 1, window: 1 },
+            lockout: None,
+            cost: 1,
+            shadow: false,
+        };
+        let checks = [
+            check("fg:{ip}:a:fw"),
+            check("fg:{key}:b:tb"),
+            check("fg:{ip}:c:sw"),
+        ];
+        assert_eq!(slot_groups(&checks), vec![vec![0, 2], vec![1]]);
+        assert_eq!(hash_tag("fg:{}:x"), "fg:{}:x");
+        assert_eq!(hash_tag("plain"), "plain");
     }
 }

@@ -23,11 +23,16 @@ impl RedisServer {
     /// Starts with extra `redis-server` arguments (`--requirepass`, ...). With
     /// `--tls-port`, pass `PORT` for the port: it becomes the TLS port and plain TCP is off.
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        let dir = tempfile::tempdir().expect("temp dir");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
+        RedisServer::start_on(port, extra)
+    }
+
+    /// Starts on `port` (which must be free), with extra arguments as in `start_with`.
+    pub fn start_on(port: u16, extra: &[&str]) -> RedisServer {
+        let dir = tempfile::tempdir().expect("temp dir");
         let extra: Vec<String> = extra
             .iter()
             .map(|a| a.replace("PORT", &port.to_string()))

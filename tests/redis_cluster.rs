@@ -1,0 +1,192 @@
+//! Redis Cluster (SPEC §3, `cluster = true`): against a real 3-master cluster started by
+//! the test, limits that share a key tuple share a slot and are decided in one atomic
+//! call; limits in different slots are decided per slot, and what one slot consumed is
+//! given back when another slot refuses.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::redis_server::RedisServer;
+use common::{TestGateway, Upstream, send};
+use http::{Request, StatusCode};
+
+/// A free port whose cluster bus port (+10000) is free too; cluster ports must be ≤ 55535.
+fn cluster_port() -> u16 {
+    let seed = std::process::id() as u16;
+    (0..5000u16)
+        .map(|i| 20000 + (seed.wrapping_add(i.wrapping_mul(7919))) % 35000)
+        .find(|&port| {
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+                && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok()
+        })
+        .expect("a free cluster port")
+}
+
+struct Cluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ];
+        let mut nodes: Vec<RedisServer> = Vec::new();
+        while nodes.len() < 3 {
+            let port = cluster_port();
+            if nodes.iter().all(|n| n.port != port) {
+                nodes.push(RedisServer::start_on(port, &args));
+            }
+        }
+        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let started = Instant::now();
+        while !nodes
+            .iter()
+            .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "the cluster did not become ok"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Cluster { nodes }
+    }
+
+    fn slot(&self, tag: &str) -> String {
+        self.nodes[0].cli(&["cluster", "keyslot", tag]).trim().to_owned()
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .flat_map(|n| n.cli(&["--scan"]).lines().map(str::to_owned).collect::<Vec<_>>())
+            .collect()
+    }
+}
+
+async fn request(gateway: &TestGateway, api_key: &str) -> (StatusCode, String) {
+    let request = Request::get(gateway.url("/x"))
+        .header("x-api-key", api_key)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let (status, headers, _) = send(request).await;
+    let ratelimit = headers
+        .get("ratelimit")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, ratelimit)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_decisions_same_slot_and_across_slots() {
+    let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    // The two key tuples this test uses must live in different slots.
+    assert_ne!(cluster.slot("i127.0.0.1"), cluster.slot("vkey-one"));
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(&format!(
+        r#"
+[redis]
+url = "redis://127.0.0.1:{}"
+cluster = true
+timeout = "500ms"
+on_error = "deny"
+
+[upstreams.app]
+url = "{}"
+
+[limits.wide]
+algorithm = "fixed_window"
+limit = 10
+window = "1m"
+
+[limits.narrow_ip]
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+
+[limits.per_key]
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+key = ["header:x-api-key"]
+
+[[routes]]
+name = "same-slot"
+host = "same.test"
+upstream = "app"
+limits = ["wide", "narrow_ip"]
+
+[[routes]]
+name = "cross-slot"
+upstream = "app"
+limits = ["wide", "per_key"]
+"#,
+        cluster.nodes[0].port,
+        upstream.url()
+    ))
+    .await;
+
+    // Same key tuple: one slot, one atomic call, all or nothing.
+    let same = |n: u32| {
+        let url = gateway.url("/x");
+        async move {
+            let request = Request::get(url)
+                .header("host", "same.test")
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            let (status, headers, _) = send(request).await;
+            (
+                status,
+                headers.get("ratelimit").map(|v| v.to_str().unwrap().to_owned()),
+                n,
+            )
+        }
+    };
+    for n in 0..3 {
+        assert_eq!(same(n).await.0, StatusCode::OK);
+    }
+    let (status, ratelimit, _) = same(3).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(ratelimit.unwrap(), "\"wide\";r=7;t=60, \"narrow_ip\";r=0;t=60");
+
+    // Different tuples: `wide` (client IP) and `per_key` (API key) live in two slots.
+    assert_eq!(request(&gateway, "key-one").await.0, StatusCode::OK);
+    assert_eq!(request(&gateway, "key-one").await.0, StatusCode::OK);
+    let (status, ratelimit) = request(&gateway, "key-one").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    // `wide` admitted in its slot, then gave it back because `per_key` refused: 3 + 2 used.
+    assert!(ratelimit.starts_with("\"wide\";r=5;"), "{ratelimit}");
+    let (status, ratelimit) = request(&gateway, "key-two").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(ratelimit.starts_with("\"wide\";r=4;"), "{ratelimit}");
+    assert_eq!(upstream.requests(), 6);
+
+    let keys = cluster.keys();
+    assert!(
+        keys.iter().any(|k| k.contains("{i127.0.0.1}:wide:fw")),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().any(|k| k.contains("{vkey-one}:per_key:fw")),
+        "{keys:?}"
+    );
+}
