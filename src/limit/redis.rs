@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use redis::Script;
 
+use super::group_commit::{GroupCommit, Pending};
 use super::redis_connection::{Connection, Source};
 use super::{Algorithm, LimitCheck, LimitDecision, Outcome};
 use crate::config::RedisTarget;
@@ -35,10 +36,11 @@ const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
 const CONNECT_LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// Why the store could not decide.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
+    /// Shared: one failed call answers every request it carried.
     #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(Arc<redis::RedisError>),
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
     #[error("not connected to redis yet")]
@@ -47,6 +49,12 @@ pub enum StoreError {
     BreakerOpen,
     #[error("redis answered {got} values for {checks} checks")]
     Malformed { got: usize, checks: usize },
+}
+
+impl From<redis::RedisError> for StoreError {
+    fn from(error: redis::RedisError) -> Self {
+        StoreError::Redis(Arc::new(error))
+    }
 }
 
 struct Shared {
@@ -62,6 +70,9 @@ struct Shared {
 #[derive(Clone)]
 pub struct RedisStore {
     shared: Arc<Shared>,
+    /// Batches decisions on a single server or Sentinel master (not on a cluster, where
+    /// one call reaches one slot).
+    group_commit: Option<Arc<GroupCommit>>,
 }
 
 impl RedisStore {
@@ -77,7 +88,11 @@ impl RedisStore {
             timeout,
         });
         tokio::spawn(connect_in_background(target.describe(), Arc::downgrade(&shared)));
-        Ok(RedisStore { shared })
+        let group_commit = (!shared.source.is_cluster()).then(|| {
+            let weak = Arc::downgrade(&shared);
+            Arc::new(GroupCommit::start(move |batch| decide_batch(weak.clone(), batch)))
+        });
+        Ok(RedisStore { shared, group_commit })
     }
 
     /// Starts with `target` and waits until connected (at least 2 s, or `timeout`).
@@ -110,49 +125,16 @@ impl RedisStore {
     /// Decides all of one request's limits: one round trip, unless (on Redis Cluster) they
     /// live in different slots.
     pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Vec<LimitDecision>, StoreError> {
-        let mut connection = self.connection()?;
-        if !self.shared.source.is_cluster() {
-            return self.decide_together(&mut connection, checks).await;
+        if let Some(group_commit) = &self.group_commit {
+            self.connection()?;
+            return group_commit.submit(checks, self.shared.timeout).await;
         }
+        let mut connection = self.connection()?;
         let groups = slot_groups(checks);
         if groups.len() == 1 {
-            return self.decide_together(&mut connection, checks).await;
+            return self.shared.decide_together(&mut connection, checks).await;
         }
         self.decide_across_slots(&connection, checks, groups).await
-    }
-
-    /// One script call for `checks`, atomic and all-or-nothing.
-    async fn decide_together(
-        &self,
-        connection: &mut Connection,
-        checks: &[LimitCheck],
-    ) -> Result<Vec<LimitDecision>, StoreError> {
-        let mut invocation = self.shared.decide.prepare_invoke();
-        invocation.arg(1).arg(checks.len());
-        for check in checks {
-            invocation.key(&check.key);
-            let lockout = match &check.lockout {
-                Some((lock, micros)) => {
-                    invocation.key(lock);
-                    *micros
-                }
-                None => 0,
-            };
-            let (code, a, b, c) = parameters(&check.algorithm);
-            invocation.arg(code).arg(a).arg(b).arg(c);
-            invocation
-                .arg(check.cost)
-                .arg(lockout)
-                .arg(u8::from(check.shadow));
-        }
-        let values: Vec<i64> = self.within_deadline(invocation.invoke_async(connection)).await?;
-        if values.len() != checks.len() * FIELDS_PER_CHECK {
-            return Err(StoreError::Malformed {
-                got: values.len(),
-                checks: checks.len(),
-            });
-        }
-        Ok(values.chunks_exact(FIELDS_PER_CHECK).map(decision).collect())
     }
 
     /// Decides each slot's checks concurrently; if any enforced check refuses, gives back
@@ -166,7 +148,7 @@ impl RedisStore {
         let calls = groups.iter().map(|group| {
             let mut connection = connection.clone();
             let subset: Vec<LimitCheck> = group.iter().map(|&i| checks[i].clone()).collect();
-            async move { self.decide_together(&mut connection, &subset).await }
+            async move { self.shared.decide_together(&mut connection, &subset).await }
         });
         let answers = futures_util::future::join_all(calls).await;
         let mut decisions = vec![None; checks.len()];
@@ -263,10 +245,100 @@ impl RedisStore {
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        let timeout = self.shared.timeout;
+        self.shared.within_deadline(call).await
+    }
+}
+
+impl Shared {
+    async fn within_deadline<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        let timeout = self.timeout;
         Ok(tokio::time::timeout(timeout, call)
             .await
             .map_err(|_| StoreError::Timeout(timeout))??)
+    }
+
+    /// One script call for `checks`, atomic and all-or-nothing.
+    async fn decide_together(
+        &self,
+        connection: &mut Connection,
+        checks: &[LimitCheck],
+    ) -> Result<Vec<LimitDecision>, StoreError> {
+        Ok(self
+            .decide_requests(connection, &[checks])
+            .await?
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// One script call deciding several requests, each atomic and all-or-nothing.
+    async fn decide_requests(
+        &self,
+        connection: &mut Connection,
+        requests: &[&[LimitCheck]],
+    ) -> Result<Vec<Vec<LimitDecision>>, StoreError> {
+        let mut invocation = self.decide.prepare_invoke();
+        invocation.arg(requests.len());
+        let mut total = 0;
+        for checks in requests {
+            invocation.arg(checks.len());
+            total += checks.len();
+            for check in *checks {
+                invocation.key(&check.key);
+                let lockout = match &check.lockout {
+                    Some((lock, micros)) => {
+                        invocation.key(lock);
+                        *micros
+                    }
+                    None => 0,
+                };
+                let (code, a, b, c) = parameters(&check.algorithm);
+                invocation.arg(code).arg(a).arg(b).arg(c);
+                invocation
+                    .arg(check.cost)
+                    .arg(lockout)
+                    .arg(u8::from(check.shadow));
+            }
+        }
+        let values: Vec<i64> = self.within_deadline(invocation.invoke_async(connection)).await?;
+        if values.len() != total * FIELDS_PER_CHECK {
+            return Err(StoreError::Malformed {
+                got: values.len(),
+                checks: total,
+            });
+        }
+        let mut decisions = values.chunks_exact(FIELDS_PER_CHECK).map(decision);
+        Ok(requests
+            .iter()
+            .map(|checks| decisions.by_ref().take(checks.len()).collect())
+            .collect())
+    }
+}
+
+/// The group-commit dispatcher's work: one script call for a batch of requests, each
+/// answered with its own decisions (or the call's error).
+async fn decide_batch(shared: Weak<Shared>, batch: Vec<Pending>) {
+    let Some(shared) = shared.upgrade() else { return };
+    let result = match shared.connection.load().as_deref().cloned() {
+        Some(mut connection) => {
+            let requests: Vec<&[LimitCheck]> = batch.iter().map(|p| p.checks.as_slice()).collect();
+            shared.decide_requests(&mut connection, &requests).await
+        }
+        None => Err(StoreError::NotConnected),
+    };
+    match result {
+        Ok(decided) => {
+            for (pending, decisions) in batch.into_iter().zip(decided) {
+                let _ = pending.reply.send(Ok(decisions));
+            }
+        }
+        Err(error) => {
+            for pending in batch {
+                let _ = pending.reply.send(Err(error.clone()));
+            }
+        }
     }
 }
 
