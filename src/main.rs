@@ -3,13 +3,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
 
 use floodgate::reload::{self, Reloader};
-use floodgate::{Config, Gateway, logging};
+use floodgate::{Config, Gateway, healthcheck, logging};
 
 #[derive(Parser)]
 #[command(name = "floodgate", version, about = "A rate-limiting HTTP reverse proxy")]
@@ -31,12 +32,20 @@ struct Cli {
 enum Command {
     /// Validate the configuration file, print a summary, and exit 0 (valid) or 1.
     Check,
+    /// Ask the running gateway's admin listener for GET /healthz: exit 0 on 200, else 1.
+    /// For container health checks; a wildcard admin_listen is probed on loopback.
+    Healthcheck {
+        /// Give up after this long (connect, send, answer).
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Check) => check(&cli.config),
+        Some(Command::Healthcheck { timeout }) => healthcheck(&cli.config, timeout),
         None => run(&cli.config),
     }
 }
@@ -70,6 +79,23 @@ fn check(path: &Path) -> ExitCode {
         }
         Err(errors) => {
             eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn healthcheck(path: &Path, timeout: Duration) -> ExitCode {
+    let outcome = healthcheck::admin_listen(path).and_then(|listen| {
+        let addr = healthcheck::probe_address(listen);
+        healthcheck::probe(addr, timeout).map(|()| addr)
+    });
+    match outcome {
+        Ok(addr) => {
+            println!("healthy: GET http://{addr}/healthz answered 200");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("unhealthy: {e}");
             ExitCode::FAILURE
         }
     }
@@ -118,13 +144,7 @@ fn serve(config: Config, path: PathBuf) -> anyhow::Result<()> {
             gateway.shared().clone(),
             Box::new(move || load(&path)),
         ));
-        let _watcher = match reload::watch_file(reloader.clone(), &config_path) {
-            Ok(watcher) => Some(watcher),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch the configuration file; reload with SIGHUP");
-                None
-            }
-        };
+        let _watcher = reload::watch_file(reloader.clone(), &config_path);
         tokio::spawn(reload_on_sighup(reloader));
         gateway.serve(shutdown_signal()).await;
         Ok(())

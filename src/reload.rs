@@ -3,15 +3,13 @@
 //! they started with; an invalid file changes nothing live and is logged with its
 //! positions and counted.
 //!
-//! The file is watched through its directory, so editors that write a new file and rename
-//! it over the old one (and Kubernetes ConfigMap symlink swaps) are seen; bursts of events
-//! are debounced, and a reload whose file content did not change is skipped.
+//! The file is polled, so editors that write a new file and rename it over the old one
+//! (and Kubernetes ConfigMap symlink swaps) are seen; bursts of writes are debounced, and a
+//! reload whose file content did not change is skipped.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use notify::{RecursiveMode, Watcher};
 
 use crate::config::{Config, ConfigErrors};
 use crate::service::Shared;
@@ -82,39 +80,62 @@ impl Reloader {
     }
 }
 
-/// Watches `path` and reloads when its content changes, until the returned watcher is
+/// Watches `path` and reloads when its content changes, until the returned handle is
 /// dropped. Must be called inside the runtime.
-pub fn watch_file(reloader: Arc<Reloader>, path: &Path) -> notify::Result<notify::RecommendedWatcher> {
+///
+/// The file is polled (its metadata once per [`POLL_EVERY`], following symlinks) rather
+/// than watched with inotify: a directory watch wakes a thread for every write to any file
+/// beside the config (such as a log file), and a file watch is lost when an editor renames
+/// a new file over the old one. A change is reloaded once the file has stopped changing
+/// for [`DEBOUNCE`], so a file caught half-written is not reported as invalid.
+pub fn watch_file(reloader: Arc<Reloader>, path: &Path) -> WatchHandle {
     let path = path.to_path_buf();
-    let directory = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let file_name = path.file_name().map(|n| n.to_os_string());
-    let (events, mut changes) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let Ok(event) = event else { return };
-        let touches_file = event.paths.iter().any(|p| {
-            let name = p.file_name();
-            name == file_name.as_deref() || name.is_some_and(|n| n.to_string_lossy().starts_with(".."))
-        });
-        if touches_file && !event.kind.is_access() {
-            let _ = events.send(());
-        }
-    })?;
-    watcher.watch(&directory, RecursiveMode::NonRecursive)?;
-    let mut last = std::fs::read(&path).ok();
-    tokio::spawn(async move {
-        while changes.recv().await.is_some() {
-            tokio::time::sleep(DEBOUNCE).await;
-            while changes.try_recv().is_ok() {}
-            let content = std::fs::read(&path).ok();
-            if content.is_some() && content != last {
-                last = content;
+    let task = tokio::spawn(async move {
+        let mut seen = fingerprint(&path);
+        let mut content = std::fs::read(&path).ok();
+        loop {
+            tokio::time::sleep(POLL_EVERY).await;
+            let now = fingerprint(&path);
+            if now == seen {
+                continue;
+            }
+            // Wait until the file stops changing.
+            let mut settled = now;
+            loop {
+                tokio::time::sleep(DEBOUNCE).await;
+                let again = fingerprint(&path);
+                if again == settled {
+                    break;
+                }
+                settled = again;
+            }
+            seen = settled;
+            let new_content = std::fs::read(&path).ok();
+            if new_content.is_some() && new_content != content {
+                content = new_content;
                 let reloader = reloader.clone();
                 let _ = tokio::task::spawn_blocking(move || reloader.reload("file change")).await;
             }
         }
     });
-    Ok(watcher)
+    WatchHandle(task)
+}
+
+/// How often the configuration file's metadata is looked at.
+const POLL_EVERY: Duration = Duration::from_millis(500);
+
+/// Stops watching when dropped.
+pub struct WatchHandle(tokio::task::JoinHandle<()>);
+
+impl Drop for WatchHandle {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What changes when a file is written or replaced: modification time, size, inode.
+fn fingerprint(path: &Path) -> Option<(std::time::SystemTime, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len(), metadata.ino()))
 }
