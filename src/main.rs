@@ -124,10 +124,17 @@ fn run(path: &Path) -> ExitCode {
 }
 
 fn serve(config: Config, path: PathBuf) -> anyhow::Result<()> {
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if config.server.workers > 0 {
-        runtime.worker_threads(config.server.workers);
-    }
+    // One worker: a current-thread runtime does the same work without cross-thread
+    // wake-ups and work-stealing bookkeeping.
+    let mut runtime = if config.server.workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if config.server.workers > 0 {
+            builder.worker_threads(config.server.workers);
+        }
+        builder
+    };
     let runtime = runtime.enable_all().build().context("starting the runtime")?;
     runtime.block_on(async {
         let workers = config.server.workers;
