@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: floodgate against nginx as a reverse proxy, same upstream, same
+# load. Usage (from the repository root):
+#
+#   bash bench/compare.sh            # needs nginx and wrk: apt-get install -y nginx wrk
+#
+# It builds floodgate in release mode, starts a trivial nginx upstream (`return 200 ok`),
+# nginx as a keep-alive proxy (1 worker) and floodgate passthrough (workers = 1, access log
+# off, like nginx's `access_log off`), runs `wrk -t1 -c64` against each, and prints a table.
+# With 2+ cores the servers share core 0 and wrk runs on core 1. Knobs: DURATION (s),
+# CONNECTIONS, REPEATS. Everything listens on 127.0.0.1 and is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10}
+CONNECTIONS=${CONNECTIONS:-64}
+REPEATS=${REPEATS:-3}
+UPSTREAM_PORT=${UPSTREAM_PORT:-19081}
+NGINX_PORT=${NGINX_PORT:-19082}
+FLOODGATE_PORT=${FLOODGATE_PORT:-19083}
+
+for tool in nginx wrk cargo; do
+  command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y nginx wrk)" >&2; exit 1; }
+done
+cargo build --release --quiet
+RUN=$(mktemp -d)
+PIDS=()
+cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$RUN"; }
+trap cleanup EXIT
+
+if [ "$(nproc)" -ge 2 ]; then SERVER="taskset -c 0"; LOAD="taskset -c 1"; else SERVER=""; LOAD=""; fi
+
+nginx_conf() { # name port body
+  mkdir -p "$RUN/$1"
+  cat > "$RUN/$1/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $RUN/$1/nginx.pid;
+error_log $RUN/$1/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $RUN/$1; proxy_temp_path $RUN/$1; fastcgi_temp_path $RUN/$1;
+  uwsgi_temp_path $RUN/$1; scgi_temp_path $RUN/$1;
+  keepalive_requests 10000000;
+  $3
+  server { listen 127.0.0.1:$2; location / { $4 } }
+}
+CONF
+  $SERVER nginx -c "$RUN/$1/nginx.conf" >/dev/null 2>&1 &
+  PIDS+=($!)
+}
+
+nginx_conf upstream "$UPSTREAM_PORT" "" "default_type text/plain; return 200 'ok';"
+nginx_conf proxy "$NGINX_PORT" "upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 128; }" \
+  "proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\";"
+
+cat > "$RUN/floodgate.toml" <<CONF
+[server]
+listen = "127.0.0.1:$FLOODGATE_PORT"
+admin_listen = "127.0.0.1:0"
+workers = 1
+
+[upstreams.app]
+url = "http://127.0.0.1:$UPSTREAM_PORT"
+
+[[routes]]
+name = "all"
+upstream = "app"
+CONF
+FLOODGATE_LOG=warn $SERVER target/release/floodgate --config "$RUN/floodgate.toml" >"$RUN/floodgate.log" 2>&1 &
+PIDS+=($!)
+
+for port in "$UPSTREAM_PORT" "$NGINX_PORT" "$FLOODGATE_PORT"; do
+  for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+done
+
+run() { # port -> "req/s p99ms"
+  $LOAD wrk -t1 -c"$CONNECTIONS" -d2s "http://127.0.0.1:$1/" >/dev/null
+  $LOAD wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" --latency "http://127.0.0.1:$1/" |
+    awk '/Requests\/sec/ {rps=$2} / 99%/ {p=$2; if (p ~ /us$/) {sub("us","",p); p=p/1000} else if (p ~ /ms$/) {sub("ms","",p)} else if (p ~ /s$/) {sub("s","",p); p=p*1000}} END {printf "%d %.2f\n", rps, p}'
+}
+
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+declare -A RPS P99
+for name in nginx floodgate; do
+  port=$NGINX_PORT; [ "$name" = floodgate ] && port=$FLOODGATE_PORT
+  results=()
+  for _ in $(seq "$REPEATS"); do results+=("$(run "$port")"); done
+  RPS[$name]=$(printf '%s\n' "${results[@]}" | awk '{print $1}' | median)
+  P99[$name]=$(printf '%s\n' "${results[@]}" | awk '{print $2}' | median)
+done
+
+printf '\n| proxy (1 worker, wrk -t1 -c%s, median of %s) | req/s | p99 ms | ratio |\n|---|---|---|---|\n' "$CONNECTIONS" "$REPEATS"
+for name in nginx floodgate; do
+  ratio=$(awk -v a="${RPS[$name]}" -v b="${RPS[nginx]}" 'BEGIN {printf "%.2f", a/b}')
+  printf '| %s | %s | %s | %s |\n' "$name" "${RPS[$name]}" "${P99[$name]}" "$ratio"
+done
