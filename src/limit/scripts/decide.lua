@@ -10,54 +10,63 @@
 -- Returns, per check in order: outcome (0 allowed, 1 delayed, 2 rejected, 3 locked),
 --   remaining, reset_us, retry_after_us, delay_us.
 -- Time comes from Redis TIME only, in microseconds (exact in a Lua double).
+--
+-- State: fixed_window is a plain counter (INCRBY, PEXPIRE only when created); the others
+-- are one string each, written with SET PX: "index:current:previous" (sliding_window),
+-- "tokens:updated" (token_bucket, tokens with 17 significant digits), "tat:step"
+-- (leaky_bucket). Two commands per limit and decision.
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local format, match = string.format, string.match
 
 local function ms(us)
-  return math.max(1, math.ceil(us / 1000))
+  return max(1, ceil(us / 1000))
 end
 
-local function floor_nonneg(x)
+local function nonneg(x)
   if x < 0 then return 0 end
-  return math.floor(x)
+  return floor(x)
 end
 
 -- Each evaluator returns: admitted, delay, remaining_after, remaining_before, reset,
--- retry_after, and a function that writes the new state.
+-- retry_after, and the write: kind (1: INCRBY cost and PEXPIRE if new, 2: SET PX), value,
+-- ttl in ms.
 local function fixed_window(key, limit, window, cost)
-  local count = tonumber(redis.call('GET', key) or '0')
-  local pttl = redis.call('PTTL', key)
-  local window_end
-  if count > 0 and pttl > 0 then
-    window_end = now + pttl * 1000
-  else
-    count = 0
-    window_end = now + window
+  local stored = redis.call('GET', key)
+  local count, window_end, new = 0, now + window, 1
+  if stored then
+    local pttl = redis.call('PTTL', key)
+    if pttl > 0 then
+      count, window_end, new = tonumber(stored), now + pttl * 1000, 0
+    end
   end
   local reset = window_end - now
   local admitted = count + cost <= limit
   local after = count
-  if admitted then after = count + cost end
-  local retry = 0
-  if not admitted then retry = reset end
-  local write = function()
-    redis.call('INCRBY', key, cost)
-    if count == 0 then redis.call('PEXPIRE', key, ms(window)) end
+  local retry = reset
+  if admitted then
+    after = count + cost
+    retry = 0
   end
-  return admitted, 0, floor_nonneg(limit - after), floor_nonneg(limit - count), reset, retry, write
+  -- new = 1: the window starts now, so the counter gets its expiry (and only then).
+  return admitted, 0, nonneg(limit - after), nonneg(limit - count), reset, retry, 1, new, ms(window)
 end
 
 local function sliding_window(key, limit, window, cost)
-  local index = math.floor(now / window)
+  local index = floor(now / window)
   local into = now - index * window
-  local stored = redis.call('HMGET', key, 'i', 'c', 'p')
   local current, previous = 0, 0
-  local stored_index = tonumber(stored[1])
-  if stored_index == index then
-    current, previous = tonumber(stored[2]), tonumber(stored[3])
-  elseif stored_index ~= nil and stored_index + 1 == index then
-    previous = tonumber(stored[2])
+  local stored = redis.call('GET', key)
+  if stored then
+    local i, c, p = match(stored, '^([^:]+):([^:]+):(.+)$')
+    i = tonumber(i)
+    if i == index then
+      current, previous = tonumber(c), tonumber(p)
+    elseif i == index - 1 then
+      previous = tonumber(c)
+    end
   end
   local weight = (window - into) / window
   local estimate = previous * weight + current
@@ -69,88 +78,89 @@ local function sliding_window(key, limit, window, cost)
       if current == 0 or cost > limit then
         retry = until_next
       else
-        retry = until_next + math.ceil(window * (1 - (limit - cost) / current))
+        retry = until_next + ceil(window * (1 - (limit - cost) / current))
       end
     else
       local needed = window - window * (limit - current - cost) / previous
-      retry = math.max(1, math.ceil(needed) - into)
+      retry = max(1, ceil(needed) - into)
     end
   end
   local after = current
   if admitted then after = current + cost end
-  local ttl = 2 * window - into
-  local write = function()
-    redis.call('HSET', key, 'i', index, 'c', after, 'p', previous)
-    redis.call('PEXPIRE', key, ms(ttl))
-  end
-  return admitted, 0, floor_nonneg(limit - (previous * weight + after)), floor_nonneg(limit - estimate),
-    window - into, retry, write
+  return admitted, 0, nonneg(limit - (previous * weight + after)), nonneg(limit - estimate), window - into, retry,
+    2, format('%d:%d:%d', index, after, previous), ms(2 * window - into)
 end
 
 local function token_bucket(key, rate, per, burst, cost)
   local step = per / rate
-  local stored = redis.call('HMGET', key, 't', 'u')
   local tokens = burst
-  if stored[1] then
-    tokens = math.min(burst, tonumber(stored[1]) + math.max(0, now - tonumber(stored[2])) / step)
+  local stored = redis.call('GET', key)
+  if stored then
+    local t, u = match(stored, '^([^:]+):(.+)$')
+    tokens = min(burst, tonumber(t) + max(0, now - tonumber(u)) / step)
   end
   local admitted = tokens >= cost
   local left = tokens
-  if admitted then left = tokens - cost end
-  local until_full = math.ceil((burst - left) * step)
   local retry = 0
-  if not admitted then retry = math.max(1, math.ceil((cost - tokens) * step)) end
-  local write = function()
-    -- Fractional tokens are kept: stored as a string with 17 significant digits.
-    redis.call('HSET', key, 't', string.format('%.17g', left), 'u', now)
-    redis.call('PEXPIRE', key, ms(math.max(1, until_full)))
+  if admitted then
+    left = tokens - cost
+  else
+    retry = max(1, ceil((cost - tokens) * step))
   end
-  return admitted, 0, math.floor(left), math.floor(tokens), until_full, retry, write
+  local until_full = ceil((burst - left) * step)
+  return admitted, 0, floor(left), floor(tokens), until_full, retry,
+    2, format('%.17g:%d', left, now), ms(max(1, until_full))
 end
 
 local function leaky_bucket(key, rate, per, burst, cost)
   local step = per / rate
   local depth = burst * step
-  local stored = redis.call('HMGET', key, 'tat', 's')
   local tat = now
-  if stored[1] then
-    tat = math.max(tonumber(stored[1]), now)
-    if tonumber(stored[2]) ~= step then
+  local stored = redis.call('GET', key)
+  if stored then
+    local t, s = match(stored, '^([^:]+):(.+)$')
+    tat = max(tonumber(t), now)
+    if tonumber(s) ~= step then
       -- The rate or depth was edited: no longer a queue than the new depth allows.
-      tat = math.min(tat, now + depth)
+      tat = min(tat, now + depth)
     end
   end
   local delay = tat - now
   local wait_for_last = delay + (cost - 1) * step
   local admitted = wait_for_last <= depth
   local new_tat = tat
-  if admitted then new_tat = tat + cost * step end
-  local function room(queued)
-    return math.max(0, math.floor((depth - queued) / step) + 1)
-  end
-  local retry = 0
-  local admitted_delay = 0
+  local retry, held = 0, 0
   if admitted then
-    admitted_delay = math.floor(delay + 0.5)
+    new_tat = tat + cost * step
+    held = floor(delay + 0.5)
   else
-    retry = math.max(1, math.ceil(wait_for_last - depth))
+    retry = max(1, ceil(wait_for_last - depth))
   end
-  local write = function()
-    redis.call('HSET', key, 'tat', string.format('%.17g', math.floor(new_tat + 0.5)), 's', string.format('%.17g', step))
-    redis.call('PEXPIRE', key, ms(math.max(1, math.ceil(new_tat - now))))
-  end
-  return admitted, admitted_delay, room(new_tat - now), room(delay), math.ceil(new_tat - now), retry, write
+  local after = max(0, floor((depth - (new_tat - now)) / step) + 1)
+  local before = max(0, floor((depth - delay) / step) + 1)
+  return admitted, held, after, before, ceil(new_tat - now), retry,
+    2, format('%d:%.17g', floor(new_tat + 0.5), step), ms(max(1, ceil(new_tat - now)))
 end
 
 local evaluators = { fixed_window, sliding_window, token_bucket, leaky_bucket }
 
 local out = {}
+local n_out = 0
+local function emit(outcome, remaining, reset, retry, delay)
+  out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4], out[n_out + 5] =
+    outcome, remaining, reset, retry, delay
+  n_out = n_out + 5
+end
+
 local argi = 2
 local keyi = 1
+-- Per check of the current request (reused across requests).
+local keys, locks, lockouts, locked, shadows = {}, {}, {}, {}, {}
+local admitted, delays, afters, befores, resets, retries = {}, {}, {}, {}, {}, {}
+local kinds, values, ttls, costs = {}, {}, {}, {}
 for _ = 1, tonumber(ARGV[1]) do
   local n = tonumber(ARGV[argi])
   argi = argi + 1
-  local checks = {}
   local all_admitted = true
   for i = 1, n do
     local algorithm = tonumber(ARGV[argi])
@@ -158,45 +168,46 @@ for _ = 1, tonumber(ARGV[1]) do
     local cost, lockout = tonumber(ARGV[argi + 4]), tonumber(ARGV[argi + 5])
     local shadow = ARGV[argi + 6] == '1'
     argi = argi + 7
-    local check = { key = KEYS[keyi], lockout = lockout }
+    local key = KEYS[keyi]
     keyi = keyi + 1
+    keys[i], lockouts[i], shadows[i], costs[i], locks[i], locked[i] = key, lockout, shadow, cost, false, false
     if lockout > 0 then
-      check.lock = KEYS[keyi]
+      locks[i] = KEYS[keyi]
       keyi = keyi + 1
-      local left = redis.call('PTTL', check.lock)
-      if left > 0 then check.locked = left * 1000 end
+      local left = redis.call('PTTL', locks[i])
+      if left > 0 then locked[i] = left * 1000 end
     end
     if algorithm <= 2 then
-      check.admitted, check.delay, check.after, check.before, check.reset, check.retry, check.write =
-        evaluators[algorithm](check.key, a, b, cost)
+      admitted[i], delays[i], afters[i], befores[i], resets[i], retries[i], kinds[i], values[i], ttls[i] =
+        evaluators[algorithm](key, a, b, cost)
     else
-      check.admitted, check.delay, check.after, check.before, check.reset, check.retry, check.write =
-        evaluators[algorithm](check.key, a, b, c, cost)
+      admitted[i], delays[i], afters[i], befores[i], resets[i], retries[i], kinds[i], values[i], ttls[i] =
+        evaluators[algorithm](key, a, b, c, cost)
     end
-    if not shadow and (check.locked or not check.admitted) then all_admitted = false end
-    checks[i] = check
+    if not shadow and (locked[i] or not admitted[i]) then all_admitted = false end
   end
-  for _, check in ipairs(checks) do
-    if check.locked then
-      out[#out + 1] = 3; out[#out + 1] = 0; out[#out + 1] = check.locked
-      out[#out + 1] = check.locked; out[#out + 1] = 0
-    elseif not check.admitted then
-      local retry = check.retry
-      if check.lock then
-        redis.call('SET', check.lock, '1', 'PX', ms(check.lockout), 'NX')
-        retry = math.max(retry, check.lockout)
+  for i = 1, n do
+    if locked[i] then
+      emit(3, 0, locked[i], locked[i], 0)
+    elseif not admitted[i] then
+      local retry = retries[i]
+      if locks[i] then
+        redis.call('SET', locks[i], '1', 'PX', ms(lockouts[i]), 'NX')
+        retry = max(retry, lockouts[i])
       end
-      out[#out + 1] = 2; out[#out + 1] = check.before; out[#out + 1] = check.reset
-      out[#out + 1] = retry; out[#out + 1] = 0
+      emit(2, befores[i], resets[i], retry, 0)
     elseif not all_admitted then
-      out[#out + 1] = 0; out[#out + 1] = check.before; out[#out + 1] = check.reset
-      out[#out + 1] = 0; out[#out + 1] = 0
+      emit(0, befores[i], resets[i], 0, 0)
     else
-      check.write()
+      if kinds[i] == 1 then
+        redis.call('INCRBY', keys[i], costs[i])
+        if values[i] == 1 then redis.call('PEXPIRE', keys[i], ttls[i]) end
+      else
+        redis.call('SET', keys[i], values[i], 'PX', ttls[i])
+      end
       local outcome = 0
-      if check.delay > 0 then outcome = 1 end
-      out[#out + 1] = outcome; out[#out + 1] = check.after; out[#out + 1] = check.reset
-      out[#out + 1] = 0; out[#out + 1] = check.delay
+      if delays[i] > 0 then outcome = 1 end
+      emit(outcome, afters[i], resets[i], 0, delays[i])
     end
   end
 end
