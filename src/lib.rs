@@ -20,6 +20,7 @@ pub mod config;
 pub mod disconnect;
 pub mod error;
 pub mod framing;
+pub mod healthcheck;
 pub mod limit;
 pub mod logging;
 pub mod metrics;

@@ -1,5 +1,6 @@
 //! The `floodgate` command: parse the CLI, load and validate the configuration, set up
-//! logging and the runtime, then serve until SIGTERM/SIGINT.
+//! logging and the runtime, then serve until SIGTERM/SIGINT; or `check` a file, or
+//! `healthcheck` a running gateway.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -32,8 +33,10 @@ struct Cli {
 enum Command {
     /// Validate the configuration file, print a summary, and exit 0 (valid) or 1.
     Check,
-    /// Ask the running gateway's admin listener for GET /healthz: exit 0 on 200, else 1.
-    /// For container health checks; a wildcard admin_listen is probed on loopback.
+    /// Ask the running gateway for GET /healthz: exit 0 on 200, else 1.
+    ///
+    /// For container health checks. The address is the file's server.admin_listen (only that
+    /// key is read); a wildcard address (0.0.0.0, [::]) is probed on loopback.
     Healthcheck {
         /// Give up after this long (connect, send, answer).
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]

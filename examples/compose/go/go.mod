@@ -1,0 +1,3 @@
+module example.com/floodgate/goapp
+
+go 1.19

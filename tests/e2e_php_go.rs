@@ -1,0 +1,699 @@
+//! End to end, the compose example's topology without Docker: the real `floodgate` binary
+//! running `examples/compose/gateway.toml` (service names replaced by local addresses, the
+//! PHP upstream's `timeout` shortened to 1 s), a private `redis-server`, the example PHP app
+//! under `php -S` (Debian `php-cli`) and the example Go app built with `go build` (Debian
+//! `golang-go`). Clients connect from distinct loopback addresses (127.0.0.2, ...), so the
+//! per-IP limits and the addresses the apps see are those of real, different clients.
+//!
+//! It pins: the limits and rate-limit headers per route (exact values from the example's
+//! config; the counters in Redis); that PHP and Go see the client in X-Real-IP and
+//! X-Forwarded-For and never a client-planted value; that `X_Forwarded_For`, which PHP reads
+//! as `HTTP_X_FORWARDED_FOR`, never reaches PHP (while the same request sent to PHP directly
+//! does plant it); that a POST form and a multipart upload reach PHP intact (MD5 and
+//! SHA-256); that a slow PHP page is cut off with 504 at the route's timeout.
+//!
+//! `php`, `go` and `redis-server` are required: without them these tests fail, they do not
+//! skip (`.ci/run` installs them).
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use common::process::FloodgateProcess;
+use common::redis_server::RedisServer;
+use common::{closed_port, raw_request};
+
+const EXAMPLE: &str = "examples/compose";
+/// The PHP upstream's `timeout` in the test (the example's is 30 s).
+const PHP_TIMEOUT: &str = "1s";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Panics, loudly, when `program` cannot run: these tests must not pass by skipping.
+fn require(program: &str, args: &[&str], package: &str) {
+    let outcome = Command::new(program).args(args).output();
+    match outcome {
+        Ok(output) if output.status.success() => {}
+        Ok(output) => panic!(
+            "`{program} {}` failed ({}): {}\ntests/e2e_php_go.rs needs {program} from the Debian \
+             package {package} (bash .ci/run installs it)",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ),
+        Err(e) => panic!(
+            "cannot run `{program}`: {e}\ntests/e2e_php_go.rs needs {program} from the Debian package \
+             {package}: apt-get install -y {package} (bash .ci/run installs it when missing)"
+        ),
+    }
+}
+
+/// The example Go app, built once per test run (the Go build cache lives under the target
+/// directory, so later runs take a moment).
+fn go_app_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        require("go", &["version"], "golang-go");
+        let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-go");
+        std::fs::create_dir_all(&work).unwrap();
+        // Built under a private name and renamed, so concurrent test runs never see half a file.
+        let partial = work.join(format!("goapp.{}", std::process::id()));
+        let binary = work.join("goapp");
+        let output = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&partial)
+            .arg(".")
+            .current_dir(repo().join(EXAMPLE).join("go"))
+            .env("GOCACHE", work.join("cache"))
+            .env("GOPATH", work.join("gopath"))
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOPROXY", "off")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOTELEMETRY", "off")
+            .env("CGO_ENABLED", "0")
+            .output()
+            .expect("run go build");
+        assert!(
+            output.status.success(),
+            "go build of {EXAMPLE}/go failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        std::fs::rename(&partial, &binary).unwrap();
+        binary
+    })
+}
+
+/// A child process killed with its whole process group on drop (`php -S` with workers
+/// forks; killing only the parent would leave the workers listening).
+struct Group {
+    child: Child,
+}
+
+impl Group {
+    fn spawn(command: &mut Command) -> Group {
+        let program = command.get_program().to_string_lossy().into_owned();
+        let child = command
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
+        Group { child }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let pgid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
+        // SAFETY: kill(2) with plain integers; the group is our own child's, not yet reaped.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+/// `php -S` serving the example PHP app, with 4 workers (the slow page must not block the
+/// others).
+struct Php {
+    addr: SocketAddr,
+    _process: Group,
+    _logs: tempfile::TempDir,
+}
+
+impl Php {
+    fn start() -> Php {
+        require("php", &["--version"], "php-cli");
+        let logs = tempfile::tempdir().unwrap();
+        let docroot = repo().join(EXAMPLE).join("php");
+        // `php -S` cannot report a port it picked; take a free one, and another if it was
+        // taken meanwhile.
+        for _ in 0..5 {
+            let addr = SocketAddr::from(([127, 0, 0, 1], closed_port()));
+            let log = logs.path().join(format!("php-{}.log", addr.port()));
+            let mut process = Group::spawn(
+                Command::new("php")
+                    .arg("-S")
+                    .arg(addr.to_string())
+                    .arg("-t")
+                    .arg(&docroot)
+                    .env("PHP_CLI_SERVER_WORKERS", "4")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(&log).unwrap()),
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if TcpStream::connect(addr).is_ok() {
+                    return Php {
+                        addr,
+                        _process: process,
+                        _logs: logs,
+                    };
+                }
+                if process.child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+                    eprintln!(
+                        "php -S on {addr} did not start:\n{}",
+                        std::fs::read_to_string(&log).unwrap_or_default()
+                    );
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        panic!("php -S did not start (see the logs above)");
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// The example Go app on a port it picked, read from its "go-app listening on" line.
+struct GoApp {
+    addr: SocketAddr,
+    _process: Group,
+}
+
+impl GoApp {
+    fn start() -> GoApp {
+        let mut process = Group::spawn(
+            Command::new(go_app_binary())
+                .env("LISTEN_ADDR", "127.0.0.1:0")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit()),
+        );
+        let stdout = process.child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the Go app did not print its address within 10 s");
+        let addr = line
+            .strip_prefix("go-app listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from the Go app: {line:?}"))
+            .parse()
+            .expect("the Go app's address");
+        GoApp {
+            addr,
+            _process: process,
+        }
+    }
+}
+
+/// The whole topology, private to one test.
+struct Topology {
+    gateway: FloodgateProcess,
+    php: Php,
+    _go: GoApp,
+    redis: RedisServer,
+}
+
+/// `text` with `from` replaced by `to`, which must occur exactly once.
+fn replace_once(text: &str, from: &str, to: &str) -> String {
+    assert_eq!(
+        text.matches(from).count(),
+        1,
+        "{EXAMPLE}/gateway.toml should contain {from:?} exactly once"
+    );
+    text.replacen(from, to, 1)
+}
+
+impl Topology {
+    fn start() -> Topology {
+        let redis = RedisServer::start();
+        let php = Php::start();
+        let go = GoApp::start();
+        let example = std::fs::read_to_string(repo().join(EXAMPLE).join("gateway.toml")).unwrap();
+        let mut config = example;
+        for (from, to) in [
+            ("listen = \"0.0.0.0:8080\"", "listen = \"127.0.0.1:0\"".to_owned()),
+            (
+                "admin_listen = \"0.0.0.0:9901\"",
+                "admin_listen = \"127.0.0.1:0\"".to_owned(),
+            ),
+            (
+                "url = \"redis://redis:6379/0\"",
+                format!("url = \"{}\"", redis.url()),
+            ),
+            ("url = \"http://php:80\"", format!("url = \"{}\"", php.url())),
+            (
+                "url = \"http://go:8080\"",
+                format!("url = \"http://{}\"", go.addr),
+            ),
+            ("timeout = \"30s\"", format!("timeout = \"{PHP_TIMEOUT}\"")),
+        ] {
+            config = replace_once(&config, from, &to);
+        }
+        let gateway = FloodgateProcess::start(&config, &[]);
+        let topology = Topology {
+            gateway,
+            php,
+            _go: go,
+            redis,
+        };
+        topology.wait_for_redis();
+        topology
+    }
+
+    /// Until the gateway's store answers from Redis (`/readyz` is 200 under `local` anyway).
+    fn wait_for_redis(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.redis.cli(&["CLIENT", "LIST"]).lines().count() < 2 {
+            assert!(Instant::now() < deadline, "floodgate did not connect to Redis");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        self.gateway.url(path)
+    }
+}
+
+/// An HTTP/1.1 client whose connections come from `source` (a loopback address).
+fn client_from(source: &str) -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_local_address(Some(source.parse::<IpAddr>().unwrap()));
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> &str {
+        let values: Vec<_> = self.headers.get_all(name).iter().collect();
+        assert_eq!(values.len(), 1, "{name}: {values:?}");
+        values[0].to_str().unwrap()
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+async fn send(client: &Client<HttpConnector, Full<Bytes>>, request: Request<Full<Bytes>>) -> Answer {
+    let response = client.request(request).await.expect("request");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    Answer {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+fn get(url: &str) -> http::request::Builder {
+    Request::get(url)
+}
+
+fn empty() -> Full<Bytes> {
+    Full::new(Bytes::new())
+}
+
+/// `t` of a fresh window or lock: 60, or 59 when a second boundary passed meanwhile.
+fn minute_item(name: &str, remaining: u64, value_part: &str) -> bool {
+    [60, 59]
+        .iter()
+        .any(|t| value_part == format!("\"{name}\";r={remaining};t={t}"))
+}
+
+/// The body of a raw HTTP/1.1 response, chunked or not.
+fn raw_body(response: &str) -> String {
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head: {response:?}"));
+    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return body.to_owned();
+    }
+    let mut out = String::new();
+    let mut rest = body;
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("chunk size line");
+        let size = usize::from_str_radix(size.split(';').next().unwrap().trim(), 16).expect("chunk size");
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&after[..size]);
+        rest = &after[size + 2..];
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn php_sees_the_real_client_and_the_php_route_has_its_quota_headers() {
+    let topology = Topology::start();
+    let client = client_from("127.0.0.2");
+
+    let planted = get(&topology.url("/"))
+        .header("x-forwarded-for", "6.6.6.6")
+        .header("x-real-ip", "6.6.6.6")
+        .header("forwarded", "for=6.6.6.6")
+        .body(empty())
+        .unwrap();
+    let first = send(&client, planted).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    assert_eq!(first.header("ratelimit-policy"), "\"per_ip_minute\";q=300;w=60");
+    assert_eq!(first.header("ratelimit"), "\"per_ip_minute\";r=299;t=60");
+    assert!(
+        !first.body.contains("6.6.6.6"),
+        "a planted address reached PHP: {}",
+        first.body
+    );
+
+    let php = first.json();
+    assert_eq!(php["app"], "php");
+    assert_eq!(php["REMOTE_ADDR"], "127.0.0.1", "PHP's peer is floodgate");
+    assert_eq!(php["HTTP_X_REAL_IP"], "127.0.0.2");
+    assert_eq!(php["HTTP_X_FORWARDED_FOR"], "127.0.0.2");
+    assert_eq!(php["headers"]["HTTP_VIA"], "1.1 floodgate");
+    assert_eq!(php["headers"]["HTTP_X_FORWARDED_PROTO"], "http");
+    assert!(php["headers"].get("HTTP_FORWARDED").is_none(), "{php}");
+
+    // Another client has its own quota and its own address.
+    let other = send(
+        &client_from("127.0.0.3"),
+        get(&topology.url("/")).body(empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(other.header("ratelimit"), "\"per_ip_minute\";r=299;t=60");
+    assert_eq!(other.json()["HTTP_X_REAL_IP"], "127.0.0.3");
+
+    let second = send(&client, get(&topology.url("/")).body(empty()).unwrap()).await;
+    assert!(
+        minute_item("per_ip_minute", 298, second.header("ratelimit")),
+        "{}",
+        second.header("ratelimit")
+    );
+
+    // The counters live in Redis, under the example's prefix.
+    let keys = topology
+        .redis
+        .cli(&["--scan", "--pattern", "floodgate:*per_ip_minute*"]);
+    assert_eq!(keys.lines().count(), 2, "one counter per client IP: {keys}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_route_has_a_token_bucket_per_key_with_a_lockout_and_go_sees_the_client() {
+    let topology = Topology::start();
+    let client = client_from("127.0.0.4");
+    let api = |key: &str| {
+        get(&topology.url("/api/hello?x=1"))
+            .header("x-api-key", key)
+            .header("x-forwarded-for", "6.6.6.6")
+            .body(empty())
+            .unwrap()
+    };
+    let policy = "\"per_ip_minute\";q=300;w=60, \"api_key\";q=10;w=2";
+
+    // The bucket refills 1 token per 200 ms; ten quick requests see it drain one by one,
+    // t being the time to refill it whole (1 s for up to 5 missing tokens, then 2 s).
+    let started = Instant::now();
+    for i in 0..10u64 {
+        let answer = send(&client, api("key-1")).await;
+        assert_eq!(answer.status, StatusCode::OK, "request {i}: {}", answer.body);
+        assert_eq!(answer.header("ratelimit-policy"), policy);
+        let ratelimit = answer.header("ratelimit");
+        let (minute, bucket) = ratelimit.split_once(", ").unwrap();
+        assert!(minute_item("per_ip_minute", 299 - i, minute), "{ratelimit}");
+        let t = if i < 5 { 1 } else { 2 };
+        assert_eq!(
+            bucket,
+            format!("\"api_key\";r={};t={t}", 9 - i),
+            "{ratelimit} (exact while the requests take under 200 ms: {:?} so far)",
+            started.elapsed()
+        );
+        let go = answer.json();
+        assert_eq!(go["app"], "go");
+        assert_eq!(go["path"], "/api/hello");
+        assert_eq!(go["query"], "x=1");
+        assert_eq!(go["x_real_ip"], "127.0.0.4");
+        assert_eq!(go["x_forwarded_for"], "127.0.0.4", "never the planted 6.6.6.6");
+        assert_eq!(go["via"], "1.1 floodgate");
+        assert!(
+            go["remote_addr"].as_str().unwrap().starts_with("127.0.0.1:"),
+            "{go}"
+        );
+    }
+
+    // The 11th: refused by floodgate, and the key is locked out for a minute.
+    let refused = send(&client, api("key-1")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.body, "Too Many Requests\n");
+    assert_eq!(refused.header("retry-after"), "60");
+    assert_eq!(refused.header("ratelimit-policy"), policy);
+    let ratelimit = refused.header("ratelimit");
+    let (minute, bucket) = ratelimit.split_once(", ").unwrap();
+    assert!(
+        minute_item("per_ip_minute", 290, minute),
+        "refusals consume nothing: {ratelimit}"
+    );
+    // (`t` of the locking refusal is the bucket's own refill time; Retry-After is the lock.)
+    assert!(bucket.starts_with("\"api_key\";r=0;t="), "{ratelimit}");
+
+    // Another key from the same client has its own bucket.
+    let other_key = send(&client, api("key-2")).await;
+    assert_eq!(other_key.status, StatusCode::OK);
+    assert!(other_key.header("ratelimit").ends_with("\"api_key\";r=9;t=1"));
+
+    // The bucket refills in 2 s; the lock-out holds anyway.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let still = send(&client, api("key-1")).await;
+    assert_eq!(still.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = still.header("retry-after").parse().unwrap();
+    assert!((56..=58).contains(&retry), "Retry-After {retry}");
+    assert!(
+        still
+            .header("ratelimit")
+            .ends_with(&format!("\"api_key\";r=0;t={retry}")),
+        "a locked key's reset is the end of the lock: {}",
+        still.header("ratelimit")
+    );
+
+    let lock = topology
+        .redis
+        .cli(&["--scan", "--pattern", "floodgate:*api_key:lock"]);
+    assert_eq!(lock.lines().count(), 1, "the lock lives in Redis: {lock}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_per_ip_quota_is_shared_by_both_routes_and_refuses_the_301st() {
+    let topology = Topology::start();
+    let client = client_from("127.0.0.5");
+    for i in 0..10 {
+        let key = format!("key-{i}");
+        let request = get(&topology.url("/api/x"))
+            .header("x-api-key", key)
+            .body(empty())
+            .unwrap();
+        assert_eq!(send(&client, request).await.status, StatusCode::OK);
+    }
+    // Four at a time, as many as PHP has workers.
+    let pages = (0..290).map(|_| {
+        let client = client.clone();
+        let url = topology.url("/");
+        async move { send(&client, get(&url).body(empty()).unwrap()).await.status }
+    });
+    let statuses: Vec<StatusCode> = futures_util::stream::iter(pages)
+        .buffer_unordered(4)
+        .collect()
+        .await;
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+
+    for path in ["/", "/api/x"] {
+        let refused = send(&client, get(&topology.url(path)).body(empty()).unwrap()).await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{path}");
+        assert!(
+            refused
+                .header("ratelimit")
+                .starts_with("\"per_ip_minute\";r=0;t="),
+            "{path}: {}",
+            refused.header("ratelimit")
+        );
+        let retry: u64 = refused.header("retry-after").parse().unwrap();
+        assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    }
+    // Another client is not affected.
+    let other = send(
+        &client_from("127.0.0.6"),
+        get(&topology.url("/")).body(empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_underscore_forwarding_header_never_reaches_php() {
+    let topology = Topology::start();
+    let raw = "GET / HTTP/1.1\r\nHost: example.test\r\nX_Forwarded_For: 1.2.3.4\r\n\
+               X_Real_IP: 1.2.3.4\r\nConnection: close\r\n\r\n";
+
+    // Sent to PHP directly, the underscore spelling becomes HTTP_X_FORWARDED_FOR: the attack.
+    let direct = raw_body(&raw_request(topology.php.addr, raw.as_bytes()).await);
+    let direct: Value = serde_json::from_str(&direct).unwrap();
+    assert_eq!(direct["HTTP_X_FORWARDED_FOR"], "1.2.3.4", "{direct}");
+    assert_eq!(direct["HTTP_X_REAL_IP"], "1.2.3.4", "{direct}");
+
+    // Through floodgate, PHP sees only floodgate's values.
+    let response = raw_request(topology.gateway.listen, raw.as_bytes()).await;
+    assert!(response.starts_with("HTTP/1.1 200 "), "{response}");
+    let body = raw_body(&response);
+    assert!(
+        !body.contains("1.2.3.4"),
+        "an underscore header reached PHP: {body}"
+    );
+    let php: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(php["HTTP_X_FORWARDED_FOR"], "127.0.0.1");
+    assert_eq!(php["HTTP_X_REAL_IP"], "127.0.0.1");
+}
+
+/// Deterministic bytes of every value, with CRLFs and a boundary look-alike inside.
+fn upload_bytes(len: usize) -> Vec<u8> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut bytes: Vec<u8> = (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect();
+    bytes[1000..1030].copy_from_slice(b"\r\n--floodgate-boundary-ish\r\n\r\n");
+    bytes
+}
+
+fn md5sum(bytes: &[u8]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("upload.bin");
+    std::fs::write(&path, bytes).unwrap();
+    let output = Command::new("md5sum")
+        .arg(&path)
+        .output()
+        .expect("md5sum (coreutils)");
+    String::from_utf8(output.stdout).unwrap()[..32].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_form_and_a_file_upload_reach_php_intact() {
+    let topology = Topology::start();
+    let client = client_from("127.0.0.7");
+
+    let form = send(
+        &client,
+        Request::post(topology.url("/form.php"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Full::new(Bytes::from_static(
+                b"name=Ada+Lovelace&comment=a%26b%3Dc+%C3%A9&empty=",
+            )))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(form.status, StatusCode::OK, "{}", form.body);
+    let php = form.json();
+    let fields: HashMap<String, String> = serde_json::from_value(php["fields"].clone()).unwrap();
+    let expected: HashMap<String, String> = [("name", "Ada Lovelace"), ("comment", "a&b=c é"), ("empty", "")]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+    assert_eq!(fields, expected);
+    assert_eq!(php["HTTP_X_REAL_IP"], "127.0.0.7");
+
+    let file = upload_bytes(1_500_000);
+    let boundary = "----floodgate-e2e-7d1f";
+    let mut body = Vec::new();
+    body.extend_from_slice(
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"title\"\r\n\r\nquarterly report\r\n\
+             --{boundary}\r\nContent-Disposition: form-data; name=\"upload\"; filename=\"report.bin\"\r\n\
+             Content-Type: application/octet-stream\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    body.extend_from_slice(&file);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let upload = send(
+        &client,
+        Request::post(topology.url("/form.php"))
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .body(Full::new(Bytes::from(body)))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(upload.status, StatusCode::OK, "{}", upload.body);
+    let php = upload.json();
+    assert_eq!(php["fields"]["title"], "quarterly report");
+    let uploaded = &php["files"]["upload"];
+    assert_eq!(uploaded["error"], 0, "{php}");
+    assert_eq!(uploaded["name"], "report.bin");
+    assert_eq!(uploaded["size"], file.len());
+    assert_eq!(uploaded["md5"], md5sum(&file).as_str());
+    let sha256: String = Sha256::digest(&file).iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(uploaded["sha256"], sha256.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_php_page_hits_the_route_timeout_with_504() {
+    let topology = Topology::start();
+    let client = client_from("127.0.0.8");
+
+    let started = Instant::now();
+    let slow = send(&client, get(&topology.url("/?sleep=3")).body(empty()).unwrap()).await;
+    let took = started.elapsed();
+    assert_eq!(slow.status, StatusCode::GATEWAY_TIMEOUT, "{}", slow.body);
+    assert_eq!(slow.body.lines().count(), 1, "{}", slow.body);
+    assert!(
+        took >= Duration::from_millis(950) && took < Duration::from_millis(2_500),
+        "the 1 s timeout took {took:?}"
+    );
+    // A limited route's answers carry the limit's headers, errors included.
+    assert!(minute_item("per_ip_minute", 299, slow.header("ratelimit")));
+
+    // PHP still serves the next page while the slow one sleeps.
+    let next = send(&client, get(&topology.url("/")).body(empty()).unwrap()).await;
+    assert_eq!(next.status, StatusCode::OK);
+
+    let metrics = admin_metrics(&topology).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "floodgate_upstream_errors_total{upstream=\"php\",kind=\"timeout\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "floodgate_requests_total{route=\"php\",status=\"504\"} 1"),
+        "{metrics}"
+    );
+}
+
+async fn admin_metrics(topology: &Topology) -> String {
+    let (_, _, body) = common::get(&topology.gateway.admin_url("/metrics")).await;
+    body
+}
