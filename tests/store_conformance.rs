@@ -180,6 +180,10 @@ async fn lockout_outlives_the_window(store: Store) {
     let first = store.one(&limit).await;
     assert_eq!(first.outcome, Outcome::Rejected);
     assert!(first.retry_after >= Duration::from_millis(690), "{first:?}");
+    assert!(
+        first.reset >= Duration::from_millis(690),
+        "the lock decides the reset: {first:?}"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let locked = store.one(&limit).await;
     assert_eq!(locked.outcome, Outcome::Locked);

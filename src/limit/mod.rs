@@ -108,17 +108,20 @@ pub(crate) fn decide_all(
             }
             if !evaluation.admitted {
                 let mut retry_after = evaluation.retry_after;
+                let mut reset = evaluation.reset;
                 if let Some((lock, penalty)) = &check.lockout {
                     writes.push(Write::Lock {
                         key: lock.clone(),
                         ttl: *penalty,
                     });
+                    // The lock now decides when the key is free again.
                     retry_after = retry_after.max(*penalty);
+                    reset = reset.max(*penalty);
                 }
                 return LimitDecision {
                     outcome: Outcome::Rejected,
                     remaining: evaluation.remaining_before,
-                    reset: micros(evaluation.reset),
+                    reset: micros(reset),
                     retry_after: micros(retry_after),
                 };
             }

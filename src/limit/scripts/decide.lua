@@ -190,12 +190,13 @@ for _ = 1, tonumber(ARGV[1]) do
     if locked[i] then
       emit(3, 0, locked[i], locked[i], 0)
     elseif not admitted[i] then
-      local retry = retries[i]
+      local retry, reset = retries[i], resets[i]
       if locks[i] then
+        -- The lock now decides when the key is free again.
         redis.call('SET', locks[i], '1', 'PX', ms(lockouts[i]), 'NX')
-        retry = max(retry, lockouts[i])
+        retry, reset = max(retry, lockouts[i]), max(reset, lockouts[i])
       end
-      emit(2, befores[i], resets[i], retry, 0)
+      emit(2, befores[i], reset, retry, 0)
     elseif not all_admitted then
       emit(0, befores[i], resets[i], 0, 0)
     else
