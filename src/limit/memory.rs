@@ -9,7 +9,7 @@
 //! bound.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::algorithm::{State, refund};
@@ -25,12 +25,38 @@ struct Entry {
     expires_at: u64,
 }
 
-type Shard = HashMap<String, Entry>;
+/// A key's identity in the store: 128 bits from two independently, randomly keyed
+/// SipHashes of its text. The store keeps 16 bytes per key instead of the text (which
+/// halves its memory), and since the hash keys are secret and per process, clients cannot
+/// make two of their keys, or theirs and someone else's, collide.
+type Slot = u128;
+
+type Shard = HashMap<Slot, Entry, BuildHasherDefault<SlotHasher>>;
+
+/// Slots are already uniformly random: the map uses their low bits as they are.
+#[derive(Default)]
+struct SlotHasher(u64);
+
+impl Hasher for SlotHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes.iter().take(8) {
+            self.0 = self.0 << 8 | u64::from(byte);
+        }
+    }
+
+    fn write_u128(&mut self, slot: u128) {
+        self.0 = slot as u64;
+    }
+}
 
 /// The in-process rate-limit store.
 pub struct MemoryStore {
     shards: Vec<Mutex<Shard>>,
-    hasher: RandomState,
+    hashers: [RandomState; 2],
     clock: Arc<dyn Clock>,
     max_per_shard: usize,
 }
@@ -39,15 +65,19 @@ impl MemoryStore {
     /// A store keeping at most about `max_keys` keys, on `clock`.
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::default())).collect(),
+            hashers: [RandomState::new(), RandomState::new()],
             clock,
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
         }
     }
 
-    fn shard_of(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) % SHARDS as u64) as usize
+    fn slot(&self, key: &str) -> Slot {
+        u128::from(self.hashers[0].hash_one(key)) << 64 | u128::from(self.hashers[1].hash_one(key))
+    }
+
+    fn shard_of(slot: Slot) -> usize {
+        (slot >> 64) as usize % SHARDS
     }
 
     /// Decides all of one request's limits, atomically.
@@ -55,7 +85,7 @@ impl MemoryStore {
         let mut indexes: Vec<usize> = checks
             .iter()
             .flat_map(|c| std::iter::once(&c.key).chain(c.lockout.as_ref().map(|(lock, _)| lock)))
-            .map(|key| self.shard_of(key))
+            .map(|key| MemoryStore::shard_of(self.slot(key)))
             .collect();
         indexes.sort_unstable();
         indexes.dedup();
@@ -72,9 +102,10 @@ impl MemoryStore {
             .collect();
         let now = self.clock.now_micros();
         let live = |guards: &[(usize, MutexGuard<'_, Shard>)], key: &str| -> Option<Entry> {
-            let shard = self.shard_of(key);
+            let slot = self.slot(key);
+            let shard = MemoryStore::shard_of(slot);
             let (_, guard) = guards.iter().find(|(i, _)| *i == shard)?;
-            guard.get(key).copied().filter(|entry| entry.expires_at > now)
+            guard.get(&slot).copied().filter(|entry| entry.expires_at > now)
         };
         let (decisions, writes) = decide_all(
             checks,
@@ -101,35 +132,36 @@ impl MemoryStore {
                     true,
                 ),
             };
-            let shard = self.shard_of(&key);
+            let slot = self.slot(&key);
+            let shard = MemoryStore::shard_of(slot);
             let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == shard) else {
                 continue;
             };
-            if only_if_absent && guard.get(&key).is_some_and(|e| e.expires_at > now) {
+            if only_if_absent && guard.get(&slot).is_some_and(|e| e.expires_at > now) {
                 continue;
             }
-            if !guard.contains_key(&key) && guard.len() >= self.max_per_shard {
+            if !guard.contains_key(&slot) && guard.len() >= self.max_per_shard {
                 make_room(guard, now, self.max_per_shard);
             }
-            guard.insert(key, entry);
+            guard.insert(slot, entry);
         }
         decisions
     }
 
     /// Gives back what an admitted request consumed from `check`'s limit.
     pub fn refund(&self, check: &LimitCheck) {
-        let shard = self.shard_of(&check.key);
-        let mut guard = self.shards[shard]
+        let slot = self.slot(&check.key);
+        let mut guard = self.shards[MemoryStore::shard_of(slot)]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let now = self.clock.now_micros();
         let stored = guard
-            .get(&check.key)
+            .get(&slot)
             .filter(|entry| entry.expires_at > now)
             .and_then(|entry| Some((entry.state?, entry.expires_at - now)));
         if let Some((state, ttl)) = refund(&check.algorithm, stored, check.cost, now) {
             guard.insert(
-                check.key.clone(),
+                slot,
                 Entry {
                     state: Some(state),
                     expires_at: now + ttl,
