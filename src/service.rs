@@ -195,6 +195,7 @@ async fn serve(
             on_error: state.on_error,
             headers: state.config.server.ratelimit_headers,
             metrics: &shared.metrics,
+            refusals: &state.refusals,
         };
         let verdict = route.limits.decide(&settings, client.ip, &source).await?;
         record.limit_outcome = verdict.outcome;

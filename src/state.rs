@@ -11,6 +11,7 @@ use http::HeaderName;
 use crate::client_ip::TrustedProxies;
 use crate::config::{Config, KeyPart, OnError, RedisConfig, RespondConfig, RouteTarget};
 use crate::limit::redis::StoreError;
+use crate::limit::refusal_cache::RefusalCache;
 use crate::limit::route::RouteLimits;
 use crate::limit::store::LimitStore;
 use crate::proxy::UpstreamClient;
@@ -31,6 +32,8 @@ pub struct GatewayState {
     pub on_error: OnError,
     /// Headers some limit keys on: their underscore spellings never reach the upstream.
     pub key_headers: Vec<HeaderName>,
+    /// Refusals remembered until they could pass (new with every configuration).
+    pub refusals: RefusalCache,
 }
 
 impl GatewayState {
@@ -130,6 +133,7 @@ impl GatewayState {
             key_prefix,
             on_error,
             key_headers,
+            refusals: RefusalCache::default(),
         })
     }
 }

@@ -21,7 +21,7 @@ async fn gateway(redis_url: &str, upstream: &Upstream, on_error: &str, limit: u6
         r#"
 [redis]
 url = "{redis_url}"
-timeout = "100ms"
+timeout = "300ms"
 on_error = "{on_error}"
 
 [upstreams.app]
@@ -97,13 +97,14 @@ async fn a_hung_redis_costs_the_timeout_until_the_breaker_opens_then_nothing() {
         );
         latencies.push(started.elapsed());
     }
-    // Until the breaker opens (3 failures), a request waits at most the 100 ms deadline...
+    // Until the breaker opens (3 failures), a request waits at most the 300 ms deadline...
     for latency in &latencies[..3] {
-        assert!(*latency < Duration::from_millis(250), "{latencies:?}");
+        assert!(*latency < Duration::from_millis(450), "{latencies:?}");
     }
-    // ...and after that Redis is not asked at all.
+    // ...and after that Redis is not asked at all: a few milliseconds of debug-build HTTP
+    // (60 ms leaves room for a loaded CI machine; the deadline is 300 ms).
     for latency in &latencies[3..] {
-        assert!(*latency < Duration::from_millis(30), "{latencies:?}");
+        assert!(*latency < Duration::from_millis(60), "{latencies:?}");
     }
     assert_eq!(
         gw.metric(r#"floodgate_store_errors_total{store="redis"}"#).await,
@@ -196,8 +197,8 @@ async fn local_shares_each_limit_between_the_live_instances() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_and_restart_are_survived() {
-    let mut redis = start_redis().await;
+async fn script_flush_is_survived_with_exact_counts() {
+    let redis = start_redis().await;
     let upstream = Upstream::start().await;
     let gw = gateway(&redis.url(), &upstream, "deny", 30).await;
     for _ in 0..9 {
@@ -214,7 +215,15 @@ async fn script_flush_and_restart_are_survived() {
         gw.metric(r#"floodgate_store_errors_total{store="redis"}"#).await,
         0.0
     );
+}
 
+/// With a limit never reached: a restart loses Redis's counters, and a refused client
+/// would stay refused (remembered) until its window ends, as its quota says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_is_survived() {
+    let mut redis = start_redis().await;
+    let upstream = Upstream::start().await;
+    let gw = gateway(&redis.url(), &upstream, "deny", 1_000_000).await;
     tokio::task::block_in_place(|| redis.restart());
     let recovered = wait_until(Duration::from_secs(3), || async {
         status_of(&gw).await == StatusCode::OK

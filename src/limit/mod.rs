@@ -12,6 +12,7 @@ pub mod key;
 pub mod memory;
 pub mod redis;
 mod redis_connection;
+pub mod refusal_cache;
 pub mod request_key;
 pub mod resilient;
 pub mod route;

@@ -12,6 +12,7 @@ use http::header::{HeaderName, HeaderValue};
 
 use super::headers::{ceil_seconds, policy_value, render};
 use super::key::{lock_key, store_key};
+use super::refusal_cache::RefusalCache;
 use super::request_key::{AmbiguousKey, KeySource, key_tuple};
 use super::store::LimitStore;
 use super::{LimitCheck, LimitDecision, Outcome};
@@ -33,6 +34,7 @@ pub struct LimitSettings<'a> {
     pub on_error: OnError,
     pub headers: RateLimitHeaders,
     pub metrics: &'a Metrics,
+    pub refusals: &'a RefusalCache,
 }
 
 /// What the limits decided for one request.
@@ -94,7 +96,14 @@ impl RouteLimits {
         if checks.is_empty() {
             return Ok(pass("exempt", Vec::new()));
         }
+        // Shadow limits must be evaluated every time, so their requests are never served
+        // from remembered refusals.
+        let remembered = !checks.iter().any(|c| c.shadow);
+        let identity = remembered.then(|| settings.refusals.identity(&checks));
         let started = Instant::now();
+        if let Some(decisions) = identity.and_then(|id| settings.refusals.get(id, started)) {
+            return Ok(self.verdict(settings, &applied, checks, &decisions));
+        }
         let decided = settings.store.decide(&checks).await;
         let store = settings.store.label();
         settings
@@ -128,6 +137,29 @@ impl RouteLimits {
                 });
             }
         };
+        if let Some(identity) = identity {
+            // A refusal holds until the last refusing limit could admit.
+            let holds_for = decisions
+                .iter()
+                .filter(|d| !d.outcome.admits())
+                .map(|d| d.retry_after)
+                .max()
+                .unwrap_or_default();
+            // Those that started a lock-out answer `locked` from now on, as the store would.
+            let remembered: Vec<LimitDecision> = checks
+                .iter()
+                .zip(&decisions)
+                .map(|(check, d)| match d.outcome {
+                    Outcome::Rejected if check.lockout.is_some() => LimitDecision {
+                        outcome: Outcome::Locked,
+                        remaining: 0,
+                        ..*d
+                    },
+                    _ => *d,
+                })
+                .collect();
+            settings.refusals.insert(identity, remembered, started, holds_for);
+        }
         Ok(self.verdict(settings, &applied, checks, &decisions))
     }
 

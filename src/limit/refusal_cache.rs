@@ -1,0 +1,166 @@
+//! Refused requests remembered until they could pass: a client hammering a limit it has
+//! exhausted (or a locked-out key) is answered without asking the store again, so a flood
+//! of refused requests costs no Redis round trip and no Redis CPU.
+//!
+//! This is exact, not an approximation: a refusal names when the refusing limit could
+//! admit again at the earliest (`retry_after`: the window's end, the lock's expiry, the
+//! time for the bucket to hold enough tokens, the queue to have room), and other requests
+//! can only consume, never give, before then. So the same checks are refused until the
+//! latest of those times, whatever any gateway instance does meanwhile. Decisions served
+//! from here report their times shortened by the time elapsed; the remaining counts of
+//! limits that did not refuse are as of the refusal. A reload starts a new cache.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{Algorithm, LimitCheck, LimitDecision};
+
+const SHARDS: usize = 16;
+/// Refusals remembered at most (about 150 bytes each).
+const MAX_ENTRIES: usize = 65_536;
+
+struct Refusal {
+    decided_at: Instant,
+    until: Instant,
+    decisions: Vec<LimitDecision>,
+}
+
+/// Recent refusals by the identity of the checks refused.
+pub struct RefusalCache {
+    shards: Vec<Mutex<HashMap<u128, Refusal>>>,
+    hashers: [RandomState; 2],
+}
+
+impl Default for RefusalCache {
+    fn default() -> Self {
+        RefusalCache {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hashers: [RandomState::new(), RandomState::new()],
+        }
+    }
+}
+
+impl RefusalCache {
+    /// The identity of a request's checks: 128 bits from two randomly keyed hashes of
+    /// every key, algorithm parameter and cost.
+    pub fn identity(&self, checks: &[LimitCheck]) -> u128 {
+        let hash = |hasher: &RandomState| {
+            let mut state = hasher.build_hasher();
+            for check in checks {
+                state.write(check.key.as_bytes());
+                state.write_u8(0xff);
+                match check.algorithm {
+                    Algorithm::FixedWindow { limit, window } | Algorithm::SlidingWindow { limit, window } => {
+                        state.write_u64(limit);
+                        state.write_u64(window);
+                    }
+                    Algorithm::TokenBucket { rate, per, burst }
+                    | Algorithm::LeakyBucket { rate, per, burst } => {
+                        state.write_u64(rate.to_bits());
+                        state.write_u64(per);
+                        state.write_u64(burst);
+                    }
+                }
+                state.write_u64(check.cost);
+                state.write_u8(u8::from(check.lockout.is_some()));
+            }
+            state.finish()
+        };
+        u128::from(hash(&self.hashers[0])) << 64 | u128::from(hash(&self.hashers[1]))
+    }
+
+    fn shard(&self, identity: u128) -> &Mutex<HashMap<u128, Refusal>> {
+        &self.shards[(identity >> 64) as usize % SHARDS]
+    }
+
+    /// The remembered refusal of these checks, if it still holds at `now`.
+    pub fn get(&self, identity: u128, now: Instant) -> Option<Vec<LimitDecision>> {
+        let shard = self.shard(identity).lock().unwrap_or_else(|p| p.into_inner());
+        let refusal = shard.get(&identity).filter(|r| r.until > now)?;
+        let elapsed = now.saturating_duration_since(refusal.decided_at);
+        Some(
+            refusal
+                .decisions
+                .iter()
+                .map(|d| LimitDecision {
+                    reset: d.reset.saturating_sub(elapsed),
+                    retry_after: d.retry_after.saturating_sub(elapsed),
+                    ..*d
+                })
+                .collect(),
+        )
+    }
+
+    /// Remembers a refusal decided at `now` that holds for `holds_for`.
+    pub fn insert(&self, identity: u128, decisions: Vec<LimitDecision>, now: Instant, holds_for: Duration) {
+        if holds_for.is_zero() {
+            return;
+        }
+        let mut shard = self.shard(identity).lock().unwrap_or_else(|p| p.into_inner());
+        if shard.len() >= MAX_ENTRIES / SHARDS && !shard.contains_key(&identity) {
+            shard.retain(|_, refusal| refusal.until > now);
+            if shard.len() >= MAX_ENTRIES / SHARDS {
+                shard.clear();
+            }
+        }
+        shard.insert(
+            identity,
+            Refusal {
+                decided_at: now,
+                until: now + holds_for,
+                decisions,
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::Outcome;
+
+    fn check(key: &str) -> LimitCheck {
+        LimitCheck {
+            key: key.to_owned(),
+            algorithm: Algorithm::FixedWindow {
+                limit: 1,
+                window: 1_000_000,
+            },
+            lockout: None,
+            cost: 1,
+            shadow: false,
+        }
+    }
+
+    fn refused(retry_ms: u64) -> LimitDecision {
+        LimitDecision {
+            outcome: Outcome::Rejected,
+            remaining: 0,
+            reset: Duration::from_millis(retry_ms),
+            retry_after: Duration::from_millis(retry_ms),
+        }
+    }
+
+    #[test]
+    fn a_refusal_holds_until_its_time_then_is_forgotten() {
+        let cache = RefusalCache::default();
+        let id = cache.identity(&[check("a")]);
+        assert_ne!(id, cache.identity(&[check("b")]));
+        let now = Instant::now();
+        cache.insert(id, vec![refused(500)], now, Duration::from_millis(500));
+        let later = cache.get(id, now + Duration::from_millis(200)).unwrap();
+        assert_eq!(later[0].retry_after, Duration::from_millis(300));
+        assert!(cache.get(id, now + Duration::from_millis(500)).is_none());
+        assert!(cache.get(cache.identity(&[check("b")]), now).is_none());
+    }
+
+    #[test]
+    fn the_cost_is_part_of_the_identity() {
+        let cache = RefusalCache::default();
+        let mut heavy = check("a");
+        heavy.cost = 5;
+        assert_ne!(cache.identity(&[check("a")]), cache.identity(&[heavy]));
+    }
+}
