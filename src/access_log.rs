@@ -9,11 +9,6 @@ use http::Method;
 
 use crate::metrics::Metrics;
 
-/// The route label of requests that matched no route.
-pub fn no_route() -> Arc<str> {
-    Arc::from("")
-}
-
 /// What is known about a request by the time its response starts.
 pub struct AccessRecord {
     pub metrics: Arc<Metrics>,

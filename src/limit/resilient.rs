@@ -124,11 +124,6 @@ impl ResilientRedis {
     pub fn usable(&self) -> bool {
         self.redis.connected() && !self.breaker.is_open()
     }
-
-    /// Live instances last seen (for tests and logs).
-    pub fn instances(&self) -> u64 {
-        self.instances.load(Ordering::Relaxed)
-    }
 }
 
 /// A limit's share for one of `instances` gateways (at least 1 request or token).
