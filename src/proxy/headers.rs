@@ -40,6 +40,11 @@ const UNDERSCORE_SPELLINGS: [&str; 4] = [
 /// Removes hop-by-hop headers and every header named in `Connection`. `Host` is never
 /// removed, whatever `Connection` says.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the names with cheap comparisons: most messages carry none of them
+    // (or only `Connection`), and then nothing is hashed, removed or allocated.
+    if !headers.keys().any(|name| hop_by_hop().contains(&name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -93,8 +98,9 @@ pub struct ForwardingContext<'a> {
 pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'_>) {
     remove_underscore_spellings(headers, ctx.key_headers);
 
-    let peer = ctx.peer.to_canonical().to_string();
-    let forwarded_for = if ctx.peer_trusted {
+    let peer = ctx.peer.to_canonical();
+    let peer_value = ip_value(peer);
+    if ctx.peer_trusted {
         let previous: Vec<&str> = headers
             .get_all(&X_FORWARDED_FOR)
             .iter()
@@ -103,16 +109,25 @@ pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'
             .filter(|v| !v.is_empty())
             .collect();
         if previous.is_empty() {
-            peer
+            headers.insert(X_FORWARDED_FOR.clone(), peer_value.clone());
         } else {
-            format!("{}, {peer}", previous.join(", "))
+            insert(
+                headers,
+                &X_FORWARDED_FOR,
+                &format!("{}, {peer}", previous.join(", ")),
+            );
         }
     } else {
         headers.remove(&FORWARDED);
-        peer
+        headers.insert(X_FORWARDED_FOR.clone(), peer_value.clone());
+    }
+    // From an untrusted peer (the usual case) the client is the peer: one value for both.
+    let client_value = if ctx.client_ip == peer {
+        peer_value
+    } else {
+        ip_value(ctx.client_ip)
     };
-    insert(headers, &X_FORWARDED_FOR, &forwarded_for);
-    insert(headers, &X_REAL_IP, &ctx.client_ip.to_string());
+    headers.insert(X_REAL_IP.clone(), client_value);
 
     if !(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
@@ -126,6 +141,11 @@ pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'
         }
     }
     headers.append(header::VIA, via_value(ctx.version));
+}
+
+/// An address as a header value (always valid: digits, dots, colons and hex).
+fn ip_value(ip: IpAddr) -> HeaderValue {
+    HeaderValue::try_from(ip.to_string()).expect("an IP address is a valid header value")
 }
 
 fn via_value(version: Version) -> HeaderValue {
