@@ -90,9 +90,10 @@ impl Reloader {
 /// for [`DEBOUNCE`], so a file caught half-written is not reported as invalid.
 pub fn watch_file(reloader: Arc<Reloader>, path: &Path) -> WatchHandle {
     let path = path.to_path_buf();
+    // Taken now, not in the task: a change made right after this call must be seen.
+    let mut seen = fingerprint(&path);
+    let mut content = std::fs::read(&path).ok();
     let task = tokio::spawn(async move {
-        let mut seen = fingerprint(&path);
-        let mut content = std::fs::read(&path).ok();
         loop {
             tokio::time::sleep(POLL_EVERY).await;
             let now = fingerprint(&path);
