@@ -1,11 +1,86 @@
 //! Log setup: `FLOODGATE_LOG` is a tracing filter (default `info`), `FLOODGATE_LOG_FORMAT`
 //! is `text` (default) or `json`. Logs go to standard output, as containers expect.
+//!
+//! Access-log lines (target `access`) are buffered and written in blocks, as nginx's
+//! `access_log ... buffer=` does: a `write(2)` per request costs a proxy a sixth of its
+//! throughput. The buffer is written when it holds 32 KB, every 100 ms, and at exit
+//! ([`flush`]); every other event (start-up, warnings, errors) is written at once, after
+//! whatever access lines precede it, so the order of lines is kept.
 
-use std::io::IsTerminal as _;
+use std::io::{IsTerminal as _, Write};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
+use tracing::Metadata;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
 
-/// Installs the global subscriber from the environment.
+/// Buffered access lines are written once they reach this size...
+const FLUSH_AT: usize = 32 * 1024;
+/// ...or this long after they were buffered.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+/// Lines waiting to be written to standard output.
+static PENDING: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+fn pending() -> MutexGuard<'static, Vec<u8>> {
+    PENDING.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Writes out every buffered line.
+pub fn flush() {
+    let mut pending = pending();
+    write_out(&mut pending);
+}
+
+fn write_out(pending: &mut Vec<u8>) {
+    if !pending.is_empty() {
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_all(pending);
+        let _ = stdout.flush();
+        pending.clear();
+    }
+}
+
+/// The writer for one event: buffered for access lines, immediate (after the buffer) for
+/// the others.
+pub struct LineWriter {
+    buffered: bool,
+}
+
+impl Write for LineWriter {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        let mut pending = pending();
+        pending.extend_from_slice(line);
+        if !self.buffered || pending.len() >= FLUSH_AT {
+            write_out(&mut pending);
+        }
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+struct Stdout;
+
+impl<'a> MakeWriter<'a> for Stdout {
+    type Writer = LineWriter;
+
+    fn make_writer(&'a self) -> LineWriter {
+        LineWriter { buffered: false }
+    }
+
+    fn make_writer_for(&'a self, meta: &Metadata<'_>) -> LineWriter {
+        LineWriter {
+            buffered: meta.target() == "access",
+        }
+    }
+}
+
+/// Installs the global subscriber from the environment, and the thread that writes
+/// buffered access lines out.
 pub fn init() -> Result<(), String> {
     let filter = match std::env::var("FLOODGATE_LOG") {
         Ok(spec) => EnvFilter::try_new(&spec)
@@ -17,6 +92,7 @@ pub fn init() -> Result<(), String> {
     // `key=value` pairs and break grep and parsers.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_writer(Stdout)
         .with_ansi(std::io::stdout().is_terminal());
     match format.as_str() {
         "text" => builder.init(),
@@ -27,5 +103,14 @@ pub fn init() -> Result<(), String> {
             ));
         }
     }
+    std::thread::Builder::new()
+        .name("floodgate-log".into())
+        .spawn(|| {
+            loop {
+                std::thread::sleep(FLUSH_EVERY);
+                flush();
+            }
+        })
+        .map_err(|e| format!("cannot start the log writer: {e}"))?;
     Ok(())
 }

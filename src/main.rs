@@ -116,14 +116,16 @@ fn run(path: &Path) -> ExitCode {
         eprintln!("floodgate: {message}");
         return ExitCode::FAILURE;
     }
-    match serve(config, path.to_path_buf()) {
+    let code = match serve(config, path.to_path_buf()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("floodgate: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    logging::flush();
+    code
 }
 
 fn serve(config: Config, path: PathBuf) -> anyhow::Result<()> {
