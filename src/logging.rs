@@ -2,8 +2,7 @@
 //! is `text` (default) or `json`. Logs go to standard output, as containers expect.
 //!
 //! Access-log lines (target `access`) are buffered and written in blocks, as nginx's
-//! `access_log ... buffer=` does: a `write(2)` per request costs a proxy a sixth of its
-//! throughput. The buffer is written when it holds 32 KB, every 100 ms, and at exit
+//! `access_log ... buffer=` does, rather than with a `write(2)` per request. The buffer is written when it holds 32 KB, every 100 ms, and at exit
 //! ([`flush`]); every other event (start-up, warnings, errors) is written at once, after
 //! whatever access lines precede it, so the order of lines is kept.
 
