@@ -162,19 +162,20 @@ async fn serve(
     record: &mut AccessRecord,
     limit_headers: &mut Vec<(HeaderName, HeaderValue)>,
 ) -> Result<Response<Payload>, GatewayError> {
-    let path = match normalize_path(request.uri().path()) {
+    // The access record owns the normalized path; the request path borrows it from there.
+    record.path = match normalize_path(request.uri().path()) {
         Ok(path) => path.into_owned(),
         Err(e) => {
             record.path = request.uri().path().to_owned();
             return Err(e.into());
         }
     };
-    record.path.clone_from(&path);
+    let path = record.path.as_str();
     let host = request_host(&request);
     let route_host = host.and_then(normalize_host);
     let index = state
         .router
-        .lookup(route_host.as_deref(), &path, request.method())
+        .lookup(route_host.as_deref(), path, request.method())
         .ok_or(GatewayError::NoRoute)?;
     record.route = state.router.routes()[index].name.clone();
     let route = &state.routes[index];
@@ -185,7 +186,7 @@ async fn serve(
             headers: request.headers(),
             query: request.uri().query(),
             method: request.method(),
-            path: &path,
+            path,
             host: route_host.as_deref(),
             route: &record.route,
         };
@@ -224,7 +225,7 @@ async fn serve(
                 version: request.version(),
                 key_headers: &state.key_headers,
             };
-            forward(upstream, request, &path, &context, state.config.server.max_body).await
+            forward(upstream, request, path, &context, state.config.server.max_body).await
         }
     }
 }

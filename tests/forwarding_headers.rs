@@ -9,19 +9,7 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 
 async fn gateway(upstream: &Upstream, server: &str) -> TestGateway {
-    TestGateway::start(&format!(
-        r#"{server}
-[upstreams.app]
-url = "{}"
-
-[[routes]]
-name = "app"
-path_prefix = "/"
-upstream = "app"
-"#,
-        upstream.url()
-    ))
-    .await
+    TestGateway::proxy_to(upstream, server, "").await
 }
 
 async fn untrusted_gateway(upstream: &Upstream) -> TestGateway {

@@ -138,6 +138,18 @@ async fn text_access_log_is_plain_key_value_pairs() {
     }
 }
 
+/// Waits (at most 5 s) until the request just sent is in flight at the upstream.
+async fn wait_until_upstream_has_it(upstream: &Upstream) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.requests() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_then_exits_0() {
     let upstream = Upstream::start().await;
@@ -147,14 +159,7 @@ async fn sigterm_drains_in_flight_requests_then_exits_0() {
 
     let url = gateway.url("/slow?ms=1500");
     let slow = tokio::spawn(async move { get(&url).await });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while upstream.requests() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the slow request never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until_upstream_has_it(&upstream).await;
 
     let signalled = Instant::now();
     gateway.signal(libc::SIGTERM);
@@ -210,14 +215,7 @@ async fn sigterm_exits_0_after_the_grace_even_if_a_request_is_stuck() {
         let request = Request::get(url).body(Full::new(Bytes::new())).unwrap();
         http1_client().request(request).await
     });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while upstream.requests() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the slow request never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until_upstream_has_it(&upstream).await;
     let signalled = Instant::now();
     gateway.signal(libc::SIGTERM);
     let exit = tokio::task::block_in_place(|| gateway.wait_exit(Duration::from_secs(5)))
@@ -234,6 +232,27 @@ async fn sigterm_exits_0_after_the_grace_even_if_a_request_is_stuck() {
         outcome.as_ref().is_ok_and(|r| r.as_ref().unwrap().is_err()),
         "{outcome:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_drains_and_exits_0_like_sigterm() {
+    let upstream = Upstream::start().await;
+    let mut gateway = FloodgateProcess::start(&proxy_config(&upstream, "shutdown_grace = \"5s\""), &[]);
+    let url = gateway.url("/slow?ms=500");
+    let in_flight = tokio::spawn(async move {
+        let request = Request::get(url).body(Full::new(Bytes::new())).unwrap();
+        http1_client().request(request).await.map(|r| r.status())
+    });
+    wait_until_upstream_has_it(&upstream).await;
+    gateway.signal(libc::SIGINT);
+    let exit = tokio::task::block_in_place(|| gateway.wait_exit(Duration::from_secs(5)))
+        .expect("floodgate did not exit on SIGINT");
+    assert_eq!(exit.code(), Some(0));
+    let status = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight request was answered");
+    assert_eq!(status, StatusCode::OK);
 }
 
 /// Threads of the tokio runtime. Their default name was `tokio-runtime-worker` (shown as

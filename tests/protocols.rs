@@ -13,19 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 async fn gateway(upstream: &Upstream) -> TestGateway {
-    TestGateway::start(&format!(
-        r#"
-[upstreams.app]
-url = "{}"
-
-[[routes]]
-name = "app"
-path_prefix = "/"
-upstream = "app"
-"#,
-        upstream.url()
-    ))
-    .await
+    TestGateway::proxy_to(upstream, "", "").await
 }
 
 #[tokio::test]

@@ -18,20 +18,7 @@ const TOTAL: u64 = 200 * 1024 * 1024;
 const CHUNK: usize = 64 * 1024;
 
 async fn gateway(upstream: &Upstream) -> TestGateway {
-    TestGateway::start(&format!(
-        r#"
-[upstreams.app]
-url = "{}"
-timeout = "10s"
-
-[[routes]]
-name = "app"
-path_prefix = "/"
-upstream = "app"
-"#,
-        upstream.url()
-    ))
-    .await
+    TestGateway::proxy_to(upstream, "", "timeout = \"10s\"").await
 }
 
 /// Bytes repeating with a fixed period, handed out as zero-copy slices.

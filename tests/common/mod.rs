@@ -49,6 +49,17 @@ impl TestGateway {
         TestGateway::start_config(config).await
     }
 
+    /// A gateway with one catch-all route to `upstream`: `server` is prepended (a
+    /// `[server]` table, or empty), `upstream_keys` added to `[upstreams.app]`.
+    pub async fn proxy_to(upstream: &Upstream, server: &str, upstream_keys: &str) -> TestGateway {
+        TestGateway::start(&format!(
+            "{server}\n[upstreams.app]\nurl = \"{}\"\n{upstream_keys}\n\n\
+             [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+            upstream.url()
+        ))
+        .await
+    }
+
     /// Starts a gateway from an already loaded configuration.
     pub async fn start_config(config: Config) -> TestGateway {
         let gateway = Gateway::bind(config).await.expect("bind");
