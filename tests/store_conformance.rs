@@ -85,21 +85,99 @@ async fn admitted_count(store: &Store, check: &LimitCheck, attempts: usize) -> u
     admitted
 }
 
-async fn exact_count_under_concurrency(store: Store) {
-    let store = Arc::new(store);
-    let limit = check("conc", fixed(50, 60_000));
-    let tasks: Vec<_> = (0..200)
+/// Sends `attempts` concurrent requests, each with all of `checks`, and counts the
+/// outcomes (with the Redis store, the requests share script calls).
+async fn concurrent_outcomes(
+    store: &Arc<Store>,
+    checks: &[LimitCheck],
+    attempts: usize,
+) -> Vec<Vec<Outcome>> {
+    let tasks: Vec<_> = (0..attempts)
         .map(|_| {
-            let store = store.clone();
-            let limit = limit.clone();
-            tokio::spawn(async move { store.one(&limit).await.outcome.admits() })
+            let (store, checks) = (store.clone(), checks.to_vec());
+            tokio::spawn(async move {
+                let decisions = store.decide(&checks).await;
+                decisions.iter().map(|d| d.outcome).collect::<Vec<_>>()
+            })
         })
         .collect();
-    let mut admitted = 0;
+    let mut outcomes = Vec::new();
     for task in tasks {
-        admitted += usize::from(task.await.unwrap());
+        outcomes.push(task.await.unwrap());
     }
-    assert_eq!(admitted, 50);
+    outcomes
+}
+
+fn admitted(outcomes: &[Vec<Outcome>]) -> usize {
+    outcomes
+        .iter()
+        .filter(|request| request.iter().all(|o| o.admits()))
+        .count()
+}
+
+/// Every algorithm admits exactly its capacity out of 200 simultaneous requests.
+async fn exact_count_under_concurrency(store: Store) {
+    let store = Arc::new(store);
+    let minute = 60_000 * MS;
+    let limits = [
+        (check("conc-fw", fixed(50, 60_000)), 50),
+        (
+            check(
+                "conc-sw",
+                Algorithm::SlidingWindow {
+                    limit: 50,
+                    window: minute,
+                },
+            ),
+            50,
+        ),
+        (
+            check(
+                "conc-tb",
+                Algorithm::TokenBucket {
+                    rate: 1.0,
+                    per: minute,
+                    burst: 50,
+                },
+            ),
+            50,
+        ),
+        // A leaky bucket admits the request at the head and `burst` waiting behind it.
+        (
+            check(
+                "conc-lb",
+                Algorithm::LeakyBucket {
+                    rate: 1.0,
+                    per: minute,
+                    burst: 50,
+                },
+            ),
+            51,
+        ),
+    ];
+    for (limit, capacity) in limits {
+        let outcomes = concurrent_outcomes(&store, std::slice::from_ref(&limit), 200).await;
+        assert_eq!(admitted(&outcomes), capacity, "{}", limit.key);
+    }
+}
+
+/// Under concurrency, a request that one limit refuses consumes nothing from the others,
+/// a refusal starts the lock-out, and later requests in the same burst see the lock.
+async fn all_or_nothing_and_lockout_under_concurrency(store: Store) {
+    let store = Arc::new(store);
+    let wide = check("conc-wide", fixed(1_000, 60_000));
+    let mut narrow = check("conc-narrow", fixed(30, 60_000));
+    let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
+    narrow.lockout = Some((lock_key("fg", &tuple, "conc-narrow"), 60_000 * MS));
+    let outcomes = concurrent_outcomes(&store, &[wide.clone(), narrow], 200).await;
+    assert_eq!(admitted(&outcomes), 30);
+    let locked = outcomes
+        .iter()
+        .filter(|request| request[1] == Outcome::Locked)
+        .count();
+    assert!(locked >= 100, "{locked} of 170 refusals saw the lock");
+    // The wide limit gave only the 30 admitted requests.
+    assert_eq!(store.one(&wide).await.remaining, 1_000 - 31);
 }
 
 async fn fixed_window_resets(store: Store) {
@@ -309,6 +387,7 @@ macro_rules! conformance {
 
 conformance!(
     exact_count_under_concurrency,
+    all_or_nothing_and_lockout_under_concurrency,
     fixed_window_resets,
     token_bucket_burst_then_rate,
     leaky_bucket_spaces_and_bounds_the_queue,

@@ -6,6 +6,7 @@
 
 pub mod algorithm;
 pub mod clock;
+mod decide_call;
 mod group_commit;
 pub mod headers;
 pub mod key;

@@ -4,8 +4,9 @@
 //!
 //! The connection is made in the background: the gateway starts, and serves under its
 //! failure policy, whether or not Redis is up. The script takes a batch of requests and
-//! decides each atomically and all-or-nothing, with Redis `TIME` as the only clock; today
-//! one call carries one request.
+//! decides each atomically and all-or-nothing, with Redis `TIME` as the only clock; on a
+//! single server or Sentinel master, [`GroupCommit`] fills each call with the requests
+//! that arrived while the previous one was in flight.
 //!
 //! On Redis Cluster, the keys of one request share a slot when its limits share a key
 //! tuple (the tuple is the hash tag), and the decision stays one atomic call. When a
@@ -18,18 +19,17 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use redis::Script;
+use redis::{ErrorKind, Script, ServerErrorKind};
 
+use super::decide_call;
 use super::group_commit::{GroupCommit, Pending};
 use super::redis_connection::{Connection, Source};
-use super::{Algorithm, LimitCheck, LimitDecision, Outcome};
+use super::{LimitCheck, LimitDecision, Outcome};
 use crate::config::RedisTarget;
 
 const DECIDE_LUA: &str = include_str!("scripts/decide.lua");
 const REFUND_LUA: &str = include_str!("scripts/refund.lua");
 const HEARTBEAT_LUA: &str = include_str!("scripts/heartbeat.lua");
-/// Values the script returns per check.
-const FIELDS_PER_CHECK: usize = 5;
 /// Longest pause between two connection attempts.
 const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
 /// At most one "cannot connect" log line per this period.
@@ -194,7 +194,7 @@ impl RedisStore {
     /// Gives back what an admitted request consumed from `check`'s limit.
     pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
         let mut connection = self.connection()?;
-        let (code, a, b, c) = parameters(&check.algorithm);
+        let (code, a, b, c) = decide_call::parameters(&check.algorithm);
         let mut invocation = self.shared.refund.prepare_invoke();
         invocation
             .key(&check.key)
@@ -273,47 +273,26 @@ impl Shared {
             .unwrap_or_default())
     }
 
-    /// One script call deciding several requests, each atomic and all-or-nothing.
+    /// One script call deciding several requests, each atomic and all-or-nothing. The
+    /// script is loaded (`SCRIPT LOAD`) when Redis does not know it, e.g. after a restart.
     async fn decide_requests(
         &self,
         connection: &mut Connection,
         requests: &[&[LimitCheck]],
     ) -> Result<Vec<Vec<LimitDecision>>, StoreError> {
-        let mut invocation = self.decide.prepare_invoke();
-        invocation.arg(requests.len());
-        let mut total = 0;
-        for checks in requests {
-            invocation.arg(checks.len());
-            total += checks.len();
-            for check in *checks {
-                invocation.key(&check.key);
-                let lockout = match &check.lockout {
-                    Some((lock, micros)) => {
-                        invocation.key(lock);
-                        *micros
-                    }
-                    None => 0,
-                };
-                let (code, a, b, c) = parameters(&check.algorithm);
-                invocation.arg(code).arg(a).arg(b).arg(c);
-                invocation
-                    .arg(check.cost)
-                    .arg(lockout)
-                    .arg(u8::from(check.shadow));
+        let call = decide_call::command(self.decide.get_hash(), requests);
+        let values: Vec<i64> = match self.within_deadline(call.query_async(connection)).await {
+            Err(StoreError::Redis(error)) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.within_deadline(self.decide.prepare_invoke().load_async(connection))
+                    .await?;
+                self.within_deadline(call.query_async(connection)).await?
             }
-        }
-        let values: Vec<i64> = self.within_deadline(invocation.invoke_async(connection)).await?;
-        if values.len() != total * FIELDS_PER_CHECK {
-            return Err(StoreError::Malformed {
-                got: values.len(),
-                checks: total,
-            });
-        }
-        let mut decisions = values.chunks_exact(FIELDS_PER_CHECK).map(decision);
-        Ok(requests
-            .iter()
-            .map(|checks| decisions.by_ref().take(checks.len()).collect())
-            .collect())
+            answer => answer?,
+        };
+        decide_call::decisions(requests, &values).ok_or_else(|| StoreError::Malformed {
+            got: values.len(),
+            checks: requests.iter().map(|checks| checks.len()).sum(),
+        })
     }
 }
 
@@ -339,16 +318,6 @@ async fn decide_batch(shared: Weak<Shared>, batch: Vec<Pending>) {
                 let _ = pending.reply.send(Err(error.clone()));
             }
         }
-    }
-}
-
-/// The script's encoding of an algorithm: its code and three parameters.
-fn parameters(algorithm: &Algorithm) -> (u8, f64, u64, u64) {
-    match *algorithm {
-        Algorithm::FixedWindow { limit, window } => (1, limit as f64, window, 0),
-        Algorithm::SlidingWindow { limit, window } => (2, limit as f64, window, 0),
-        Algorithm::TokenBucket { rate, per, burst } => (3, rate, per, burst),
-        Algorithm::LeakyBucket { rate, per, burst } => (4, rate, per, burst),
     }
 }
 
@@ -420,25 +389,10 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
-fn decision(fields: &[i64]) -> LimitDecision {
-    let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
-    let outcome = match fields[0] {
-        0 => Outcome::Allowed,
-        1 => Outcome::Delayed(micros(fields[4])),
-        3 => Outcome::Locked,
-        _ => Outcome::Rejected,
-    };
-    LimitDecision {
-        outcome,
-        remaining: u64::try_from(fields[1]).unwrap_or(0),
-        reset: micros(fields[2]),
-        retry_after: micros(fields[3]),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::Algorithm;
 
     #[test]
     fn passwords_never_reach_the_log() {

@@ -1,25 +1,35 @@
 -- floodgate: decide rate limits for a batch of requests, each atomic and all-or-nothing.
 -- Mirrors src/limit/algorithm.rs and decide_all() in src/limit/mod.rs; change them together.
+-- The encoding is written by src/limit/decide_call.rs.
 --
--- ARGV[1]: number of requests. Then per request: its number of checks, and per check:
+-- KEYS: the batch's distinct counter keys, then its distinct lock keys.
+-- ARGV[1]: the number of counter keys C (KEYS[1..C]).
+-- ARGV[2]: the number of limit specs S, then 7 values per spec:
 --   algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket, 4 leaky_bucket),
 --   a, b, c (fixed/sliding: limit, window_us, 0; buckets: rate, per_us, burst),
 --   cost, lockout_us (0: none), shadow (1: never refuses; consumes only when the request
 --   is admitted and it admits too).
--- KEYS: per check, its counter key, then its lock key when lockout_us > 0.
+-- Then the number of requests, and per request its number of checks and per check: spec
+--   index, counter key index, and (only when the spec has a lock-out) lock key index.
 -- Returns, per check in order: outcome (0 allowed, 1 delayed, 2 rejected, 3 locked),
 --   remaining, reset_us, retry_after_us, delay_us.
 -- Time comes from Redis TIME only, in microseconds (exact in a Lua double).
 --
--- State: fixed_window is a plain counter (INCRBY, PEXPIRE only when created); the others
--- are one string each, written with SET PX: "index:current:previous" (sliding_window),
--- "tokens:updated" (token_bucket, tokens with 17 significant digits), "tat:step"
--- (leaky_bucket). Two commands per limit and decision.
+-- Each key is read once per call (one MGET for every counter key; PTTL where a window or
+-- a lock needs it), its state is kept here while the requests are decided in order, and
+-- each changed key is written once at the end. So a call costs a few commands per distinct
+-- key, however many requests it carries, and each request still sees the state the
+-- requests before it left: exactly as if they were decided one call each.
+--
+-- Stored state: fixed_window is a plain counter (SET PX when its window starts, INCRBY
+-- after); the others are one string each, written with SET PX: "index:current:previous"
+-- (sliding_window), "tokens:updated" (token_bucket, tokens with 17 significant digits),
+-- "tat:step" (leaky_bucket).
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
-local format, match = string.format, string.match
+local format, match, tonumber, unpack = string.format, string.match, tonumber, unpack
 
 local function ms(us)
   return max(1, ceil(us / 1000))
@@ -30,43 +40,62 @@ local function nonneg(x)
   return floor(x)
 end
 
--- Each evaluator returns: admitted, delay, remaining_after, remaining_before, reset,
--- retry_after, and the write: kind (1: INCRBY cost and PEXPIRE if new, 2: SET PX), value,
--- ttl in ms.
-local function fixed_window(key, limit, window, cost)
-  local stored = redis.call('GET', key)
-  local count, window_end, new = 0, now + window, 1
-  if stored then
-    local pttl = redis.call('PTTL', key)
-    if pttl > 0 then
-      count, window_end, new = tonumber(stored), now + pttl * 1000, 0
-    end
+-- Counter keys: their stored text (false when absent), read together.
+local n_counters = tonumber(ARGV[1])
+local stored = {}
+do
+  local chunk = 1000 -- unpack() is bounded by Lua's C stack
+  for first = 1, n_counters, chunk do
+    local last = min(first + chunk - 1, n_counters)
+    local values = redis.call('MGET', unpack(KEYS, first, last))
+    for i = 1, last - first + 1 do stored[first + i - 1] = values[i] end
   end
-  local reset = window_end - now
-  local admitted = count + cost <= limit
-  local after = count
-  local retry = reset
-  if admitted then
-    after = count + cost
-    retry = 0
-  end
-  -- new = 1: the window starts now, so the counter gets its expiry (and only then).
-  return admitted, 0, nonneg(limit - after), nonneg(limit - count), reset, retry, 1, new, ms(window)
 end
 
-local function sliding_window(key, limit, window, cost)
+-- Each counter's live state, parsed on first use: up to three numbers per key index.
+local parsed, s1, s2, s3 = {}, {}, {}, {}
+-- Changed counters: algorithm by key index, with the write's expiry in ms.
+local dirty, ttl = {}, {}
+-- Fixed windows: created in this call (written with SET PX), or the amount to INCRBY.
+local created, added = {}, {}
+
+-- Each evaluator returns: admitted, delay, remaining_after, remaining_before, reset,
+-- retry_after, and the state to keep when the request is admitted (three numbers and the
+-- expiry in ms).
+local function fixed_window(k, limit, window, _, cost)
+  if not parsed[k] then
+    parsed[k] = true
+    if stored[k] then
+      local pttl = redis.call('PTTL', KEYS[k])
+      if pttl > 0 then s1[k], s2[k] = tonumber(stored[k]), now + pttl * 1000 end
+    end
+  end
+  -- s2 (the window's end) is nil until the window exists: it starts with its first admission.
+  local count, window_end = s1[k] or 0, s2[k] or now + window
+  local reset = window_end - now
+  local admitted = count + cost <= limit
+  local after, retry = count, reset
+  if admitted then after, retry = count + cost, 0 end
+  return admitted, 0, nonneg(limit - after), nonneg(limit - count), reset, retry,
+    after, window_end, 0, ms(window)
+end
+
+local function sliding_window(k, limit, window, _, cost)
+  if not parsed[k] then
+    parsed[k] = true
+    if stored[k] then
+      local i, c, p = match(stored[k], '^([^:]+):([^:]+):(.+)$')
+      s1[k], s2[k], s3[k] = tonumber(i), tonumber(c), tonumber(p)
+    end
+  end
   local index = floor(now / window)
   local into = now - index * window
   local current, previous = 0, 0
-  local stored = redis.call('GET', key)
-  if stored then
-    local i, c, p = match(stored, '^([^:]+):([^:]+):(.+)$')
-    i = tonumber(i)
-    if i == index then
-      current, previous = tonumber(c), tonumber(p)
-    elseif i == index - 1 then
-      previous = tonumber(c)
-    end
+  local i = s1[k]
+  if i == index then
+    current, previous = s2[k], s3[k]
+  elseif i == index - 1 then
+    previous = s2[k]
   end
   local weight = (window - into) / window
   local estimate = previous * weight + current
@@ -88,17 +117,20 @@ local function sliding_window(key, limit, window, cost)
   local after = current
   if admitted then after = current + cost end
   return admitted, 0, nonneg(limit - (previous * weight + after)), nonneg(limit - estimate), window - into, retry,
-    2, format('%d:%d:%d', index, after, previous), ms(2 * window - into)
+    index, after, previous, ms(2 * window - into)
 end
 
-local function token_bucket(key, rate, per, burst, cost)
+local function token_bucket(k, rate, per, burst, cost)
+  if not parsed[k] then
+    parsed[k] = true
+    if stored[k] then
+      local t, u = match(stored[k], '^([^:]+):(.+)$')
+      s1[k], s2[k] = tonumber(t), tonumber(u)
+    end
+  end
   local step = per / rate
   local tokens = burst
-  local stored = redis.call('GET', key)
-  if stored then
-    local t, u = match(stored, '^([^:]+):(.+)$')
-    tokens = min(burst, tonumber(t) + max(0, now - tonumber(u)) / step)
-  end
+  if s1[k] then tokens = min(burst, s1[k] + max(0, now - s2[k]) / step) end
   local admitted = tokens >= cost
   local left = tokens
   local retry = 0
@@ -109,18 +141,23 @@ local function token_bucket(key, rate, per, burst, cost)
   end
   local until_full = ceil((burst - left) * step)
   return admitted, 0, floor(left), floor(tokens), until_full, retry,
-    2, format('%.17g:%d', left, now), ms(max(1, until_full))
+    left, now, 0, ms(max(1, until_full))
 end
 
-local function leaky_bucket(key, rate, per, burst, cost)
+local function leaky_bucket(k, rate, per, burst, cost)
+  if not parsed[k] then
+    parsed[k] = true
+    if stored[k] then
+      local t, s = match(stored[k], '^([^:]+):(.+)$')
+      s1[k], s2[k] = tonumber(t), tonumber(s)
+    end
+  end
   local step = per / rate
   local depth = burst * step
   local tat = now
-  local stored = redis.call('GET', key)
-  if stored then
-    local t, s = match(stored, '^([^:]+):(.+)$')
-    tat = max(tonumber(t), now)
-    if tonumber(s) ~= step then
+  if s1[k] then
+    tat = max(s1[k], now)
+    if s2[k] ~= step then
       -- The rate or depth was edited: no longer a queue than the new depth allows.
       tat = min(tat, now + depth)
     end
@@ -139,10 +176,33 @@ local function leaky_bucket(key, rate, per, burst, cost)
   local after = max(0, floor((depth - (new_tat - now)) / step) + 1)
   local before = max(0, floor((depth - delay) / step) + 1)
   return admitted, held, after, before, ceil(new_tat - now), retry,
-    2, format('%d:%.17g', floor(new_tat + 0.5), step), ms(max(1, ceil(new_tat - now)))
+    floor(new_tat + 0.5), step, 0, ms(max(1, ceil(new_tat - now)))
 end
 
 local evaluators = { fixed_window, sliding_window, token_bucket, leaky_bucket }
+
+-- Lock keys: microseconds left in a live lock (false: none), read on first use.
+local lock_left = {}
+local function lock_of(l)
+  local left = lock_left[l]
+  if left == nil then
+    local pttl = redis.call('PTTL', KEYS[l])
+    left = pttl > 0 and pttl * 1000
+    lock_left[l] = left
+  end
+  return left
+end
+
+-- Limit specs.
+local n_specs = tonumber(ARGV[2])
+local algorithms, pa, pb, pc, costs, lockouts, shadows = {}, {}, {}, {}, {}, {}, {}
+local argi = 3
+for s = 1, n_specs do
+  algorithms[s], pa[s], pb[s], pc[s] = tonumber(ARGV[argi]), tonumber(ARGV[argi + 1]),
+    tonumber(ARGV[argi + 2]), tonumber(ARGV[argi + 3])
+  costs[s], lockouts[s], shadows[s] = tonumber(ARGV[argi + 4]), tonumber(ARGV[argi + 5]), ARGV[argi + 6] == '1'
+  argi = argi + 7
+end
 
 local out = {}
 local n_out = 0
@@ -152,64 +212,74 @@ local function emit(outcome, remaining, reset, retry, delay)
   n_out = n_out + 5
 end
 
-local argi = 2
-local keyi = 1
 -- Per check of the current request (reused across requests).
-local keys, locks, lockouts, locked, shadows = {}, {}, {}, {}, {}
+local specs, keys, locks, locked = {}, {}, {}, {}
 local admitted, delays, afters, befores, resets, retries = {}, {}, {}, {}, {}, {}
-local kinds, values, ttls, costs = {}, {}, {}, {}
-for _ = 1, tonumber(ARGV[1]) do
+local n1, n2, n3, ttls = {}, {}, {}, {}
+local n_requests = tonumber(ARGV[argi])
+argi = argi + 1
+for _ = 1, n_requests do
   local n = tonumber(ARGV[argi])
   argi = argi + 1
   local all_admitted = true
   for i = 1, n do
-    local algorithm = tonumber(ARGV[argi])
-    local a, b, c = tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2]), tonumber(ARGV[argi + 3])
-    local cost, lockout = tonumber(ARGV[argi + 4]), tonumber(ARGV[argi + 5])
-    local shadow = ARGV[argi + 6] == '1'
-    argi = argi + 7
-    local key = KEYS[keyi]
-    keyi = keyi + 1
-    keys[i], lockouts[i], shadows[i], costs[i], locks[i], locked[i] = key, lockout, shadow, cost, false, false
-    if lockout > 0 then
-      locks[i] = KEYS[keyi]
-      keyi = keyi + 1
-      local left = redis.call('PTTL', locks[i])
-      if left > 0 then locked[i] = left * 1000 end
+    local s, k = tonumber(ARGV[argi]), tonumber(ARGV[argi + 1])
+    argi = argi + 2
+    specs[i], keys[i], locks[i], locked[i] = s, k, false, false
+    if lockouts[s] > 0 then
+      locks[i] = tonumber(ARGV[argi])
+      argi = argi + 1
+      locked[i] = lock_of(locks[i])
     end
-    if algorithm <= 2 then
-      admitted[i], delays[i], afters[i], befores[i], resets[i], retries[i], kinds[i], values[i], ttls[i] =
-        evaluators[algorithm](key, a, b, cost)
-    else
-      admitted[i], delays[i], afters[i], befores[i], resets[i], retries[i], kinds[i], values[i], ttls[i] =
-        evaluators[algorithm](key, a, b, c, cost)
-    end
-    if not shadow and (locked[i] or not admitted[i]) then all_admitted = false end
+    admitted[i], delays[i], afters[i], befores[i], resets[i], retries[i], n1[i], n2[i], n3[i], ttls[i] =
+      evaluators[algorithms[s]](k, pa[s], pb[s], pc[s], costs[s])
+    if not shadows[s] and (locked[i] or not admitted[i]) then all_admitted = false end
   end
   for i = 1, n do
+    local s, k = specs[i], keys[i]
     if locked[i] then
       emit(3, 0, locked[i], locked[i], 0)
     elseif not admitted[i] then
       local retry, reset = retries[i], resets[i]
       if locks[i] then
         -- The lock now decides when the key is free again.
-        redis.call('SET', locks[i], '1', 'PX', ms(lockouts[i]), 'NX')
-        retry, reset = max(retry, lockouts[i]), max(reset, lockouts[i])
+        local lockout = lockouts[s]
+        redis.call('SET', KEYS[locks[i]], '1', 'PX', ms(lockout), 'NX')
+        lock_left[locks[i]] = ms(lockout) * 1000
+        retry, reset = max(retry, lockout), max(reset, lockout)
       end
       emit(2, befores[i], reset, retry, 0)
     elseif not all_admitted then
       emit(0, befores[i], resets[i], 0, 0)
     else
-      if kinds[i] == 1 then
-        redis.call('INCRBY', keys[i], costs[i])
-        if values[i] == 1 then redis.call('PEXPIRE', keys[i], ttls[i]) end
-      else
-        redis.call('SET', keys[i], values[i], 'PX', ttls[i])
+      local algorithm = algorithms[s]
+      if algorithm == 1 then
+        if s2[k] == nil then created[k] = true end
+        added[k] = (added[k] or 0) + costs[s]
       end
+      s1[k], s2[k], s3[k], dirty[k], ttl[k] = n1[i], n2[i], n3[i], algorithm, ttls[i]
       local outcome = 0
       if delays[i] > 0 then outcome = 1 end
       emit(outcome, afters[i], resets[i], 0, delays[i])
     end
+  end
+end
+
+-- One write per changed counter.
+for k = 1, n_counters do
+  local algorithm = dirty[k]
+  if algorithm == 1 then
+    if created[k] then
+      redis.call('SET', KEYS[k], s1[k], 'PX', ttl[k])
+    else
+      redis.call('INCRBY', KEYS[k], added[k])
+    end
+  elseif algorithm == 2 then
+    redis.call('SET', KEYS[k], format('%d:%d:%d', s1[k], s2[k], s3[k]), 'PX', ttl[k])
+  elseif algorithm == 3 then
+    redis.call('SET', KEYS[k], format('%.17g:%d', s1[k], s2[k]), 'PX', ttl[k])
+  elseif algorithm == 4 then
+    redis.call('SET', KEYS[k], format('%d:%.17g', s1[k], s2[k]), 'PX', ttl[k])
   end
 end
 return out
