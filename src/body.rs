@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 
 use crate::access_log::AccessRecord;
+use crate::proxy::UpstreamBody;
 
 /// Why a request body stopped streaming.
 #[derive(Debug, thiserror::Error)]
@@ -75,7 +76,7 @@ impl Body for RequestBody {
 }
 
 /// What a response carries: the upstream's streamed body, or floodgate's own bytes.
-pub type Payload = Either<Incoming, Full<Bytes>>;
+pub type Payload = Either<UpstreamBody, Full<Bytes>>;
 
 /// A body floodgate writes itself.
 pub fn full(bytes: impl Into<Bytes>) -> Payload {

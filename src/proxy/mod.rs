@@ -1,48 +1,38 @@
-//! Forwarding to upstreams: one pooled, keep-alive HTTP/1.1 client per upstream, the
-//! request rewritten for it, errors classified once, and `Upgrade` tunnels (WebSocket).
+//! Forwarding to upstreams: one pool of keep-alive HTTP/1.1 connections per upstream,
+//! the request rewritten for it, errors classified once, and `Upgrade` tunnels (WebSocket).
 
 pub mod headers;
+pub mod pool;
 
 use std::error::Error as _;
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri};
-use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 
 use crate::body::{RequestBody, RequestBodyError};
 use crate::config::UpstreamConfig;
 use crate::error::{GatewayError, UpstreamFailure};
+use pool::{Pool, SendError};
 
-/// How long an idle upstream connection stays in the pool.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// An upstream's response body, on its way to the client.
+pub type UpstreamBody = pool::UpstreamBody<RequestBody>;
 
-/// A connection pool to one upstream.
+/// Forwards requests to one upstream.
 pub struct UpstreamClient {
     pub config: Arc<UpstreamConfig>,
     name: Arc<str>,
-    client: Client<HttpConnector, RequestBody>,
+    pool: Pool<RequestBody>,
 }
 
 impl UpstreamClient {
     pub fn new(config: Arc<UpstreamConfig>) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_timer(TokioTimer::new())
-            .build(connector);
         UpstreamClient {
             name: Arc::from(config.name.as_str()),
+            pool: Pool::new(config.authority.to_string(), config.connect_timeout),
             config,
-            client,
         }
     }
 
@@ -50,7 +40,8 @@ impl UpstreamClient {
         &self.name
     }
 
-    /// The URI for `path_and_query` (already normalized) on this upstream.
+    /// The request target (origin form) for `path` (already normalized) and `query` on
+    /// this upstream.
     pub fn uri_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
         let base = &self.config.base_path;
         let mut target = String::with_capacity(base.len() + path.len() + query.map_or(0, |q| q.len() + 1));
@@ -60,16 +51,12 @@ impl UpstreamClient {
             target.push('?');
             target.push_str(query);
         }
-        Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(self.config.authority.clone())
-            .path_and_query(PathAndQuery::try_from(target)?)
-            .build()
+        Ok(Uri::from(PathAndQuery::try_from(target)?))
     }
 
     /// Sends `request` and waits for the response headers, at most the upstream's `timeout`.
-    pub async fn send(&self, request: Request<RequestBody>) -> Result<Response<Incoming>, GatewayError> {
-        match tokio::time::timeout(self.config.timeout, self.client.request(request)).await {
+    pub async fn send(&self, request: Request<RequestBody>) -> Result<Response<UpstreamBody>, GatewayError> {
+        match tokio::time::timeout(self.config.timeout, self.pool.send(request)).await {
             Ok(Ok(response)) => Ok(response),
             Err(_elapsed) => {
                 Err(self.failure(UpstreamFailure::Timeout, "no response headers in time".into()))
@@ -78,7 +65,10 @@ impl UpstreamClient {
         }
     }
 
-    fn classify(&self, error: hyper_util::client::legacy::Error) -> GatewayError {
+    fn classify(&self, error: SendError) -> GatewayError {
+        if matches!(error, SendError::Connect { .. } | SendError::ConnectTimeout(_)) {
+            return self.failure(UpstreamFailure::Connect, detail(&error));
+        }
         let mut source = error.source();
         while let Some(cause) = source {
             if let Some(body_error) = cause.downcast_ref::<RequestBodyError>() {
@@ -89,12 +79,7 @@ impl UpstreamClient {
             }
             source = cause.source();
         }
-        let kind = if error.is_connect() {
-            UpstreamFailure::Connect
-        } else {
-            UpstreamFailure::Reset
-        };
-        self.failure(kind, detail(&error))
+        self.failure(UpstreamFailure::Reset, detail(&error))
     }
 
     fn failure(&self, kind: UpstreamFailure, detail: String) -> GatewayError {
@@ -120,7 +105,7 @@ fn detail(error: &dyn std::error::Error) -> String {
 
 /// When the upstream accepted a protocol switch, joins the client's and the upstream's
 /// upgraded connections and copies bytes both ways until either side closes.
-pub fn tunnel(client: OnUpgrade, response: &mut Response<Incoming>, upstream: Arc<str>) {
+pub fn tunnel(client: OnUpgrade, response: &mut Response<UpstreamBody>, upstream: Arc<str>) {
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
         return;
     }

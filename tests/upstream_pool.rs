@@ -1,0 +1,137 @@
+//! The upstream connection pool: connections are reused once their response is read to
+//! the end (whatever its framing), never while or after a response was abandoned, and a
+//! request that meets a connection the upstream has just closed is sent again on a new
+//! one instead of failing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestGateway, Upstream, get, http1_client};
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+async fn gateway(upstream: &Upstream) -> TestGateway {
+    TestGateway::proxy_to(upstream, "", "").await
+}
+
+#[tokio::test]
+async fn sequential_requests_share_one_connection_whatever_the_body_framing() {
+    let upstream = Upstream::start().await;
+    let gateway = gateway(&upstream).await;
+    // Content-Length bodies, a streamed body, an empty 204, and a HEAD.
+    for path in ["/", "/big?bytes=100000", "/status?code=204", "/", "/big?bytes=10"] {
+        let (status, _, _) = get(&gateway.url(path)).await;
+        assert!(status.is_success(), "{path}: {status}");
+    }
+    let head = Request::builder()
+        .method(Method::HEAD)
+        .uri(gateway.url("/"))
+        .body(Full::default())
+        .unwrap();
+    let response = http1_client().request(head).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let (status, _, _) = get(&gateway.url("/")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(upstream.connections(), 1);
+    assert_eq!(upstream.requests(), 7);
+}
+
+#[tokio::test]
+async fn concurrent_requests_open_only_the_connections_they_need() {
+    let upstream = Upstream::start().await;
+    let gateway = gateway(&upstream).await;
+    let client = http1_client();
+    for _ in 0..20 {
+        let round: Vec<_> = (0..8)
+            .map(|_| {
+                let (client, url) = (client.clone(), gateway.url("/"));
+                tokio::spawn(async move {
+                    let response = client.get(url.parse().unwrap()).await.unwrap();
+                    let status = response.status();
+                    response.into_body().collect().await.unwrap();
+                    status
+                })
+            })
+            .collect();
+        for request in round {
+            assert_eq!(request.await.unwrap(), StatusCode::OK);
+        }
+    }
+    assert_eq!(upstream.requests(), 160);
+    assert!(
+        upstream.connections() <= 16,
+        "{} connections",
+        upstream.connections()
+    );
+}
+
+#[tokio::test]
+async fn a_response_the_client_abandons_takes_its_connection_with_it() {
+    let upstream = Upstream::start().await;
+    let gateway = gateway(&upstream).await;
+    // Read the head and a little of a 50 MB body, then hang up.
+    let mut stream = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
+    stream
+        .write_all(b"GET /big?bytes=52428800 HTTP/1.1\r\nHost: app\r\n\r\n")
+        .await
+        .unwrap();
+    let mut start = [0u8; 4096];
+    let read = stream.read(&mut start).await.unwrap();
+    assert!(start[..read].starts_with(b"HTTP/1.1 200"));
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    for _ in 0..5 {
+        let (status, _, body) = get(&gateway.url("/after")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("GET /after"), "{body}");
+    }
+    // The abandoned response's connection was not reused: one more served the rest.
+    assert_eq!(upstream.connections(), 2);
+}
+
+/// An upstream that answers one request per connection and closes it without saying so
+/// (no `Connection: close`), the way an app server with a short keep-alive timeout does.
+async fn one_request_per_connection_upstream() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_costs_no_request() {
+    let (addr, upstream) = one_request_per_connection_upstream().await;
+    let gateway = TestGateway::start(&format!(
+        "[upstreams.app]\nurl = \"http://{addr}\"\n\n\
+         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n"
+    ))
+    .await;
+    for i in 0..50 {
+        let (status, _, body) = get(&gateway.url("/")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"), "request {i}");
+    }
+    upstream.abort();
+}
