@@ -135,3 +135,84 @@ async fn a_connection_the_upstream_closed_costs_no_request() {
     }
     upstream.abort();
 }
+
+/// An upstream that answers `401` as soon as it has a request head, then reads the request
+/// body (`Content-Length`) to its end before the next request on the connection, as an
+/// app that refuses an upload before reading it does.
+async fn answers_before_the_body_upstream() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut stream = tokio::io::BufReader::new(stream);
+                loop {
+                    let mut length = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        if tokio::io::AsyncBufReadExt::read_line(&mut stream, &mut line)
+                            .await
+                            .unwrap_or(0)
+                            == 0
+                        {
+                            return;
+                        }
+                        if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = value.trim().parse().unwrap();
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let reply = b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n";
+                    if stream.get_mut().write_all(reply).await.is_err() {
+                        return;
+                    }
+                    let mut body = vec![0u8; length];
+                    if stream.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn a_request_does_not_wait_behind_an_upload_the_upstream_answered_early() {
+    let (addr, upstream) = answers_before_the_body_upstream().await;
+    let gateway = TestGateway::start(&format!(
+        "[upstreams.app]\nurl = \"http://{addr}\"\n\n\
+         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n"
+    ))
+    .await;
+    // An upload of 10 bytes, of which the client sends 5 now and 5 after 1.5 s.
+    let mut upload = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
+    upload
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: app\r\nContent-Length: 10\r\n\r\n12345")
+        .await
+        .unwrap();
+    let mut answer = [0u8; 64];
+    let read = upload.read(&mut answer).await.unwrap();
+    assert!(
+        answer[..read].starts_with(b"HTTP/1.1 401"),
+        "{:?}",
+        String::from_utf8_lossy(&answer[..read])
+    );
+
+    let started = std::time::Instant::now();
+    let (status, _, _) = get(&gateway.url("/next")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(
+        started.elapsed() < Duration::from_millis(1_000),
+        "waited {:?} behind the upload",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    upload.write_all(b"67890").await.unwrap();
+    upstream.abort();
+}

@@ -175,7 +175,7 @@ where
 
 /// A response body from the upstream; once read to its end, its connection goes back
 /// to the pool.
-pub struct UpstreamBody<B> {
+pub struct UpstreamBody<B: Send + 'static> {
     inner: Incoming,
     finished: bool,
     reuse: Option<(SendRequest<B>, Arc<Shared<B>>)>,
@@ -212,12 +212,27 @@ where
     }
 }
 
-impl<B> Drop for UpstreamBody<B> {
+impl<B: Send + 'static> Drop for UpstreamBody<B> {
     fn drop(&mut self) {
-        if let Some((sender, pool)) = self.reuse.take()
-            && (self.finished || self.inner.is_end_stream())
-        {
+        let Some((mut sender, pool)) = self.reuse.take() else {
+            return;
+        };
+        if !(self.finished || self.inner.is_end_stream()) {
+            return;
+        }
+        if sender.is_ready() {
             pool.check_in(sender);
+            return;
+        }
+        // The upstream answered before it had read the whole request body (an early 413 or
+        // 401, say): the connection is free once the body has been sent, so it waits for
+        // that apart from the pool, and checkouts never wait behind a slow upload.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if sender.ready().await.is_ok() {
+                    pool.check_in(sender);
+                }
+            });
         }
     }
 }
