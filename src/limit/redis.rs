@@ -1,5 +1,5 @@
-//! The Redis store: every decision is one `EVALSHA` of `scripts/decide.lua` (loaded on
-//! `NOSCRIPT` transparently by `redis::Script`), over one multiplexed, self-reconnecting
+//! The Redis store: every call is one `EVALSHA` of `scripts/decide.lua` (loaded with
+//! `SCRIPT LOAD` when Redis answers `NOSCRIPT`), over one multiplexed, self-reconnecting
 //! connection shared by all requests, with a hard per-decision deadline.
 //!
 //! The connection is made in the background: the gateway starts, and serves under its
