@@ -30,6 +30,25 @@ impl TrustedProxies {
     }
 }
 
+/// `ip` as text, exactly as `Display` writes it; IPv4 (the common case, on every request)
+/// without the formatting machinery.
+pub fn ip_text(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut text = String::with_capacity(15);
+            let mut digits = itoa::Buffer::new();
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text.push('.');
+                }
+                text.push_str(digits.format(octet));
+            }
+            text
+        }
+        IpAddr::V6(_) => ip.to_string(),
+    }
+}
+
 /// The client address for a request from `peer` carrying `headers`.
 pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> IpAddr {
     let peer = peer.to_canonical();
@@ -65,6 +84,15 @@ fn parse_entry(raw: &[u8]) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn ip_text_is_what_display_writes(v4: u32, v6: u128) {
+            for ip in [IpAddr::from(std::net::Ipv4Addr::from(v4)), IpAddr::from(std::net::Ipv6Addr::from(v6))] {
+                proptest::prop_assert_eq!(ip_text(ip), ip.to_string());
+            }
+        }
+    }
 
     fn headers(xff: &[&str]) -> HeaderMap {
         let mut map = HeaderMap::new();

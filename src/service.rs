@@ -180,7 +180,7 @@ async fn serve(
     record.route = state.router.routes()[index].name.clone();
     let route = &state.routes[index];
     if !route.limits.is_empty() {
-        let client_ip = client.ip.to_string();
+        let client_ip = crate::client_ip::ip_text(client.ip);
         let source = KeySource {
             client_ip: &client_ip,
             headers: request.headers(),

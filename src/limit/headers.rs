@@ -48,11 +48,20 @@ pub fn render(
         if let Some(policy) = policy {
             out.push((RATELIMIT_POLICY.clone(), policy.clone()));
         }
-        let items: Vec<String> = decided
-            .iter()
-            .map(|(limit, d)| format!("\"{}\";r={};t={}", limit.name, d.remaining, ceil_seconds(d.reset)))
-            .collect();
-        if let Ok(value) = HeaderValue::from_str(&items.join(", ")) {
+        let mut value = String::with_capacity(32 * decided.len());
+        let mut digits = itoa::Buffer::new();
+        for (i, (limit, d)) in decided.iter().enumerate() {
+            if i > 0 {
+                value.push_str(", ");
+            }
+            value.push('"');
+            value.push_str(&limit.name);
+            value.push_str("\";r=");
+            value.push_str(digits.format(d.remaining));
+            value.push_str(";t=");
+            value.push_str(digits.format(ceil_seconds(d.reset)));
+        }
+        if let Ok(value) = HeaderValue::from_str(&value) {
             out.push((RATELIMIT.clone(), value));
         }
     }

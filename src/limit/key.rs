@@ -56,12 +56,22 @@ pub fn store_key(prefix: &str, tuple: &str, limit: &str, algorithm: &Algorithm) 
         Algorithm::TokenBucket { .. } => "tb",
         Algorithm::LeakyBucket { .. } => "lb",
     };
-    format!("{prefix}:{{{tuple}}}:{limit}:{tag}")
+    joined_key(prefix, tuple, limit, tag)
 }
 
 /// The store key of `limit`'s lock-out marker for `tuple`.
 pub fn lock_key(prefix: &str, tuple: &str, limit: &str) -> String {
-    format!("{prefix}:{{{tuple}}}:{limit}:lock")
+    joined_key(prefix, tuple, limit, "lock")
+}
+
+/// `prefix:{tuple}:limit:tag`, built without the formatting machinery (it runs for every
+/// limited request).
+fn joined_key(prefix: &str, tuple: &str, limit: &str, tag: &str) -> String {
+    let mut key = String::with_capacity(prefix.len() + tuple.len() + limit.len() + tag.len() + 5);
+    for part in [prefix, ":{", tuple, "}:", limit, ":", tag] {
+        key.push_str(part);
+    }
+    key
 }
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";

@@ -145,7 +145,7 @@ pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'
 
 /// An address as a header value (always valid: digits, dots, colons and hex).
 fn ip_value(ip: IpAddr) -> HeaderValue {
-    HeaderValue::try_from(ip.to_string()).expect("an IP address is a valid header value")
+    HeaderValue::try_from(crate::client_ip::ip_text(ip)).expect("an IP address is a valid header value")
 }
 
 fn via_value(version: Version) -> HeaderValue {
