@@ -1,8 +1,10 @@
 //! Prometheus metrics (SPEC §9), owned by the gateway instance (no globals), rendered by
 //! the admin listener in the text exposition format.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, RwLock};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -65,8 +67,66 @@ fn duration_histogram() -> Histogram {
     Histogram::new(DURATION_BUCKETS)
 }
 
+/// Hashes label-value addresses: a cache key is a name's address (the cache keeps the
+/// name alive, so the address cannot be reused) and a small number.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.write_u64(u64::from(n));
+    }
+}
+
+type AddressMap<K, V> = HashMap<K, V, BuildHasherDefault<AddressHasher>>;
+
+/// The series of one route and status, looked up once.
+struct RequestSeries {
+    _route: Arc<str>,
+    count: Counter,
+    duration: Histogram,
+}
+
+/// The series of one limit and outcome, looked up once (with the name it keeps alive).
+struct DecisionSeries {
+    _limit: Arc<str>,
+    count: Counter,
+}
+
+/// Series handles by the address of their label values, so that recording costs a
+/// pointer hash instead of hashing label text into the families on every request.
+/// Emptied on reload, when the configuration's names are replaced.
+#[derive(Default)]
+struct SeriesCache {
+    requests: RwLock<AddressMap<(usize, u16), RequestSeries>>,
+    decisions: RwLock<AddressMap<(usize, usize), DecisionSeries>>,
+}
+
+fn address(name: &Arc<str>) -> usize {
+    Arc::as_ptr(name).cast::<u8>() as usize
+}
+
 /// Every metric floodgate exports.
 pub struct Metrics {
+    cache: SeriesCache,
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     request_duration: HistogramFamily<RouteLabels>,
@@ -129,6 +189,7 @@ impl Metrics {
             reloads.clone(),
         );
         Metrics {
+            cache: SeriesCache::default(),
             reloads,
             registry,
             requests,
@@ -142,16 +203,30 @@ impl Metrics {
 
     /// Counts one answered request and its duration.
     pub fn record_request(&self, route: &Arc<str>, status: u16, seconds: f64) {
-        let route = Name(route.clone());
-        self.requests
-            .get_or_create(&RequestLabels {
-                route: route.clone(),
-                status,
-            })
-            .inc();
-        self.request_duration
-            .get_or_create(&RouteLabels { route })
-            .observe(seconds);
+        let key = (address(route), status);
+        if let Some(series) = read(&self.cache.requests).get(&key) {
+            series.count.inc();
+            series.duration.observe(seconds);
+            return;
+        }
+        let name = Name(route.clone());
+        let series = RequestSeries {
+            _route: route.clone(),
+            count: self
+                .requests
+                .get_or_create(&RequestLabels {
+                    route: name.clone(),
+                    status,
+                })
+                .clone(),
+            duration: self
+                .request_duration
+                .get_or_create(&RouteLabels { route: name })
+                .clone(),
+        };
+        series.count.inc();
+        series.duration.observe(seconds);
+        write(&self.cache.requests).insert(key, series);
     }
 
     pub fn record_upstream_error(&self, upstream: &Arc<str>, kind: &'static str) {
@@ -164,12 +239,26 @@ impl Metrics {
     }
 
     pub fn record_decision(&self, limit: &Arc<str>, outcome: &'static str) {
-        self.decisions
+        let key = (address(limit), outcome.as_ptr() as usize);
+        if let Some(series) = read(&self.cache.decisions).get(&key) {
+            series.count.inc();
+            return;
+        }
+        let count = self
+            .decisions
             .get_or_create(&DecisionLabels {
                 limit: Name(limit.clone()),
                 outcome,
             })
-            .inc();
+            .clone();
+        count.inc();
+        write(&self.cache.decisions).insert(
+            key,
+            DecisionSeries {
+                _limit: limit.clone(),
+                count,
+            },
+        );
     }
 
     pub fn record_store_call(&self, store: &'static str, seconds: f64) {
@@ -183,6 +272,10 @@ impl Metrics {
     }
 
     pub fn record_reload(&self, ok: bool) {
+        if ok {
+            write(&self.cache.requests).clear();
+            write(&self.cache.decisions).clear();
+        }
         let result = if ok { "ok" } else { "error" };
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
     }
@@ -196,6 +289,14 @@ impl Metrics {
         }
         out
     }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
@@ -221,5 +322,28 @@ mod tests {
             text.contains("floodgate_upstream_errors_total{upstream=\"php\",kind=\"timeout\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn equal_names_from_different_configurations_share_a_series() {
+        let metrics = Metrics::new();
+        let before_reload: Arc<str> = Arc::from("api");
+        metrics.record_request(&before_reload, 200, 0.001);
+        metrics.record_decision(&before_reload, "allowed");
+        metrics.record_reload(true);
+        let after_reload: Arc<str> = Arc::from("api");
+        metrics.record_request(&after_reload, 200, 0.001);
+        metrics.record_request(&before_reload, 200, 0.001);
+        metrics.record_request(&after_reload, 429, 0.001);
+        metrics.record_decision(&after_reload, "allowed");
+        let text = metrics.render();
+        for series in [
+            "floodgate_requests_total{route=\"api\",status=\"200\"} 3",
+            "floodgate_requests_total{route=\"api\",status=\"429\"} 1",
+            "floodgate_request_duration_seconds_count{route=\"api\"} 4",
+            "floodgate_ratelimit_decisions_total{limit=\"api\",outcome=\"allowed\"} 2",
+        ] {
+            assert!(text.contains(series), "{series} in\n{text}");
+        }
     }
 }
