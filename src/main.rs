@@ -13,6 +13,11 @@ use std::sync::Arc;
 use floodgate::reload::{self, Reloader};
 use floodgate::{Config, Gateway, healthcheck, logging};
 
+/// mimalloc instead of glibc's malloc: allocation and freeing were about a sixth of the
+/// gateway's user CPU per request under glibc (README, "Performance").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "floodgate", version, about = "A rate-limiting HTTP reverse proxy")]
 struct Cli {
