@@ -2,13 +2,15 @@
 # Side-by-side benchmark: floodgate against nginx as a reverse proxy, same upstream, same
 # load. Usage (from the repository root):
 #
-#   bash bench/compare.sh            # needs nginx and wrk: apt-get install -y nginx wrk
+#   bash bench/compare.sh            # installs nginx and wrk with apt-get when missing (as root)
 #
 # It builds floodgate in release mode, starts a trivial nginx upstream (`return 200 ok`),
 # nginx as a keep-alive proxy (1 worker) and floodgate passthrough (workers = 1, access log
 # off, like nginx's `access_log off`), runs `wrk -t1 -c64` against each, and prints a table.
 # With 2+ cores the servers share core 0 and wrk runs on core 1. Knobs: DURATION (s),
-# CONNECTIONS, REPEATS. Everything listens on 127.0.0.1 and is stopped on exit.
+# CONNECTIONS, REPEATS. The two are measured in turn within each repeat (so a slow spell of
+# the machine hits both), and the table gives medians and the median of the per-repeat
+# ratios. Everything listens on 127.0.0.1 and is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,9 +21,17 @@ UPSTREAM_PORT=${UPSTREAM_PORT:-19081}
 NGINX_PORT=${NGINX_PORT:-19082}
 FLOODGATE_PORT=${FLOODGATE_PORT:-19083}
 
-for tool in nginx wrk cargo; do
-  command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y nginx wrk)" >&2; exit 1; }
-done
+missing=()
+for tool in nginx wrk; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "missing ${missing[*]}: apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+command -v cargo >/dev/null || { echo "missing cargo (https://rustup.rs)" >&2; exit 1; }
 cargo build --release --quiet
 RUN=$(mktemp -d)
 PIDS=()
@@ -84,16 +94,18 @@ run() { # port -> "req/s p99ms"
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 declare -A RPS P99
-for name in nginx floodgate; do
-  port=$NGINX_PORT; [ "$name" = floodgate ] && port=$FLOODGATE_PORT
-  results=()
-  for _ in $(seq "$REPEATS"); do results+=("$(run "$port")"); done
-  RPS[$name]=$(printf '%s\n' "${results[@]}" | awk '{print $1}' | median)
-  P99[$name]=$(printf '%s\n' "${results[@]}" | awk '{print $2}' | median)
+results_nginx=(); results_floodgate=(); ratios=()
+for _ in $(seq "$REPEATS"); do
+  n=$(run "$NGINX_PORT"); f=$(run "$FLOODGATE_PORT")
+  results_nginx+=("$n"); results_floodgate+=("$f")
+  ratios+=("$(awk -v a="${f%% *}" -v b="${n%% *}" 'BEGIN {printf "%.2f", a/b}')")
 done
+RPS[nginx]=$(printf '%s\n' "${results_nginx[@]}" | awk '{print $1}' | median)
+P99[nginx]=$(printf '%s\n' "${results_nginx[@]}" | awk '{print $2}' | median)
+RPS[floodgate]=$(printf '%s\n' "${results_floodgate[@]}" | awk '{print $1}' | median)
+P99[floodgate]=$(printf '%s\n' "${results_floodgate[@]}" | awk '{print $2}' | median)
 
-printf '\n| proxy (1 worker, wrk -t1 -c%s, median of %s) | req/s | p99 ms | ratio |\n|---|---|---|---|\n' "$CONNECTIONS" "$REPEATS"
-for name in nginx floodgate; do
-  ratio=$(awk -v a="${RPS[$name]}" -v b="${RPS[nginx]}" 'BEGIN {printf "%.2f", a/b}')
-  printf '| %s | %s | %s | %s |\n' "$name" "${RPS[$name]}" "${P99[$name]}" "$ratio"
-done
+printf '\n| proxy (1 worker, wrk -t1 -c%s, median of %s) | req/s | p99 ms | ratio to nginx |\n|---|---|---|---|\n' "$CONNECTIONS" "$REPEATS"
+printf '| nginx | %s | %s | 1.00 |\n' "${RPS[nginx]}" "${P99[nginx]}"
+printf '| floodgate | %s | %s | %s (per repeat: %s) |\n' "${RPS[floodgate]}" "${P99[floodgate]}" \
+  "$(printf '%s\n' "${ratios[@]}" | median)" "${ratios[*]}"
