@@ -23,8 +23,12 @@ use tokio::net::TcpListener;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::io::Result<()> {
-    let address = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:18099".to_owned());
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let address = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:18099".to_owned());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async {
         let listener = TcpListener::bind(&address).await?;
         loop {
