@@ -93,19 +93,17 @@ run() { # port -> "req/s p99ms"
 
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
-declare -A RPS P99
-results_nginx=(); results_floodgate=(); ratios=()
+nginx=(); floodgate=(); ratios=()
 for _ in $(seq "$REPEATS"); do
   n=$(run "$NGINX_PORT"); f=$(run "$FLOODGATE_PORT")
-  results_nginx+=("$n"); results_floodgate+=("$f")
+  nginx+=("$n"); floodgate+=("$f")
   ratios+=("$(awk -v a="${f%% *}" -v b="${n%% *}" 'BEGIN {printf "%.2f", a/b}')")
 done
-RPS[nginx]=$(printf '%s\n' "${results_nginx[@]}" | awk '{print $1}' | median)
-P99[nginx]=$(printf '%s\n' "${results_nginx[@]}" | awk '{print $2}' | median)
-RPS[floodgate]=$(printf '%s\n' "${results_floodgate[@]}" | awk '{print $1}' | median)
-P99[floodgate]=$(printf '%s\n' "${results_floodgate[@]}" | awk '{print $2}' | median)
+
+# The median of field $1 ($1 = 1: req/s, 2: p99) over the "req/s p99" results that follow.
+column() { local field=$1; shift; printf '%s\n' "$@" | awk -v f="$field" '{print $f}' | median; }
 
 printf '\n| proxy (1 worker, wrk -t1 -c%s, median of %s) | req/s | p99 ms | ratio to nginx |\n|---|---|---|---|\n' "$CONNECTIONS" "$REPEATS"
-printf '| nginx | %s | %s | 1.00 |\n' "${RPS[nginx]}" "${P99[nginx]}"
-printf '| floodgate | %s | %s | %s (per repeat: %s) |\n' "${RPS[floodgate]}" "${P99[floodgate]}" \
-  "$(printf '%s\n' "${ratios[@]}" | median)" "${ratios[*]}"
+printf '| nginx | %s | %s | 1.00 |\n' "$(column 1 "${nginx[@]}")" "$(column 2 "${nginx[@]}")"
+printf '| floodgate | %s | %s | %s (per repeat: %s) |\n' "$(column 1 "${floodgate[@]}")" \
+  "$(column 2 "${floodgate[@]}")" "$(printf '%s\n' "${ratios[@]}" | median)" "${ratios[*]}"
