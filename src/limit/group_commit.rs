@@ -1,20 +1,22 @@
-//! Group commit for the Redis store: while script calls are in flight, the decisions
+//! Group commit for the Redis store: while a script call is in flight, the decisions
 //! that arrive queue up, and the next call carries all of them (each still decided
 //! atomically and all-or-nothing on its own by the script). There is no timer: an idle
 //! gateway sends each decision at once, a busy one amortizes the round trip and the
 //! script call over many requests.
 //!
-//! Up to [`IN_FLIGHT`] calls are outstanding at once, pipelined on the one connection:
-//! while Redis runs one batch, the next is already on its way, so Redis does not sit idle
-//! while the gateway reads a reply and sends the next call. Redis runs them in the order
-//! sent, each atomically.
+//! A second call may go out, pipelined on the one connection, while the first is still
+//! in flight, once [`PIPELINE_MIN`] requests wait for it: when Redis is the bottleneck it
+//! then never sits idle while the gateway reads a reply and sends the next call, and when
+//! it is not, calls stay large instead of splitting the same load into twice as many
+//! (each call costs Redis and the gateway a fixed overhead). Redis runs the calls in the
+//! order sent, each atomically.
 
 use std::future::Future;
 use std::time::Duration;
 
-use std::sync::Arc;
-
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::{mpsc, oneshot};
 
 use super::redis::StoreError;
 use super::{LimitCheck, LimitDecision};
@@ -22,7 +24,9 @@ use super::{LimitCheck, LimitDecision};
 /// Most requests one script call carries.
 pub(crate) const MAX_BATCH: usize = 256;
 /// Most script calls outstanding at once.
-pub(crate) const IN_FLIGHT: usize = 2;
+const IN_FLIGHT: usize = 2;
+/// Fewest requests worth a call while another is in flight.
+const PIPELINE_MIN: usize = 32;
 
 /// One request's checks waiting for the next call.
 pub(crate) struct Pending {
@@ -37,39 +41,42 @@ pub(crate) struct GroupCommit {
 
 impl GroupCommit {
     /// Starts the dispatcher: `run` decides one batch and answers every request in it.
-    /// The dispatcher ends when the `GroupCommit` is dropped; calls under way finish.
+    /// When the `GroupCommit` is dropped, the dispatcher decides what is queued and ends.
     pub(crate) fn start<F, Fut>(run: F) -> Self
     where
         F: Fn(Vec<Pending>) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let (queue, mut waiting) = mpsc::unbounded_channel::<Pending>();
-        let slots = Arc::new(Semaphore::new(IN_FLIGHT));
         tokio::spawn(async move {
+            let mut in_flight = FuturesUnordered::new();
+            let mut batch: Vec<Pending> = Vec::new();
+            let mut open = true;
             loop {
-                // Requests queue up while every slot is busy: that is what fills a batch.
-                let Ok(slot) = slots.clone().acquire_owned().await else {
-                    return;
-                };
-                let Some(first) = waiting.recv().await else {
-                    return;
-                };
-                let mut batch = vec![first];
-                while batch.len() < MAX_BATCH {
-                    match waiting.try_recv() {
-                        Ok(next) => batch.push(next),
-                        Err(_) => break,
-                    }
-                }
                 // A request that gave up (its deadline passed) is not decided: it must not
                 // consume anything.
                 batch.retain(|pending| !pending.reply.is_closed());
-                if !batch.is_empty() {
-                    let call = run(batch);
-                    tokio::spawn(async move {
-                        call.await;
-                        drop(slot);
-                    });
+                let worth_a_call =
+                    in_flight.is_empty() || (in_flight.len() < IN_FLIGHT && batch.len() >= PIPELINE_MIN);
+                if !batch.is_empty() && worth_a_call {
+                    in_flight.push(run(std::mem::take(&mut batch)));
+                    continue;
+                }
+                tokio::select! {
+                    Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+                    next = waiting.recv(), if open && batch.len() < MAX_BATCH => match next {
+                        Some(first) => {
+                            batch.push(first);
+                            while batch.len() < MAX_BATCH {
+                                match waiting.try_recv() {
+                                    Ok(pending) => batch.push(pending),
+                                    Err(_) => break,
+                                }
+                            }
+                        }
+                        None => open = false,
+                    },
+                    else => return,
                 }
             }
         });
@@ -99,7 +106,9 @@ impl GroupCommit {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
+
+    use tokio::sync::Semaphore;
 
     use super::*;
 
@@ -115,7 +124,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn two_calls_are_in_flight_at_once_and_the_rest_queue_into_the_next() {
+    async fn a_second_call_goes_out_only_with_a_full_pipelined_batch() {
         // Each call records its batch size, then waits for a permit to answer.
         let batches = Arc::new(Mutex::new(Vec::new()));
         let release = Arc::new(Semaphore::new(0));
@@ -132,25 +141,59 @@ mod tests {
                 }
             }
         }));
-        let submit = || {
-            let commit = commit.clone();
-            tokio::spawn(async move { commit.submit(&[], Duration::from_secs(5)).await })
+        let submit = |n: usize| -> Vec<_> {
+            (0..n)
+                .map(|_| {
+                    let commit = commit.clone();
+                    tokio::spawn(async move { commit.submit(&[], Duration::from_secs(5)).await })
+                })
+                .collect()
         };
         let calls = || batches.lock().unwrap().clone();
 
-        let first = submit();
+        // An idle store sends the first request at once.
+        let mut requests = submit(1);
         until(|| calls() == [1]).await;
-        let second = submit();
-        until(|| calls() == [1, 1]).await;
-        // Both slots busy: these two wait, and go together in one call.
-        let (third, fourth) = (submit(), submit());
+        // While it is in flight, too few waiting requests do not make a second call...
+        requests.extend(submit(PIPELINE_MIN - 1));
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(calls(), [1, 1], "no third call while two are in flight");
+        assert_eq!(calls(), [1]);
+        // ...enough do.
+        requests.extend(submit(1));
+        until(|| calls() == [1, PIPELINE_MIN]).await;
+        // Both in flight: more requests wait for a call to come back, then go together.
+        requests.extend(submit(PIPELINE_MIN + 3));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            calls(),
+            [1, PIPELINE_MIN],
+            "no third call while two are in flight"
+        );
         release.add_permits(1);
-        until(|| calls() == [1, 1, 2]).await;
+        until(|| calls() == [1, PIPELINE_MIN, PIPELINE_MIN + 3]).await;
         release.add_permits(2);
-        for request in [first, second, third, fourth] {
+        for request in requests {
             assert!(request.await.unwrap().is_ok());
         }
+    }
+
+    #[tokio::test]
+    async fn requests_queued_when_the_store_is_dropped_are_still_decided() {
+        let commit = GroupCommit::start(|batch: Vec<Pending>| async move {
+            for pending in batch {
+                let _ = pending.reply.send(Ok(Vec::new()));
+            }
+        });
+        let (reply, answer) = oneshot::channel();
+        commit
+            .queue
+            .send(Pending {
+                checks: Vec::new(),
+                reply,
+            })
+            .unwrap();
+        drop(commit);
+        let decided = tokio::time::timeout(Duration::from_secs(5), answer).await;
+        assert!(matches!(decided, Ok(Ok(Ok(_)))));
     }
 }
