@@ -53,13 +53,15 @@ impl GroupCommit {
             let mut batch: Vec<Pending> = Vec::new();
             let mut open = true;
             loop {
-                // A request that gave up (its deadline passed) is not decided: it must not
-                // consume anything.
-                batch.retain(|pending| !pending.reply.is_closed());
                 let worth_a_call =
                     in_flight.is_empty() || (in_flight.len() < IN_FLIGHT && batch.len() >= PIPELINE_MIN);
                 if !batch.is_empty() && worth_a_call {
-                    in_flight.push(run(std::mem::take(&mut batch)));
+                    // A request that gave up (its deadline passed) is not decided: it must
+                    // not consume anything.
+                    batch.retain(|pending| !pending.reply.is_closed());
+                    if !batch.is_empty() {
+                        in_flight.push(run(std::mem::take(&mut batch)));
+                    }
                     continue;
                 }
                 tokio::select! {
