@@ -2,15 +2,18 @@
 //! group commit) against one Redis, and what they cost Redis.
 //!
 //! ```sh
-//! cargo run --release --example redis_decisions -- redis://127.0.0.1:6390 [callers] [seconds] [clients]
+//! cargo run --release --example redis_decisions -- redis://127.0.0.1:6390 [callers] [seconds] [clients] [rate per_s burst]
 //! ```
 //!
-//! Each caller decides one never-refusing token bucket for one of `clients` client keys
-//! (default 10000, like `redis-benchmark -r 10000`; 1 for a single busy client), as fast as
-//! it can, for `seconds`. It resets Redis's statistics first and prints decisions per
-//! second, decisions per script call, and Redis's time per decision: inside the script
-//! (`INFO commandstats` usec_per_call ÷ decisions per call) and in all (`INFO cpu`).
-//! Pin it apart from Redis (`taskset`) to measure the two sides separately.
+//! Each caller decides one token bucket for one of `clients` client keys (default 10000,
+//! like `redis-benchmark -r 10000`; 1 for a single busy client), as fast as it can, for
+//! `seconds`. The bucket defaults to `../shared/bench/anchors.sh`'s policy for redis-cell
+//! (`CL.THROTTLE key 999 1000 60 1`: 1000 tokens per 60 s, 1000 deep); `1000000000 1
+//! 1000000000` never refuses and its state expires a microsecond after each write. It
+//! resets Redis's statistics first and prints decisions per second, decisions per script
+//! call, and Redis's time per decision: inside the script (`INFO commandstats`
+//! usec_per_call ÷ decisions per call) and in all (`INFO cpu`). Pin it apart from Redis
+//! (`taskset`) to measure the two sides separately.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,13 +24,8 @@ use floodgate::limit::key::{encode_tuple, store_key};
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::{Algorithm, LimitCheck};
 
-fn check(client: usize) -> LimitCheck {
+fn check(client: usize, algorithm: Algorithm) -> LimitCheck {
     let ip = format!("10.{}.{}.{}", client >> 16 & 255, client >> 8 & 255, client & 255);
-    let algorithm = Algorithm::TokenBucket {
-        rate: 1e9,
-        per: 1_000_000,
-        burst: 1_000_000_000,
-    };
     LimitCheck {
         key: store_key("bench", &encode_tuple([ip.as_bytes()]), "per_ip", &algorithm),
         algorithm,
@@ -74,9 +72,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let callers: usize = args.get(2).map_or(Ok(256), |a| a.parse())?;
     let seconds: u64 = args.get(3).map_or(Ok(5), |a| a.parse())?;
     let clients: usize = args.get(4).map_or(Ok(10_000), |a| a.parse())?;
+    let rate: f64 = args.get(5).map_or(Ok(1000.0), |a| a.parse())?;
+    let per_seconds: u64 = args.get(6).map_or(Ok(60), |a| a.parse())?;
+    let burst: u64 = args.get(7).map_or(Ok(1000), |a| a.parse())?;
+    let algorithm = Algorithm::TokenBucket {
+        rate,
+        per: per_seconds * 1_000_000,
+        burst,
+    };
 
     let store = RedisStore::connect(&RedisTarget::Url(url.clone()), Duration::from_secs(2)).await?;
-    let checks: Arc<Vec<LimitCheck>> = Arc::new((0..clients).map(check).collect());
+    let checks: Arc<Vec<LimitCheck>> =
+        Arc::new((0..clients).map(|client| check(client, algorithm)).collect());
     let admin = redis::Client::open(url.as_str())?;
     let mut admin = admin.get_multiplexed_async_connection().await?;
     // Warm up (and load the script), then measure from clean statistics.

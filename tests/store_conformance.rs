@@ -180,6 +180,51 @@ async fn all_or_nothing_and_lockout_under_concurrency(store: Store) {
     assert_eq!(store.one(&wide).await.remaining, 1_000 - 31);
 }
 
+/// Busy clients and clients seen once, decided together (with Redis, in shared script
+/// calls, where a key used once is written at once and a repeated one at the end): each
+/// key's count is exact, and what a single request consumed is there for the next.
+async fn busy_and_one_off_clients_in_one_burst(store: Store) {
+    let store = Arc::new(store);
+    let client = |i: usize, algorithm: Algorithm| {
+        let tuple = encode_tuple([format!("203.0.113.{i}").as_bytes()]);
+        LimitCheck {
+            key: store_key("fg", &tuple, "mixed", &algorithm),
+            algorithm,
+            lockout: None,
+            cost: 1,
+            shadow: false,
+        }
+    };
+    let bucket = Algorithm::TokenBucket {
+        rate: 1.0,
+        per: 60_000 * MS,
+        burst: 1,
+    };
+    let busy: Vec<LimitCheck> = (0..10).map(|i| client(i, fixed(5, 60_000))).collect();
+    let one_off: Vec<LimitCheck> = (100..140).map(|i| client(i, bucket)).collect();
+    let mut tasks = Vec::new();
+    for round in 0..8 {
+        for check in busy.iter().chain(if round == 0 { &one_off[..] } else { &[] }) {
+            let (store, check) = (store.clone(), check.clone());
+            tasks.push(tokio::spawn(async move {
+                (check.key.clone(), store.one(&check).await.outcome)
+            }));
+        }
+    }
+    let mut admitted_per_key = std::collections::HashMap::new();
+    for task in tasks {
+        let (key, outcome) = task.await.unwrap();
+        *admitted_per_key.entry(key).or_insert(0) += usize::from(outcome.admits());
+    }
+    for check in &busy {
+        assert_eq!(admitted_per_key[&check.key], 5, "{}", check.key);
+    }
+    for check in &one_off {
+        assert_eq!(admitted_per_key[&check.key], 1, "{}", check.key);
+        assert_eq!(store.one(check).await.outcome, Outcome::Rejected, "{}", check.key);
+    }
+}
+
 async fn fixed_window_resets(store: Store) {
     let limit = check("fw", fixed(2, 300));
     assert_eq!(admitted_count(&store, &limit, 3).await, 2);
@@ -398,6 +443,7 @@ macro_rules! conformance {
 
 conformance!(
     exact_count_under_concurrency,
+    busy_and_one_off_clients_in_one_burst,
     all_or_nothing_and_lockout_under_concurrency,
     fixed_window_resets,
     token_bucket_burst_then_rate,
@@ -410,6 +456,40 @@ conformance!(
     a_leaky_bucket_slot_can_be_given_back,
     an_edited_limit_applies_at_once,
 );
+
+/// State written by another version of floodgate, in every form a token bucket has been
+/// stored in (a whole count, 17 significant digits, nine decimals), is read as written:
+/// during a rolling upgrade old and new gateways share the keys.
+#[tokio::test]
+async fn token_counts_stored_in_any_form_are_read_exactly() {
+    let store = redis().await;
+    let Store::Redis(_, server) = &store else {
+        unreachable!()
+    };
+    let hour = 3_600_000 * MS;
+    for (i, tokens) in ["3", "2.5000000000000000", "2.500000000"].into_iter().enumerate() {
+        let limit = check(
+            &format!("upgrade{i}"),
+            Algorithm::TokenBucket {
+                rate: 1.0,
+                per: hour,
+                burst: 10,
+            },
+        );
+        let time = server.cli(&["time"]);
+        let mut parts = time.lines().map(|line| line.trim().parse::<u64>().unwrap());
+        let now = parts.next().unwrap() * 1_000_000 + parts.next().unwrap();
+        let value = format!("{tokens}:{now}");
+        server.cli(&["set", &limit.key, &value, "px", "60000"]);
+        // 3 tokens admit three requests; 2.5 admit two and leave half a token.
+        let expected = if i == 0 { 3 } else { 2 };
+        assert_eq!(admitted_count(&store, &limit, 4).await, expected, "{value}");
+        let stored = server.cli(&["get", &limit.key]);
+        let left: f64 = stored.split(':').next().unwrap().parse().unwrap();
+        let half = if i == 0 { 0.0 } else { 0.5 };
+        assert!((left - half).abs() < 0.001, "{value} left {stored}");
+    }
+}
 
 #[tokio::test]
 async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {

@@ -26,6 +26,7 @@ pub use error::{ConfigError, ConfigErrors};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile, UpstreamFile};
 pub use limits::{KeyPart, LimitConfig, Mode, OnError, RedisConfig, RedisTarget};
 
+use crate::limit::MAX_LIMITS_PER_ROUTE;
 use crate::path::normalize_path;
 
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
@@ -537,6 +538,14 @@ fn route_limits(
     let mut ok = true;
     for (i, name) in names.iter().flatten().enumerate() {
         let entry = format!("{key}.limits[{i}]");
+        if i == MAX_LIMITS_PER_ROUTE {
+            sink.push(
+                Some(name.span()),
+                entry.clone(),
+                format!("a route names at most {MAX_LIMITS_PER_ROUTE} limits"),
+            );
+            ok = false;
+        }
         match limits.get(name.get_ref()) {
             Some(_) if resolved.iter().any(|l| *l.name == **name.get_ref()) => {
                 sink.push(

@@ -374,6 +374,39 @@ fn route_limits_resolve_and_cost_is_positive() {
 }
 
 #[test]
+fn a_route_names_at_most_the_limits_one_store_call_can_carry() {
+    let mut text = String::new();
+    let names: Vec<String> = (0..=MAX_LIMITS_PER_ROUTE).map(|i| format!("\"l{i}\"")).collect();
+    for i in 0..=MAX_LIMITS_PER_ROUTE {
+        text.push_str(&format!(
+            "[limits.l{i}]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n"
+        ));
+    }
+    let route = |names: &[String]| {
+        format!(
+            "[[routes]]\nname = \"r\"\nrespond = {{}}\nlimits = [{}]\n",
+            names.join(", ")
+        )
+    };
+    assert!(parse(&format!("{text}{}", route(&names[..MAX_LIMITS_PER_ROUTE]))).is_ok());
+    let (line, column, key, message) = error(&format!("{text}{}", route(&names)));
+    assert_eq!(key, format!("routes[0].limits[{MAX_LIMITS_PER_ROUTE}]"));
+    assert_eq!(
+        message,
+        format!("a route names at most {MAX_LIMITS_PER_ROUTE} limits")
+    );
+    let last_line = 4 * (MAX_LIMITS_PER_ROUTE + 1) + 4;
+    let last_name = route(&names)
+        .lines()
+        .nth(3)
+        .unwrap()
+        .rfind(&names[MAX_LIMITS_PER_ROUTE])
+        .unwrap()
+        + 1;
+    assert_eq!((line, column), (last_line, last_name));
+}
+
+#[test]
 fn redis_settings() {
     let (_, _, key, _) = error("[redis]\nurl = \"http://x\"\n");
     assert_eq!(key, "redis.url");

@@ -1,20 +1,36 @@
 //! The calling convention of `scripts/decide.lua`: a batch of requests becomes one
 //! `EVALSHA` in which every distinct key and every distinct limit spec is sent once, and
-//! each check is two or three small indexes; the reply is split back per request.
+//! the requests are one binary argument, the plan, of two-byte numbers; the reply is split
+//! back per request.
 //!
 //! Sending each key once matters as much on the Redis side as on ours: the script reads
 //! and writes each distinct key once per call, so a batch full of one busy client costs
-//! about what one request does.
+//! about what one request does. The plan matters because Redis turns every argument into a
+//! string object and then a Lua string, and the script would turn each back into a number:
+//! for a one-check request that was three arguments, and more of Redis's work than the
+//! decision itself (callgrind, `bench/script_cost.sh`).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::Cmd;
 
-use super::{Algorithm, LimitCheck, LimitDecision, Outcome};
+use super::{Algorithm, LimitCheck, LimitDecision, MAX_LIMITS_PER_ROUTE, Outcome};
 
 /// Values the script returns per check.
-const FIELDS_PER_CHECK: usize = 5;
+const FIELDS_PER_CHECK: usize = 4;
+
+/// The largest number the plan can carry (two bytes): key indexes, spec indexes and
+/// checks per request. The gateway stays far below it: a batch is at most
+/// [`super::group_commit::MAX_BATCH`] requests of at most [`MAX_LIMITS_PER_ROUTE`] checks,
+/// each with at most two keys.
+const PLAN_MAX: usize = u16::MAX as usize;
+
+const _: () = assert!(2 * super::group_commit::MAX_BATCH * MAX_LIMITS_PER_ROUTE <= PLAN_MAX);
+
+/// A batch too large for one script call: some number in it exceeds [`PLAN_MAX`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Oversized(pub usize);
 
 /// A limit as the script sees it: everything about a check but its keys.
 #[derive(Clone, Copy, PartialEq)]
@@ -53,29 +69,37 @@ impl Spec {
     }
 }
 
-/// Numbers each distinct string in first-seen order, from 1 (Lua's first index).
+/// Numbers each distinct key in first-seen order and counts its uses.
 #[derive(Default)]
 struct Interner<'a> {
     index: HashMap<&'a str, usize>,
-    order: Vec<&'a str>,
+    /// Per key, in first-seen order: the key and how many checks use it.
+    order: Vec<(&'a str, usize)>,
 }
 
 impl<'a> Interner<'a> {
+    /// The key's position in first-seen order (from 0).
     fn intern(&mut self, key: &'a str) -> usize {
-        *self.index.entry(key).or_insert_with(|| {
-            self.order.push(key);
-            self.order.len()
-        })
+        let position = *self.index.entry(key).or_insert_with(|| {
+            self.order.push((key, 0));
+            self.order.len() - 1
+        });
+        self.order[position].1 += 1;
+        position
     }
 }
 
 /// The script call deciding `requests` (each request's checks, in order).
-pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Cmd {
+///
+/// Counter keys are numbered from 1 (Lua's first index), those used by exactly one check
+/// first: the script writes those at once instead of keeping their state for later
+/// checks. Lock keys are numbered after the counters.
+pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<Cmd, Oversized> {
     let mut counters = Interner::default();
     let mut locks = Interner::default();
     let mut specs: Vec<Spec> = Vec::new();
-    // Per check: spec, counter key and lock key (0: none; numbered after the counters).
-    let mut checks: Vec<(usize, usize, usize)> = Vec::new();
+    // Per check: spec (from 1), counter and lock (positions in first-seen order).
+    let mut checks: Vec<(usize, usize, Option<usize>)> = Vec::new();
     for check in requests.iter().flat_map(|checks| checks.iter()) {
         let spec = Spec::of(check);
         let spec_index = match specs.iter().position(|known| *known == spec) {
@@ -85,16 +109,50 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Cmd {
                 specs.len()
             }
         };
-        let lock = check.lockout.as_ref().map_or(0, |(key, _)| locks.intern(key));
+        let lock = check.lockout.as_ref().map(|(key, _)| locks.intern(key));
         checks.push((spec_index, counters.intern(&check.key), lock));
     }
 
+    // Key numbers: single-use counters first, then the others, then the locks.
+    let mut number = vec![0; counters.order.len()];
+    let mut keys = Vec::with_capacity(counters.order.len() + locks.order.len());
+    for single in [true, false] {
+        for (position, (key, uses)) in counters.order.iter().enumerate() {
+            if (*uses == 1) == single {
+                keys.push(*key);
+                number[position] = keys.len();
+            }
+        }
+    }
+    let n_single = counters.order.iter().filter(|(_, uses)| *uses == 1).count();
+    let n_counters = keys.len();
+    keys.extend(locks.order.iter().map(|(key, _)| *key));
+    let largest_request = requests.iter().map(|checks| checks.len()).max().unwrap_or(0);
+    let largest = keys.len().max(specs.len()).max(largest_request);
+    if largest > PLAN_MAX {
+        return Err(Oversized(largest));
+    }
+
+    let mut plan = Vec::with_capacity(2 * (requests.len() + 3 * checks.len()));
+    let mut push = |n: usize| plan.extend_from_slice(&(n as u16).to_be_bytes());
+    let mut checks = checks.into_iter();
+    for request in requests {
+        push(request.len());
+        for (spec, counter, lock) in checks.by_ref().take(request.len()) {
+            push(spec);
+            push(number[counter]);
+            if let Some(lock) = lock {
+                push(n_counters + lock + 1);
+            }
+        }
+    }
+
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script_hash).arg(counters.order.len() + locks.order.len());
-    for key in counters.order.iter().chain(&locks.order) {
+    cmd.arg(script_hash).arg(keys.len());
+    for key in &keys {
         cmd.arg(*key);
     }
-    cmd.arg(counters.order.len()).arg(specs.len());
+    cmd.arg(n_counters).arg(n_single).arg(specs.len());
     for spec in &specs {
         cmd.arg(spec.algorithm)
             .arg(spec.a)
@@ -104,18 +162,8 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Cmd {
             .arg(spec.lockout)
             .arg(u8::from(spec.shadow));
     }
-    cmd.arg(requests.len());
-    let mut checks = checks.into_iter();
-    for request in requests {
-        cmd.arg(request.len());
-        for (spec, counter, lock) in checks.by_ref().take(request.len()) {
-            cmd.arg(spec).arg(counter);
-            if lock > 0 {
-                cmd.arg(counters.order.len() + lock);
-            }
-        }
-    }
-    cmd
+    cmd.arg(plan);
+    Ok(cmd)
 }
 
 /// Splits the script's reply into each request's decisions; `None` when the reply does
@@ -136,17 +184,18 @@ pub(crate) fn decisions(requests: &[&[LimitCheck]], values: &[i64]) -> Option<Ve
 
 fn decision(fields: &[i64]) -> LimitDecision {
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
-    let outcome = match fields[0] {
-        0 => Outcome::Allowed,
-        1 => Outcome::Delayed(micros(fields[4])),
-        3 => Outcome::Locked,
-        _ => Outcome::Rejected,
+    // The last field is the delay of a delayed request, the retry time of a refused one.
+    let (outcome, retry_after) = match fields[0] {
+        0 => (Outcome::Allowed, Duration::ZERO),
+        1 => (Outcome::Delayed(micros(fields[3])), Duration::ZERO),
+        3 => (Outcome::Locked, micros(fields[3])),
+        _ => (Outcome::Rejected, micros(fields[3])),
     };
     LimitDecision {
         outcome,
         remaining: u64::try_from(fields[1]).unwrap_or(0),
         reset: micros(fields[2]),
-        retry_after: micros(fields[3]),
+        retry_after,
     }
 }
 
@@ -168,42 +217,70 @@ mod tests {
         }
     }
 
-    /// The command's arguments as text.
-    fn args(cmd: &Cmd) -> Vec<String> {
-        cmd.args_iter()
+    /// The command's arguments: text, but the plan as its two-byte numbers.
+    fn args(cmd: &Cmd) -> (Vec<String>, Vec<u16>) {
+        let mut args: Vec<Vec<u8>> = cmd
+            .args_iter()
             .map(|arg| match arg {
-                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => "<not a plain argument>".to_owned(),
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => b"<not a plain argument>".to_vec(),
             })
-            .collect()
+            .collect();
+        let plan = args.pop().unwrap_or_default();
+        let text = args
+            .iter()
+            .map(|arg| String::from_utf8_lossy(arg).into_owned())
+            .collect();
+        let numbers = plan
+            .chunks(2)
+            .map(|pair| u16::from_be_bytes([pair[0], pair[1]]))
+            .collect();
+        (text, numbers)
     }
 
     #[test]
-    fn each_key_and_spec_is_sent_once() {
+    fn each_key_and_spec_is_sent_once_and_single_use_keys_come_first() {
         let a = [check("k:a", Some("k:a:lock"), 1)];
         let b = [check("k:b", None, 1), check("k:a", Some("k:a:lock"), 2)];
+        let c = [check("k:c", None, 1)];
         let again = [check("k:b", None, 1)];
-        let cmd = command("sha", &[&a, &b, &again]);
+        let cmd = command("sha", &[&a, &b, &c, &again]).unwrap();
+        let (text, plan) = args(&cmd);
         let expected = [
-            "EVALSHA", "sha", "3", "k:a", "k:b", "k:a:lock", // two counters, then the lock
-            "2",        // counter keys
+            "EVALSHA", "sha", "4", // keys:
+            "k:c", "k:a", "k:b",      // k:c is used once; k:a and k:b twice
+            "k:a:lock", // the locks after the counters
+            "3",        // counter keys
+            "1",        // of which single-use (the first)
             "3",        // specs: with lock-out cost 1, without lock-out, with lock-out cost 2
             "3", "10.0", "1000000", "20", "1", "5000000", "0", //
             "3", "10.0", "1000000", "20", "1", "0", "0", //
-            "3", "10.0", "1000000", "20", "2", "5000000", "0", //
-            "3", // requests
-            "1", "1", "1", "3", // one check: spec 1, key 1, lock key 3
-            "2", "2", "2", "3", "1", "3", // spec 2 key 2; spec 3 key 1 lock 3
-            "1", "2", "2", // spec 2 key 2
+            "3", "10.0", "1000000", "20", "2", "5000000", "0",
         ];
-        assert_eq!(args(&cmd), expected);
+        assert_eq!(text, expected);
+        let expected_plan = [
+            1, 1, 2, 4, // one check: spec 1, key 2 (k:a), lock key 4
+            2, 2, 3, 3, 2, 4, // spec 2 key 3 (k:b); spec 3 key 2 lock 4
+            1, 2, 1, // spec 2 key 1 (k:c)
+            1, 2, 3, // spec 2 key 3 (k:b)
+        ];
+        assert_eq!(plan, expected_plan);
+    }
+
+    #[test]
+    fn a_batch_beyond_two_byte_numbers_is_refused_not_truncated() {
+        let keys: Vec<String> = (0..=PLAN_MAX).map(|i| format!("k:{i}")).collect();
+        let checks: Vec<LimitCheck> = keys.iter().map(|key| check(key, None, 1)).collect();
+        let requests: Vec<&[LimitCheck]> = checks.chunks(1).collect();
+        assert_eq!(command("sha", &requests).err(), Some(Oversized(PLAN_MAX + 1)));
+        assert!(command("sha", &requests[..PLAN_MAX]).is_ok());
     }
 
     #[test]
     fn replies_are_split_per_request() {
         let a = [check("a", None, 1)];
         let b = [check("b", None, 1), check("c", None, 1)];
-        let values = [0, 9, 100, 0, 0, 2, 0, 100, 50, 0, 1, 3, 40, 0, 40];
+        let values = [0, 9, 100, 0, 2, 0, 100, 50, 1, 3, 40, 40];
         let split = decisions(&[&a, &b], &values).unwrap();
         assert_eq!(split.len(), 2);
         assert_eq!(split[0][0].outcome, Outcome::Allowed);
@@ -211,6 +288,7 @@ mod tests {
         assert_eq!(split[1][0].outcome, Outcome::Rejected);
         assert_eq!(split[1][0].retry_after, Duration::from_micros(50));
         assert_eq!(split[1][1].outcome, Outcome::Delayed(Duration::from_micros(40)));
-        assert!(decisions(&[&a, &b], &values[..10]).is_none());
+        assert_eq!(split[1][1].retry_after, Duration::ZERO);
+        assert!(decisions(&[&a, &b], &values[..8]).is_none());
     }
 }

@@ -23,6 +23,10 @@ use std::time::Duration;
 
 pub use algorithm::Algorithm;
 
+/// The most limits one route may name (the configuration enforces it): one request's
+/// checks, a bound the Redis store's calling convention relies on.
+pub const MAX_LIMITS_PER_ROUTE: usize = 64;
+
 /// One limit to decide for one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitCheck {

@@ -49,6 +49,8 @@ pub enum StoreError {
     BreakerOpen,
     #[error("redis answered {got} values for {checks} checks")]
     Malformed { got: usize, checks: usize },
+    #[error("one script call cannot number {0} keys, limits or checks (at most 65535)")]
+    Oversized(usize),
 }
 
 impl From<redis::RedisError> for StoreError {
@@ -280,7 +282,8 @@ impl Shared {
         connection: &mut Connection,
         requests: &[&[LimitCheck]],
     ) -> Result<Vec<Vec<LimitDecision>>, StoreError> {
-        let call = decide_call::command(self.decide.get_hash(), requests);
+        let call = decide_call::command(self.decide.get_hash(), requests)
+            .map_err(|decide_call::Oversized(n)| StoreError::Oversized(n))?;
         let values: Vec<i64> = match self.within_deadline(call.query_async(connection)).await {
             Err(StoreError::Redis(error)) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.within_deadline(self.decide.prepare_invoke().load_async(connection))

@@ -4,32 +4,39 @@
 --
 -- KEYS: the batch's distinct counter keys, then its distinct lock keys.
 -- ARGV[1]: the number of counter keys C (KEYS[1..C]).
--- ARGV[2]: the number of limit specs S, then 7 values per spec:
+-- ARGV[2]: U: counter keys 1..U are each used by exactly one check of the batch.
+-- ARGV[3]: the number of limit specs S, then 7 values per spec:
 --   algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket, 4 leaky_bucket),
 --   a, b, c (fixed/sliding: limit, window_us, 0; buckets: rate, per_us, burst),
 --   cost, lockout_us (0: none), shadow (1: never refuses; consumes only when the request
 --   is admitted and it admits too).
--- Then the number of requests, and per request its number of checks and per check: spec
---   index, counter key index, and (only when the spec has a lock-out) lock key index.
+-- Then the plan, one binary string: every number in two bytes, big-endian. Per request its
+--   number of checks, and per check: spec index, counter key index, and (only when the
+--   spec has a lock-out) lock key index. Numbers, not decimal arguments: Redis turns every
+--   argument into a string object and a Lua string, which cost more than the decision.
 -- Returns, per check in order: outcome (0 allowed, 1 delayed, 2 rejected, 3 locked),
---   remaining, reset_us, retry_after_us, delay_us.
+--   remaining, reset_us, and retry_after_us (rejected, locked) or delay_us (delayed).
 -- Time comes from Redis TIME only, in microseconds (exact in a Lua double).
 --
 -- Each key is read once per call (one MGET for every counter key; PTTL where a window or
 -- a lock needs it), its state is kept here while the requests are decided in order, and
--- each changed key is written once at the end. So a call costs a few commands per distinct
--- key, however many requests it carries, and each request still sees the state the
--- requests before it left: exactly as if they were decided one call each.
+-- each changed key is written once: one MSET for all of them, then PEXPIREAT per key
+-- (SET ... PX costs Redis a reply table and a rewrite of the command per key). So a call
+-- costs a few commands per distinct key, however many requests it carries, and each
+-- request still sees the state the requests before it left: exactly as if they were
+-- decided one call each. Expiry instants are the call's TIME plus the state's lifetime,
+-- rounded up to the millisecond.
 --
--- Stored state: fixed_window is a plain counter (SET PX when its window starts, INCRBY
--- after); the others are one string each, written with SET PX: "index:current:previous"
--- (sliding_window), "tokens:updated" (token_bucket; a whole token count as an integer,
--- any other with 17 significant digits), "tat:step" (leaky_bucket).
+-- Stored state: fixed_window is a plain counter (written when its window starts, INCRBY
+-- after); the others are one string each: "index:current:previous" (sliding_window),
+-- "tokens:updated" (token_bucket; a whole token count as an integer, any other with 17
+-- significant digits), "tat:step" (leaky_bucket).
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
-local format, match, tonumber, unpack = string.format, string.match, tonumber, unpack
+local byte, format, match, tonumber, unpack = string.byte, string.format, string.match, tonumber, unpack
+local expiry_base = ceil(now / 1000) -- ms; a state lasting d ms expires at expiry_base + d
 
 local function ms(us)
   return max(1, ceil(us / 1000))
@@ -40,62 +47,62 @@ local function nonneg(x)
   return floor(x)
 end
 
--- Counter keys: their stored text (false when absent), read together.
-local n_counters = tonumber(ARGV[1])
+-- Counter keys: their stored text, read together; false when absent, and once the live
+-- state below has replaced it.
+local n_counters, n_single = tonumber(ARGV[1]), tonumber(ARGV[2])
 local stored = {}
 do
   local chunk = 1000 -- unpack() is bounded by Lua's C stack
-  for first = 1, n_counters, chunk do
+  if n_counters > 0 then stored = redis.call('MGET', unpack(KEYS, 1, min(chunk, n_counters))) end
+  for first = chunk + 1, n_counters, chunk do
     local last = min(first + chunk - 1, n_counters)
     local values = redis.call('MGET', unpack(KEYS, first, last))
     for i = 1, last - first + 1 do stored[first + i - 1] = values[i] end
   end
 end
 
--- Each counter's live state, parsed on first use: up to three numbers per key index.
-local parsed, s1, s2, s3 = {}, {}, {}, {}
--- Changed counters: algorithm by key index, with the write's expiry in ms.
+-- The live state of counters changed in this call: up to three numbers per key index.
+local s1, s2, s3 = {}, {}, {}
+-- Changed counters: algorithm by key index, with the state's lifetime in ms.
 local dirty, ttl = {}, {}
--- Fixed windows: created in this call (written with SET PX), or the amount to INCRBY.
-local created, added = {}, {}
+-- Fixed windows: the amount admitted in this call (INCRBY'd when the window existed).
+local added = {}
 
--- Each evaluator returns: admitted, delay, remaining_after, remaining_before, reset,
--- retry_after, and the state to keep when the request is admitted (three numbers and the
--- expiry in ms).
-local function fixed_window(k, limit, window, _, cost)
-  if not parsed[k] then
-    parsed[k] = true
-    if stored[k] then
-      local pttl = redis.call('PTTL', KEYS[k])
-      if pttl > 0 then s1[k], s2[k] = tonumber(stored[k]), now + pttl * 1000 end
-    end
+-- Each evaluator takes the key's stored text (false: use the live state) and returns:
+-- admitted, delay, remaining_after, remaining_before, reset, retry_after, and the state to
+-- keep when the request is admitted (three numbers and its lifetime in ms).
+local function fixed_window(k, text, limit, window, _, cost)
+  -- count, the window's end, and 1 when the window exists in Redis (nil: no window yet;
+  -- it starts with its first admission).
+  local count, window_end, exists = s1[k], s2[k], s3[k]
+  if text then
+    count, window_end, exists = nil, nil, 0
+    local pttl = redis.call('PTTL', KEYS[k])
+    if pttl > 0 then count, window_end, exists = tonumber(text), now + pttl * 1000, 1 end
   end
-  -- s2 (the window's end) is nil until the window exists: it starts with its first admission.
-  local count, window_end = s1[k] or 0, s2[k] or now + window
+  count, window_end = count or 0, window_end or now + window
   local reset = window_end - now
   local admitted = count + cost <= limit
   local after, retry = count, reset
   if admitted then after, retry = count + cost, 0 end
   return admitted, 0, nonneg(limit - after), nonneg(limit - count), reset, retry,
-    after, window_end, 0, ms(window)
+    after, window_end, exists or 0, ms(window)
 end
 
-local function sliding_window(k, limit, window, _, cost)
-  if not parsed[k] then
-    parsed[k] = true
-    if stored[k] then
-      local i, c, p = match(stored[k], '^([^:]+):([^:]+):(.+)$')
-      s1[k], s2[k], s3[k] = tonumber(i), tonumber(c), tonumber(p)
-    end
+local function sliding_window(k, text, limit, window, _, cost)
+  local i, current, previous = s1[k], s2[k], s3[k]
+  if text then
+    local a, b, c = match(text, '^([^:]+):([^:]+):(.+)$')
+    i, current, previous = tonumber(a), tonumber(b), tonumber(c)
   end
   local index = floor(now / window)
   local into = now - index * window
-  local current, previous = 0, 0
-  local i = s1[k]
   if i == index then
-    current, previous = s2[k], s3[k]
+    -- as stored
   elseif i == index - 1 then
-    previous = s2[k]
+    current, previous = 0, current
+  else
+    current, previous = 0, 0
   end
   local weight = (window - into) / window
   local estimate = previous * weight + current
@@ -120,21 +127,18 @@ local function sliding_window(k, limit, window, _, cost)
     index, after, previous, ms(2 * window - into)
 end
 
-local function token_bucket(k, rate, per, burst, cost)
-  if not parsed[k] then
-    parsed[k] = true
-    if stored[k] then
-      local t, u = match(stored[k], '^([^:]+):(.+)$')
-      s1[k], s2[k] = tonumber(t), tonumber(u)
-    end
+local function token_bucket(k, text, rate, per, burst, cost)
+  local saved, updated = s1[k], s2[k]
+  if text then
+    local t, u = match(text, '^([^:]+):(.+)$')
+    saved, updated = tonumber(t), tonumber(u)
   end
   -- Written without min/max/floor calls: this runs for nearly every decision. The counts
   -- returned are never negative, so the reply's truncation to integers floors them.
   local step = per / rate
   local tokens = burst
-  local saved = s1[k]
   if saved then
-    local elapsed = now - s2[k]
+    local elapsed = now - updated
     if elapsed > 0 then saved = saved + elapsed / step end
     if saved < burst then tokens = saved end
   end
@@ -152,20 +156,18 @@ local function token_bucket(k, rate, per, burst, cost)
   return admitted, 0, left, tokens, until_full, retry, left, now, 0, expiry
 end
 
-local function leaky_bucket(k, rate, per, burst, cost)
-  if not parsed[k] then
-    parsed[k] = true
-    if stored[k] then
-      local t, s = match(stored[k], '^([^:]+):(.+)$')
-      s1[k], s2[k] = tonumber(t), tonumber(s)
-    end
+local function leaky_bucket(k, text, rate, per, burst, cost)
+  local saved_tat, saved_step = s1[k], s2[k]
+  if text then
+    local t, s = match(text, '^([^:]+):(.+)$')
+    saved_tat, saved_step = tonumber(t), tonumber(s)
   end
   local step = per / rate
   local depth = burst * step
   local tat = now
-  if s1[k] then
-    tat = max(s1[k], now)
-    if s2[k] ~= step then
+  if saved_tat then
+    tat = max(saved_tat, now)
+    if saved_step ~= step then
       -- The rate or depth was edited: no longer a queue than the new depth allows.
       tat = min(tat, now + depth)
     end
@@ -201,40 +203,68 @@ local function lock_of(l)
   return left
 end
 
--- ARGV numbers repeat (counts, spec and key indexes): convert each distinct string once.
-local num = setmetatable({}, { __index = function(t, s)
-  local v = tonumber(s)
-  t[s] = v
-  return v
-end })
-
 -- Limit specs.
-local n_specs = tonumber(ARGV[2])
+local n_specs = tonumber(ARGV[3])
 local algorithms, pa, pb, pc, costs, lockouts, shadows = {}, {}, {}, {}, {}, {}, {}
-local argi = 3
+local argi = 4
 for s = 1, n_specs do
   algorithms[s], pa[s], pb[s], pc[s] = tonumber(ARGV[argi]), tonumber(ARGV[argi + 1]),
     tonumber(ARGV[argi + 2]), tonumber(ARGV[argi + 3])
   costs[s], lockouts[s], shadows[s] = tonumber(ARGV[argi + 4]), tonumber(ARGV[argi + 5]), ARGV[argi + 6] == '1'
   argi = argi + 7
 end
+local plan = ARGV[argi]
 
 local out = {}
 local n_out = 0
-local function emit(outcome, remaining, reset, retry, delay)
-  out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4], out[n_out + 5] =
-    outcome, remaining, reset, retry, delay
-  n_out = n_out + 5
+local function emit(outcome, remaining, reset, retry_or_delay)
+  out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4] = outcome, remaining, reset, retry_or_delay
+  n_out = n_out + 4
+end
+
+-- Whole numbers as text, each formatted once per call: expiry instants and the counts of
+-- untouched buckets repeat across keys (number-to-string in Lua goes through "%.14g").
+local text_of = setmetatable({}, { __index = function(t, n)
+  local v = format('%d', n)
+  t[n] = v
+  return v
+end })
+local exact = 9007199254740992 -- 2^53: whole numbers below it print exactly with %d
+
+-- Writes: MSET arguments (key, value) and each key's expiry instant in ms.
+local set_args, set_at, n_set = {}, {}, 0
+
+-- Queues the write of counter k's state (a window that exists only gains `added`).
+local function write(k, algorithm, v1, v2, v3, lifetime, added_now)
+  local value
+  if algorithm == 1 then
+    if v3 == 1 then
+      redis.call('INCRBY', KEYS[k], text_of[added_now])
+      return
+    end
+    value = text_of[v1]
+  elseif algorithm == 2 then
+    value = format('%d:%d:%d', v1, v2, v3)
+  elseif algorithm == 3 then
+    if v1 % 1 == 0 and v1 < exact then
+      value = text_of[v1] .. ':' .. text_of[v2]
+    else
+      -- Nine decimals: integer formatting costs Redis a third of what "%.17g" does.
+      local whole = floor(v1)
+      value = format('%d.%09d:%d', whole, floor((v1 - whole) * 1e9), v2)
+    end
+  else
+    value = format('%d:%.17g', v1, v2)
+  end
+  local i = n_set + 1
+  set_args[2 * i - 1], set_args[2 * i], set_at[i], n_set = KEYS[k], value, expiry_base + lifetime, i
 end
 
 -- An admitted check's new state, written once at the end of the call.
-local function keep(s, k, v1, v2, v3, expiry)
+local function keep(s, k, v1, v2, v3, lifetime)
   local algorithm = algorithms[s]
-  if algorithm == 1 then
-    if s2[k] == nil then created[k] = true end
-    added[k] = (added[k] or 0) + costs[s]
-  end
-  s1[k], s2[k], s3[k], dirty[k], ttl[k] = v1, v2, v3, algorithm, expiry
+  if algorithm == 1 then added[k] = (added[k] or 0) + costs[s] end
+  stored[k], s1[k], s2[k], s3[k], dirty[k], ttl[k] = false, v1, v2, v3, algorithm, lifetime
 end
 
 -- Per check of the current request (reused across requests).
@@ -242,28 +272,28 @@ local specs, keys, locks, locked = {}, {}, {}, {}
 local admitted, delays, afters, befores, resets, retries = {}, {}, {}, {}, {}, {}
 local n1, n2, n3, ttls = {}, {}, {}, {}
 
--- A request of n checks whose arguments start at ARGV[first]: every check is evaluated
--- first, and the state is kept only when all of them admit. Returns the next argument.
-local function decide_staged(n, first)
-  local argi = first
+-- A request of n checks whose numbers start at plan byte p: every check is evaluated
+-- first, and the state is kept only when all of them admit. Returns the next plan byte.
+local function decide_staged(n, p)
   local all_admitted = true
   for i = 1, n do
-    local s, k = num[ARGV[argi]], num[ARGV[argi + 1]]
-    argi = argi + 2
+    local s_hi, s_lo, k_hi, k_lo, l_hi, l_lo = byte(plan, p, p + 5)
+    local s, k = s_hi * 256 + s_lo, k_hi * 256 + k_lo
+    p = p + 4
     specs[i], keys[i], locks[i], locked[i] = s, k, false, false
     if lockouts[s] > 0 then
-      locks[i] = num[ARGV[argi]]
-      argi = argi + 1
+      locks[i] = l_hi * 256 + l_lo
+      p = p + 2
       locked[i] = lock_of(locks[i])
     end
     admitted[i], delays[i], afters[i], befores[i], resets[i], retries[i], n1[i], n2[i], n3[i], ttls[i] =
-      evaluators[algorithms[s]](k, pa[s], pb[s], pc[s], costs[s])
+      evaluators[algorithms[s]](k, stored[k], pa[s], pb[s], pc[s], costs[s])
     if not shadows[s] and (locked[i] or not admitted[i]) then all_admitted = false end
   end
   for i = 1, n do
     local s = specs[i]
     if locked[i] then
-      emit(3, 0, locked[i], locked[i], 0)
+      emit(3, 0, locked[i], locked[i])
     elseif not admitted[i] then
       local retry, reset = retries[i], resets[i]
       if locks[i] then
@@ -273,77 +303,62 @@ local function decide_staged(n, first)
         lock_left[locks[i]] = ms(lockout) * 1000
         retry, reset = max(retry, lockout), max(reset, lockout)
       end
-      emit(2, befores[i], reset, retry, 0)
+      emit(2, befores[i], reset, retry)
     elseif not all_admitted then
-      emit(0, befores[i], resets[i], 0, 0)
+      emit(0, befores[i], resets[i], 0)
     else
       keep(s, keys[i], n1[i], n2[i], n3[i], ttls[i])
-      emit(delays[i] > 0 and 1 or 0, afters[i], resets[i], 0, delays[i])
+      emit(delays[i] > 0 and 1 or 0, afters[i], resets[i], delays[i])
     end
   end
-  return argi
+  return p
 end
 
-local n_requests = tonumber(ARGV[argi])
-argi = argi + 1
-for _ = 1, n_requests do
-  local n, s = num[ARGV[argi]], num[ARGV[argi + 1]]
+local p, plan_end = 1, #plan
+while p < plan_end do
+  local n_hi, n_lo, s_hi, s_lo, k_hi, k_lo = byte(plan, p, p + 5)
+  local n, s = n_hi * 256 + n_lo, s_hi * 256 + s_lo
   if n == 1 and lockouts[s] == 0 then
-    -- One check without a lock-out (the common request): nothing to stage. keep() and
-    -- emit() are written out here: in Redis's Lua each call cost about 1.4k of the 38k
-    -- instructions a decision takes (callgrind, token bucket, distinct keys).
-    local k = num[ARGV[argi + 2]]
-    argi = argi + 3
+    -- One check without a lock-out (the common request): nothing to stage, and a key no
+    -- other check uses is written at once. keep() and emit() are written out here: in
+    -- Redis's Lua each function call costs about 1.4k instructions, on a decision of
+    -- about 27k (callgrind, token bucket, distinct keys).
+    local k = k_hi * 256 + k_lo
+    p = p + 6
     local algorithm = algorithms[s]
-    local ok, delay, after, before, reset, retry, v1, v2, v3, expiry =
-      evaluators[algorithm](k, pa[s], pb[s], pc[s], costs[s])
+    local ok, delay, after, before, reset, retry, v1, v2, v3, lifetime =
+      evaluators[algorithm](k, stored[k], pa[s], pb[s], pc[s], costs[s])
     local o = n_out
-    n_out = o + 5
-    if ok then
-      if algorithm == 1 then
-        if s2[k] == nil then created[k] = true end
-        added[k] = (added[k] or 0) + costs[s]
-      end
-      s1[k], s2[k], s3[k], dirty[k], ttl[k] = v1, v2, v3, algorithm, expiry
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = delay > 0 and 1 or 0, after, reset, 0, delay
+    n_out = o + 4
+    if not ok then
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 2, before, reset, retry
     else
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = 2, before, reset, retry, 0
+      if k <= n_single then
+        write(k, algorithm, v1, v2, v3, lifetime, costs[s])
+      else
+        if algorithm == 1 then added[k] = (added[k] or 0) + costs[s] end
+        stored[k], s1[k], s2[k], s3[k], dirty[k], ttl[k] = false, v1, v2, v3, algorithm, lifetime
+      end
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = delay > 0 and 1 or 0, after, reset, delay
     end
   else
-    argi = decide_staged(n, argi + 1)
+    p = decide_staged(n, p + 2)
   end
 end
-
--- Whole numbers as text, each formatted once per call: expiries and the counts of
--- untouched buckets repeat across keys (number-to-string in Lua goes through "%.14g").
-local text = setmetatable({}, { __index = function(t, n)
-  local v = format('%d', n)
-  t[n] = v
-  return v
-end })
-local exact = 9007199254740992 -- 2^53: whole numbers below it print exactly with %d
 
 -- One write per changed counter.
 for k = 1, n_counters do
   local algorithm = dirty[k]
-  if algorithm == 1 then
-    if created[k] then
-      redis.call('SET', KEYS[k], text[s1[k]], 'PX', text[ttl[k]])
-    else
-      redis.call('INCRBY', KEYS[k], text[added[k]])
-    end
-  elseif algorithm == 2 then
-    redis.call('SET', KEYS[k], format('%d:%d:%d', s1[k], s2[k], s3[k]), 'PX', text[ttl[k]])
-  elseif algorithm == 3 then
-    local tokens, value = s1[k], nil
-    if tokens % 1 == 0 and tokens < exact then
-      value = text[tokens] .. ':' .. text[s2[k]]
-    else
-      value = format('%.17g:%d', tokens, s2[k])
-    end
-    redis.call('SET', KEYS[k], value, 'PX', text[ttl[k]])
-  elseif algorithm == 4 then
-    redis.call('SET', KEYS[k], format('%d:%.17g', s1[k], s2[k]), 'PX', text[ttl[k]])
+  if algorithm then write(k, algorithm, s1[k], s2[k], s3[k], ttl[k], added[k]) end
+end
+do
+  local chunk = 500 -- key-value pairs per MSET (unpack() is bounded by Lua's C stack)
+  for first = 1, n_set, chunk do
+    local last = min(first + chunk - 1, n_set)
+    redis.call('MSET', unpack(set_args, 2 * first - 1, 2 * last))
+  end
+  for i = 1, n_set do
+    redis.call('PEXPIREAT', set_args[2 * i - 1], text_of[set_at[i]])
   end
 end
 return out

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# What one rate-limit decision costs Redis, in instructions, counted by callgrind inside
+# redis-server on a fixed input: repeatable to a fraction of a percent, where wall-clock
+# figures on a shared VM swing by tens of percent. Usage (from the repository root):
+#
+#   bash bench/script_cost.sh [floodgate|cell] [BATCH] [KEYS]
+#
+# floodgate: src/limit/scripts/decide.lua, BATCH one-check requests per EVALSHA (default
+# 32), the keys drawn from KEYS client keys (default 10000; 1 for one busy client).
+# cell: redis-cell's CL.THROTTLE on the same keys, one call per decision, pipelined; set
+# CELL_MODULE to its libredis_cell.so (build it from crates.io: redis-cell 0.2.2).
+# It sends WARM calls (default 400) first, then counts CALLS (default 200) and prints the
+# instructions per decision and the functions that take the most. RATE: tokens per second
+# (default 1e9, like ../shared/bench/anchors.sh: state expires at once; RATE=1 keeps it). Needs redis-server,
+# redis-cli, valgrind and python3. KEEP=1 keeps the server's directory; REDIS_SERVER names
+# another redis-server binary (one built with symbols names the functions that take the most).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODE=${1:-floodgate}
+BATCH=${2:-32}
+KEYS=${3:-10000}
+WARM=${WARM:-400}
+CALLS=${CALLS:-200}
+TOP=${TOP:-25}
+RATE=${RATE:-1000000000}
+REDIS_SERVER=${REDIS_SERVER:-redis-server}
+
+for tool in "$REDIS_SERVER" redis-cli valgrind callgrind_control callgrind_annotate python3; do
+  command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
+done
+if [ "$MODE" = cell ] && [ ! -f "${CELL_MODULE:-}" ]; then
+  echo "cell: set CELL_MODULE to libredis_cell.so" >&2
+  exit 1
+fi
+
+dir=$(mktemp -d)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+server_pid=
+cleanup() {
+  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $dir" >&2; else rm -rf "$dir"; fi
+}
+trap cleanup EXIT
+
+module_args=()
+[ "$MODE" = cell ] && module_args=(--loadmodule "$CELL_MODULE")
+valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
+  "$REDIS_SERVER" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
+  "${module_args[@]}" >"$dir/server.log" 2>&1 &
+server_pid=$!
+cli() { redis-cli -p "$port" "$@"; }
+for _ in $(seq 200); do cli ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+if [ "$MODE" = floodgate ]; then
+  sha=$(cli script load "$(cat src/limit/scripts/decide.lua)")
+  gen() { python3 bench/script_cost.py floodgate "$sha" "$1" "$BATCH" "$KEYS" "$2" "$RATE"; }
+else
+  gen() { python3 bench/script_cost.py cell "$1" "$BATCH" "$KEYS" "$2" "$RATE"; }
+fi
+gen "$WARM" 1 >"$dir/warm.resp"
+gen "$CALLS" 2 >"$dir/measure.resp"
+
+cli --pipe <"$dir/warm.resp" >/dev/null
+callgrind_control -z "$server_pid" >/dev/null 2>&1
+cli --pipe <"$dir/measure.resp" >"$dir/pipe.log"
+grep -q 'errors: 0' "$dir/pipe.log" || { cat "$dir/pipe.log" >&2; exit 1; }
+callgrind_control -d "$server_pid" >/dev/null 2>&1
+dump=$(ls "$dir"/callgrind.out.* | sort | tail -1)
+
+callgrind_annotate "$dump" >"$dir/annotate.txt"
+total=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }' "$dir/annotate.txt")
+decisions=$((CALLS * BATCH))
+echo "$MODE: batch $BATCH, $KEYS keys: $((total / decisions)) instructions per decision ($total over $decisions decisions)"
+if [ "$TOP" -gt 0 ]; then
+  awk -v n="$TOP" -v d="$decisions" '
+    /^-+$/ { sep++; next }
+    sep >= 3 && NF >= 2 && n-- > 0 { c = $1; gsub(",", "", c); printf "%8d  %s\n", c / d, $NF }
+  ' "$dir/annotate.txt"
+fi
