@@ -5,16 +5,19 @@
     script_cost.py cell CALLS BATCH KEYS SEED [RATE]
 
 floodgate: CALLS `EVALSHA` calls of decide.lua, each deciding BATCH one-check requests
-encoded the way src/limit/decide_call.rs encodes them (each distinct key sent once): a
-never-refusing token bucket per client key, keys drawn from KEYS clients with a seeded
-generator, named like the gateway names them (`bench:{10.x.y.z}:per_ip:tb`).
-cell: CALLS × BATCH `CL.THROTTLE` calls of redis-cell on the same kind of keys, with the
-arguments ../shared/bench/anchors.sh gives redis-benchmark. RATE is the refill per second
-(default 1e9, as there: state expires a microsecond after it is written; 1 keeps it).
+encoded the way src/limit/decide_call.rs encodes them (each distinct key sent once, keys
+used once numbered first): a token bucket per client key, keys drawn from KEYS clients with
+a seeded generator, named like the gateway names them (`bench:{10.x.y.z}:per_ip:tb`).
+cell: CALLS x BATCH `CL.THROTTLE` calls of redis-cell on the same keys, with the same
+bucket. RATE: tokens per second (default 1e9: the state expires a microsecond after it is
+written; 1 keeps it). The environment's BURST: the bucket's depth (default 1e9).
 """
+import os
 import random
 import struct
 import sys
+
+BURST = int(os.environ.get("BURST", "1000000000"))
 
 
 def command(*args):
@@ -39,8 +42,8 @@ def decide_call(sha, clients, rate):
     index = {key: i + 1 for i, key in enumerate(keys)}
     picks = [index[client_key(client)] for client in clients]
     n_single = sum(1 for k in uses if uses[k] == 1)
-    # One spec: token bucket (3), `rate` per 1 s, burst 1e9, cost 1, no lock-out, not shadow.
-    args = ["EVALSHA", sha, len(keys), *keys, len(keys), n_single, 1, 3, rate, 1000000, 1000000000, 1, 0, 0]
+    # One spec: token bucket (3), `rate` per 1 s, BURST deep, cost 1, no lock-out, not shadow.
+    args = ["EVALSHA", sha, len(keys), *keys, len(keys), n_single, 1, 3, rate, 1000000, BURST, 1, 0, 0]
     # The plan: per request its number of checks, then per check spec and key index, each
     # number in two bytes (big-endian).
     plan = b"".join(struct.pack(">HHH", 1, 1, key_index) for key_index in picks)
@@ -62,7 +65,8 @@ def main():
             out.write(decide_call(sha, clients, rate))
         else:
             for client in clients:
-                out.write(command("CL.THROTTLE", client_key(client), 1000000, rate, 1, 1))
+                # max_burst is the depth less one; `rate` per 1 s; cost 1.
+                out.write(command("CL.THROTTLE", client_key(client), BURST - 1, rate, 1, 1))
 
 
 if __name__ == "__main__":

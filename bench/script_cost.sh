@@ -10,10 +10,11 @@
 # cell: redis-cell's CL.THROTTLE on the same keys, one call per decision, pipelined; set
 # CELL_MODULE to its libredis_cell.so (build it from crates.io: redis-cell 0.2.2).
 # It sends WARM calls (default 400) first, then counts CALLS (default 200) and prints the
-# instructions per decision and the functions that take the most. RATE: tokens per second
-# (default 1e9, like ../shared/bench/anchors.sh: state expires at once; RATE=1 keeps it). Needs redis-server,
-# redis-cli, valgrind and python3. KEEP=1 keeps the server's directory; REDIS_SERVER names
-# another redis-server binary (one built with symbols names the functions that take the most).
+# instructions per decision and the functions that take the most. The bucket: RATE tokens
+# per second (default 1e9: the state expires at once; RATE=1 keeps it), BURST deep
+# (default 1e9). Needs redis-server, redis-cli, valgrind and python3. KEEP=1 keeps the
+# server's directory; REDIS_SERVER names another redis-server binary (Debian's is
+# stripped: build one with symbols to see which functions take the most).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +25,7 @@ WARM=${WARM:-400}
 CALLS=${CALLS:-200}
 TOP=${TOP:-25}
 RATE=${RATE:-1000000000}
+export BURST=${BURST:-1000000000}
 REDIS_SERVER=${REDIS_SERVER:-redis-server}
 
 for tool in "$REDIS_SERVER" redis-cli valgrind callgrind_control callgrind_annotate python3; do
@@ -68,13 +70,15 @@ grep -q 'errors: 0' "$dir/pipe.log" || { cat "$dir/pipe.log" >&2; exit 1; }
 callgrind_control -d "$server_pid" >/dev/null 2>&1
 dump=$(ls "$dir"/callgrind.out.* | sort | tail -1)
 
-callgrind_annotate "$dump" >"$dir/annotate.txt"
+callgrind_annotate --threshold=100 "$dump" >"$dir/annotate.txt"
 total=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }' "$dir/annotate.txt")
 decisions=$((CALLS * BATCH))
 echo "$MODE: batch $BATCH, $KEYS keys: $((total / decisions)) instructions per decision ($total over $decisions decisions)"
 if [ "$TOP" -gt 0 ]; then
-  awk -v n="$TOP" -v d="$decisions" '
-    /^-+$/ { sep++; next }
-    sep >= 3 && NF >= 2 && n-- > 0 { c = $1; gsub(",", "", c); printf "%8d  %s\n", c / d, $NF }
-  ' "$dir/annotate.txt"
+  # Self cost per decision of the functions that take the most (the dump, taken while
+  # the server runs, also charges everything to the frames below the event loop: skipped).
+  sed -n '/file:function/,$p' "$dir/annotate.txt" | sed -n '3,$p' |
+    sed -E 's/ \[[^]]*\]$//; s/\([ 0-9.%]+\)//' |
+    awk -v d="$decisions" -v t="$total" 'NF >= 2 { c = $1; gsub(",", "", c); if (c + 0 < t + 0) printf "%8d  %s\n", c / d, $2 }' |
+    head -n "$TOP"
 fi
