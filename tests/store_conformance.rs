@@ -225,6 +225,21 @@ async fn busy_and_one_off_clients_in_one_burst(store: Store) {
     }
 }
 
+/// A bucket as deep as the configuration allows (2^63 - 1 tokens, beyond a double's exact
+/// integers): its state is written and read back without overflowing, so it keeps
+/// admitting. (Its `remaining` is past what Redis's Lua replies carry: not asserted.)
+async fn a_bucket_as_deep_as_the_configuration_allows(store: Store) {
+    let limit = check(
+        "deep",
+        Algorithm::TokenBucket {
+            rate: 1.0,
+            per: 1_000 * MS,
+            burst: i64::MAX as u64,
+        },
+    );
+    assert_eq!(admitted_count(&store, &limit, 3).await, 3);
+}
+
 async fn fixed_window_resets(store: Store) {
     let limit = check("fw", fixed(2, 300));
     assert_eq!(admitted_count(&store, &limit, 3).await, 2);
@@ -444,6 +459,7 @@ macro_rules! conformance {
 conformance!(
     exact_count_under_concurrency,
     busy_and_one_off_clients_in_one_burst,
+    a_bucket_as_deep_as_the_configuration_allows,
     all_or_nothing_and_lockout_under_concurrency,
     fixed_window_resets,
     token_bucket_burst_then_rate,

@@ -246,7 +246,9 @@ local function write(k, algorithm, v1, v2, v3, lifetime, added_now)
   elseif algorithm == 2 then
     value = format('%d:%d:%d', v1, v2, v3)
   elseif algorithm == 3 then
-    if v1 % 1 == 0 and v1 < exact then
+    if v1 >= exact then
+      value = format('%.17g:%d', v1, v2) -- beyond what %d prints exactly
+    elseif v1 % 1 == 0 then
       value = text_of[v1] .. ':' .. text_of[v2]
     else
       -- Nine decimals, formatted as integers: about 0.6k instructions a write fewer than
