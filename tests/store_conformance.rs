@@ -507,6 +507,58 @@ async fn token_counts_stored_in_any_form_are_read_exactly() {
     }
 }
 
+/// Calls of more keys than one `MGET` (1,000) or one `MSET` (500 pairs) carries: requests
+/// of 64 limits each, sent together, are decided and every key is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_call_of_thousands_of_keys_reads_and_writes_them_all() {
+    let store = Arc::new(redis().await);
+    let bucket = Algorithm::TokenBucket {
+        rate: 1.0,
+        per: 3_600_000 * MS,
+        burst: 1,
+    };
+    let requests: Vec<Vec<LimitCheck>> = (0..60)
+        .map(|request| {
+            (0..64)
+                .map(|limit| check(&format!("wide{request}-{limit}"), bucket))
+                .collect()
+        })
+        .collect();
+    let decide_all = |expected: Outcome| {
+        let tasks: Vec<_> = requests
+            .iter()
+            .map(|checks| {
+                let (store, checks) = (store.clone(), checks.clone());
+                tokio::spawn(async move { store.decide(&checks).await })
+            })
+            .collect();
+        async move {
+            for task in tasks {
+                let decisions = task.await.unwrap();
+                assert_eq!(decisions.len(), 64);
+                assert!(decisions.iter().all(|d| d.outcome == expected), "{decisions:?}");
+            }
+        }
+    };
+    decide_all(Outcome::Allowed).await;
+    let Store::Redis(_, server) = &*store else {
+        unreachable!()
+    };
+    // Some call did span several MGETs and MSETs (commands a script runs are counted).
+    let stats = server.cli(&["info", "commandstats"]);
+    let calls = |command: &str| -> u64 {
+        let line = stats
+            .lines()
+            .find(|line| line.starts_with(&format!("cmdstat_{command}:")));
+        let calls = line.and_then(|line| line.split("calls=").nth(1)?.split(',').next()?.parse().ok());
+        calls.unwrap_or(0)
+    };
+    assert!(calls("mget") > calls("evalsha"), "{stats}");
+    assert!(calls("mset") > calls("evalsha"), "{stats}");
+    // Every key was written: each bucket's one token is gone.
+    decide_all(Outcome::Rejected).await;
+}
+
 #[tokio::test]
 async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
     let store = redis().await;

@@ -116,6 +116,7 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
     // Key numbers: single-use counters first, then the others, then the locks.
     let mut number = vec![0; counters.order.len()];
     let mut keys = Vec::with_capacity(counters.order.len() + locks.order.len());
+    let mut n_single = 0;
     for single in [true, false] {
         for (position, (key, uses)) in counters.order.iter().enumerate() {
             if (*uses == 1) == single {
@@ -123,8 +124,10 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
                 number[position] = keys.len();
             }
         }
+        if single {
+            n_single = keys.len();
+        }
     }
-    let n_single = counters.order.iter().filter(|(_, uses)| *uses == 1).count();
     let n_counters = keys.len();
     keys.extend(locks.order.iter().map(|(key, _)| *key));
     let largest_request = requests.iter().map(|checks| checks.len()).max().unwrap_or(0);

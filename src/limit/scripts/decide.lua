@@ -224,12 +224,13 @@ end
 
 -- Whole numbers as text, each formatted once per call: expiry instants and the counts of
 -- untouched buckets repeat across keys (number-to-string in Lua goes through "%.14g").
+-- From 2^53 on, %d would go through a C long (and overflow at 2^63): 17 digits instead.
+local exact = 9007199254740992 -- 2^53
 local text_of = setmetatable({}, { __index = function(t, n)
-  local v = format('%d', n)
+  local v = format(n < exact and '%d' or '%.17g', n)
   t[n] = v
   return v
 end })
-local exact = 9007199254740992 -- 2^53: whole numbers below it print exactly with %d
 
 -- Writes: MSET arguments (key, value) and each key's expiry instant in ms.
 local set_args, set_at, n_set = {}, {}, 0
@@ -246,9 +247,7 @@ local function write(k, algorithm, v1, v2, v3, lifetime, added_now)
   elseif algorithm == 2 then
     value = format('%d:%d:%d', v1, v2, v3)
   elseif algorithm == 3 then
-    if v1 >= exact then
-      value = format('%.17g:%d', v1, v2) -- beyond what %d prints exactly
-    elseif v1 % 1 == 0 then
+    if v1 % 1 == 0 then
       value = text_of[v1] .. ':' .. text_of[v2]
     else
       -- Nine decimals, formatted as integers: about 0.6k instructions a write fewer than
