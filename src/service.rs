@@ -196,7 +196,7 @@ async fn serve(
             on_error: state.on_error,
             headers: state.config.server.ratelimit_headers,
             metrics: &shared.metrics,
-            refusals: &state.refusals,
+            refusals: state.refusals.as_ref(),
         };
         let verdict = route.limits.decide(&settings, client.ip, &source).await?;
         record.limit_outcome = verdict.outcome;

@@ -32,8 +32,9 @@ pub struct GatewayState {
     pub on_error: OnError,
     /// Headers some limit keys on: their underscore spellings never reach the upstream.
     pub key_headers: Vec<HeaderName>,
-    /// Refusals remembered until they could pass (new with every configuration).
-    pub refusals: RefusalCache,
+    /// Refusals remembered until they could pass (new with every configuration), in
+    /// front of Redis only: the in-process store decides as fast as the cache answers.
+    pub refusals: Option<RefusalCache>,
 }
 
 impl GatewayState {
@@ -124,6 +125,7 @@ impl GatewayState {
             Some(redis) => (redis.prefix.clone(), redis.on_error),
             None => (MEMORY_PREFIX.to_owned(), OnError::Allow),
         };
+        let refusals = matches!(store, LimitStore::Redis(_)).then(RefusalCache::default);
         Ok(GatewayState {
             router: Router::new(config.routes.clone()),
             trusted_proxies: TrustedProxies::new(config.server.trusted_proxies.clone()),
@@ -133,7 +135,7 @@ impl GatewayState {
             key_prefix,
             on_error,
             key_headers,
-            refusals: RefusalCache::default(),
+            refusals,
         })
     }
 }

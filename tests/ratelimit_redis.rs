@@ -141,6 +141,38 @@ async fn redis_admits_exactly_the_limit_and_rejects_before_the_upstream() {
 }
 
 #[tokio::test]
+async fn a_refusal_is_remembered_and_answered_without_redis() {
+    let redis = redis_server().await;
+    let upstream = Upstream::start().await;
+    let gw = gateway(&redis.url(), "", &upstream, &limited("per_ip", 2, "")).await;
+    until_connected(&gw).await;
+    let script_calls = || {
+        let stats = redis.cli(&["info", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse::<u64>().unwrap())
+    };
+    let before = script_calls();
+
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(get(&gw.url("/x")).await.0.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    // Two admissions and the first refusal reach Redis; that refusal holds until the
+    // window ends, so the next two are answered from memory.
+    assert_eq!(script_calls() - before, 3);
+    assert_eq!(
+        gw.metric(r#"floodgate_ratelimit_decisions_total{limit="per_ip",outcome="rejected"}"#)
+            .await,
+        3.0
+    );
+    assert_eq!(upstream.requests(), 2);
+}
+
+#[tokio::test]
 async fn two_gateways_on_one_redis_share_the_counter() {
     let redis = redis_server().await;
     let upstream = Upstream::start().await;

@@ -34,7 +34,8 @@ pub struct LimitSettings<'a> {
     pub on_error: OnError,
     pub headers: RateLimitHeaders,
     pub metrics: &'a Metrics,
-    pub refusals: &'a RefusalCache,
+    /// Remembered refusals (`None`: every request asks the store).
+    pub refusals: Option<&'a RefusalCache>,
 }
 
 /// What the limits decided for one request.
@@ -98,10 +99,10 @@ impl RouteLimits {
         }
         // Shadow limits must be evaluated every time, so their requests are never served
         // from remembered refusals.
-        let remembered = !checks.iter().any(|c| c.shadow);
-        let identity = remembered.then(|| settings.refusals.identity(&checks));
+        let refusals = settings.refusals.filter(|_| !checks.iter().any(|c| c.shadow));
+        let identity = refusals.map(|cache| (cache, cache.identity(&checks)));
         let started = Instant::now();
-        if let Some(decisions) = identity.and_then(|id| settings.refusals.get(id, started)) {
+        if let Some(decisions) = identity.and_then(|(cache, id)| cache.get(id, started)) {
             return Ok(self.verdict(settings, &applied, checks, &decisions));
         }
         let decided = settings.store.decide(&checks).await;
@@ -137,7 +138,7 @@ impl RouteLimits {
                 });
             }
         };
-        if let Some(identity) = identity {
+        if let Some((cache, identity)) = identity {
             // A refusal holds until the last refusing limit could admit.
             let holds_for = decisions
                 .iter()
@@ -158,7 +159,7 @@ impl RouteLimits {
                     _ => *d,
                 })
                 .collect();
-            settings.refusals.insert(identity, remembered, started, holds_for);
+            cache.insert(identity, remembered, started, holds_for);
         }
         Ok(self.verdict(settings, &applied, checks, &decisions))
     }
