@@ -51,7 +51,7 @@ for round in $(seq "$ROUNDS"); do
   start
   before=$(cpu_us)
   cell_rate=$(taskset -c 1 redis-benchmark -p "$PORT" -n "$CELL_N" -c "$clients" -P 16 -r "$KEYS" -q \
-    CL.THROTTLE 'cell:__rand_int__' "${cell_args[@]}" | tr '\r' '\n' | awk '/requests per second/ {print $(NF-4)}' | tail -1)
+    CL.THROTTLE 'cell:__rand_int__' "${cell_args[@]}" | tr '\r' '\n' | sed -nE 's/.*: ([0-9.]+) requests per second.*/\1/p' | tail -1)
   cell_cpu=$(awk -v a="$before" -v b="$(cpu_us)" -v n="$CELL_N" 'BEGIN {printf "%.2f", (b - a) / n}')
   stop
   start
