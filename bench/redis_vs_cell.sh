@@ -10,7 +10,7 @@
 # source). Each round starts a fresh redis-server pinned to core 0, runs redis-benchmark
 # on core 1 (`CL.THROTTLE`, 50 connections, 16 pipelined, -r KEYS), restarts Redis, and
 # runs `examples/redis_decisions` on core 1 (1,024 callers). Knobs: ROUNDS (5), KEYS
-# (10000; 1 for one busy key), SECONDS per floodgate run (5), CELL_N (requests per
+# (10000; 1 for one busy key), RUN_SECONDS per floodgate run (5), CELL_N (requests per
 # redis-benchmark run, 1000000), POLICY: `anchors` (default: 1000 per 60 s, 1000 deep,
 # anchors.sh's policy for redis-cell: the state lives on) or `never` (never refuses; the
 # state expires at once). Needs redis-server, redis-benchmark, redis-cli and cargo.
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 
 ROUNDS=${ROUNDS:-5}
 KEYS=${KEYS:-10000}
-SECONDS_PER_RUN=${SECONDS:-5}
+SECONDS_PER_RUN=${RUN_SECONDS:-5}
 CELL_N=${CELL_N:-1000000}
 POLICY=${POLICY:-anchors}
 PORT=${PORT:-6391}
