@@ -8,7 +8,8 @@
 #                    old=/tmp/old/floodgate:../shared/bench/conf/floodgate/passthrough.toml.tmpl
 #
 # TEMPLATE is a gateway.toml with the placeholders of ../shared/bench/conf/floodgate
-# (@LISTEN_ADDR@, @UPSTREAM_URL@, @REDIS_URL@). Besides the named gateways it runs the
+# (@LISTEN_ADDR@, @UPSTREAM_URL@, @REDIS_URL@); `-` instead runs BINARY with the listen
+# address as its one argument (examples/bare_hyper). Besides the named gateways it runs the
 # nginx anchors listed in NGINX (default "nginx nginx-low"; empty: none): `nginx`, a keep-alive reverse
 # proxy, and `nginx-low`, the same with limit_req rejecting nearly every request (100 r/s,
 # burst 50, as anchors.sh's). Every server, its upstream (nginx `return 200 'ok'`, one
@@ -90,10 +91,16 @@ for spec in "$@"; do
   binary_and_template=${spec#*=}
   binary=${binary_and_template%%:*}
   template=${binary_and_template#*:}
-  [ -x "$binary" ] && [ -f "$template" ] || { echo "$spec: no such binary or template" >&2; exit 1; }
-  sed -e "s#@LISTEN_ADDR@#127.0.0.1:$next_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$UPSTREAM_PORT#" \
-    -e "s#@REDIS_URL@#redis://127.0.0.1:$REDIS_PORT#" "$template" >"$run_dir/$name.toml"
-  FLOODGATE_LOG=warn taskset -c 0 "$binary" --config "$run_dir/$name.toml" >"$run_dir/$name.log" 2>&1 &
+  if [ "$template" = - ]; then
+    # Not a gateway: a server that takes its listen address as its one argument.
+    [ -x "$binary" ] || { echo "$spec: no such binary" >&2; exit 1; }
+    taskset -c 0 "$binary" "127.0.0.1:$next_port" >"$run_dir/$name.log" 2>&1 &
+  else
+    [ -x "$binary" ] && [ -f "$template" ] || { echo "$spec: no such binary or template" >&2; exit 1; }
+    sed -e "s#@LISTEN_ADDR@#127.0.0.1:$next_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$UPSTREAM_PORT#" \
+      -e "s#@REDIS_URL@#redis://127.0.0.1:$REDIS_PORT#" "$template" >"$run_dir/$name.toml"
+    FLOODGATE_LOG=warn taskset -c 0 "$binary" --config "$run_dir/$name.toml" >"$run_dir/$name.log" 2>&1 &
+  fi
   pids+=($!)
   echo $! >"$run_dir/$name.pid"
   add_target "$name" "$next_port"
