@@ -40,24 +40,45 @@ const UNDERSCORE_SPELLINGS: [&str; 4] = [
 /// Removes hop-by-hop headers and every header named in `Connection`. `Host` is never
 /// removed, whatever `Connection` says.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names with cheap comparisons: most messages carry none of them
-    // (or only `Connection`), and then nothing is hashed, removed or allocated.
-    if !headers.keys().any(|name| hop_by_hop().contains(&name)) {
+    // One pass over the names with cheap comparisons finds which of them are present: most
+    // messages carry none, or only `Connection: keep-alive` (nearly every upstream
+    // response), and then only those are hashed and removed.
+    let mut present = [false; 7];
+    for name in headers.keys() {
+        if let Some(i) = hop_by_hop().iter().position(|hop| *hop == name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-        .filter(|name| *name != header::HOST)
-        .collect();
+    // `Connection` comes first in hop_by_hop(). A token naming a hop-by-hop header (as
+    // `keep-alive` does) needs no removal of its own: that header goes below if present.
+    let named: Vec<HeaderName> = if present[0] {
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|token| {
+                !hop_by_hop()
+                    .iter()
+                    .any(|hop| hop.as_str().eq_ignore_ascii_case(token))
+            })
+            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
+            .filter(|name| *name != header::HOST)
+            .collect()
+    } else {
+        Vec::new()
+    };
     for name in named {
         headers.remove(name);
     }
-    for name in hop_by_hop() {
-        headers.remove(name);
+    for (name, present) in hop_by_hop().into_iter().zip(present) {
+        if present {
+            headers.remove(name);
+        }
     }
 }
 
@@ -67,13 +88,13 @@ pub fn requested_upgrade(version: Version, headers: &HeaderMap) -> Option<Header
     if version != Version::HTTP_11 {
         return None;
     }
+    let upgrade = headers.get(header::UPGRADE)?;
     let connection_says_upgrade = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    let upgrade = headers.get(header::UPGRADE)?;
     let is_h2c = upgrade
         .to_str()
         .is_ok_and(|v| v.trim().eq_ignore_ascii_case("h2c"));
@@ -238,6 +259,24 @@ mod tests {
         remove_hop_by_hop(&mut h);
         let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["host", "x-kept"]);
+    }
+
+    #[test]
+    fn a_connection_naming_only_hop_by_hop_headers_removes_exactly_those_present() {
+        let mut typical = map(&[("connection", "keep-alive"), ("content-length", "2")]);
+        remove_hop_by_hop(&mut typical);
+        assert_eq!(all(&typical, "content-length"), ["2"]);
+        assert_eq!(typical.len(), 1);
+
+        let mut mixed = map(&[
+            ("connection", "Keep-Alive, UPGRADE, x-other"),
+            ("upgrade", "websocket"),
+            ("x-other", "1"),
+            ("x-kept", "yes"),
+        ]);
+        remove_hop_by_hop(&mut mixed);
+        let names: Vec<&str> = mixed.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["x-kept"]);
     }
 
     #[test]

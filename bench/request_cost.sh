@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# What one request costs floodgate in user-space instructions, counted by callgrind: a
+# repeatable measure of the request path (to about 1 %), where wall-clock A/B runs on a
+# shared VM need differences of several percent to show. Kernel time is not counted (see
+# bench/ab.sh for user and kernel CPU per request). Usage (from the repository root):
+#
+#   bash bench/request_cost.sh [TEMPLATE] [BINARY]
+#
+# TEMPLATE: a gateway.toml with anchors.sh's placeholders (default: its passthrough);
+# BINARY: default target/release/floodgate. It starts an nginx upstream (`return 200
+# 'ok'`) and a Redis, floodgate under callgrind, warms it up with wrk, then counts the
+# instructions of a wrk run of SECONDS (default 5; 8 connections) and divides by the
+# requests wrk completed. TOP (default 20) lists the functions that take the most per
+# request (self cost; the frames below the event loop, charged with everything, are
+# skipped); KEEP=FILE keeps the callgrind dump. Needs nginx, wrk, redis-server, valgrind.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TEMPLATE=${1:-../shared/bench/conf/floodgate/passthrough.toml.tmpl}
+BINARY=${2:-target/release/floodgate}
+SECONDS_MEASURED=${RUN_SECONDS:-5}
+TOP=${TOP:-20}
+for tool in nginx wrk redis-server valgrind callgrind_control callgrind_annotate python3; do
+  command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
+done
+[ -f "$TEMPLATE" ] && [ -x "$BINARY" ] || { echo "no such template or binary" >&2; exit 1; }
+
+dir=$(mktemp -d)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+upstream_port=$(free_port)
+redis_port=$(free_port)
+gateway_port=$(free_port)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+cat >"$dir/upstream.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/nginx-error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $dir; proxy_temp_path $dir; fastcgi_temp_path $dir; uwsgi_temp_path $dir; scgi_temp_path $dir;
+  keepalive_requests 10000000;
+  server { listen 127.0.0.1:$upstream_port; location / { default_type text/plain; return 200 'ok'; } }
+}
+CONF
+nginx -c "$dir/upstream.conf" >/dev/null 2>&1 &
+pids+=($!)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null 2>&1 &
+pids+=($!)
+sed -e "s#@LISTEN_ADDR@#127.0.0.1:$gateway_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$upstream_port#" \
+  -e "s#@REDIS_URL@#redis://127.0.0.1:$redis_port#" "$TEMPLATE" >"$dir/gateway.toml"
+FLOODGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
+  "$BINARY" --config "$dir/gateway.toml" >"$dir/gateway.log" 2>&1 &
+gateway=$!
+pids+=($gateway)
+for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$gateway_port") 2>/dev/null && break; sleep 0.1; done
+
+url=http://127.0.0.1:$gateway_port/
+wrk -t1 -c8 -d3s "$url" >/dev/null
+callgrind_control -z "$gateway" >/dev/null 2>&1
+requests=$(wrk -t1 -c8 -d"${SECONDS_MEASURED}s" "$url" | awk '/requests in/ {print $1}')
+callgrind_control -d "$gateway" >/dev/null 2>&1
+dump=$(ls "$dir"/callgrind.out.* | sort | tail -1)
+callgrind_annotate --threshold=100 "$dump" >"$dir/annotate.txt"
+[ -n "${KEEP:-}" ] && cp "$dump" "$KEEP"
+total=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }' "$dir/annotate.txt")
+echo "$(basename "$TEMPLATE" .toml.tmpl): $((total / requests)) instructions per request ($total over $requests requests)"
+if [ "$TOP" -gt 0 ]; then
+  sed -n '/file:function/,$p' "$dir/annotate.txt" | sed -n '3,$p' |
+    sed -E 's/ \[[^]]*\]$//; s/\([ 0-9.%]+\)//' |
+    awk -v r="$requests" -v t="$total" 'NF >= 2 { c = $1; gsub(",", "", c); if (c + 0 < t / 2) printf "%8d  %s\n", c / r, $2 }' |
+    head -n "$TOP"
+fi
