@@ -216,12 +216,10 @@ async fn serve(
     match &route.target {
         Target::Respond(respond) => Ok(respond_with(respond)),
         Target::Upstream(upstream) => {
-            let host = host.map(str::to_owned);
             let context = ForwardingContext {
                 peer: client.peer,
                 client_ip: client.ip,
                 peer_trusted: state.trusted_proxies.contains(client.peer),
-                host: host.as_deref(),
                 version: request.version(),
                 key_headers: &state.key_headers,
             };

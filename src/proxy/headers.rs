@@ -107,15 +107,15 @@ pub struct ForwardingContext<'a> {
     pub client_ip: IpAddr,
     /// The peer is inside `server.trusted_proxies`: its forwarding headers are believed.
     pub peer_trusted: bool,
-    /// The `Host` the client asked for (header or `:authority`).
-    pub host: Option<&'a str>,
     pub version: Version,
     /// Headers rate limits key on: their underscore spellings are dropped too.
     pub key_headers: &'a [HeaderName],
 }
 
 /// Sets `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Via`
-/// on a request going upstream. Call after [`remove_hop_by_hop`].
+/// on a request going upstream. Call after [`remove_hop_by_hop`], with `Host` already the
+/// host the client asked for (its `Host`, or the `:authority` of HTTP/2 and absolute-form
+/// targets): `X-Forwarded-Host` repeats it.
 pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'_>) {
     remove_underscore_spellings(headers, ctx.key_headers);
 
@@ -154,8 +154,11 @@ pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
     }
     if !(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
-        match ctx.host {
-            Some(host) => insert(headers, &X_FORWARDED_HOST, host),
+        // The same bytes, shared (a host that is not visible ASCII is not repeated).
+        match headers.get(header::HOST).filter(|host| host.to_str().is_ok()).cloned() {
+            Some(host) => {
+                headers.insert(X_FORWARDED_HOST.clone(), host);
+            }
             None => {
                 headers.remove(&X_FORWARDED_HOST);
             }
@@ -228,7 +231,6 @@ mod tests {
             peer: "10.0.0.1".parse().unwrap(),
             client_ip: "198.51.100.7".parse().unwrap(),
             peer_trusted: trusted,
-            host: Some("app.example.com"),
             version: Version::HTTP_11,
             key_headers: &[],
         }
@@ -296,6 +298,7 @@ mod tests {
             ("x-real-ip", "1.2.3.4"),
             ("x-forwarded-proto", "https"),
             ("x-forwarded-host", "evil.example"),
+            ("host", "app.example.com"),
             ("forwarded", "for=1.2.3.4"),
             ("x_forwarded_for", "1.2.3.4"),
             ("x_real_ip", "1.2.3.4"),
@@ -322,6 +325,7 @@ mod tests {
             ("x-forwarded-for", "10.0.0.9"),
             ("x-forwarded-proto", "https"),
             ("via", "1.1 lb"),
+            ("host", "app.example.com"),
         ]);
         set_forwarding_headers(&mut h, &ctx(true));
         assert_eq!(all(&h, "x-forwarded-for"), ["198.51.100.7, 10.0.0.9, 10.0.0.1"]);
