@@ -69,7 +69,7 @@ callgrind_control -z "$gateway" >/dev/null 2>&1
 requests=$(wrk -t1 -c8 -d"${SECONDS_MEASURED}s" "$url" | awk '/requests in/ {print $1}')
 callgrind_control -d "$gateway" >/dev/null 2>&1
 dump=$(ls "$dir"/callgrind.out.* | sort | tail -1)
-callgrind_annotate --threshold=100 "$dump" >"$dir/annotate.txt"
+callgrind_annotate --threshold=100 "$dump" >"$dir/annotate.txt" 2>/dev/null
 [ -n "${KEEP:-}" ] && cp "$dump" "$KEEP"
 total=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }' "$dir/annotate.txt")
 echo "$(basename "$TEMPLATE" .toml.tmpl): $((total / requests)) instructions per request ($total over $requests requests)"

@@ -30,6 +30,27 @@ impl TrustedProxies {
     }
 }
 
+/// A connection's TCP peer, its address written out once for every request on the
+/// connection (the forwarding headers, and the rate-limit key of a client that is the peer).
+#[derive(Debug)]
+pub struct Peer {
+    /// The address, IPv4-mapped IPv6 as IPv4.
+    pub ip: IpAddr,
+    /// `ip` as text.
+    pub text: String,
+    /// `ip` as a header value.
+    pub value: HeaderValue,
+}
+
+impl Peer {
+    pub fn new(address: SocketAddr) -> Self {
+        let ip = address.ip().to_canonical();
+        let text = ip_text(ip);
+        let value = HeaderValue::try_from(text.as_str()).expect("an IP address is a valid header value");
+        Peer { ip, text, value }
+    }
+}
+
 /// `ip` as text, exactly as `Display` writes it; IPv4 (the common case, on every request)
 /// without the formatting machinery.
 pub fn ip_text(ip: IpAddr) -> String {

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin;
+use crate::client_ip::Peer;
 use crate::config::Config;
 use crate::disconnect::Watched;
 use crate::framing::FramingGuard;
@@ -160,7 +161,8 @@ async fn serve_connection(
     let _ = stream.set_nodelay(true);
     let (stream, socket) = Watched::new(stream);
     let io = TokioIo::new(FramingGuard::new(stream, header_timeout));
-    let service = service_fn(move |request| handle(shared.clone(), peer, socket.clone(), request));
+    let client = Arc::new(Peer::new(peer));
+    let service = service_fn(move |request| handle(shared.clone(), client.clone(), socket.clone(), request));
     let connection = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(connection);
     let result = tokio::select! {

@@ -10,8 +10,9 @@
 //! response in exactly one place, and attaches the access record to the response body.
 //! [`serve`] is the inner one and returns `Result`.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -25,7 +26,7 @@ use hyper::body::Incoming;
 
 use crate::access_log::AccessRecord;
 use crate::body::{Payload, RequestBody, ResponseBody, full};
-use crate::client_ip::client_ip;
+use crate::client_ip::{Peer, client_ip};
 use crate::config::RespondConfig;
 use crate::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
@@ -66,13 +67,13 @@ impl Shared {
 /// Answers one request from `peer`, whose connection is `socket`; never fails.
 pub async fn handle(
     shared: Arc<Shared>,
-    peer: SocketAddr,
+    peer: Arc<Peer>,
     socket: Arc<ClientSocket>,
     request: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
     let state = shared.state.load_full();
-    let client_ip = client_ip(peer.ip(), request.headers(), &state.trusted_proxies);
+    let client_ip = client_ip(peer.ip, request.headers(), &state.trusted_proxies);
     let mut record = Unanswered(Some(AccessRecord {
         metrics: shared.metrics.clone(),
         start,
@@ -88,7 +89,7 @@ pub async fn handle(
         &shared,
         &state,
         Client {
-            peer: peer.ip(),
+            peer: &peer,
             ip: client_ip,
             socket: &socket,
         },
@@ -126,7 +127,7 @@ impl Drop for Unanswered {
 /// Where a request comes from.
 struct Client<'a> {
     /// The TCP peer.
-    peer: IpAddr,
+    peer: &'a Peer,
     /// The client's address (section 2, `client_ip`).
     ip: IpAddr,
     socket: &'a ClientSocket,
@@ -180,7 +181,12 @@ async fn serve(
     record.route = state.router.routes()[index].name.clone();
     let route = &state.routes[index];
     if !route.limits.is_empty() {
-        let client_ip = crate::client_ip::ip_text(client.ip);
+        // Usually the client is the peer, whose address is already written out.
+        let client_ip = if client.ip == client.peer.ip {
+            Cow::Borrowed(client.peer.text.as_str())
+        } else {
+            Cow::Owned(crate::client_ip::ip_text(client.ip))
+        };
         let source = KeySource {
             client_ip: &client_ip,
             headers: request.headers(),
@@ -219,7 +225,7 @@ async fn serve(
             let context = ForwardingContext {
                 peer: client.peer,
                 client_ip: client.ip,
-                peer_trusted: state.trusted_proxies.contains(client.peer),
+                peer_trusted: state.trusted_proxies.contains(client.peer.ip),
                 version: request.version(),
                 key_headers: &state.key_headers,
             };

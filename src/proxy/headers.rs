@@ -8,6 +8,8 @@ use std::net::IpAddr;
 use http::Version;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use crate::client_ip::Peer;
+
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -103,7 +105,7 @@ pub fn requested_upgrade(version: Version, headers: &HeaderMap) -> Option<Header
 
 /// What floodgate knows about the client connection, for the forwarding headers.
 pub struct ForwardingContext<'a> {
-    pub peer: IpAddr,
+    pub peer: &'a Peer,
     pub client_ip: IpAddr,
     /// The peer is inside `server.trusted_proxies`: its forwarding headers are believed.
     pub peer_trusted: bool,
@@ -119,8 +121,8 @@ pub struct ForwardingContext<'a> {
 pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'_>) {
     remove_underscore_spellings(headers, ctx.key_headers);
 
-    let peer = ctx.peer.to_canonical();
-    let peer_value = ip_value(peer);
+    let peer = ctx.peer.ip;
+    let peer_value = ctx.peer.value.clone();
     if ctx.peer_trusted {
         let previous: Vec<&str> = headers
             .get_all(&X_FORWARDED_FOR)
@@ -135,7 +137,7 @@ pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'
             insert(
                 headers,
                 &X_FORWARDED_FOR,
-                &format!("{}, {peer}", previous.join(", ")),
+                &format!("{}, {}", previous.join(", "), ctx.peer.text),
             );
         }
     } else {
@@ -155,7 +157,11 @@ pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'
     }
     if !(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
         // The same bytes, shared (a host that is not visible ASCII is not repeated).
-        match headers.get(header::HOST).filter(|host| host.to_str().is_ok()).cloned() {
+        match headers
+            .get(header::HOST)
+            .filter(|host| host.to_str().is_ok())
+            .cloned()
+        {
             Some(host) => {
                 headers.insert(X_FORWARDED_HOST.clone(), host);
             }
@@ -226,14 +232,18 @@ mod tests {
         headers
     }
 
-    fn ctx(trusted: bool) -> ForwardingContext<'static> {
+    fn ctx(peer: &Peer, trusted: bool) -> ForwardingContext<'_> {
         ForwardingContext {
-            peer: "10.0.0.1".parse().unwrap(),
+            peer,
             client_ip: "198.51.100.7".parse().unwrap(),
             peer_trusted: trusted,
             version: Version::HTTP_11,
             key_headers: &[],
         }
+    }
+
+    fn peer() -> Peer {
+        Peer::new("10.0.0.1:40000".parse().unwrap())
     }
 
     fn all(headers: &HeaderMap, name: &str) -> Vec<String> {
@@ -305,7 +315,7 @@ mod tests {
             ("x-real_ip", "1.2.3.4"),
             ("x_custom", "kept"),
         ]);
-        set_forwarding_headers(&mut h, &ctx(false));
+        set_forwarding_headers(&mut h, &ctx(&peer(), false));
         assert_eq!(all(&h, "x-forwarded-for"), ["10.0.0.1"]);
         assert_eq!(all(&h, "x-real-ip"), ["198.51.100.7"]);
         assert_eq!(all(&h, "x-forwarded-proto"), ["http"]);
@@ -327,7 +337,7 @@ mod tests {
             ("via", "1.1 lb"),
             ("host", "app.example.com"),
         ]);
-        set_forwarding_headers(&mut h, &ctx(true));
+        set_forwarding_headers(&mut h, &ctx(&peer(), true));
         assert_eq!(all(&h, "x-forwarded-for"), ["198.51.100.7, 10.0.0.9, 10.0.0.1"]);
         assert_eq!(all(&h, "x-forwarded-proto"), ["https"]);
         assert_eq!(all(&h, "x-forwarded-host"), ["app.example.com"]);
