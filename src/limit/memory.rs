@@ -82,10 +82,21 @@ impl MemoryStore {
 
     /// Decides all of one request's limits, atomically.
     pub fn decide(&self, checks: &[LimitCheck]) -> Vec<LimitDecision> {
-        let mut indexes: Vec<usize> = checks
+        // Each key's slot, hashed once: the reads and writes below find theirs here.
+        let slots: Vec<(&str, Slot)> = checks
             .iter()
             .flat_map(|c| std::iter::once(&c.key).chain(c.lockout.as_ref().map(|(lock, _)| lock)))
-            .map(|key| MemoryStore::shard_of(self.slot(key)))
+            .map(|key| (key.as_str(), self.slot(key)))
+            .collect();
+        let slot_of = |key: &str| {
+            slots
+                .iter()
+                .find(|(known, _)| *known == key)
+                .map_or_else(|| self.slot(key), |&(_, slot)| slot)
+        };
+        let mut indexes: Vec<usize> = slots
+            .iter()
+            .map(|&(_, slot)| MemoryStore::shard_of(slot))
             .collect();
         indexes.sort_unstable();
         indexes.dedup();
@@ -102,7 +113,7 @@ impl MemoryStore {
             .collect();
         let now = self.clock.now_micros();
         let live = |guards: &[(usize, MutexGuard<'_, Shard>)], key: &str| -> Option<Entry> {
-            let slot = self.slot(key);
+            let slot = slot_of(key);
             let shard = MemoryStore::shard_of(slot);
             let (_, guard) = guards.iter().find(|(i, _)| *i == shard)?;
             guard.get(&slot).copied().filter(|entry| entry.expires_at > now)
@@ -132,7 +143,7 @@ impl MemoryStore {
                     true,
                 ),
             };
-            let slot = self.slot(&key);
+            let slot = slot_of(&key);
             let shard = MemoryStore::shard_of(slot);
             let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == shard) else {
                 continue;
