@@ -42,24 +42,10 @@ names=()
 ports=()
 next_port=$FIRST_PORT
 
-# nginx_server NAME PORT HTTP_BLOCK LOCATION_BLOCK
-nginx_server() {
-  mkdir -p "$run_dir/$1"
-  cat >"$run_dir/$1/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $run_dir/$1/nginx.pid;
-error_log $run_dir/$1/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $run_dir/$1; proxy_temp_path $run_dir/$1; fastcgi_temp_path $run_dir/$1;
-  uwsgi_temp_path $run_dir/$1; scgi_temp_path $run_dir/$1;
-  keepalive_requests 10000000;
-  $3
-  server { listen 127.0.0.1:$2; location / { $4 } }
-}
-CONF
+# shellcheck source=bench/nginx.sh
+source "$(dirname "$0")/nginx.sh"
+nginx_server() { # name port http-block location-block
+  nginx_config "$run_dir/$1" "$2" "$3" "$4"
   taskset -c 0 nginx -c "$run_dir/$1/nginx.conf" >/dev/null 2>&1 &
   pids+=($!)
   echo $! >"$run_dir/$1.pid"
@@ -67,9 +53,9 @@ CONF
 
 add_target() { names+=("$1"); ports+=("$2"); }
 
-nginx_server upstream "$UPSTREAM_PORT" "" "default_type text/plain; return 200 'ok';"
-proxy_http="upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 128; }"
-proxy_location="proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\";"
+nginx_server upstream "$UPSTREAM_PORT" "" "$UPSTREAM_LOCATION"
+proxy_http=$(proxy_upstream "$UPSTREAM_PORT")
+proxy_location=$PROXY_LOCATION
 for anchor in $NGINX; do
   case $anchor in
     nginx) nginx_server nginx "$next_port" "$proxy_http" "$proxy_location" ;;

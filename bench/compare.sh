@@ -40,30 +40,16 @@ trap cleanup EXIT
 
 if [ "$(nproc)" -ge 2 ]; then SERVER="taskset -c 0"; LOAD="taskset -c 1"; else SERVER=""; LOAD=""; fi
 
-nginx_conf() { # name port body
-  mkdir -p "$RUN/$1"
-  cat > "$RUN/$1/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $RUN/$1/nginx.pid;
-error_log $RUN/$1/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $RUN/$1; proxy_temp_path $RUN/$1; fastcgi_temp_path $RUN/$1;
-  uwsgi_temp_path $RUN/$1; scgi_temp_path $RUN/$1;
-  keepalive_requests 10000000;
-  $3
-  server { listen 127.0.0.1:$2; location / { $4 } }
-}
-CONF
+# shellcheck source=bench/nginx.sh
+source bench/nginx.sh
+nginx_conf() { # name port http-block location-block
+  nginx_config "$RUN/$1" "$2" "$3" "$4"
   $SERVER nginx -c "$RUN/$1/nginx.conf" >/dev/null 2>&1 &
   PIDS+=($!)
 }
 
-nginx_conf upstream "$UPSTREAM_PORT" "" "default_type text/plain; return 200 'ok';"
-nginx_conf proxy "$NGINX_PORT" "upstream app { server 127.0.0.1:$UPSTREAM_PORT; keepalive 128; }" \
-  "proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\";"
+nginx_conf upstream "$UPSTREAM_PORT" "" "$UPSTREAM_LOCATION"
+nginx_conf proxy "$NGINX_PORT" "$(proxy_upstream "$UPSTREAM_PORT")" "$PROXY_LOCATION"
 
 cat > "$RUN/floodgate.toml" <<CONF
 [server]

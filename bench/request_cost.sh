@@ -38,20 +38,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cat >"$dir/upstream.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $dir/nginx.pid;
-error_log $dir/nginx-error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $dir; proxy_temp_path $dir; fastcgi_temp_path $dir; uwsgi_temp_path $dir; scgi_temp_path $dir;
-  keepalive_requests 10000000;
-  server { listen 127.0.0.1:$upstream_port; location / { default_type text/plain; return 200 'ok'; } }
-}
-CONF
-nginx -c "$dir/upstream.conf" >/dev/null 2>&1 &
+# shellcheck source=bench/nginx.sh
+source bench/nginx.sh
+nginx_config "$dir/upstream" "$upstream_port" "" "$UPSTREAM_LOCATION"
+nginx -c "$dir/upstream/nginx.conf" >/dev/null 2>&1 &
 pids+=($!)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null 2>&1 &
 pids+=($!)

@@ -1,0 +1,29 @@
+# Sourced by the bench scripts: the nginx configurations they share.
+
+# nginx_config DIR PORT HTTP_BLOCK LOCATION_BLOCK writes DIR/nginx.conf: one worker on
+# 127.0.0.1:PORT, no access log, keep-alive connections without a request limit, every
+# file nginx writes in DIR.
+nginx_config() {
+  mkdir -p "$1"
+  cat >"$1/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $1; proxy_temp_path $1; fastcgi_temp_path $1; uwsgi_temp_path $1; scgi_temp_path $1;
+  keepalive_requests 10000000;
+  $3
+  server { listen 127.0.0.1:$2; location / { $4 } }
+}
+CONF
+}
+
+# The upstream every comparison proxies to: a fixed 200 from memory.
+UPSTREAM_LOCATION="default_type text/plain; return 200 'ok';"
+
+# proxy_upstream PORT: the http block of a keep-alive reverse proxy to 127.0.0.1:PORT.
+proxy_upstream() { echo "upstream app { server 127.0.0.1:$1; keepalive 128; }"; }
+PROXY_LOCATION="proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\";"
