@@ -78,7 +78,14 @@ local function fixed_window(k, text, limit, window, _, cost)
   if text then
     count, window_end, exists = nil, nil, 0
     local pttl = redis.call('PTTL', KEYS[k])
-    if pttl > 0 then count, window_end, exists = tonumber(text), now + pttl * 1000, 1 end
+    if pttl > 0 then
+      -- The key outlives its window by up to 2 ms (its expiry was rounded up to the
+      -- millisecond, and PTTL counts from the current millisecond's start): the window
+      -- itself ends no later than `window` from now.
+      window_end = now + pttl * 1000
+      if window_end > now + window then window_end = now + window end
+      count, exists = tonumber(text), 1
+    end
   end
   count, window_end = count or 0, window_end or now + window
   local reset = window_end - now
@@ -286,7 +293,10 @@ local function decide_staged(n, p)
     if lockouts[s] > 0 then
       locks[i] = l_hi * 256 + l_lo
       p = p + 2
-      locked[i] = lock_of(locks[i])
+      -- A lock lasts `lockout`; its key may outlive it by a millisecond (see fixed_window).
+      local left = lock_of(locks[i])
+      if left and left > lockouts[s] then left = lockouts[s] end
+      locked[i] = left
     end
     admitted[i], delays[i], afters[i], befores[i], resets[i], retries[i], n1[i], n2[i], n3[i], ttls[i] =
       evaluators[algorithms[s]](k, stored[k], pa[s], pb[s], pc[s], costs[s])
