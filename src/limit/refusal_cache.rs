@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{Algorithm, LimitCheck, LimitDecision};
@@ -31,6 +32,11 @@ struct Refusal {
 pub struct RefusalCache {
     shards: Vec<Mutex<HashMap<u128, Refusal>>>,
     hashers: [RandomState; 2],
+    /// When the cache was made: the origin of `holds_until`.
+    epoch: Instant,
+    /// Microseconds after `epoch` until which some remembered refusal may hold: past it,
+    /// no request needs its identity hashed or looked up.
+    holds_until: AtomicU64,
 }
 
 impl Default for RefusalCache {
@@ -38,11 +44,23 @@ impl Default for RefusalCache {
         RefusalCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hashers: [RandomState::new(), RandomState::new()],
+            epoch: Instant::now(),
+            holds_until: AtomicU64::new(0),
         }
     }
 }
 
 impl RefusalCache {
+    /// Whether any refusal remembered may still hold at `now` (if not, [`Self::get`]
+    /// would find none).
+    pub fn may_hold(&self, now: Instant) -> bool {
+        self.micros_since_epoch(now) < self.holds_until.load(Ordering::Relaxed)
+    }
+
+    fn micros_since_epoch(&self, instant: Instant) -> u64 {
+        u64::try_from(instant.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
+    }
+
     /// The identity of a request's checks: 128 bits from two randomly keyed hashes of
     /// every key, algorithm parameter and cost.
     pub fn identity(&self, checks: &[LimitCheck]) -> u128 {
@@ -98,6 +116,11 @@ impl RefusalCache {
         if holds_for.is_zero() {
             return;
         }
+        let until = now + holds_for;
+        self.holds_until.fetch_max(
+            self.micros_since_epoch(until).saturating_add(1),
+            Ordering::Relaxed,
+        );
         let mut shard = self.shard(identity).lock().unwrap_or_else(|p| p.into_inner());
         if shard.len() >= MAX_ENTRIES / SHARDS && !shard.contains_key(&identity) {
             shard.retain(|_, refusal| refusal.until > now);
@@ -109,7 +132,7 @@ impl RefusalCache {
             identity,
             Refusal {
                 decided_at: now,
-                until: now + holds_for,
+                until,
                 decisions,
             },
         );
@@ -154,6 +177,27 @@ mod tests {
         assert_eq!(later[0].retry_after, Duration::from_millis(300));
         assert!(cache.get(id, now + Duration::from_millis(500)).is_none());
         assert!(cache.get(cache.identity(&[check("b")]), now).is_none());
+    }
+
+    #[test]
+    fn it_may_hold_only_until_the_last_refusal_it_remembers_ends() {
+        let cache = RefusalCache::default();
+        let now = Instant::now();
+        assert!(!cache.may_hold(now));
+        cache.insert(
+            cache.identity(&[check("a")]),
+            vec![refused(500)],
+            now,
+            Duration::from_millis(500),
+        );
+        cache.insert(
+            cache.identity(&[check("b")]),
+            vec![refused(100)],
+            now,
+            Duration::from_millis(100),
+        );
+        assert!(cache.may_hold(now + Duration::from_millis(499)));
+        assert!(!cache.may_hold(now + Duration::from_millis(501)));
     }
 
     #[test]

@@ -100,10 +100,16 @@ impl RouteLimits {
         // Shadow limits must be evaluated every time, so their requests are never served
         // from remembered refusals.
         let refusals = settings.refusals.filter(|_| !checks.iter().any(|c| c.shadow));
-        let identity = refusals.map(|cache| (cache, cache.identity(&checks)));
         let started = Instant::now();
-        if let Some(decisions) = identity.and_then(|(cache, id)| cache.get(id, started)) {
-            return Ok(self.verdict(settings, &applied, checks, &decisions));
+        // The checks' identity is hashed only while some refusal may hold, or to remember one.
+        let mut identity = None;
+        if let Some(cache) = refusals
+            && cache.may_hold(started)
+        {
+            let id = *identity.insert(cache.identity(&checks));
+            if let Some(decisions) = cache.get(id, started) {
+                return Ok(self.verdict(settings, &applied, checks, &decisions));
+            }
         }
         let decided = settings.store.decide(&checks).await;
         let store = settings.store.label();
@@ -138,14 +144,17 @@ impl RouteLimits {
                 });
             }
         };
-        if let Some((cache, identity)) = identity {
-            // A refusal holds until the last refusing limit could admit.
-            let holds_for = decisions
-                .iter()
-                .filter(|d| !d.outcome.admits())
-                .map(|d| d.retry_after)
-                .max()
-                .unwrap_or_default();
+        // A refusal holds until the last refusing limit could admit.
+        let holds_for = decisions
+            .iter()
+            .filter(|d| !d.outcome.admits())
+            .map(|d| d.retry_after)
+            .max()
+            .unwrap_or_default();
+        if let Some(cache) = refusals
+            && !holds_for.is_zero()
+        {
+            let identity = identity.unwrap_or_else(|| cache.identity(&checks));
             // Those that started a lock-out answer `locked` from now on, as the store would.
             let remembered: Vec<LimitDecision> = checks
                 .iter()
