@@ -17,8 +17,8 @@ use redis::Cmd;
 
 use super::{Algorithm, LimitCheck, LimitDecision, MAX_LIMITS_PER_ROUTE, Outcome};
 
-/// Values the script returns per check.
-const FIELDS_PER_CHECK: usize = 4;
+/// Values the script returns per check: remaining, reset, and 4 × time + outcome.
+const FIELDS_PER_CHECK: usize = 3;
 
 /// The largest number the plan can carry (two bytes): key indexes, spec indexes and
 /// checks per request. The gateway stays far below it: a batch is at most
@@ -186,18 +186,21 @@ pub(crate) fn decisions(requests: &[&[LimitCheck]], values: &[i64]) -> Option<Ve
 }
 
 fn decision(fields: &[i64]) -> LimitDecision {
-    let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
-    // The last field is the delay of a delayed request, the retry time of a refused one.
-    let (outcome, retry_after) = match fields[0] {
+    let count = |v: i64| u64::try_from(v).unwrap_or(0);
+    // The last field is 4 × time + outcome; the time is the delay of a delayed request,
+    // the retry time of a refused one.
+    let packed = count(fields[2]);
+    let time = Duration::from_micros(packed >> 2);
+    let (outcome, retry_after) = match packed & 3 {
         0 => (Outcome::Allowed, Duration::ZERO),
-        1 => (Outcome::Delayed(micros(fields[3])), Duration::ZERO),
-        3 => (Outcome::Locked, micros(fields[3])),
-        _ => (Outcome::Rejected, micros(fields[3])),
+        1 => (Outcome::Delayed(time), Duration::ZERO),
+        3 => (Outcome::Locked, time),
+        _ => (Outcome::Rejected, time),
     };
     LimitDecision {
         outcome,
-        remaining: u64::try_from(fields[1]).unwrap_or(0),
-        reset: micros(fields[2]),
+        remaining: count(fields[0]),
+        reset: Duration::from_micros(count(fields[1])),
         retry_after,
     }
 }
@@ -283,15 +286,27 @@ mod tests {
     fn replies_are_split_per_request() {
         let a = [check("a", None, 1)];
         let b = [check("b", None, 1), check("c", None, 1)];
-        let values = [0, 9, 100, 0, 2, 0, 100, 50, 1, 3, 40, 40];
+        // remaining, reset, 4 × time + outcome
+        let values = [9, 100, 0, 0, 100, 50 * 4 + 2, 3, 40, 40 * 4 + 1];
         let split = decisions(&[&a, &b], &values).unwrap();
         assert_eq!(split.len(), 2);
         assert_eq!(split[0][0].outcome, Outcome::Allowed);
         assert_eq!(split[0][0].remaining, 9);
+        assert_eq!(split[0][0].reset, Duration::from_micros(100));
         assert_eq!(split[1][0].outcome, Outcome::Rejected);
         assert_eq!(split[1][0].retry_after, Duration::from_micros(50));
         assert_eq!(split[1][1].outcome, Outcome::Delayed(Duration::from_micros(40)));
         assert_eq!(split[1][1].retry_after, Duration::ZERO);
-        assert!(decisions(&[&a, &b], &values[..8]).is_none());
+        assert!(decisions(&[&a, &b], &values[..6]).is_none());
+    }
+
+    #[test]
+    fn a_locked_check_and_the_longest_time_decode_exactly() {
+        let a = [check("a", Some("l"), 1)];
+        let longest: i64 = 1 << 50;
+        let split = decisions(&[&a], &[0, 7, longest * 4 + 3]).unwrap();
+        assert_eq!(split[0][0].outcome, Outcome::Locked);
+        assert_eq!(split[0][0].retry_after, Duration::from_micros(1 << 50));
+        assert_eq!(split[0][0].reset, Duration::from_micros(7));
     }
 }

@@ -14,8 +14,11 @@
 --   number of checks, and per check: spec index, counter key index, and (only when the
 --   spec has a lock-out) lock key index. Numbers, not decimal arguments: Redis turns every
 --   argument into a string object and a Lua string, which cost more than the decision.
--- Returns, per check in order: outcome (0 allowed, 1 delayed, 2 rejected, 3 locked),
---   remaining, reset_us, and retry_after_us (rejected, locked) or delay_us (delayed).
+-- Returns, per check in order: remaining, reset_us, and 4 × time + outcome, where outcome
+--   is 0 allowed, 1 delayed, 2 rejected, 3 locked, and time is retry_after_us (rejected,
+--   locked) or delay_us (delayed), at most 2^50 µs (35 years) so that the sum stays exact
+--   in a Lua double. Three reply integers per check instead of four: each costs Redis a
+--   reply element and the gateway a parse.
 -- Time comes from Redis TIME only, in microseconds (exact in a Lua double).
 --
 -- Each key is read once per call (one MGET for every counter key; PTTL where a window or
@@ -224,9 +227,11 @@ local plan = ARGV[argi]
 
 local out = {}
 local n_out = 0
+local max_time = 1125899906842624 -- 2^50 µs: see the reply above
 local function emit(outcome, remaining, reset, retry_or_delay)
-  out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4] = outcome, remaining, reset, retry_or_delay
-  n_out = n_out + 4
+  if retry_or_delay > max_time then retry_or_delay = max_time end
+  out[n_out + 1], out[n_out + 2], out[n_out + 3] = remaining, reset, retry_or_delay * 4 + outcome
+  n_out = n_out + 3
 end
 
 -- Whole numbers as text, each formatted once per call: expiry instants and the counts of
@@ -341,9 +346,10 @@ while p < plan_end do
     local ok, delay, after, before, reset, retry, v1, v2, v3, lifetime =
       evaluators[algorithm](k, stored[k], pa[s], pb[s], pc[s], costs[s])
     local o = n_out
-    n_out = o + 4
+    n_out = o + 3
     if not ok then
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 2, before, reset, retry
+      if retry > max_time then retry = max_time end
+      out[o + 1], out[o + 2], out[o + 3] = before, reset, retry * 4 + 2
     else
       if k <= n_single then
         write(k, algorithm, v1, v2, v3, lifetime, costs[s])
@@ -351,7 +357,12 @@ while p < plan_end do
         if algorithm == 1 then added[k] = (added[k] or 0) + costs[s] end
         stored[k], s1[k], s2[k], s3[k], dirty[k], ttl[k] = false, v1, v2, v3, algorithm, lifetime
       end
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = delay > 0 and 1 or 0, after, reset, delay
+      if delay > 0 then
+        if delay > max_time then delay = max_time end
+        out[o + 1], out[o + 2], out[o + 3] = after, reset, delay * 4 + 1
+      else
+        out[o + 1], out[o + 2], out[o + 3] = after, reset, 0
+      end
     end
   else
     p = decide_staged(n, p + 2)
