@@ -161,8 +161,9 @@ async fn serve_connection(
     let _ = stream.set_nodelay(true);
     let (stream, socket) = Watched::new(stream);
     let io = TokioIo::new(FramingGuard::new(stream, header_timeout));
-    let client = Arc::new(Peer::new(peer));
-    let service = service_fn(move |request| handle(shared.clone(), client.clone(), socket.clone(), request));
+    let tcp_peer = Arc::new(Peer::new(peer));
+    let service =
+        service_fn(move |request| handle(shared.clone(), tcp_peer.clone(), socket.clone(), request));
     let connection = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(connection);
     let result = tokio::select! {

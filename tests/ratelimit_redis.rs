@@ -146,14 +146,7 @@ async fn a_refusal_is_remembered_and_answered_without_redis() {
     let upstream = Upstream::start().await;
     let gw = gateway(&redis.url(), "", &upstream, &limited("per_ip", 2, "")).await;
     until_connected(&gw).await;
-    let script_calls = || {
-        let stats = redis.cli(&["info", "commandstats"]);
-        stats
-            .lines()
-            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |calls| calls.parse::<u64>().unwrap())
-    };
+    let script_calls = || redis.command_calls("evalsha");
     let before = script_calls();
 
     let mut statuses = Vec::new();

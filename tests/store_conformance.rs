@@ -75,6 +75,14 @@ fn fixed(limit: u64, window_ms: u64) -> Algorithm {
     }
 }
 
+fn bucket(rate: f64, per_ms: u64, burst: u64) -> Algorithm {
+    Algorithm::TokenBucket {
+        rate,
+        per: per_ms * MS,
+        burst,
+    }
+}
+
 async fn admitted_count(store: &Store, check: &LimitCheck, attempts: usize) -> usize {
     let mut admitted = 0;
     for _ in 0..attempts {
@@ -131,17 +139,7 @@ async fn exact_count_under_concurrency(store: Store) {
             ),
             50,
         ),
-        (
-            check(
-                "conc-tb",
-                Algorithm::TokenBucket {
-                    rate: 1.0,
-                    per: minute,
-                    burst: 50,
-                },
-            ),
-            50,
-        ),
+        (check("conc-tb", bucket(1.0, 60_000, 50)), 50),
         // A leaky bucket admits the request at the head and `burst` waiting behind it.
         (
             check(
@@ -195,11 +193,7 @@ async fn busy_and_one_off_clients_in_one_burst(store: Store) {
             shadow: false,
         }
     };
-    let bucket = Algorithm::TokenBucket {
-        rate: 1.0,
-        per: 60_000 * MS,
-        burst: 1,
-    };
+    let bucket = bucket(1.0, 60_000, 1);
     let busy: Vec<LimitCheck> = (0..10).map(|i| client(i, fixed(5, 60_000))).collect();
     let one_off: Vec<LimitCheck> = (100..140).map(|i| client(i, bucket)).collect();
     let mut tasks = Vec::new();
@@ -229,14 +223,7 @@ async fn busy_and_one_off_clients_in_one_burst(store: Store) {
 /// integers): its state is written and read back without overflowing, so it keeps
 /// admitting. (Its `remaining` is past what Redis's Lua replies carry: not asserted.)
 async fn a_bucket_as_deep_as_the_configuration_allows(store: Store) {
-    let limit = check(
-        "deep",
-        Algorithm::TokenBucket {
-            rate: 1.0,
-            per: 1_000 * MS,
-            burst: i64::MAX as u64,
-        },
-    );
+    let limit = check("deep", bucket(1.0, 1_000, i64::MAX as u64));
     assert_eq!(admitted_count(&store, &limit, 3).await, 3);
 }
 
@@ -253,14 +240,7 @@ async fn fixed_window_resets(store: Store) {
 }
 
 async fn token_bucket_burst_then_rate(store: Store) {
-    let limit = check(
-        "tb",
-        Algorithm::TokenBucket {
-            rate: 10.0,
-            per: 1_000 * MS,
-            burst: 5,
-        },
-    );
+    let limit = check("tb", bucket(10.0, 1_000, 5));
     assert_eq!(admitted_count(&store, &limit, 8).await, 5);
     let rejected = store.one(&limit).await;
     assert_eq!(rejected.outcome, Outcome::Rejected);
@@ -410,7 +390,7 @@ async fn an_edited_limit_applies_at_once(store: Store) {
     assert_eq!(admitted_count(&store, &small, 3).await, 2);
     let larger = check("edit", fixed(5, 60_000));
     assert_eq!(admitted_count(&store, &larger, 5).await, 3);
-    let bucket = |rate| {
+    let leaky = |rate| {
         check(
             "edit-bucket",
             Algorithm::LeakyBucket {
@@ -420,18 +400,11 @@ async fn an_edited_limit_applies_at_once(store: Store) {
             },
         )
     };
-    assert_eq!(admitted_count(&store, &bucket(1000.0), 3).await, 3);
+    assert_eq!(admitted_count(&store, &leaky(1000.0), 3).await, 3);
     // A much slower rate: the queue left behind is clamped, not a spurious denial.
-    assert!(store.one(&bucket(1.0)).await.outcome.admits());
+    assert!(store.one(&leaky(1.0)).await.outcome.admits());
     // Another algorithm under the same limit name starts afresh (no WRONGTYPE in Redis).
-    let as_token_bucket = check(
-        "edit",
-        Algorithm::TokenBucket {
-            rate: 1.0,
-            per: 1_000 * MS,
-            burst: 2,
-        },
-    );
+    let as_token_bucket = check("edit", bucket(1.0, 1_000, 2));
     assert_eq!(admitted_count(&store, &as_token_bucket, 3).await, 2);
 }
 
@@ -482,16 +455,8 @@ async fn token_counts_stored_in_any_form_are_read_exactly() {
     let Store::Redis(_, server) = &store else {
         unreachable!()
     };
-    let hour = 3_600_000 * MS;
     for (i, tokens) in ["3", "2.5000000000000000", "2.500000000"].into_iter().enumerate() {
-        let limit = check(
-            &format!("upgrade{i}"),
-            Algorithm::TokenBucket {
-                rate: 1.0,
-                per: hour,
-                burst: 10,
-            },
-        );
+        let limit = check(&format!("upgrade{i}"), bucket(1.0, 3_600_000, 10));
         let time = server.cli(&["time"]);
         let mut parts = time.lines().map(|line| line.trim().parse::<u64>().unwrap());
         let now = parts.next().unwrap() * 1_000_000 + parts.next().unwrap();
@@ -507,16 +472,33 @@ async fn token_counts_stored_in_any_form_are_read_exactly() {
     }
 }
 
+/// A lock-out longer than the script's reply carries exactly (it caps times at 2^50 µs,
+/// about 35 years, so that 4 × time + outcome stays exact in a double): the refusal and the
+/// lock that follows it still come back as a refusal and a lock, with the capped time.
+#[tokio::test]
+async fn a_century_long_lockout_is_still_a_lockout() {
+    let store = redis().await;
+    let century = 100 * 365 * 86_400_000 * MS;
+    let mut limit = check("century", fixed(1, 60_000));
+    let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
+    limit.lockout = Some((lock_key("fg", &tuple, "century"), century));
+    assert!(store.one(&limit).await.outcome.admits());
+    let longest = Duration::from_micros(1 << 50);
+    let refused = store.one(&limit).await;
+    assert_eq!(
+        (refused.outcome, refused.retry_after),
+        (Outcome::Rejected, longest)
+    );
+    let locked = store.one(&limit).await;
+    assert_eq!((locked.outcome, locked.retry_after), (Outcome::Locked, longest));
+}
+
 /// Calls of more keys than one `MGET` (1,000) or one `MSET` (500 pairs) carries: requests
 /// of 64 limits each, sent together, are decided and every key is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_call_of_thousands_of_keys_reads_and_writes_them_all() {
     let store = Arc::new(redis().await);
-    let bucket = Algorithm::TokenBucket {
-        rate: 1.0,
-        per: 3_600_000 * MS,
-        burst: 1,
-    };
+    let bucket = bucket(1.0, 3_600_000, 1);
     let requests: Vec<Vec<LimitCheck>> = (0..60)
         .map(|request| {
             (0..64)
@@ -545,16 +527,9 @@ async fn a_call_of_thousands_of_keys_reads_and_writes_them_all() {
         unreachable!()
     };
     // Some call did span several MGETs and MSETs (commands a script runs are counted).
-    let stats = server.cli(&["info", "commandstats"]);
-    let calls = |command: &str| -> u64 {
-        let line = stats
-            .lines()
-            .find(|line| line.starts_with(&format!("cmdstat_{command}:")));
-        let calls = line.and_then(|line| line.split("calls=").nth(1)?.split(',').next()?.parse().ok());
-        calls.unwrap_or(0)
-    };
-    assert!(calls("mget") > calls("evalsha"), "{stats}");
-    assert!(calls("mset") > calls("evalsha"), "{stats}");
+    let [mget, mset, evalsha] = ["mget", "mset", "evalsha"].map(|command| server.command_calls(command));
+    assert!(mget > evalsha, "{mget} MGET, {evalsha} EVALSHA");
+    assert!(mset > evalsha, "{mset} MSET, {evalsha} EVALSHA");
     // Every key was written: each bucket's one token is gone.
     decide_all(Outcome::Rejected).await;
 }
@@ -570,11 +545,7 @@ async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
             limit: 1,
             window: 60_000 * MS,
         },
-        Algorithm::TokenBucket {
-            rate: 1.0,
-            per: 60_000 * MS,
-            burst: 1,
-        },
+        bucket(1.0, 60_000, 1),
         Algorithm::LeakyBucket {
             rate: 1.0,
             per: 60_000 * MS,

@@ -65,6 +65,17 @@ impl RedisServer {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// How many times `command` (lower case) has run, as `INFO commandstats` counts it
+    /// (commands a script runs included); 0 before its first run.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        self.cli(&["info", "commandstats"])
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse().expect("a call count"))
+    }
+
     /// SIGSTOP: the server keeps its connections but answers nothing.
     pub fn pause(&self) {
         self.signal("-STOP");
