@@ -24,7 +24,7 @@ const FIELDS_PER_CHECK: usize = 3;
 /// checks per request. The gateway stays far below it: a batch is at most
 /// [`super::group_commit::MAX_BATCH`] requests of at most [`MAX_LIMITS_PER_ROUTE`] checks,
 /// each with at most two keys.
-const PLAN_MAX: usize = u16::MAX as usize;
+pub(crate) const PLAN_MAX: usize = u16::MAX as usize;
 
 const _: () = assert!(2 * super::group_commit::MAX_BATCH * MAX_LIMITS_PER_ROUTE <= PLAN_MAX);
 

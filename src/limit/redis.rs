@@ -49,7 +49,10 @@ pub enum StoreError {
     BreakerOpen,
     #[error("redis answered {got} values for {checks} checks")]
     Malformed { got: usize, checks: usize },
-    #[error("one script call cannot number {0} keys, limits or checks (at most 65535)")]
+    #[error(
+        "one script call cannot number {0} keys, limits or checks (at most {max})",
+        max = decide_call::PLAN_MAX
+    )]
     Oversized(usize),
 }
 
