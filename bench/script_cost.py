@@ -42,12 +42,13 @@ def decide_call(sha, clients, rate):
     index = {key: i + 1 for i, key in enumerate(keys)}
     picks = [index[client_key(client)] for client in clients]
     n_single = sum(1 for k in uses if uses[k] == 1)
-    # One spec: token bucket (3), `rate` per 1 s, BURST deep, cost 1, no lock-out, not shadow.
-    args = ["EVALSHA", sha, len(keys), *keys, len(keys), n_single, 1, 3, rate, 1000000, BURST, 1, 0, 0]
-    # The plan: per request its number of checks, then per check spec and key index, each
-    # number in two bytes (big-endian).
+    # The call: counter keys, single-use keys, one spec (two bytes each); the spec: token
+    # bucket (3), `rate` per 1 s, BURST deep, cost 1, no lock-out, not shadow; then the plan:
+    # per request its number of checks, then per check spec and key index (two bytes each).
+    header = struct.pack(">HHH", len(keys), n_single, 1) + struct.pack(">BdddddB", 3, rate, 1000000, BURST, 1, 0, 0)
     plan = b"".join(struct.pack(">HHH", 1, 1, key_index) for key_index in picks)
-    return command(*args, plan)
+    args = ["EVALSHA", sha, len(keys), *keys]
+    return command(*args, header + plan)
 
 
 def main():

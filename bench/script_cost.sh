@@ -14,7 +14,8 @@
 # per second (default 1e9: the state expires at once; RATE=1 keeps it), BURST deep
 # (default 1e9). Needs redis-server, redis-cli, valgrind and python3. KEEP=1 keeps the
 # server's directory; REDIS_SERVER names another redis-server binary (Debian's is
-# stripped: build one with symbols to see which functions take the most).
+# stripped: build one with symbols to see which functions take the most); SCRIPT another
+# version of decide.lua, to compare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,7 @@ TOP=${TOP:-25}
 RATE=${RATE:-1000000000}
 export BURST=${BURST:-1000000000}
 REDIS_SERVER=${REDIS_SERVER:-redis-server}
+SCRIPT=${SCRIPT:-src/limit/scripts/decide.lua}
 
 for tool in "$REDIS_SERVER" redis-cli valgrind callgrind_control callgrind_annotate python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
@@ -55,7 +57,7 @@ cli() { redis-cli -p "$port" "$@"; }
 for _ in $(seq 200); do cli ping >/dev/null 2>&1 && break; sleep 0.1; done
 
 if [ "$MODE" = floodgate ]; then
-  sha=$(cli script load "$(cat src/limit/scripts/decide.lua)")
+  sha=$(cli script load "$(cat "$SCRIPT")")
   gen() { python3 bench/script_cost.py floodgate "$sha" "$1" "$BATCH" "$KEYS" "$2" "$RATE"; }
 else
   gen() { python3 bench/script_cost.py cell "$1" "$BATCH" "$KEYS" "$2" "$RATE"; }

@@ -385,6 +385,24 @@ async fn a_leaky_bucket_slot_can_be_given_back(store: Store) {
     assert!(delay <= Duration::from_millis(105), "{delay:?}");
 }
 
+async fn tokens_and_window_counts_can_be_given_back(store: Store) {
+    let tokens = check("refund-tokens", bucket(1.0, 3_600_000, 3));
+    assert_eq!(admitted_count(&store, &tokens, 2).await, 2);
+    store.refund(&tokens).await;
+    // One of the two tokens came back: two admitted, not one.
+    assert_eq!(admitted_count(&store, &tokens, 3).await, 2);
+    let window = check(
+        "refund-window",
+        Algorithm::SlidingWindow {
+            limit: 3,
+            window: 3_600_000 * MS,
+        },
+    );
+    assert_eq!(admitted_count(&store, &window, 3).await, 3);
+    store.refund(&window).await;
+    assert_eq!(admitted_count(&store, &window, 2).await, 1);
+}
+
 async fn an_edited_limit_applies_at_once(store: Store) {
     let small = check("edit", fixed(2, 60_000));
     assert_eq!(admitted_count(&store, &small, 3).await, 2);
@@ -443,12 +461,35 @@ conformance!(
     all_or_nothing_across_limits,
     a_shadow_limit_never_refuses,
     a_leaky_bucket_slot_can_be_given_back,
+    tokens_and_window_counts_can_be_given_back,
     an_edited_limit_applies_at_once,
 );
 
-/// State written by another version of floodgate, in every form a token bucket has been
-/// stored in (a whole count, 17 significant digits, nine decimals), is read as written:
-/// during a rolling upgrade old and new gateways share the keys.
+/// Redis `TIME` in microseconds.
+fn redis_now(server: &RedisServer) -> u64 {
+    let time = server.cli(&["time"]);
+    let mut parts = time.lines().map(|line| line.trim().parse::<u64>().unwrap());
+    parts.next().unwrap() * 1_000_000 + parts.next().unwrap()
+}
+
+/// The numbers of a packed state (':' and then little-endian doubles), as stored in Redis.
+async fn packed_state(server: &RedisServer, key: &str) -> Vec<f64> {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let bytes: Vec<u8> = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(bytes.first(), Some(&b':'), "{bytes:?}");
+    bytes[1..]
+        .chunks(8)
+        .map(|double| f64::from_le_bytes(double.try_into().unwrap()))
+        .collect()
+}
+
+/// Token counts in every form earlier versions wrote them (a whole count, 17 significant
+/// digits, nine decimals) are read exactly, and written back packed, exactly.
 #[tokio::test]
 async fn token_counts_stored_in_any_form_are_read_exactly() {
     let store = redis().await;
@@ -457,19 +498,62 @@ async fn token_counts_stored_in_any_form_are_read_exactly() {
     };
     for (i, tokens) in ["3", "2.5000000000000000", "2.500000000"].into_iter().enumerate() {
         let limit = check(&format!("upgrade{i}"), bucket(1.0, 3_600_000, 10));
-        let time = server.cli(&["time"]);
-        let mut parts = time.lines().map(|line| line.trim().parse::<u64>().unwrap());
-        let now = parts.next().unwrap() * 1_000_000 + parts.next().unwrap();
-        let value = format!("{tokens}:{now}");
+        let value = format!("{tokens}:{}", redis_now(server));
         server.cli(&["set", &limit.key, &value, "px", "60000"]);
         // 3 tokens admit three requests; 2.5 admit two and leave half a token.
         let expected = if i == 0 { 3 } else { 2 };
         assert_eq!(admitted_count(&store, &limit, 4).await, expected, "{value}");
-        let stored = server.cli(&["get", &limit.key]);
-        let left: f64 = stored.split(':').next().unwrap().parse().unwrap();
+        let state = packed_state(server, &limit.key).await;
+        assert_eq!(state.len(), 2, "tokens and updated");
         let half = if i == 0 { 0.0 } else { 0.5 };
-        assert!((left - half).abs() < 0.001, "{value} left {stored}");
+        // Plus the refill while the test ran: 0.001 tokens is 3.6 s at one an hour.
+        assert!((state[0] - half).abs() < 0.001, "{value} left {state:?}");
     }
+}
+
+/// Sliding-window and leaky-bucket states written as text by earlier versions are read
+/// as the state they describe (not as a fresh key), and written back packed.
+#[tokio::test]
+async fn window_and_queue_states_written_as_text_are_still_read() {
+    let store = redis().await;
+    let Store::Redis(_, server) = &store else {
+        unreachable!()
+    };
+    let hour = 3_600_000 * MS;
+    let window = check(
+        "text-window",
+        Algorithm::SlidingWindow {
+            limit: 5,
+            window: hour,
+        },
+    );
+    let index = redis_now(server) / hour;
+    server.cli(&["set", &window.key, &format!("{index}:3:0"), "px", "60000"]);
+    // Three of five already counted in this window: two more fit.
+    assert_eq!(admitted_count(&store, &window, 4).await, 2);
+    assert_eq!(packed_state(server, &window.key).await, [index as f64, 5.0, 0.0]);
+
+    let queue = check(
+        "text-queue",
+        Algorithm::LeakyBucket {
+            rate: 1.0,
+            per: hour,
+            burst: 1,
+        },
+    );
+    let step = hour as f64;
+    let tat = redis_now(server) + hour;
+    server.cli(&["set", &queue.key, &format!("{tat}:{step}"), "px", "60000"]);
+    // One request already waits a full step: a second may queue behind it, not a third.
+    // (A fresh queue would admit one at once and hold one.)
+    let first = store.one(&queue).await;
+    assert!(
+        matches!(first.outcome, Outcome::Delayed(delay) if delay > Duration::from_secs(3500)),
+        "{first:?}"
+    );
+    assert_eq!(store.one(&queue).await.outcome, Outcome::Rejected);
+    let state = packed_state(server, &queue.key).await;
+    assert_eq!(state, [(tat + hour) as f64, step]);
 }
 
 /// A lock-out longer than the script's reply carries exactly (it caps times at 2^50 µs,

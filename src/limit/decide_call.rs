@@ -1,14 +1,15 @@
 //! The calling convention of `scripts/decide.lua`: a batch of requests becomes one
-//! `EVALSHA` in which every distinct key and every distinct limit spec is sent once, and
-//! the requests are one binary argument, the plan, of two-byte numbers; the reply is split
-//! back per request.
+//! `EVALSHA` in which every distinct key is sent once, as a key, and everything else is one
+//! binary argument: the key counts, each distinct limit spec once (its numbers as doubles),
+//! and the plan, the requests as two-byte numbers. The reply is split back per request.
 //!
 //! Sending each key once matters as much on the Redis side as on ours: the script reads
 //! and writes each distinct key once per call, so a batch full of one busy client costs
-//! about what one request does. The plan matters because Redis turns every argument into a
-//! string object and then a Lua string, and the script would turn each back into a number:
-//! for a one-check request that was three arguments, and more of Redis's work than the
-//! decision itself (callgrind, `bench/script_cost.sh`).
+//! about what one request does. One binary argument matters because Redis turns every
+//! argument into a string object and then a Lua string, and the script would parse each
+//! back into a number with strtod: as decimal arguments, a one-spec call spent about 10k
+//! instructions in Redis on that alone, and a one-check request three arguments more
+//! (callgrind, `bench/script_cost.sh`).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -54,7 +55,31 @@ pub(crate) fn parameters(algorithm: &Algorithm) -> (u8, f64, u64, u64) {
     }
 }
 
+/// Appends `n` (at most [`PLAN_MAX`]) as the script's two-byte number.
+fn put_number(call: &mut Vec<u8>, n: usize) {
+    call.extend_from_slice(&(n as u16).to_be_bytes());
+}
+
 impl Spec {
+    /// Bytes a spec takes in the call: the algorithm, five doubles, the shadow flag.
+    const BYTES: usize = 1 + 5 * 8 + 1;
+
+    /// Appends the spec as the script reads it. Its numbers become doubles, as the script
+    /// would make them anyway: exact up to 2^53.
+    fn put(&self, call: &mut Vec<u8>) {
+        call.push(self.algorithm);
+        for number in [
+            self.a,
+            self.b as f64,
+            self.c as f64,
+            self.cost as f64,
+            self.lockout as f64,
+        ] {
+            call.extend_from_slice(&number.to_be_bytes());
+        }
+        call.push(u8::from(self.shadow));
+    }
+
     fn of(check: &LimitCheck) -> Spec {
         let (algorithm, a, b, c) = parameters(&check.algorithm);
         Spec {
@@ -136,16 +161,23 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
         return Err(Oversized(largest));
     }
 
-    let mut plan = Vec::with_capacity(2 * (requests.len() + 3 * checks.len()));
-    let mut push = |n: usize| plan.extend_from_slice(&(n as u16).to_be_bytes());
+    // The call: three counts, the specs, then the plan.
+    let mut call =
+        Vec::with_capacity(6 + Spec::BYTES * specs.len() + 2 * (requests.len() + 3 * checks.len()));
+    for count in [n_counters, n_single, specs.len()] {
+        put_number(&mut call, count);
+    }
+    for spec in &specs {
+        spec.put(&mut call);
+    }
     let mut checks = checks.into_iter();
     for request in requests {
-        push(request.len());
+        put_number(&mut call, request.len());
         for (spec, counter, lock) in checks.by_ref().take(request.len()) {
-            push(spec);
-            push(number[counter]);
+            put_number(&mut call, spec);
+            put_number(&mut call, number[counter]);
             if let Some(lock) = lock {
-                push(n_counters + lock + 1);
+                put_number(&mut call, n_counters + lock + 1);
             }
         }
     }
@@ -155,17 +187,7 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
     for key in &keys {
         cmd.arg(*key);
     }
-    cmd.arg(n_counters).arg(n_single).arg(specs.len());
-    for spec in &specs {
-        cmd.arg(spec.algorithm)
-            .arg(spec.a)
-            .arg(spec.b)
-            .arg(spec.c)
-            .arg(spec.cost)
-            .arg(spec.lockout)
-            .arg(u8::from(spec.shadow));
-    }
-    cmd.arg(plan);
+    cmd.arg(call);
     Ok(cmd)
 }
 
@@ -223,8 +245,37 @@ mod tests {
         }
     }
 
-    /// The command's arguments: text, but the plan as its two-byte numbers.
-    fn args(cmd: &Cmd) -> (Vec<String>, Vec<u16>) {
+    /// Reads the call argument back: its key counts, specs and plan.
+    struct Call {
+        counts: [u16; 3],
+        /// Per spec: algorithm, a, b, c, cost, lock-out, shadow.
+        specs: Vec<(u8, [f64; 5], u8)>,
+        plan: Vec<u16>,
+    }
+
+    impl Call {
+        fn read(bytes: &[u8]) -> Call {
+            let number = |at: usize| u16::from_be_bytes([bytes[at], bytes[at + 1]]);
+            let counts = [number(0), number(2), number(4)];
+            let mut at = 6;
+            let specs = (0..counts[2])
+                .map(|_| {
+                    let double = |i: usize| {
+                        let start = at + 1 + 8 * i;
+                        f64::from_be_bytes(bytes[start..start + 8].try_into().unwrap())
+                    };
+                    let spec = (bytes[at], [0, 1, 2, 3, 4].map(double), bytes[at + 41]);
+                    at += Spec::BYTES;
+                    spec
+                })
+                .collect();
+            let plan = (at..bytes.len()).step_by(2).map(number).collect();
+            Call { counts, specs, plan }
+        }
+    }
+
+    /// The command's arguments: the text ones, and the call.
+    fn args(cmd: &Cmd) -> (Vec<String>, Call) {
         let mut args: Vec<Vec<u8>> = cmd
             .args_iter()
             .map(|arg| match arg {
@@ -232,16 +283,12 @@ mod tests {
                 _ => b"<not a plain argument>".to_vec(),
             })
             .collect();
-        let plan = args.pop().unwrap_or_default();
+        let call = Call::read(&args.pop().unwrap_or_default());
         let text = args
             .iter()
             .map(|arg| String::from_utf8_lossy(arg).into_owned())
             .collect();
-        let numbers = plan
-            .chunks(2)
-            .map(|pair| u16::from_be_bytes([pair[0], pair[1]]))
-            .collect();
-        (text, numbers)
+        (text, call)
     }
 
     #[test]
@@ -251,26 +298,30 @@ mod tests {
         let c = [check("k:c", None, 1)];
         let again = [check("k:b", None, 1)];
         let cmd = command("sha", &[&a, &b, &c, &again]).unwrap();
-        let (text, plan) = args(&cmd);
+        let (text, call) = args(&cmd);
         let expected = [
             "EVALSHA", "sha", "4", // keys:
             "k:c", "k:a", "k:b",      // k:c is used once; k:a and k:b twice
             "k:a:lock", // the locks after the counters
-            "3",        // counter keys
-            "1",        // of which single-use (the first)
-            "3",        // specs: with lock-out cost 1, without lock-out, with lock-out cost 2
-            "3", "10.0", "1000000", "20", "1", "5000000", "0", //
-            "3", "10.0", "1000000", "20", "1", "0", "0", //
-            "3", "10.0", "1000000", "20", "2", "5000000", "0",
         ];
         assert_eq!(text, expected);
+        // 3 counter keys, of which 1 single-use (the first), and 3 specs
+        assert_eq!(call.counts, [3, 1, 3]);
+        assert_eq!(
+            call.specs,
+            [
+                (3, [10.0, 1e6, 20.0, 1.0, 5e6], 0), // with lock-out, cost 1
+                (3, [10.0, 1e6, 20.0, 1.0, 0.0], 0), // without lock-out
+                (3, [10.0, 1e6, 20.0, 2.0, 5e6], 0), // with lock-out, cost 2
+            ]
+        );
         let expected_plan = [
             1, 1, 2, 4, // one check: spec 1, key 2 (k:a), lock key 4
             2, 2, 3, 3, 2, 4, // spec 2 key 3 (k:b); spec 3 key 2 lock 4
             1, 2, 1, // spec 2 key 1 (k:c)
             1, 2, 3, // spec 2 key 3 (k:b)
         ];
-        assert_eq!(plan, expected_plan);
+        assert_eq!(call.plan, expected_plan);
     }
 
     #[test]

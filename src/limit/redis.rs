@@ -130,6 +130,10 @@ impl RedisStore {
     /// Decides all of one request's limits: one round trip, unless (on Redis Cluster) they
     /// live in different slots.
     pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Vec<LimitDecision>, StoreError> {
+        if checks.is_empty() {
+            // Nothing to decide (and the script's plan has no room for a request of none).
+            return Ok(Vec::new());
+        }
         if let Some(group_commit) = &self.group_commit {
             self.connection()?;
             return group_commit.submit(checks, self.shared.timeout).await;

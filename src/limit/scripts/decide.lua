@@ -3,17 +3,19 @@
 -- The encoding is written by src/limit/decide_call.rs.
 --
 -- KEYS: the batch's distinct counter keys, then its distinct lock keys.
--- ARGV[1]: the number of counter keys C (KEYS[1..C]).
--- ARGV[2]: U: counter keys 1..U are each used by exactly one check of the batch.
--- ARGV[3]: the number of limit specs S, then 7 values per spec:
---   algorithm (1 fixed_window, 2 sliding_window, 3 token_bucket, 4 leaky_bucket),
---   a, b, c (fixed/sliding: limit, window_us, 0; buckets: rate, per_us, burst),
---   cost, lockout_us (0: none), shadow (1: never refuses; consumes only when the request
---   is admitted and it admits too).
--- Then the plan, one binary string: every number in two bytes, big-endian. Per request its
---   number of checks, and per check: spec index, counter key index, and (only when the
---   spec has a lock-out) lock key index. Numbers, not decimal arguments: Redis turns every
---   argument into a string object and a Lua string, which cost more than the decision.
+-- ARGV[1]: the call, one binary string, big-endian:
+--   C, U and S, two bytes each: C counter keys (KEYS[1..C]), of which keys 1..U are each
+--     used by exactly one check of the batch; S limit specs.
+--   S specs: the algorithm in one byte (1 fixed_window, 2 sliding_window, 3 token_bucket,
+--     4 leaky_bucket); a, b, c (fixed/sliding: limit, window_us, 0; buckets: rate, per_us,
+--     burst), cost and lockout_us (0: none), each an eight-byte double; shadow in one byte
+--     (1: never refuses; consumes only when the request is admitted and it admits too).
+--   The plan, two bytes a number: per request its number of checks (at least one), and per
+--     check: spec index, counter key index, and (only when the spec has a lock-out) lock
+--     key index.
+--   One binary string, not decimal arguments: Redis turns every argument into a string
+--   object and a Lua string, and tonumber() parses each with strtod, about 0.8k
+--   instructions a number: more than the decision itself (callgrind, bench/script_cost.sh).
 -- Returns, per check in order: remaining, reset_us, and 4 × time + outcome, where outcome
 --   is 0 allowed, 1 delayed, 2 rejected, 3 locked, and time is retry_after_us (rejected,
 --   locked) or delay_us (delayed), at most 2^50 µs (35 years) so that the sum stays exact
@@ -30,56 +32,46 @@
 -- decided one call each. Expiry instants are the call's TIME plus the state's lifetime,
 -- rounded up to the millisecond.
 --
+-- What a call costs before its first decision is written down too: every function and
+-- table made here is made again on every call, and Lua's garbage collector then sweeps
+-- it. So there are six functions, each made before the locals it does not use (finding
+-- a captured local walks the list of those captured before it), the tables of multi-use
+-- keys, locks and multi-check requests are made only by calls that have them, and the
+-- common request (one check, no lock-out) is decided without any function call beyond its
+-- algorithm's.
+--
 -- Stored state: fixed_window is a plain counter (written when its window starts, INCRBY
--- after); the others are one string each: "index:current:previous" (sliding_window),
--- "tokens:updated" (token_bucket; a whole token count as an integer, any other with 17
--- significant digits), "tat:step" (leaky_bucket).
+-- after); the others are ':' and then their numbers as little-endian doubles, exact:
+-- index, current, previous (sliding_window, 25 bytes); tokens, updated (token_bucket, 17
+-- bytes); tat, step (leaky_bucket, 17 bytes). struct.unpack reads them in one call where
+-- text took a pattern match and a strtod per number, about 5k instructions a decision
+-- (callgrind, bench/script_cost.sh with RATE=1). Earlier versions wrote text, which is
+-- still read: "index:current:previous", "tokens:updated", "tat:step", each at least 18
+-- bytes long and never starting with ':'. An earlier version reading a packed state finds
+-- no match and starts the key afresh, so a rolling upgrade never fails a call.
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
-local byte, format, match, tonumber, unpack = string.byte, string.format, string.match, tonumber, unpack
-local expiry_base = ceil(now / 1000) -- ms; a state lasting d ms expires at expiry_base + d
+local byte, match, unpack_state = string.byte, string.match, struct.unpack
 
-local function ms(us)
-  return max(1, ceil(us / 1000))
-end
+-- The live state of counters used by more than one check of the batch, once a check has
+-- changed them: up to three numbers per key index (made only when the batch has such keys).
+local s1, s2, s3
 
-local function nonneg(x)
-  if x < 0 then return 0 end
-  return floor(x)
-end
-
--- Counter keys: their stored text, read together; false when absent, and once the live
--- state below has replaced it.
-local n_counters, n_single = tonumber(ARGV[1]), tonumber(ARGV[2])
-local stored = {}
-do
-  local chunk = 1000 -- unpack() is bounded by Lua's C stack
-  if n_counters > 0 then stored = redis.call('MGET', unpack(KEYS, 1, min(chunk, n_counters))) end
-  for first = chunk + 1, n_counters, chunk do
-    local last = min(first + chunk - 1, n_counters)
-    local values = redis.call('MGET', unpack(KEYS, first, last))
-    for i = 1, last - first + 1 do stored[first + i - 1] = values[i] end
-  end
-end
-
--- The live state of counters changed in this call: up to three numbers per key index.
-local s1, s2, s3 = {}, {}, {}
--- Changed counters: algorithm by key index, with the state's lifetime in ms.
-local dirty, ttl = {}, {}
--- Fixed windows: the amount admitted in this call (INCRBY'd when the window existed).
-local added = {}
-
--- Each evaluator takes the key's stored text (false: use the live state) and returns:
--- admitted, delay, remaining_after, remaining_before, reset, retry_after, and the state to
--- keep when the request is admitted (three numbers and its lifetime in ms).
+-- Each evaluator takes the key's index, its stored text (false: no state; true: the live
+-- state above) and a spec's a, b, c and cost, and returns: admitted, delay,
+-- remaining_after, remaining_before, reset, retry_after, and the state to keep when the
+-- request is admitted (three numbers and its lifetime in ms). Lifetimes are ceil(µs /
+-- 1000) of a positive time, so at least 1 ms.
 local function fixed_window(k, text, limit, window, _, cost)
   -- count, the window's end, and 1 when the window exists in Redis (nil: no window yet;
   -- it starts with its first admission).
-  local count, window_end, exists = s1[k], s2[k], s3[k]
-  if text then
-    count, window_end, exists = nil, nil, 0
+  local count, window_end, exists
+  if text == true then
+    count, window_end, exists = s1[k], s2[k], s3[k]
+  elseif text then
+    exists = 0
     local pttl = redis.call('PTTL', KEYS[k])
     if pttl > 0 then
       -- The key outlives its window by up to 2 ms (its expiry was rounded up to the
@@ -95,15 +87,23 @@ local function fixed_window(k, text, limit, window, _, cost)
   local admitted = count + cost <= limit
   local after, retry = count, reset
   if admitted then after, retry = count + cost, 0 end
-  return admitted, 0, nonneg(limit - after), nonneg(limit - count), reset, retry,
-    after, window_end, exists or 0, ms(window)
+  local left_after, left_before = limit - after, limit - count
+  if left_after < 0 then left_after = 0 end
+  if left_before < 0 then left_before = 0 end
+  return admitted, 0, left_after, left_before, reset, retry, after, window_end, exists or 0, ceil(window / 1000)
 end
 
 local function sliding_window(k, text, limit, window, _, cost)
-  local i, current, previous = s1[k], s2[k], s3[k]
-  if text then
-    local a, b, c = match(text, '^([^:]+):([^:]+):(.+)$')
-    i, current, previous = tonumber(a), tonumber(b), tonumber(c)
+  local i, current, previous
+  if text == true then
+    i, current, previous = s1[k], s2[k], s3[k]
+  elseif text then
+    if byte(text) == 58 then
+      i, current, previous = unpack_state('<ddd', text, 2)
+    else
+      local a, b, c = match(text, '^([^:]+):([^:]+):(.+)$')
+      i, current, previous = tonumber(a), tonumber(b), tonumber(c)
+    end
   end
   local index = floor(now / window)
   local into = now - index * window
@@ -133,15 +133,22 @@ local function sliding_window(k, text, limit, window, _, cost)
   end
   local after = current
   if admitted then after = current + cost end
-  return admitted, 0, nonneg(limit - (previous * weight + after)), nonneg(limit - estimate), window - into, retry,
-    index, after, previous, ms(2 * window - into)
+  local left_after, left_before = max(0, floor(limit - (previous * weight + after))), max(0, floor(limit - estimate))
+  return admitted, 0, left_after, left_before, window - into, retry, index, after, previous,
+    ceil((2 * window - into) / 1000)
 end
 
 local function token_bucket(k, text, rate, per, burst, cost)
-  local saved, updated = s1[k], s2[k]
-  if text then
-    local t, u = match(text, '^([^:]+):(.+)$')
-    saved, updated = tonumber(t), tonumber(u)
+  local saved, updated
+  if text == true then
+    saved, updated = s1[k], s2[k]
+  elseif text then
+    if #text == 17 then
+      saved, updated = unpack_state('<dd', text, 2)
+    else
+      local t, u = match(text, '^([^:]+):(.+)$')
+      saved, updated = tonumber(t), tonumber(u)
+    end
   end
   -- Written without min/max/floor calls: this runs for nearly every decision. The counts
   -- returned are never negative, so the reply's truncation to integers floors them.
@@ -167,10 +174,16 @@ local function token_bucket(k, text, rate, per, burst, cost)
 end
 
 local function leaky_bucket(k, text, rate, per, burst, cost)
-  local saved_tat, saved_step = s1[k], s2[k]
-  if text then
-    local t, s = match(text, '^([^:]+):(.+)$')
-    saved_tat, saved_step = tonumber(t), tonumber(s)
+  local saved_tat, saved_step
+  if text == true then
+    saved_tat, saved_step = s1[k], s2[k]
+  elseif text then
+    if #text == 17 then
+      saved_tat, saved_step = unpack_state('<dd', text, 2)
+    else
+      local t, s = match(text, '^([^:]+):(.+)$')
+      saved_tat, saved_step = tonumber(t), tonumber(s)
+    end
   end
   local step = per / rate
   local depth = burst * step
@@ -196,155 +209,102 @@ local function leaky_bucket(k, text, rate, per, burst, cost)
   local after = max(0, floor((depth - (new_tat - now)) / step) + 1)
   local before = max(0, floor((depth - delay) / step) + 1)
   return admitted, held, after, before, ceil(new_tat - now), retry,
-    floor(new_tat + 0.5), step, 0, ms(max(1, ceil(new_tat - now)))
+    floor(new_tat + 0.5), step, 0, ceil(max(1, ceil(new_tat - now)) / 1000)
 end
 
 local evaluators = { fixed_window, sliding_window, token_bucket, leaky_bucket }
 
--- Lock keys: microseconds left in a live lock (false: none), read on first use.
-local lock_left = {}
-local function lock_of(l)
-  local left = lock_left[l]
-  if left == nil then
-    local pttl = redis.call('PTTL', KEYS[l])
-    left = pttl > 0 and pttl * 1000
-    lock_left[l] = left
-  end
-  return left
-end
-
--- Limit specs.
-local n_specs = tonumber(ARGV[3])
-local algorithms, pa, pb, pc, costs, lockouts, shadows = {}, {}, {}, {}, {}, {}, {}
-local argi = 4
-for s = 1, n_specs do
-  algorithms[s], pa[s], pb[s], pc[s] = tonumber(ARGV[argi]), tonumber(ARGV[argi + 1]),
-    tonumber(ARGV[argi + 2]), tonumber(ARGV[argi + 3])
-  costs[s], lockouts[s], shadows[s] = tonumber(ARGV[argi + 4]), tonumber(ARGV[argi + 5]), ARGV[argi + 6] == '1'
-  argi = argi + 7
-end
-local plan = ARGV[argi]
-
-local out = {}
-local n_out = 0
-local max_time = 1125899906842624 -- 2^50 µs: see the reply above
-local function emit(outcome, remaining, reset, retry_or_delay)
-  if retry_or_delay > max_time then retry_or_delay = max_time end
-  out[n_out + 1], out[n_out + 2], out[n_out + 3] = remaining, reset, retry_or_delay * 4 + outcome
-  n_out = n_out + 3
-end
-
--- Whole numbers as text, each formatted once per call: expiry instants and the counts of
--- untouched buckets repeat across keys (number-to-string in Lua goes through "%.14g").
--- From 2^53 on, %d would go through a C long (and overflow at 2^63): 17 digits instead.
-local exact = 9007199254740992 -- 2^53
-local text_of = setmetatable({}, { __index = function(t, n)
-  local v = format(n < exact and '%d' or '%.17g', n)
-  t[n] = v
-  return v
-end })
-
 -- Writes: MSET arguments (key, value) and each key's expiry instant in ms.
 local set_args, set_at, n_set = {}, {}, 0
+local expiry_base = ceil(now / 1000) -- a state lasting d ms expires at expiry_base + d
+local format, pack_state = string.format, struct.pack
+
+-- Whole numbers as text, each formatted once per call: expiry instants and the counts of
+-- untouched buckets repeat across keys (Lua's own number-to-string goes through "%.14g";
+-- from 2^53 on, %d would go through a C long and overflow at 2^63: "%.17g" there).
+local text_of = {}
+local function whole(n)
+  local text = text_of[n]
+  if not text then
+    text = format(n < 9007199254740992 and '%d' or '%.17g', n)
+    text_of[n] = text
+  end
+  return text
+end
 
 -- Queues the write of counter k's state (a window that exists only gains `added`).
-local function write(k, algorithm, v1, v2, v3, lifetime, added_now)
+local function write(k, algorithm, v1, v2, v3, lifetime, added)
   local value
   if algorithm == 1 then
     if v3 == 1 then
-      redis.call('INCRBY', KEYS[k], text_of[added_now])
+      redis.call('INCRBY', KEYS[k], whole(added))
       return
     end
-    value = text_of[v1]
+    value = whole(v1)
   elseif algorithm == 2 then
-    value = format('%d:%d:%d', v1, v2, v3)
-  elseif algorithm == 3 then
-    if v1 % 1 == 0 then
-      value = text_of[v1] .. ':' .. text_of[v2]
-    else
-      -- Nine decimals, formatted as integers: about 0.6k instructions a write fewer than
-      -- "%.17g" (callgrind, bench/script_cost.sh with RATE=1).
-      local whole = floor(v1)
-      value = format('%d.%09d:%d', whole, floor((v1 - whole) * 1e9), v2)
-    end
+    value = pack_state('<Bddd', 58, v1, v2, v3)
   else
-    value = format('%d:%.17g', v1, v2)
+    value = pack_state('<Bdd', 58, v1, v2)
   end
   local i = n_set + 1
   set_args[2 * i - 1], set_args[2 * i], set_at[i], n_set = KEYS[k], value, expiry_base + lifetime, i
 end
 
--- An admitted check's new state, written once at the end of the call.
-local function keep(s, k, v1, v2, v3, lifetime)
-  local algorithm = algorithms[s]
-  if algorithm == 1 then added[k] = (added[k] or 0) + costs[s] end
-  stored[k], s1[k], s2[k], s3[k], dirty[k], ttl[k] = false, v1, v2, v3, algorithm, lifetime
+local call = ARGV[1]
+local n_counters, n_single, n_specs, p = struct.unpack('>HHH', call)
+
+-- Limit specs, seven numbers each: spec s starts at index 7 × s - 6.
+local spec = {}
+for base = 0, 7 * n_specs - 7, 7 do
+  spec[base + 1], spec[base + 2], spec[base + 3], spec[base + 4], spec[base + 5], spec[base + 6],
+    spec[base + 7], p = struct.unpack('>BdddddB', call, p)
 end
 
--- Per check of the current request (reused across requests).
-local specs, keys, locks, locked = {}, {}, {}, {}
-local admitted, delays, afters, befores, resets, retries = {}, {}, {}, {}, {}, {}
-local n1, n2, n3, ttls = {}, {}, {}, {}
-
--- A request of n checks whose numbers start at plan byte p: every check is evaluated
--- first, and the state is kept only when all of them admit. Returns the next plan byte.
-local function decide_staged(n, p)
-  local all_admitted = true
-  for i = 1, n do
-    local s_hi, s_lo, k_hi, k_lo, l_hi, l_lo = byte(plan, p, p + 5)
-    local s, k = s_hi * 256 + s_lo, k_hi * 256 + k_lo
-    p = p + 4
-    specs[i], keys[i], locks[i], locked[i] = s, k, false, false
-    if lockouts[s] > 0 then
-      locks[i] = l_hi * 256 + l_lo
-      p = p + 2
-      -- A lock lasts `lockout`; its key may outlive it by a millisecond (see fixed_window).
-      local left = lock_of(locks[i])
-      if left and left > lockouts[s] then left = lockouts[s] end
-      locked[i] = left
-    end
-    admitted[i], delays[i], afters[i], befores[i], resets[i], retries[i], n1[i], n2[i], n3[i], ttls[i] =
-      evaluators[algorithms[s]](k, stored[k], pa[s], pb[s], pc[s], costs[s])
-    if not shadows[s] and (locked[i] or not admitted[i]) then all_admitted = false end
+-- Counter keys: their stored text, read together (false when absent), and true once the
+-- live state has replaced it.
+local stored = {}
+do
+  local chunk = 1000 -- unpack() is bounded by Lua's C stack
+  if n_counters > 0 then stored = redis.call('MGET', unpack(KEYS, 1, min(chunk, n_counters))) end
+  for first = chunk + 1, n_counters, chunk do
+    local last = min(first + chunk - 1, n_counters)
+    local values = redis.call('MGET', unpack(KEYS, first, last))
+    for i = 1, last - first + 1 do stored[first + i - 1] = values[i] end
   end
-  for i = 1, n do
-    local s = specs[i]
-    if locked[i] then
-      emit(3, 0, locked[i], locked[i])
-    elseif not admitted[i] then
-      local retry, reset = retries[i], resets[i]
-      if locks[i] then
-        -- The lock now decides when the key is free again.
-        local lockout = lockouts[s]
-        redis.call('SET', KEYS[locks[i]], '1', 'PX', ms(lockout), 'NX')
-        lock_left[locks[i]] = ms(lockout) * 1000
-        retry, reset = max(retry, lockout), max(reset, lockout)
-      end
-      emit(2, befores[i], reset, retry)
-    elseif not all_admitted then
-      emit(0, befores[i], resets[i], 0)
-    else
-      keep(s, keys[i], n1[i], n2[i], n3[i], ttls[i])
-      emit(delays[i] > 0 and 1 or 0, afters[i], resets[i], delays[i])
-    end
-  end
-  return p
 end
 
-local p, plan_end = 1, #plan
+-- Multi-use counters: algorithm by key index once changed, the state's lifetime in ms, and
+-- for fixed windows the amount admitted in this call (INCRBY'd when the window existed).
+local dirty, ttl, added
+if n_single < n_counters then s1, s2, s3, dirty, ttl, added = {}, {}, {}, {}, {}, {} end
+
+local out, n_out = {}, 0
+local max_time = 1125899906842624 -- 2^50 µs: see the reply above
+
+-- Multi-check requests and lock-outs (made on first use): per check of the current
+-- request, its spec's start, key, lock key and live lock, and its evaluation; and per
+-- lock key, the microseconds left in its lock (false: none), read on first use.
+local specs, keys, locks, locked, admitted, delays, afters, befores, resets, retries, n1, n2, n3, ttls
+local lock_left
+
+-- The spec of the last one-check request, in locals (a batch usually has one spec).
+local current_spec, algorithm, a, b, c, cost, lockout = -1
+
+local plan_end = #call
 while p < plan_end do
-  local n_hi, n_lo, s_hi, s_lo, k_hi, k_lo = byte(plan, p, p + 5)
-  local n, s = n_hi * 256 + n_lo, s_hi * 256 + s_lo
-  if n == 1 and lockouts[s] == 0 then
+  local n_hi, n_lo, s_hi, s_lo, k_hi, k_lo = byte(call, p, p + 5)
+  local n, s = n_hi * 256 + n_lo, 7 * (s_hi * 256 + s_lo) - 6
+  if s ~= current_spec then
+    current_spec, algorithm, a, b, c, cost, lockout =
+      s, spec[s], spec[s + 1], spec[s + 2], spec[s + 3], spec[s + 4], spec[s + 5]
+  end
+  if n == 1 and lockout == 0 then
     -- One check without a lock-out (the common request): nothing to stage, and a key no
-    -- other check uses is written at once. keep() and emit() are written out here: in
-    -- Redis's Lua each function call costs about 1.4k instructions, on a decision of
-    -- about 27k (callgrind, token bucket, distinct keys).
+    -- other check uses is written at once.
     local k = k_hi * 256 + k_lo
     p = p + 6
-    local algorithm = algorithms[s]
     local ok, delay, after, before, reset, retry, v1, v2, v3, lifetime =
-      evaluators[algorithm](k, stored[k], pa[s], pb[s], pc[s], costs[s])
+      evaluators[algorithm](k, stored[k], a, b, c, cost)
     local o = n_out
     n_out = o + 3
     if not ok then
@@ -352,10 +312,10 @@ while p < plan_end do
       out[o + 1], out[o + 2], out[o + 3] = before, reset, retry * 4 + 2
     else
       if k <= n_single then
-        write(k, algorithm, v1, v2, v3, lifetime, costs[s])
+        write(k, algorithm, v1, v2, v3, lifetime, cost)
       else
-        if algorithm == 1 then added[k] = (added[k] or 0) + costs[s] end
-        stored[k], s1[k], s2[k], s3[k], dirty[k], ttl[k] = false, v1, v2, v3, algorithm, lifetime
+        if algorithm == 1 then added[k] = (added[k] or 0) + cost end
+        stored[k], s1[k], s2[k], s3[k], dirty[k], ttl[k] = true, v1, v2, v3, algorithm, lifetime
       end
       if delay > 0 then
         if delay > max_time then delay = max_time end
@@ -365,14 +325,76 @@ while p < plan_end do
       end
     end
   else
-    p = decide_staged(n, p + 2)
+    -- A request of n checks, or with a lock-out: every check is evaluated first, and the
+    -- state is kept only when all of them admit.
+    if not specs then
+      specs, keys, locks, locked, admitted, delays, afters, befores, resets, retries, n1, n2, n3, ttls =
+        {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+      lock_left = {}
+    end
+    p = p + 2
+    local all_admitted = true
+    for i = 1, n do
+      local c_hi, c_lo, ck_hi, ck_lo, l_hi, l_lo = byte(call, p, p + 5)
+      local cs, k = 7 * (c_hi * 256 + c_lo) - 6, ck_hi * 256 + ck_lo
+      p = p + 4
+      specs[i], keys[i], locks[i], locked[i] = cs, k, false, false
+      local check_lockout = spec[cs + 5]
+      if check_lockout > 0 then
+        local l = l_hi * 256 + l_lo
+        locks[i] = l
+        p = p + 2
+        local left = lock_left[l]
+        if left == nil then
+          local pttl = redis.call('PTTL', KEYS[l])
+          left = pttl > 0 and pttl * 1000
+          lock_left[l] = left
+        end
+        -- A lock lasts `lockout`; its key may outlive it by a millisecond (see fixed_window).
+        if left and left > check_lockout then left = check_lockout end
+        locked[i] = left
+      end
+      admitted[i], delays[i], afters[i], befores[i], resets[i], retries[i], n1[i], n2[i], n3[i], ttls[i] =
+        evaluators[spec[cs]](k, stored[k], spec[cs + 1], spec[cs + 2], spec[cs + 3], spec[cs + 4])
+      if spec[cs + 6] ~= 1 and (locked[i] or not admitted[i]) then all_admitted = false end
+    end
+    for i = 1, n do
+      local cs, o = specs[i], n_out
+      local outcome, remaining, reset, time_left
+      if locked[i] then
+        outcome, remaining, reset, time_left = 3, 0, locked[i], locked[i]
+      elseif not admitted[i] then
+        outcome, remaining, reset, time_left = 2, befores[i], resets[i], retries[i]
+        if locks[i] then
+          -- The lock now decides when the key is free again.
+          local check_lockout = spec[cs + 5]
+          local lock_ms = ceil(check_lockout / 1000)
+          redis.call('SET', KEYS[locks[i]], '1', 'PX', lock_ms, 'NX')
+          lock_left[locks[i]] = lock_ms * 1000
+          time_left, reset = max(time_left, check_lockout), max(reset, check_lockout)
+        end
+      elseif not all_admitted then
+        outcome, remaining, reset, time_left = 0, befores[i], resets[i], 0
+      else
+        local k, check_algorithm, check_cost = keys[i], spec[cs], spec[cs + 4]
+        if k <= n_single then
+          write(k, check_algorithm, n1[i], n2[i], n3[i], ttls[i], check_cost)
+        else
+          if check_algorithm == 1 then added[k] = (added[k] or 0) + check_cost end
+          stored[k], s1[k], s2[k], s3[k], dirty[k], ttl[k] = true, n1[i], n2[i], n3[i], check_algorithm, ttls[i]
+        end
+        outcome, remaining, reset, time_left = delays[i] > 0 and 1 or 0, afters[i], resets[i], delays[i]
+      end
+      if time_left > max_time then time_left = max_time end
+      out[o + 1], out[o + 2], out[o + 3], n_out = remaining, reset, time_left * 4 + outcome, o + 3
+    end
   end
 end
 
--- One write per changed counter.
-for k = 1, n_counters do
-  local algorithm = dirty[k]
-  if algorithm then write(k, algorithm, s1[k], s2[k], s3[k], ttl[k], added[k]) end
+-- One write per changed multi-use counter.
+for k = n_single + 1, n_counters do
+  local changed = dirty[k]
+  if changed then write(k, changed, s1[k], s2[k], s3[k], ttl[k], added[k]) end
 end
 do
   local chunk = 500 -- key-value pairs per MSET (unpack() is bounded by Lua's C stack)
@@ -381,7 +403,7 @@ do
     redis.call('MSET', unpack(set_args, 2 * first - 1, 2 * last))
   end
   for i = 1, n_set do
-    redis.call('PEXPIREAT', set_args[2 * i - 1], text_of[set_at[i]])
+    redis.call('PEXPIREAT', set_args[2 * i - 1], whole(set_at[i]))
   end
 end
 return out

@@ -2,7 +2,7 @@
 -- leaky-bucket request that left before its turn, or, on Redis Cluster, a limit decided in
 -- one slot when a limit in another slot refused the request.
 -- Mirrors algorithm::refund() in src/limit/algorithm.rs; the state encodings are those of
--- decide.lua.
+-- decide.lua (packed doubles after ':', or the text of earlier versions).
 -- KEYS[1]: the counter key. ARGV: algorithm (1 fixed, 2 sliding, 3 token, 4 leaky), a, b, c
 -- (as in decide.lua), cost.
 local time = redis.call('TIME')
@@ -16,23 +16,32 @@ if not stored then return 0 end
 local pttl = redis.call('PTTL', key)
 if pttl <= 0 then return 0 end
 
+-- The numbers of a sliding window (three) or a bucket (two).
+local function state(count)
+  if string.byte(stored) == 58 then
+    return struct.unpack(count == 3 and '<ddd' or '<dd', stored, 2)
+  end
+  local pattern = count == 3 and '^([^:]+):([^:]+):(.+)$' or '^([^:]+):(.+)$'
+  local x, y, z = string.match(stored, pattern)
+  return tonumber(x), tonumber(y), tonumber(z)
+end
+
 if algorithm == 1 then
   -- DECRBY keeps the key's expiry: the window does not move.
   redis.call('DECRBY', key, math.min(cost, tonumber(stored)))
 elseif algorithm == 2 then
-  local i, current, previous = string.match(stored, '^([^:]+):([^:]+):(.+)$')
-  if tonumber(i) == math.floor(now / b) then
-    local value = string.format('%d:%d:%d', tonumber(i), math.max(0, tonumber(current) - cost), tonumber(previous))
+  local i, current, previous = state(3)
+  if i == math.floor(now / b) then
+    local value = struct.pack('<Bddd', 58, i, math.max(0, current - cost), previous)
     redis.call('SET', key, value, 'PX', pttl)
   end
 elseif algorithm == 3 then
-  local tokens, updated = string.match(stored, '^([^:]+):(.+)$')
-  local value = string.format('%.17g:%d', math.min(c, tonumber(tokens) + cost), tonumber(updated))
-  redis.call('SET', key, value, 'PX', pttl)
+  local tokens, updated = state(2)
+  redis.call('SET', key, struct.pack('<Bdd', 58, math.min(c, tokens + cost), updated), 'PX', pttl)
 else
-  local tat, step = string.match(stored, '^([^:]+):(.+)$')
-  local new_tat = math.max(now, tonumber(tat) - cost * b / a)
-  local value = string.format('%d:%s', math.floor(new_tat + 0.5), step)
+  local tat, step = state(2)
+  local new_tat = math.max(now, tat - cost * b / a)
+  local value = struct.pack('<Bdd', 58, math.floor(new_tat + 0.5), step)
   redis.call('SET', key, value, 'PX', math.max(1, math.ceil((new_tat - now) / 1000)))
 end
 return 1
