@@ -556,9 +556,10 @@ async fn window_and_queue_states_written_as_text_are_still_read() {
     assert_eq!(state, [(tat + hour) as f64, step]);
 }
 
-/// A lock-out longer than the script's reply carries exactly (it caps times at 2^50 µs,
-/// about 35 years, so that 4 × time + outcome stays exact in a double): the refusal and the
-/// lock that follows it still come back as a refusal and a lock, with the capped time.
+/// Times longer than the script's reply carries exactly (it caps them at 2^50 µs, about 35
+/// years, so that 4 × reset + outcome stays exact in a double) still come back with the
+/// right outcome, and the capped time: a century-long lock-out's refusal and lock (a
+/// request with a lock-out), and a queue whose turn is a century away (a one-check request).
 #[tokio::test]
 async fn a_century_long_lockout_is_still_a_lockout() {
     let store = redis().await;
@@ -570,11 +571,26 @@ async fn a_century_long_lockout_is_still_a_lockout() {
     let longest = Duration::from_micros(1 << 50);
     let refused = store.one(&limit).await;
     assert_eq!(
-        (refused.outcome, refused.retry_after),
-        (Outcome::Rejected, longest)
+        (refused.outcome, refused.retry_after, refused.reset),
+        (Outcome::Rejected, longest, longest)
     );
     let locked = store.one(&limit).await;
-    assert_eq!((locked.outcome, locked.retry_after), (Outcome::Locked, longest));
+    assert_eq!(
+        (locked.outcome, locked.retry_after, locked.reset),
+        (Outcome::Locked, longest, longest)
+    );
+
+    let queue = check(
+        "century-queue",
+        Algorithm::LeakyBucket {
+            rate: 1.0,
+            per: century,
+            burst: 1,
+        },
+    );
+    assert_eq!(store.one(&queue).await.outcome, Outcome::Allowed);
+    let held = store.one(&queue).await;
+    assert_eq!((held.outcome, held.reset), (Outcome::Delayed(longest), longest));
 }
 
 /// Calls of more keys than one `MGET` (1,000) or one `MSET` (500 pairs) carries: requests

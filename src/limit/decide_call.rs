@@ -18,9 +18,6 @@ use redis::Cmd;
 
 use super::{Algorithm, LimitCheck, LimitDecision, MAX_LIMITS_PER_ROUTE, Outcome};
 
-/// Values the script returns per check: remaining, reset, and 4 × time + outcome.
-const FIELDS_PER_CHECK: usize = 3;
-
 /// The largest number the plan can carry (two bytes): key indexes, spec indexes and
 /// checks per request. The gateway stays far below it: a batch is at most
 /// [`super::group_commit::MAX_BATCH`] requests of at most [`MAX_LIMITS_PER_ROUTE`] checks,
@@ -193,38 +190,36 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
 
 /// Splits the script's reply into each request's decisions; `None` when the reply does
 /// not have the shape the requests call for.
+///
+/// Per check the reply holds remaining, 4 × reset + outcome, and, unless the check was
+/// allowed, the time: the delay of a delayed request, the retry time of a refused one.
 pub(crate) fn decisions(requests: &[&[LimitCheck]], values: &[i64]) -> Option<Vec<Vec<LimitDecision>>> {
-    let total: usize = requests.iter().map(|checks| checks.len()).sum();
-    if values.len() != total * FIELDS_PER_CHECK {
-        return None;
-    }
-    let mut decisions = values.chunks_exact(FIELDS_PER_CHECK).map(decision);
-    Some(
-        requests
-            .iter()
-            .map(|checks| decisions.by_ref().take(checks.len()).collect())
-            .collect(),
-    )
-}
-
-fn decision(fields: &[i64]) -> LimitDecision {
-    let count = |v: i64| u64::try_from(v).unwrap_or(0);
-    // The last field is 4 × time + outcome; the time is the delay of a delayed request,
-    // the retry time of a refused one.
-    let packed = count(fields[2]);
-    let time = Duration::from_micros(packed >> 2);
-    let (outcome, retry_after) = match packed & 3 {
-        0 => (Outcome::Allowed, Duration::ZERO),
-        1 => (Outcome::Delayed(time), Duration::ZERO),
-        3 => (Outcome::Locked, time),
-        _ => (Outcome::Rejected, time),
+    let mut values = values.iter().map(|&v| u64::try_from(v).unwrap_or(0));
+    let mut next_decision = || {
+        let remaining = values.next()?;
+        let packed = values.next()?;
+        let reset = Duration::from_micros(packed >> 2);
+        let (outcome, retry_after) = match packed & 3 {
+            0 => (Outcome::Allowed, Duration::ZERO),
+            1 => (
+                Outcome::Delayed(Duration::from_micros(values.next()?)),
+                Duration::ZERO,
+            ),
+            2 => (Outcome::Rejected, Duration::from_micros(values.next()?)),
+            _ => (Outcome::Locked, Duration::from_micros(values.next()?)),
+        };
+        Some(LimitDecision {
+            outcome,
+            remaining,
+            reset,
+            retry_after,
+        })
     };
-    LimitDecision {
-        outcome,
-        remaining: count(fields[0]),
-        reset: Duration::from_micros(count(fields[1])),
-        retry_after,
-    }
+    let decided = requests
+        .iter()
+        .map(|checks| checks.iter().map(|_| next_decision()).collect())
+        .collect::<Option<Vec<Vec<LimitDecision>>>>()?;
+    values.next().is_none().then_some(decided)
 }
 
 #[cfg(test)]
@@ -337,8 +332,8 @@ mod tests {
     fn replies_are_split_per_request() {
         let a = [check("a", None, 1)];
         let b = [check("b", None, 1), check("c", None, 1)];
-        // remaining, reset, 4 × time + outcome
-        let values = [9, 100, 0, 0, 100, 50 * 4 + 2, 3, 40, 40 * 4 + 1];
+        // remaining, 4 × reset + outcome, and the time unless allowed
+        let values = [9, 100 * 4, 0, 100 * 4 + 2, 50, 3, 40 * 4 + 1, 40];
         let split = decisions(&[&a, &b], &values).unwrap();
         assert_eq!(split.len(), 2);
         assert_eq!(split[0][0].outcome, Outcome::Allowed);
@@ -346,18 +341,23 @@ mod tests {
         assert_eq!(split[0][0].reset, Duration::from_micros(100));
         assert_eq!(split[1][0].outcome, Outcome::Rejected);
         assert_eq!(split[1][0].retry_after, Duration::from_micros(50));
+        assert_eq!(split[1][0].reset, Duration::from_micros(100));
         assert_eq!(split[1][1].outcome, Outcome::Delayed(Duration::from_micros(40)));
         assert_eq!(split[1][1].retry_after, Duration::ZERO);
-        assert!(decisions(&[&a, &b], &values[..6]).is_none());
+        assert_eq!(split[1][1].reset, Duration::from_micros(40));
+        // A value short, or one too many: not this batch's reply.
+        assert!(decisions(&[&a, &b], &values[..7]).is_none());
+        assert!(decisions(&[&a, &b], &[values.as_slice(), &[0]].concat()).is_none());
+        assert!(decisions(&[&a], &values).is_none());
     }
 
     #[test]
-    fn a_locked_check_and_the_longest_time_decode_exactly() {
+    fn a_locked_check_and_the_longest_reset_decode_exactly() {
         let a = [check("a", Some("l"), 1)];
         let longest: i64 = 1 << 50;
-        let split = decisions(&[&a], &[0, 7, longest * 4 + 3]).unwrap();
+        let split = decisions(&[&a], &[0, longest * 4 + 3, 7]).unwrap();
         assert_eq!(split[0][0].outcome, Outcome::Locked);
-        assert_eq!(split[0][0].retry_after, Duration::from_micros(1 << 50));
-        assert_eq!(split[0][0].reset, Duration::from_micros(7));
+        assert_eq!(split[0][0].reset, Duration::from_micros(1 << 50));
+        assert_eq!(split[0][0].retry_after, Duration::from_micros(7));
     }
 }

@@ -16,11 +16,11 @@
 --   One binary string, not decimal arguments: Redis turns every argument into a string
 --   object and a Lua string, and tonumber() parses each with strtod, about 0.8k
 --   instructions a number: more than the decision itself (callgrind, bench/script_cost.sh).
--- Returns, per check in order: remaining, reset_us, and 4 × time + outcome, where outcome
---   is 0 allowed, 1 delayed, 2 rejected, 3 locked, and time is retry_after_us (rejected,
---   locked) or delay_us (delayed), at most 2^50 µs (35 years) so that the sum stays exact
---   in a Lua double. Three reply integers per check instead of four: each costs Redis a
---   reply element and the gateway a parse.
+-- Returns, per check in order: remaining, 4 × reset_us + outcome, and then, unless the
+--   outcome is 0 (allowed), the time: delay_us (1 delayed) or retry_after_us (2 rejected, 3
+--   locked). Times are capped at 2^50 µs (35 years), so that 4 × reset + outcome stays
+--   exact in a Lua double. Two reply integers for an admitted check instead of four: each
+--   costs Redis a reply element and the gateway a parse.
 -- Time comes from Redis TIME only, in microseconds (exact in a Lua double).
 --
 -- Each key is read once per call (one MGET for every counter key; PTTL where a window or
@@ -305,11 +305,11 @@ while p < plan_end do
     p = p + 6
     local ok, delay, after, before, reset, retry, v1, v2, v3, lifetime =
       evaluators[algorithm](k, stored[k], a, b, c, cost)
+    if reset > max_time then reset = max_time end
     local o = n_out
-    n_out = o + 3
     if not ok then
       if retry > max_time then retry = max_time end
-      out[o + 1], out[o + 2], out[o + 3] = before, reset, retry * 4 + 2
+      out[o + 1], out[o + 2], out[o + 3], n_out = before, reset * 4 + 2, retry, o + 3
     else
       if k <= n_single then
         write(k, algorithm, v1, v2, v3, lifetime, cost)
@@ -319,9 +319,9 @@ while p < plan_end do
       end
       if delay > 0 then
         if delay > max_time then delay = max_time end
-        out[o + 1], out[o + 2], out[o + 3] = after, reset, delay * 4 + 1
+        out[o + 1], out[o + 2], out[o + 3], n_out = after, reset * 4 + 1, delay, o + 3
       else
-        out[o + 1], out[o + 2], out[o + 3] = after, reset, 0
+        out[o + 1], out[o + 2], n_out = after, reset * 4, o + 2
       end
     end
   else
@@ -385,8 +385,13 @@ while p < plan_end do
         end
         outcome, remaining, reset, time_left = delays[i] > 0 and 1 or 0, afters[i], resets[i], delays[i]
       end
-      if time_left > max_time then time_left = max_time end
-      out[o + 1], out[o + 2], out[o + 3], n_out = remaining, reset, time_left * 4 + outcome, o + 3
+      if reset > max_time then reset = max_time end
+      if outcome == 0 then
+        out[o + 1], out[o + 2], n_out = remaining, reset * 4, o + 2
+      else
+        if time_left > max_time then time_left = max_time end
+        out[o + 1], out[o + 2], out[o + 3], n_out = remaining, reset * 4 + outcome, time_left, o + 3
+      end
     end
   end
 end
