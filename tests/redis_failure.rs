@@ -6,10 +6,14 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis_server::RedisServer;
 use common::{TestGateway, Upstream, get};
+use floodgate::config::RedisTarget;
+use floodgate::limit::redis::{RedisStore, StoreError};
+use floodgate::limit::{Algorithm, LimitCheck};
 use http::StatusCode;
 
 async fn start_redis() -> RedisServer {
@@ -127,6 +131,62 @@ async fn a_hung_redis_costs_the_timeout_until_the_breaker_opens_then_nothing() {
         back_after < Duration::from_secs(2),
         "back on redis after {back_after:?}"
     );
+}
+
+/// Requests queued behind calls that a hung Redis never answers still fail by their own
+/// deadline, not a call's deadline later: one request makes the first call, 40 more a
+/// second, pipelined call, and the last 10 wait for a call to come back (two are in
+/// flight). Those last would wait about 590 ms if a call's deadline counted from when it
+/// was sent; each request's deadline is 300 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_queued_behind_a_hung_redis_wait_no_longer_than_their_deadline() {
+    let redis = start_redis().await;
+    let deadline = Duration::from_millis(300);
+    let store = RedisStore::connect(&RedisTarget::Url(redis.url()), deadline)
+        .await
+        .expect("connect");
+    let store = Arc::new(store);
+    let check = LimitCheck {
+        key: "fg:{198.51.100.7}:l:tb".to_owned(),
+        algorithm: Algorithm::TokenBucket {
+            rate: 1000.0,
+            per: 1_000_000,
+            burst: 1000,
+        },
+        lockout: None,
+        cost: 1,
+        shadow: false,
+    };
+    redis.pause();
+    let mut requests = Vec::new();
+    for wave in [1, 40, 10] {
+        for _ in 0..wave {
+            let (store, check) = (store.clone(), check.clone());
+            requests.push(tokio::spawn(async move {
+                let started = Instant::now();
+                let answer = store.decide(&[check]).await;
+                (started.elapsed(), answer)
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for request in requests {
+        let (waited, answer) = request.await.unwrap();
+        // Our deadline, or the connection's response timeout (the same 300 ms from when a
+        // call is sent) when that comes first.
+        let timed_out = match &answer {
+            Err(StoreError::Timeout(_)) => true,
+            Err(StoreError::Redis(error)) => error.is_timeout(),
+            _ => false,
+        };
+        assert!(timed_out, "{answer:?}");
+        // 100 ms for a loaded machine and a debug build.
+        assert!(
+            waited < deadline + Duration::from_millis(100),
+            "waited {waited:?}"
+        );
+    }
+    redis.resume();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

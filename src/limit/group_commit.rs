@@ -10,9 +10,16 @@
 //! it is not, calls stay large instead of splitting the same load into twice as many
 //! (each call costs Redis and the gateway a fixed overhead). Redis runs the calls in the
 //! order sent, each atomically.
+//!
+//! Each request carries its deadline, and the call that carries it must answer by the
+//! earliest deadline in it: one timer per call, not one per request. A request never waits
+//! longer than its own deadline, because the calls ahead of it end by deadlines earlier
+//! than its own.
 
 use std::future::Future;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -31,6 +38,8 @@ const PIPELINE_MIN: usize = 32;
 /// One request's checks waiting for the next call.
 pub(crate) struct Pending {
     pub checks: Vec<LimitCheck>,
+    /// When the request stops waiting: it is answered by then, decided or not.
+    pub deadline: Instant,
     pub reply: oneshot::Sender<Result<Vec<LimitDecision>, StoreError>>,
 }
 
@@ -40,8 +49,9 @@ pub(crate) struct GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts the dispatcher: `run` decides one batch and answers every request in it.
-    /// When the `GroupCommit` is dropped, the dispatcher decides what is queued and ends.
+    /// Starts the dispatcher: `run` decides one batch and answers every request in it, each
+    /// by its deadline. When the `GroupCommit` is dropped, the dispatcher decides what is
+    /// queued and ends.
     pub(crate) fn start<F, Fut>(run: F) -> Self
     where
         F: Fn(Vec<Pending>) -> Fut + Send + 'static,
@@ -85,24 +95,23 @@ impl GroupCommit {
         GroupCommit { queue }
     }
 
-    /// Queues `checks` for the next call and waits for its decisions, at most `deadline`.
+    /// Queues `checks` for the next call and waits for its decisions, at most `timeout`:
+    /// `run` answers every request by its deadline (or drops it, answered as not
+    /// connected).
     pub(crate) async fn submit(
         &self,
         checks: &[LimitCheck],
-        deadline: Duration,
+        timeout: Duration,
     ) -> Result<Vec<LimitDecision>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.queue
             .send(Pending {
                 checks: checks.to_vec(),
+                deadline: Instant::now() + timeout,
                 reply,
             })
             .map_err(|_| StoreError::NotConnected)?;
-        match tokio::time::timeout(deadline, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(StoreError::NotConnected),
-            Err(_) => Err(StoreError::Timeout(deadline)),
-        }
+        answer.await.unwrap_or(Err(StoreError::NotConnected))
     }
 }
 
@@ -191,6 +200,7 @@ mod tests {
             .queue
             .send(Pending {
                 checks: Vec::new(),
+                deadline: Instant::now() + Duration::from_secs(5),
                 reply,
             })
             .unwrap();

@@ -263,10 +263,18 @@ impl Shared {
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        let timeout = self.timeout;
-        Ok(tokio::time::timeout(timeout, call)
+        self.by(tokio::time::Instant::now() + self.timeout, call).await
+    }
+
+    /// `call`'s answer, unless `deadline` comes first.
+    async fn by<T>(
+        &self,
+        deadline: tokio::time::Instant,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        Ok(tokio::time::timeout_at(deadline, call)
             .await
-            .map_err(|_| StoreError::Timeout(timeout))??)
+            .map_err(|_| StoreError::Timeout(self.timeout))??)
     }
 
     /// One script call for `checks`, atomic and all-or-nothing.
@@ -275,27 +283,30 @@ impl Shared {
         connection: &mut Connection,
         checks: &[LimitCheck],
     ) -> Result<Vec<LimitDecision>, StoreError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
         Ok(self
-            .decide_requests(connection, &[checks])
+            .decide_requests(connection, &[checks], deadline)
             .await?
             .pop()
             .unwrap_or_default())
     }
 
-    /// One script call deciding several requests, each atomic and all-or-nothing. The
-    /// script is loaded (`SCRIPT LOAD`) when Redis does not know it, e.g. after a restart.
+    /// One script call deciding several requests, each atomic and all-or-nothing, answered
+    /// by `deadline`. The script is loaded (`SCRIPT LOAD`) when Redis does not know it, e.g.
+    /// after a restart.
     async fn decide_requests(
         &self,
         connection: &mut Connection,
         requests: &[&[LimitCheck]],
+        deadline: tokio::time::Instant,
     ) -> Result<Vec<Vec<LimitDecision>>, StoreError> {
         let call = decide_call::command(self.decide.get_hash(), requests)
             .map_err(|decide_call::Oversized(n)| StoreError::Oversized(n))?;
-        let values: Vec<i64> = match self.within_deadline(call.query_async(connection)).await {
+        let values: Vec<i64> = match self.by(deadline, call.query_async(connection)).await {
             Err(StoreError::Redis(error)) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.within_deadline(self.decide.prepare_invoke().load_async(connection))
+                self.by(deadline, self.decide.prepare_invoke().load_async(connection))
                     .await?;
-                self.within_deadline(call.query_async(connection)).await?
+                self.by(deadline, call.query_async(connection)).await?
             }
             answer => answer?,
         };
@@ -310,10 +321,19 @@ impl Shared {
 /// answered with its own decisions (or the call's error).
 async fn decide_batch(shared: Weak<Shared>, batch: Vec<Pending>) {
     let Some(shared) = shared.upgrade() else { return };
+    // A request whose deadline passed while it waited for a call is answered, not decided.
+    let now = tokio::time::Instant::now();
+    let (batch, expired): (Vec<Pending>, Vec<Pending>) = batch.into_iter().partition(|p| p.deadline > now);
+    for pending in expired {
+        let _ = pending.reply.send(Err(StoreError::Timeout(shared.timeout)));
+    }
+    let Some(deadline) = batch.iter().map(|pending| pending.deadline).min() else {
+        return;
+    };
     let result = match shared.connection.load().as_deref().cloned() {
         Some(mut connection) => {
             let requests: Vec<&[LimitCheck]> = batch.iter().map(|p| p.checks.as_slice()).collect();
-            shared.decide_requests(&mut connection, &requests).await
+            shared.decide_requests(&mut connection, &requests, deadline).await
         }
         None => Err(StoreError::NotConnected),
     };
