@@ -97,15 +97,30 @@ struct Interner<'a> {
     index: HashMap<&'a str, usize>,
     /// Per key, in first-seen order: the key and how many checks use it.
     order: Vec<(&'a str, usize)>,
+    /// The key interned last and its position: a busy client's requests come in runs, and
+    /// comparing with the last key is cheaper than hashing.
+    last: Option<(&'a str, usize)>,
 }
 
 impl<'a> Interner<'a> {
+    fn with_capacity(keys: usize) -> Self {
+        Interner {
+            index: HashMap::with_capacity(keys),
+            order: Vec::with_capacity(keys),
+            last: None,
+        }
+    }
+
     /// The key's position in first-seen order (from 0).
     fn intern(&mut self, key: &'a str) -> usize {
-        let position = *self.index.entry(key).or_insert_with(|| {
-            self.order.push((key, 0));
-            self.order.len() - 1
-        });
+        let position = match self.last {
+            Some((last, position)) if last == key => position,
+            _ => *self.index.entry(key).or_insert_with(|| {
+                self.order.push((key, 0));
+                self.order.len() - 1
+            }),
+        };
+        self.last = Some((key, position));
         self.order[position].1 += 1;
         position
     }
@@ -117,11 +132,12 @@ impl<'a> Interner<'a> {
 /// first: the script writes those at once instead of keeping their state for later
 /// checks. Lock keys are numbered after the counters.
 pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<Cmd, Oversized> {
-    let mut counters = Interner::default();
+    let total: usize = requests.iter().map(|checks| checks.len()).sum();
+    let mut counters = Interner::with_capacity(total);
     let mut locks = Interner::default();
     let mut specs: Vec<Spec> = Vec::new();
     // Per check: spec (from 1), counter and lock (positions in first-seen order).
-    let mut checks: Vec<(usize, usize, Option<usize>)> = Vec::new();
+    let mut checks: Vec<(usize, usize, Option<usize>)> = Vec::with_capacity(total);
     for check in requests.iter().flat_map(|checks| checks.iter()) {
         let spec = Spec::of(check);
         let spec_index = match specs.iter().position(|known| *known == spec) {
@@ -179,8 +195,13 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
         }
     }
 
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script_hash).arg(keys.len());
+    let data = "EVALSHA".len()
+        + script_hash.len()
+        + 5
+        + keys.iter().map(|key| key.len()).sum::<usize>()
+        + call.len();
+    let mut cmd = Cmd::with_capacity(4 + keys.len(), data);
+    cmd.arg("EVALSHA").arg(script_hash).arg(keys.len());
     for key in &keys {
         cmd.arg(*key);
     }
@@ -317,6 +338,18 @@ mod tests {
             1, 2, 3, // spec 2 key 3 (k:b)
         ];
         assert_eq!(call.plan, expected_plan);
+    }
+
+    #[test]
+    fn a_run_of_one_key_is_numbered_once_and_counted_per_use() {
+        let x = [check("k:x", None, 1)];
+        let y = [check("k:y", None, 1)];
+        let cmd = command("sha", &[&x, &x, &y, &x]).unwrap();
+        let (text, call) = args(&cmd);
+        assert_eq!(text, ["EVALSHA", "sha", "2", "k:y", "k:x"]);
+        // k:y used once comes first; k:x, used three times, after it
+        assert_eq!(call.counts, [2, 1, 1]);
+        assert_eq!(call.plan, [1, 1, 2, 1, 1, 2, 1, 1, 1, 1, 1, 2]);
     }
 
     #[test]
