@@ -212,10 +212,18 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
 /// Splits the script's reply into each request's decisions; `None` when the reply does
 /// not have the shape the requests call for.
 ///
-/// Per check the reply holds remaining, 4 × reset + outcome, and, unless the check was
-/// allowed, the time: the delay of a delayed request, the retry time of a refused one.
-pub(crate) fn decisions(requests: &[&[LimitCheck]], values: &[i64]) -> Option<Vec<Vec<LimitDecision>>> {
-    let mut values = values.iter().map(|&v| u64::try_from(v).unwrap_or(0));
+/// The reply is little-endian doubles, per check: remaining, 4 × reset + outcome, and,
+/// unless the check was allowed, the time: the delay of a delayed request, the retry time
+/// of a refused one. Every number is a whole count or microseconds but remaining, a token
+/// count, which is truncated to whole tokens.
+pub(crate) fn decisions(requests: &[&[LimitCheck]], reply: &[u8]) -> Option<Vec<Vec<LimitDecision>>> {
+    if !reply.len().is_multiple_of(8) {
+        return None;
+    }
+    // `as` saturates: a negative or NaN number would read as 0, never wrap.
+    let mut values = reply
+        .chunks_exact(8)
+        .map(|bytes| f64::from_le_bytes(bytes.try_into().expect("eight bytes")) as u64);
     let mut next_decision = || {
         let remaining = values.next()?;
         let packed = values.next()?;
@@ -361,13 +369,27 @@ mod tests {
         assert!(command("sha", &requests[..PLAN_MAX]).is_ok());
     }
 
+    /// The script's reply: `values` as little-endian doubles.
+    fn reply(values: &[f64]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
     #[test]
     fn replies_are_split_per_request() {
         let a = [check("a", None, 1)];
         let b = [check("b", None, 1), check("c", None, 1)];
         // remaining, 4 × reset + outcome, and the time unless allowed
-        let values = [9, 100 * 4, 0, 100 * 4 + 2, 50, 3, 40 * 4 + 1, 40];
-        let split = decisions(&[&a, &b], &values).unwrap();
+        let values = [
+            9.75,
+            100.0 * 4.0,
+            0.0,
+            100.0 * 4.0 + 2.0,
+            50.0,
+            3.0,
+            40.0 * 4.0 + 1.0,
+            40.0,
+        ];
+        let split = decisions(&[&a, &b], &reply(&values)).unwrap();
         assert_eq!(split.len(), 2);
         assert_eq!(split[0][0].outcome, Outcome::Allowed);
         assert_eq!(split[0][0].remaining, 9);
@@ -378,17 +400,18 @@ mod tests {
         assert_eq!(split[1][1].outcome, Outcome::Delayed(Duration::from_micros(40)));
         assert_eq!(split[1][1].retry_after, Duration::ZERO);
         assert_eq!(split[1][1].reset, Duration::from_micros(40));
-        // A value short, or one too many: not this batch's reply.
-        assert!(decisions(&[&a, &b], &values[..7]).is_none());
-        assert!(decisions(&[&a, &b], &[values.as_slice(), &[0]].concat()).is_none());
-        assert!(decisions(&[&a], &values).is_none());
+        // A number short, one too many, or a broken number: not this batch's reply.
+        assert!(decisions(&[&a, &b], &reply(&values[..7])).is_none());
+        assert!(decisions(&[&a, &b], &reply(&[values.as_slice(), &[0.0]].concat())).is_none());
+        assert!(decisions(&[&a], &reply(&values)).is_none());
+        assert!(decisions(&[&a, &b], &reply(&values)[1..]).is_none());
     }
 
     #[test]
     fn a_locked_check_and_the_longest_reset_decode_exactly() {
         let a = [check("a", Some("l"), 1)];
-        let longest: i64 = 1 << 50;
-        let split = decisions(&[&a], &[0, longest * 4 + 3, 7]).unwrap();
+        let longest = (1u64 << 50) as f64;
+        let split = decisions(&[&a], &reply(&[0.0, longest * 4.0 + 3.0, 7.0])).unwrap();
         assert_eq!(split[0][0].outcome, Outcome::Locked);
         assert_eq!(split[0][0].reset, Duration::from_micros(1 << 50));
         assert_eq!(split[0][0].retry_after, Duration::from_micros(7));

@@ -47,7 +47,7 @@ pub enum StoreError {
     NotConnected,
     #[error("redis is failing; not asked during the breaker's cool-down")]
     BreakerOpen,
-    #[error("redis answered {got} values for {checks} checks")]
+    #[error("redis answered {got} bytes for {checks} checks")]
     Malformed { got: usize, checks: usize },
     #[error(
         "one script call cannot number {0} keys, limits or checks (at most {max})",
@@ -302,7 +302,7 @@ impl Shared {
     ) -> Result<Vec<Vec<LimitDecision>>, StoreError> {
         let call = decide_call::command(self.decide.get_hash(), requests)
             .map_err(|decide_call::Oversized(n)| StoreError::Oversized(n))?;
-        let values: Vec<i64> = match self.by(deadline, call.query_async(connection)).await {
+        let reply: Vec<u8> = match self.by(deadline, call.query_async(connection)).await {
             Err(StoreError::Redis(error)) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.by(deadline, self.decide.prepare_invoke().load_async(connection))
                     .await?;
@@ -310,8 +310,8 @@ impl Shared {
             }
             answer => answer?,
         };
-        decide_call::decisions(requests, &values).ok_or_else(|| StoreError::Malformed {
-            got: values.len(),
+        decide_call::decisions(requests, &reply).ok_or_else(|| StoreError::Malformed {
+            got: reply.len(),
             checks: requests.iter().map(|checks| checks.len()).sum(),
         })
     }
