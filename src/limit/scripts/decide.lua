@@ -35,13 +35,14 @@
 -- decided one call each. Expiry instants are the call's TIME plus the state's lifetime,
 -- rounded up to the millisecond.
 --
--- What a call costs before its first decision is written down too: every function and
--- table made here is made again on every call, and Lua's garbage collector then sweeps
--- it. So there are six functions, each made before the locals it does not use (finding
--- a captured local walks the list of those captured before it), the tables of multi-use
--- keys, locks and multi-check requests are made only by calls that have them, and the
--- common request (one check, no lock-out) is decided without any function call beyond its
--- algorithm's.
+-- What a call costs before its first decision counts too: every function and table made
+-- here is made again on every call, and Lua's garbage collector then sweeps it. So there
+-- are seven functions (the four algorithms, bucket_state, whole and write), each made
+-- before the locals it does not capture (finding a captured local walks the list of those
+-- captured before it), the tables of multi-use keys, locks and multi-check requests are
+-- made only by calls that have them, and the common request (one check, no lock-out)
+-- calls no function of ours but its algorithm (and a bucket's bucket_state) and, for a key
+-- no other check uses, write.
 --
 -- Stored state: fixed_window is a plain counter (written when its window starts, INCRBY
 -- after); the others are ':' and then their numbers as little-endian doubles, exact:
@@ -51,7 +52,8 @@
 -- (callgrind, bench/script_cost.sh with RATE=1). Earlier versions wrote text, which is
 -- still read: "index:current:previous", "tokens:updated", "tat:step", each at least 18
 -- bytes long and never starting with ':'. An earlier version reading a packed state finds
--- no match and starts the key afresh, so a rolling upgrade never fails a call.
+-- no match and starts the key afresh, so a rolling upgrade never fails a decision (its
+-- refund.lua does fail on packed state: that give-back is lost, and logged).
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -141,18 +143,19 @@ local function sliding_window(k, text, limit, window, _, cost)
     ceil((2 * window - into) / 1000)
 end
 
+-- A bucket's two numbers from its stored text or live state (nil: no state): tokens and
+-- updated, or tat and step. One function for both buckets costs a call, about 0.3k
+-- instructions a decision (callgrind, bench/script_cost.sh).
+local function bucket_state(k, text)
+  if text == true then return s1[k], s2[k] end
+  if not text then return nil end
+  if #text == 17 then return unpack_state('<dd', text, 2) end
+  local x, y = match(text, '^([^:]+):(.+)$')
+  return tonumber(x), tonumber(y)
+end
+
 local function token_bucket(k, text, rate, per, burst, cost)
-  local saved, updated
-  if text == true then
-    saved, updated = s1[k], s2[k]
-  elseif text then
-    if #text == 17 then
-      saved, updated = unpack_state('<dd', text, 2)
-    else
-      local t, u = match(text, '^([^:]+):(.+)$')
-      saved, updated = tonumber(t), tonumber(u)
-    end
-  end
+  local saved, updated = bucket_state(k, text)
   -- Written without min/max/floor calls: this runs for nearly every decision. The counts
   -- returned are never negative, so the gateway's truncation to whole counts floors them.
   local step = per / rate
@@ -177,17 +180,7 @@ local function token_bucket(k, text, rate, per, burst, cost)
 end
 
 local function leaky_bucket(k, text, rate, per, burst, cost)
-  local saved_tat, saved_step
-  if text == true then
-    saved_tat, saved_step = s1[k], s2[k]
-  elseif text then
-    if #text == 17 then
-      saved_tat, saved_step = unpack_state('<dd', text, 2)
-    else
-      local t, s = match(text, '^([^:]+):(.+)$')
-      saved_tat, saved_step = tonumber(t), tonumber(s)
-    end
-  end
+  local saved_tat, saved_step = bucket_state(k, text)
   local step = per / rate
   local depth = burst * step
   local tat = now
@@ -222,9 +215,9 @@ local set_args, set_at, n_set = {}, {}, 0
 local expiry_base = ceil(now / 1000) -- a state lasting d ms expires at expiry_base + d
 local format, pack_state = string.format, struct.pack
 
--- Whole numbers as text, each formatted once per call: expiry instants and the counts of
--- untouched buckets repeat across keys (Lua's own number-to-string goes through "%.14g";
--- from 2^53 on, %d would go through a C long and overflow at 2^63: "%.17g" there).
+-- Whole numbers as text, each formatted once per call: expiry instants and fixed-window
+-- counts repeat across keys (Lua's own number-to-string goes through "%.14g"; from 2^53
+-- on, %d would go through a C long and overflow at 2^63: "%.17g" there).
 local text_of = {}
 local function whole(n)
   local text = text_of[n]
