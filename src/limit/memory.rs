@@ -143,7 +143,7 @@ impl MemoryStore {
                     true,
                 ),
             };
-            let slot = slot_of(&key);
+            let slot = slot_of(key);
             let shard = MemoryStore::shard_of(slot);
             let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == shard) else {
                 continue;

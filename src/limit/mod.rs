@@ -78,31 +78,30 @@ pub struct LimitDecision {
 /// `stored(key)` reads a counter's live state, `lock_left(key)` the time left in a live
 /// lock. Returns the decisions and the writes to apply: counter states when everything
 /// was admitted, new locks otherwise. Both stores run exactly this.
-pub(crate) fn decide_all(
-    checks: &[LimitCheck],
+pub(crate) fn decide_all<'a>(
+    checks: &'a [LimitCheck],
     now: u64,
     mut stored: impl FnMut(&str) -> Option<algorithm::State>,
     mut lock_left: impl FnMut(&str) -> Option<u64>,
-) -> (Vec<LimitDecision>, Vec<Write>) {
-    let locks: Vec<Option<u64>> = checks
+) -> (Vec<LimitDecision>, Vec<Write<'a>>) {
+    // Per check: the time left in its live lock, and its evaluation.
+    let evaluated: Vec<(Option<u64>, algorithm::Evaluation)> = checks
         .iter()
-        .map(|check| check.lockout.as_ref().and_then(|(lock, _)| lock_left(lock)))
-        .collect();
-    let evaluations: Vec<algorithm::Evaluation> = checks
-        .iter()
-        .map(|check| algorithm::evaluate(&check.algorithm, stored(&check.key), check.cost, now))
+        .map(|check| {
+            let lock = check.lockout.as_ref().and_then(|(lock, _)| lock_left(lock));
+            let evaluation = algorithm::evaluate(&check.algorithm, stored(&check.key), check.cost, now);
+            (lock, evaluation)
+        })
         .collect();
     let admitted = checks
         .iter()
-        .zip(&locks)
-        .zip(&evaluations)
-        .all(|((check, lock), evaluation)| check.shadow || (lock.is_none() && evaluation.admitted));
+        .zip(&evaluated)
+        .all(|(check, (lock, evaluation))| check.shadow || (lock.is_none() && evaluation.admitted));
     let mut writes = Vec::new();
     let decisions = checks
         .iter()
-        .zip(&evaluations)
-        .zip(&locks)
-        .map(|((check, evaluation), lock)| {
+        .zip(&evaluated)
+        .map(|(check, (lock, evaluation))| {
             let micros = Duration::from_micros;
             if let Some(left) = *lock {
                 return LimitDecision {
@@ -117,7 +116,7 @@ pub(crate) fn decide_all(
                 let mut reset = evaluation.reset;
                 if let Some((lock, penalty)) = &check.lockout {
                     writes.push(Write::Lock {
-                        key: lock.clone(),
+                        key: lock,
                         ttl: *penalty,
                     });
                     // The lock now decides when the key is free again.
@@ -140,7 +139,7 @@ pub(crate) fn decide_all(
                 };
             }
             writes.push(Write::State {
-                key: check.key.clone(),
+                key: &check.key,
                 state: evaluation.new_state,
                 ttl: evaluation.ttl,
             });
@@ -161,13 +160,13 @@ pub(crate) fn decide_all(
 
 /// A change a decision makes to the store.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Write {
+pub(crate) enum Write<'a> {
     /// Store a counter's new state for `ttl` microseconds.
     State {
-        key: String,
+        key: &'a str,
         state: algorithm::State,
         ttl: u64,
     },
     /// Create a lock for `ttl` microseconds unless one exists.
-    Lock { key: String, ttl: u64 },
+    Lock { key: &'a str, ttl: u64 },
 }
