@@ -75,6 +75,13 @@ fn fixed(limit: u64, window_ms: u64) -> Algorithm {
     }
 }
 
+fn sliding(limit: u64, window_ms: u64) -> Algorithm {
+    Algorithm::SlidingWindow {
+        limit,
+        window: window_ms * MS,
+    }
+}
+
 fn bucket(rate: f64, per_ms: u64, burst: u64) -> Algorithm {
     Algorithm::TokenBucket {
         rate,
@@ -129,16 +136,7 @@ async fn exact_count_under_concurrency(store: Store) {
     let minute = 60_000 * MS;
     let limits = [
         (check("conc-fw", fixed(50, 60_000)), 50),
-        (
-            check(
-                "conc-sw",
-                Algorithm::SlidingWindow {
-                    limit: 50,
-                    window: minute,
-                },
-            ),
-            50,
-        ),
+        (check("conc-sw", sliding(50, 60_000)), 50),
         (check("conc-tb", bucket(1.0, 60_000, 50)), 50),
         // A leaky bucket admits the request at the head and `burst` waiting behind it.
         (
@@ -289,13 +287,7 @@ async fn leaky_bucket_spaces_and_bounds_the_queue(store: Store) {
 }
 
 async fn sliding_window_admits_no_double_burst(store: Store) {
-    let limit = check(
-        "sw",
-        Algorithm::SlidingWindow {
-            limit: 10,
-            window: 1_000 * MS,
-        },
-    );
+    let limit = check("sw", sliding(10, 1_000));
     assert_eq!(admitted_count(&store, &limit, 10).await, 10);
     // Whether or not a window boundary falls here, the previous window still weighs in.
     assert!(admitted_count(&store, &limit, 10).await <= 1);
@@ -391,13 +383,7 @@ async fn tokens_and_window_counts_can_be_given_back(store: Store) {
     store.refund(&tokens).await;
     // One of the two tokens came back: two admitted, not one.
     assert_eq!(admitted_count(&store, &tokens, 3).await, 2);
-    let window = check(
-        "refund-window",
-        Algorithm::SlidingWindow {
-            limit: 3,
-            window: 3_600_000 * MS,
-        },
-    );
+    let window = check("refund-window", sliding(3, 3_600_000));
     assert_eq!(admitted_count(&store, &window, 3).await, 3);
     store.refund(&window).await;
     assert_eq!(admitted_count(&store, &window, 2).await, 1);
@@ -520,13 +506,7 @@ async fn window_and_queue_states_written_as_text_are_still_read() {
         unreachable!()
     };
     let hour = 3_600_000 * MS;
-    let window = check(
-        "text-window",
-        Algorithm::SlidingWindow {
-            limit: 5,
-            window: hour,
-        },
-    );
+    let window = check("text-window", sliding(5, 3_600_000));
     let index = redis_now(server) / hour;
     server.cli(&["set", &window.key, &format!("{index}:3:0"), "px", "60000"]);
     // Three of five already counted in this window: two more fit.
@@ -641,10 +621,7 @@ async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
     let tuple = encode_tuple([long_client.as_bytes(), b"GET"]);
     let algorithms = [
         fixed(1, 60_000),
-        Algorithm::SlidingWindow {
-            limit: 1,
-            window: 60_000 * MS,
-        },
+        sliding(1, 60_000),
         bucket(1.0, 60_000, 1),
         Algorithm::LeakyBucket {
             rate: 1.0,
