@@ -29,21 +29,15 @@ for tool in nginx wrk redis-server taskset; do
   command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
 done
 
-run_dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$run_dir"
-}
-trap cleanup EXIT
+# shellcheck source=bench/common.sh
+source "$(dirname "$0")/common.sh"
+start_run
+run_dir=$RUN_DIR
 
 names=()
 ports=()
 next_port=$FIRST_PORT
 
-# shellcheck source=bench/nginx.sh
-source "$(dirname "$0")/nginx.sh"
 nginx_server() { # name port http-block location-block
   nginx_config "$run_dir/$1" "$2" "$3" "$4"
   taskset -c 0 nginx -c "$run_dir/$1/nginx.conf" >/dev/null 2>&1 &

@@ -33,19 +33,17 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 command -v cargo >/dev/null || { echo "missing cargo (https://rustup.rs)" >&2; exit 1; }
 cargo build --release --quiet
-RUN=$(mktemp -d)
-PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$RUN"; }
-trap cleanup EXIT
+# shellcheck source=bench/common.sh
+source bench/common.sh
+start_run
+RUN=$RUN_DIR
 
 if [ "$(nproc)" -ge 2 ]; then SERVER="taskset -c 0"; LOAD="taskset -c 1"; else SERVER=""; LOAD=""; fi
 
-# shellcheck source=bench/nginx.sh
-source bench/nginx.sh
 nginx_conf() { # name port http-block location-block
   nginx_config "$RUN/$1" "$2" "$3" "$4"
   $SERVER nginx -c "$RUN/$1/nginx.conf" >/dev/null 2>&1 &
-  PIDS+=($!)
+  pids+=($!)
 }
 
 nginx_conf upstream "$UPSTREAM_PORT" "" "$UPSTREAM_LOCATION"
@@ -65,7 +63,7 @@ name = "all"
 upstream = "app"
 CONF
 FLOODGATE_LOG=warn $SERVER target/release/floodgate --config "$RUN/floodgate.toml" >"$RUN/floodgate.log" 2>&1 &
-PIDS+=($!)
+pids+=($!)
 
 for port in "$UPSTREAM_PORT" "$NGINX_PORT" "$FLOODGATE_PORT"; do
   for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done

@@ -25,21 +25,14 @@ for tool in nginx wrk redis-server valgrind callgrind_control callgrind_annotate
 done
 [ -f "$TEMPLATE" ] && [ -x "$BINARY" ] || { echo "no such template or binary" >&2; exit 1; }
 
-dir=$(mktemp -d)
+# shellcheck source=bench/common.sh
+source bench/common.sh
+start_run
+dir=$RUN_DIR
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 upstream_port=$(free_port)
 redis_port=$(free_port)
 gateway_port=$(free_port)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-
-# shellcheck source=bench/nginx.sh
-source bench/nginx.sh
 nginx_config "$dir/upstream" "$upstream_port" "" "$UPSTREAM_LOCATION"
 nginx -c "$dir/upstream/nginx.conf" >/dev/null 2>&1 &
 pids+=($!)

@@ -1,4 +1,18 @@
-# Sourced by the bench scripts: the nginx configurations they share.
+# Sourced by the bench scripts: what they share. A run's scratch directory and the
+# processes it starts, all gone when the script exits; and the nginx configurations.
+
+# start_run: makes RUN_DIR, a new temporary directory, and `pids`, where the script adds
+# every process it starts (pids+=($!)); on exit each is stopped and RUN_DIR removed.
+start_run() {
+  RUN_DIR=$(mktemp -d)
+  pids=()
+  trap stop_run EXIT
+}
+stop_run() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$RUN_DIR"
+}
 
 # nginx_config DIR PORT HTTP_BLOCK LOCATION_BLOCK writes DIR/nginx.conf: one worker on
 # 127.0.0.1:PORT, no access log, keep-alive connections without a request limit, every
