@@ -19,11 +19,10 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::redis::StoreError;
 use super::{LimitCheck, LimitDecision};
@@ -46,15 +45,18 @@ pub(crate) struct Pending {
 /// The queue in front of one store.
 pub(crate) struct GroupCommit {
     queue: mpsc::UnboundedSender<Pending>,
+    /// How long a request may wait for its decisions, queue and call together.
+    timeout: Duration,
 }
 
 impl GroupCommit {
-    /// Starts the dispatcher: `run` decides one batch and answers every request in it, each
-    /// by its deadline. When the `GroupCommit` is dropped, the dispatcher decides what is
-    /// queued and ends.
-    pub(crate) fn start<F, Fut>(run: F) -> Self
+    /// Starts the dispatcher: `run(batch, deadline)` decides one batch and answers every
+    /// request in it by `deadline`, the earliest of theirs. A request still queued when its
+    /// deadline passes is answered [`StoreError::Timeout`]. When the `GroupCommit` is
+    /// dropped, the dispatcher decides what is queued and ends.
+    pub(crate) fn start<F, Fut>(timeout: Duration, run: F) -> Self
     where
-        F: Fn(Vec<Pending>) -> Fut + Send + 'static,
+        F: Fn(Vec<Pending>, Instant) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let (queue, mut waiting) = mpsc::unbounded_channel::<Pending>();
@@ -66,11 +68,15 @@ impl GroupCommit {
                 let worth_a_call =
                     in_flight.is_empty() || (in_flight.len() < IN_FLIGHT && batch.len() >= PIPELINE_MIN);
                 if !batch.is_empty() && worth_a_call {
-                    // A request that gave up (its deadline passed) is not decided: it must
-                    // not consume anything.
-                    batch.retain(|pending| !pending.reply.is_closed());
-                    if !batch.is_empty() {
-                        in_flight.push(run(std::mem::take(&mut batch)));
+                    // A request that gave up, or whose deadline passed while it waited, is
+                    // not decided: it must not consume anything.
+                    let now = Instant::now();
+                    let gone = |pending: &mut Pending| pending.reply.is_closed() || pending.deadline <= now;
+                    for pending in batch.extract_if(.., gone) {
+                        let _ = pending.reply.send(Err(StoreError::Timeout(timeout)));
+                    }
+                    if let Some(deadline) = batch.iter().map(|pending| pending.deadline).min() {
+                        in_flight.push(run(std::mem::take(&mut batch), deadline));
                     }
                     continue;
                 }
@@ -92,22 +98,18 @@ impl GroupCommit {
                 }
             }
         });
-        GroupCommit { queue }
+        GroupCommit { queue, timeout }
     }
 
-    /// Queues `checks` for the next call and waits for its decisions, at most `timeout`:
-    /// `run` answers every request by its deadline (or drops it, answered as not
+    /// Queues `checks` for the next call and waits for its decisions, at most the timeout
+    /// (the dispatcher answers every request by its deadline, or drops it, answered as not
     /// connected).
-    pub(crate) async fn submit(
-        &self,
-        checks: &[LimitCheck],
-        timeout: Duration,
-    ) -> Result<Vec<LimitDecision>, StoreError> {
+    pub(crate) async fn submit(&self, checks: &[LimitCheck]) -> Result<Vec<LimitDecision>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.queue
             .send(Pending {
                 checks: checks.to_vec(),
-                deadline: Instant::now() + timeout,
+                deadline: Instant::now() + self.timeout,
                 reply,
             })
             .map_err(|_| StoreError::NotConnected)?;
@@ -120,6 +122,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use tokio::sync::Semaphore;
+    use tokio::task::JoinHandle;
 
     use super::*;
 
@@ -134,67 +137,110 @@ mod tests {
         .expect("the condition came true");
     }
 
-    #[tokio::test]
-    async fn a_second_call_goes_out_only_with_a_full_pipelined_batch() {
-        // Each call records its batch size, then waits for a permit to answer.
-        let batches = Arc::new(Mutex::new(Vec::new()));
-        let release = Arc::new(Semaphore::new(0));
-        let commit = Arc::new(GroupCommit::start({
-            let (batches, release) = (batches.clone(), release.clone());
-            move |batch: Vec<Pending>| {
+    /// A group commit whose calls record their batch sizes, then each wait for a permit
+    /// from the semaphore to answer.
+    struct HeldCalls {
+        commit: Arc<GroupCommit>,
+        batches: Arc<Mutex<Vec<usize>>>,
+        release: Arc<Semaphore>,
+    }
+
+    impl HeldCalls {
+        fn start(timeout: Duration) -> Self {
+            let batches = Arc::new(Mutex::new(Vec::new()));
+            let release = Arc::new(Semaphore::new(0));
+            let commit = Arc::new(GroupCommit::start(timeout, {
                 let (batches, release) = (batches.clone(), release.clone());
-                async move {
-                    batches.lock().unwrap().push(batch.len());
-                    release.acquire().await.unwrap().forget();
-                    for pending in batch {
-                        let _ = pending.reply.send(Ok(Vec::new()));
+                move |batch: Vec<Pending>, _deadline| {
+                    let (batches, release) = (batches.clone(), release.clone());
+                    async move {
+                        batches.lock().unwrap().push(batch.len());
+                        release.acquire().await.unwrap().forget();
+                        for pending in batch {
+                            let _ = pending.reply.send(Ok(Vec::new()));
+                        }
                     }
                 }
+            }));
+            HeldCalls {
+                commit,
+                batches,
+                release,
             }
-        }));
-        let submit = |n: usize| -> Vec<_> {
+        }
+
+        /// `n` requests (of no checks), each in its own task.
+        fn submit(&self, n: usize) -> Vec<JoinHandle<Result<Vec<LimitDecision>, StoreError>>> {
             (0..n)
                 .map(|_| {
-                    let commit = commit.clone();
-                    tokio::spawn(async move { commit.submit(&[], Duration::from_secs(5)).await })
+                    let commit = self.commit.clone();
+                    tokio::spawn(async move { commit.submit(&[]).await })
                 })
                 .collect()
-        };
-        let calls = || batches.lock().unwrap().clone();
+        }
+
+        /// The sizes of the batches called so far.
+        fn calls(&self) -> Vec<usize> {
+            self.batches.lock().unwrap().clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_second_call_goes_out_only_with_a_full_pipelined_batch() {
+        let held = HeldCalls::start(Duration::from_secs(5));
+        let calls = || held.calls();
 
         // An idle store sends the first request at once.
-        let mut requests = submit(1);
+        let mut requests = held.submit(1);
         until(|| calls() == [1]).await;
         // While it is in flight, too few waiting requests do not make a second call...
-        requests.extend(submit(PIPELINE_MIN - 1));
+        requests.extend(held.submit(PIPELINE_MIN - 1));
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(calls(), [1]);
         // ...enough do.
-        requests.extend(submit(1));
+        requests.extend(held.submit(1));
         until(|| calls() == [1, PIPELINE_MIN]).await;
         // Both in flight: more requests wait for a call to come back, then go together.
-        requests.extend(submit(PIPELINE_MIN + 3));
+        requests.extend(held.submit(PIPELINE_MIN + 3));
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(
             calls(),
             [1, PIPELINE_MIN],
             "no third call while two are in flight"
         );
-        release.add_permits(1);
+        held.release.add_permits(1);
         until(|| calls() == [1, PIPELINE_MIN, PIPELINE_MIN + 3]).await;
-        release.add_permits(2);
+        held.release.add_permits(2);
         for request in requests {
             assert!(request.await.unwrap().is_ok());
         }
     }
 
     #[tokio::test]
+    async fn a_request_whose_deadline_passes_in_the_queue_is_answered_without_a_call() {
+        let held = HeldCalls::start(Duration::from_millis(50));
+        let first = held.submit(1).remove(0);
+        until(|| held.calls() == [1]).await;
+        let queued = held.submit(1).remove(0);
+        // The queued request's 50 ms pass while the first call is held. (Two permits: a
+        // call wrongly made for it would answer too, rather than hang the test.)
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.release.add_permits(2);
+        assert!(first.await.unwrap().is_ok());
+        assert!(matches!(queued.await.unwrap(), Err(StoreError::Timeout(_))));
+        assert_eq!(held.calls(), [1], "no call for the expired request");
+    }
+
+    #[tokio::test]
     async fn requests_queued_when_the_store_is_dropped_are_still_decided() {
-        let commit = GroupCommit::start(|batch: Vec<Pending>| async move {
-            for pending in batch {
-                let _ = pending.reply.send(Ok(Vec::new()));
-            }
-        });
+        let commit = GroupCommit::start(
+            Duration::from_secs(5),
+            |batch: Vec<Pending>, _deadline| async move {
+                for pending in batch {
+                    let _ = pending.reply.send(Ok(Vec::new()));
+                }
+            },
+        );
         let (reply, answer) = oneshot::channel();
         commit
             .queue

@@ -95,7 +95,9 @@ impl RedisStore {
         tokio::spawn(connect_in_background(target.describe(), Arc::downgrade(&shared)));
         let group_commit = (!shared.source.is_cluster()).then(|| {
             let weak = Arc::downgrade(&shared);
-            Arc::new(GroupCommit::start(move |batch| decide_batch(weak.clone(), batch)))
+            Arc::new(GroupCommit::start(timeout, move |batch, deadline| {
+                decide_batch(weak.clone(), batch, deadline)
+            }))
         });
         Ok(RedisStore { shared, group_commit })
     }
@@ -135,8 +137,10 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         if let Some(group_commit) = &self.group_commit {
-            self.connection()?;
-            return group_commit.submit(checks, self.shared.timeout).await;
+            if !self.connected() {
+                return Err(StoreError::NotConnected);
+            }
+            return group_commit.submit(checks).await;
         }
         let mut connection = self.connection()?;
         let groups = slot_groups(checks);
@@ -317,19 +321,10 @@ impl Shared {
     }
 }
 
-/// The group-commit dispatcher's work: one script call for a batch of requests, each
-/// answered with its own decisions (or the call's error).
-async fn decide_batch(shared: Weak<Shared>, batch: Vec<Pending>) {
+/// The group-commit dispatcher's work: one script call for a batch of requests, by
+/// `deadline`, each answered with its own decisions (or the call's error).
+async fn decide_batch(shared: Weak<Shared>, batch: Vec<Pending>, deadline: tokio::time::Instant) {
     let Some(shared) = shared.upgrade() else { return };
-    // A request whose deadline passed while it waited for a call is answered, not decided.
-    let now = tokio::time::Instant::now();
-    let (batch, expired): (Vec<Pending>, Vec<Pending>) = batch.into_iter().partition(|p| p.deadline > now);
-    for pending in expired {
-        let _ = pending.reply.send(Err(StoreError::Timeout(shared.timeout)));
-    }
-    let Some(deadline) = batch.iter().map(|pending| pending.deadline).min() else {
-        return;
-    };
     let result = match shared.connection.load().as_deref().cloned() {
         Some(mut connection) => {
             let requests: Vec<&[LimitCheck]> = batch.iter().map(|p| p.checks.as_slice()).collect();

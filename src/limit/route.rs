@@ -144,31 +144,8 @@ impl RouteLimits {
                 });
             }
         };
-        // A refusal holds until the last refusing limit could admit.
-        let holds_for = decisions
-            .iter()
-            .filter(|d| !d.outcome.admits())
-            .map(|d| d.retry_after)
-            .max()
-            .unwrap_or_default();
-        if let Some(cache) = refusals
-            && !holds_for.is_zero()
-        {
-            let identity = identity.unwrap_or_else(|| cache.identity(&checks));
-            // Those that started a lock-out answer `locked` from now on, as the store would.
-            let remembered: Vec<LimitDecision> = checks
-                .iter()
-                .zip(&decisions)
-                .map(|(check, d)| match d.outcome {
-                    Outcome::Rejected if check.lockout.is_some() => LimitDecision {
-                        outcome: Outcome::Locked,
-                        remaining: 0,
-                        ..*d
-                    },
-                    _ => *d,
-                })
-                .collect();
-            cache.insert(identity, remembered, started, holds_for);
+        if let Some(cache) = refusals {
+            remember_refusal(cache, identity, &checks, &decisions, started);
         }
         Ok(self.verdict(settings, &applied, checks, &decisions))
     }
@@ -260,6 +237,42 @@ impl RouteLimits {
             headers,
         }
     }
+}
+
+/// Remembers the store's answer in `cache` when it refused the request (`identity`: the
+/// checks' identity, if already hashed).
+fn remember_refusal(
+    cache: &RefusalCache,
+    identity: Option<u128>,
+    checks: &[LimitCheck],
+    decisions: &[LimitDecision],
+    decided_at: Instant,
+) {
+    // A refusal holds until the last refusing limit could admit.
+    let holds_for = decisions
+        .iter()
+        .filter(|d| !d.outcome.admits())
+        .map(|d| d.retry_after)
+        .max()
+        .unwrap_or_default();
+    if holds_for.is_zero() {
+        return;
+    }
+    let identity = identity.unwrap_or_else(|| cache.identity(checks));
+    // Those that started a lock-out answer `locked` from now on, as the store would.
+    let remembered: Vec<LimitDecision> = checks
+        .iter()
+        .zip(decisions)
+        .map(|(check, d)| match d.outcome {
+            Outcome::Rejected if check.lockout.is_some() => LimitDecision {
+                outcome: Outcome::Locked,
+                remaining: 0,
+                ..*d
+            },
+            _ => *d,
+        })
+        .collect();
+    cache.insert(identity, remembered, decided_at, holds_for);
 }
 
 fn pass(outcome: &'static str, headers: Vec<(HeaderName, HeaderValue)>) -> Verdict {

@@ -45,7 +45,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names with cheap comparisons finds which of them are present: most
     // messages carry none, or only `Connection: keep-alive` (nearly every upstream
     // response), and then only those are hashed and removed.
-    let mut present = [false; 7];
+    let mut present = hop_by_hop().map(|_| false);
     for name in headers.keys() {
         if let Some(i) = hop_by_hop().iter().position(|hop| *hop == name) {
             present[i] = true;

@@ -58,7 +58,7 @@
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
-local byte, match, unpack_state = string.byte, string.match, struct.unpack
+local byte, match, pack_bytes, unpack_bytes = string.byte, string.match, struct.pack, struct.unpack
 
 -- The live state of counters used by more than one check of the batch, once a check has
 -- changed them: up to three numbers per key index (made only when the batch has such keys).
@@ -104,7 +104,7 @@ local function sliding_window(k, text, limit, window, _, cost)
     i, current, previous = s1[k], s2[k], s3[k]
   elseif text then
     if byte(text) == 58 then
-      i, current, previous = unpack_state('<ddd', text, 2)
+      i, current, previous = unpack_bytes('<ddd', text, 2)
     else
       local a, b, c = match(text, '^([^:]+):([^:]+):(.+)$')
       i, current, previous = tonumber(a), tonumber(b), tonumber(c)
@@ -149,7 +149,7 @@ end
 local function bucket_state(k, text)
   if text == true then return s1[k], s2[k] end
   if not text then return nil end
-  if #text == 17 then return unpack_state('<dd', text, 2) end
+  if #text == 17 then return unpack_bytes('<dd', text, 2) end
   local x, y = match(text, '^([^:]+):(.+)$')
   return tonumber(x), tonumber(y)
 end
@@ -213,7 +213,7 @@ local evaluators = { fixed_window, sliding_window, token_bucket, leaky_bucket }
 -- Writes: MSET arguments (key, value) and each key's expiry instant in ms.
 local set_args, set_at, n_set = {}, {}, 0
 local expiry_base = ceil(now / 1000) -- a state lasting d ms expires at expiry_base + d
-local format, pack_state = string.format, struct.pack
+local format = string.format
 
 -- Whole numbers as text, each formatted once per call: expiry instants and fixed-window
 -- counts repeat across keys (Lua's own number-to-string goes through "%.14g"; from 2^53
@@ -238,22 +238,22 @@ local function write(k, algorithm, v1, v2, v3, lifetime, added)
     end
     value = whole(v1)
   elseif algorithm == 2 then
-    value = pack_state('<Bddd', 58, v1, v2, v3)
+    value = pack_bytes('<Bddd', 58, v1, v2, v3)
   else
-    value = pack_state('<Bdd', 58, v1, v2)
+    value = pack_bytes('<Bdd', 58, v1, v2)
   end
   local i = n_set + 1
   set_args[2 * i - 1], set_args[2 * i], set_at[i], n_set = KEYS[k], value, expiry_base + lifetime, i
 end
 
 local call = ARGV[1]
-local n_counters, n_single, n_specs, p = struct.unpack('>HHH', call)
+local n_counters, n_single, n_specs, p = unpack_bytes('>HHH', call)
 
 -- Limit specs, seven numbers each: spec s starts at index 7 × s - 6.
 local spec = {}
 for base = 0, 7 * n_specs - 7, 7 do
   spec[base + 1], spec[base + 2], spec[base + 3], spec[base + 4], spec[base + 5], spec[base + 6],
-    spec[base + 7], p = struct.unpack('>BdddddB', call, p)
+    spec[base + 7], p = unpack_bytes('>BdddddB', call, p)
 end
 
 -- Counter keys: their stored text, read together (false when absent), and true once the
@@ -411,6 +411,6 @@ end
 local chunks = {}
 for first = 1, n_out, 1000 do
   local last = min(first + 999, n_out)
-  chunks[#chunks + 1] = pack_state('<' .. string.rep('d', last - first + 1), unpack(out, first, last))
+  chunks[#chunks + 1] = pack_bytes('<' .. string.rep('d', last - first + 1), unpack(out, first, last))
 end
 return table.concat(chunks)
