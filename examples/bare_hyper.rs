@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 
 /// The allocator floodgate itself uses.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: floodgate::allocator::Mimalloc = floodgate::allocator::Mimalloc;
 
 fn main() -> std::io::Result<()> {
     let address = std::env::args()

@@ -14,6 +14,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod allocator;
 pub mod body;
 pub mod client_ip;
 pub mod config;

@@ -16,7 +16,7 @@ use floodgate::{Config, Gateway, healthcheck, logging};
 /// mimalloc instead of glibc's malloc: allocation and freeing were about a sixth of the
 /// gateway's user CPU per request under glibc (README, "Performance").
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: floodgate::allocator::Mimalloc = floodgate::allocator::Mimalloc;
 
 #[derive(Parser)]
 #[command(name = "floodgate", version, about = "A rate-limiting HTTP reverse proxy")]
