@@ -9,7 +9,7 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use floodgate::Config;
 use floodgate::config::RateLimitHeaders;
-use floodgate::limit::headers::{policy_value, render};
+use floodgate::limit::headers::{LimitHeaders, policy_value, render};
 use floodgate::limit::key::{encode_tuple, store_key};
 use floodgate::limit::request_key::{KeySource, key_tuple};
 use floodgate::limit::{LimitDecision, Outcome};
@@ -112,7 +112,7 @@ fn request_pieces(c: &mut Criterion) {
     ] {
         group.bench_function(name, |b| {
             b.iter(|| {
-                let mut out = Vec::new();
+                let mut out = LimitHeaders::new();
                 render(mode, policy.as_ref(), &decided, &mut out);
                 out
             })

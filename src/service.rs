@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
@@ -31,6 +31,7 @@ use crate::config::RespondConfig;
 use crate::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
 use crate::limit::LimitCheck;
+use crate::limit::headers::LimitHeaders;
 use crate::limit::request_key::KeySource;
 use crate::limit::route::{Action, LimitSettings};
 use crate::limit::store::LimitStore;
@@ -84,7 +85,7 @@ pub async fn handle(
         client_ip,
         limit_outcome: "none",
     }));
-    let mut limit_headers = Vec::new();
+    let mut limit_headers = LimitHeaders::new();
     let served = serve(
         &shared,
         &state,
@@ -161,7 +162,7 @@ async fn serve(
     client: Client<'_>,
     request: Request<Incoming>,
     record: &mut AccessRecord,
-    limit_headers: &mut Vec<(HeaderName, HeaderValue)>,
+    limit_headers: &mut LimitHeaders,
 ) -> Result<Response<Payload>, GatewayError> {
     // The access record owns the normalized path; the request path borrows it from there.
     record.path = match normalize_path(request.uri().path()) {

@@ -25,8 +25,8 @@ enum Store {
 impl Store {
     async fn decide(&self, checks: &[LimitCheck]) -> Vec<LimitDecision> {
         match self {
-            Store::Memory(store) => store.decide(checks),
-            Store::Redis(store, _) => store.decide(checks).await.expect("redis decides"),
+            Store::Memory(store) => store.decide(checks).into_vec(),
+            Store::Redis(store, _) => store.decide(checks).await.expect("redis decides").into_vec(),
         }
     }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use redis::Cmd;
 
-use super::{Algorithm, LimitCheck, LimitDecision, MAX_LIMITS_PER_ROUTE, Outcome};
+use super::{Algorithm, Decisions, LimitCheck, LimitDecision, MAX_LIMITS_PER_ROUTE, Outcome};
 
 /// The largest number the plan can carry (two bytes): key indexes, spec indexes and
 /// checks per request. The gateway stays far below it: a batch is at most
@@ -216,7 +216,7 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
 /// unless the check was allowed, the time: the delay of a delayed request, the retry time
 /// of a refused one. Every number is a whole count or microseconds but remaining, a token
 /// count, which is truncated to whole tokens.
-pub(crate) fn decisions(requests: &[&[LimitCheck]], reply: &[u8]) -> Option<Vec<Vec<LimitDecision>>> {
+pub(crate) fn decisions(requests: &[&[LimitCheck]], reply: &[u8]) -> Option<Vec<Decisions>> {
     if !reply.len().is_multiple_of(8) {
         return None;
     }
@@ -247,7 +247,7 @@ pub(crate) fn decisions(requests: &[&[LimitCheck]], reply: &[u8]) -> Option<Vec<
     let decided = requests
         .iter()
         .map(|checks| checks.iter().map(|_| next_decision()).collect())
-        .collect::<Option<Vec<Vec<LimitDecision>>>>()?;
+        .collect::<Option<Vec<Decisions>>>()?;
     values.next().is_none().then_some(decided)
 }
 

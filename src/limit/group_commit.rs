@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::redis::StoreError;
-use super::{LimitCheck, LimitDecision};
+use super::{Decisions, LimitCheck};
 
 /// Most requests one script call carries.
 pub(crate) const MAX_BATCH: usize = 256;
@@ -39,7 +39,7 @@ pub(crate) struct Pending {
     pub checks: Vec<LimitCheck>,
     /// When the request stops waiting: it is answered by then, decided or not.
     pub deadline: Instant,
-    pub reply: oneshot::Sender<Result<Vec<LimitDecision>, StoreError>>,
+    pub reply: oneshot::Sender<Result<Decisions, StoreError>>,
 }
 
 /// The queue in front of one store.
@@ -104,7 +104,7 @@ impl GroupCommit {
     /// Queues `checks` for the next call and waits for its decisions, at most the timeout
     /// (the dispatcher answers every request by its deadline, or drops it, answered as not
     /// connected).
-    pub(crate) async fn submit(&self, checks: &[LimitCheck]) -> Result<Vec<LimitDecision>, StoreError> {
+    pub(crate) async fn submit(&self, checks: &[LimitCheck]) -> Result<Decisions, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.queue
             .send(Pending {
@@ -157,7 +157,7 @@ mod tests {
                         batches.lock().unwrap().push(batch.len());
                         release.acquire().await.unwrap().forget();
                         for pending in batch {
-                            let _ = pending.reply.send(Ok(Vec::new()));
+                            let _ = pending.reply.send(Ok(Decisions::new()));
                         }
                     }
                 }
@@ -170,7 +170,7 @@ mod tests {
         }
 
         /// `n` requests (of no checks), each in its own task.
-        fn submit(&self, n: usize) -> Vec<JoinHandle<Result<Vec<LimitDecision>, StoreError>>> {
+        fn submit(&self, n: usize) -> Vec<JoinHandle<Result<Decisions, StoreError>>> {
             (0..n)
                 .map(|_| {
                     let commit = self.commit.clone();
@@ -237,7 +237,7 @@ mod tests {
             Duration::from_secs(5),
             |batch: Vec<Pending>, _deadline| async move {
                 for pending in batch {
-                    let _ = pending.reply.send(Ok(Vec::new()));
+                    let _ = pending.reply.send(Ok(Decisions::new()));
                 }
             },
         );

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
+use smallvec::SmallVec;
 
 use super::LimitDecision;
 use crate::config::{LimitConfig, RateLimitHeaders};
@@ -13,6 +14,9 @@ pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// One response's rate-limit headers: inline for `ietf`'s two (the default).
+pub type LimitHeaders = SmallVec<[(HeaderName, HeaderValue); 2]>;
 
 /// Whole seconds, rounded up.
 pub fn ceil_seconds(duration: Duration) -> u64 {
@@ -39,7 +43,7 @@ pub fn render(
     mode: RateLimitHeaders,
     policy: Option<&HeaderValue>,
     decided: &[(&LimitConfig, LimitDecision)],
-    out: &mut Vec<(HeaderName, HeaderValue)>,
+    out: &mut LimitHeaders,
 ) {
     if decided.is_empty() {
         return;
@@ -133,7 +137,7 @@ mod tests {
         );
         let policy = policy_value([&minute, &burst]);
         let decided = [(&minute, decision(599, 41_200)), (&burst, decision(19, 100))];
-        let mut out = Vec::new();
+        let mut out = LimitHeaders::new();
         render(mode, policy.as_ref(), &decided, &mut out);
         out.into_iter()
             .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))

@@ -8,13 +8,14 @@
 //! entries closest to expiry, so a client spraying random keys cannot grow it without
 //! bound.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use smallvec::SmallVec;
 
 use super::algorithm::{State, refund};
 use super::clock::Clock;
-use super::{LimitCheck, LimitDecision, Write, decide_all};
+use super::keyed_hash::{IdentityMap, KeyedHash};
+use super::{Decisions, LimitCheck, Write, decide_all};
 
 const SHARDS: usize = 64;
 
@@ -25,38 +26,17 @@ struct Entry {
     expires_at: u64,
 }
 
-/// A key's identity in the store: 128 bits from two independently, randomly keyed
-/// SipHashes of its text. The store keeps 16 bytes per key instead of the text (which
-/// halves its memory), and since the hash keys are secret and per process, clients cannot
-/// make two of their keys, or theirs and someone else's, collide.
+/// A key's identity in the store ([`KeyedHash`]): the store keeps 16 bytes per key
+/// instead of the text (which halves its memory), and clients cannot make two of their
+/// keys, or theirs and someone else's, collide.
 type Slot = u128;
 
-type Shard = HashMap<Slot, Entry, BuildHasherDefault<SlotHasher>>;
-
-/// Slots are already uniformly random: the map uses their low bits as they are.
-#[derive(Default)]
-struct SlotHasher(u64);
-
-impl Hasher for SlotHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes.iter().take(8) {
-            self.0 = self.0 << 8 | u64::from(byte);
-        }
-    }
-
-    fn write_u128(&mut self, slot: u128) {
-        self.0 = slot as u64;
-    }
-}
+type Shard = IdentityMap<Entry>;
 
 /// The in-process rate-limit store.
 pub struct MemoryStore {
     shards: Vec<Mutex<Shard>>,
-    hashers: [RandomState; 2],
+    hash: KeyedHash,
     clock: Arc<dyn Clock>,
     max_per_shard: usize,
 }
@@ -65,15 +45,15 @@ impl MemoryStore {
     /// A store keeping at most about `max_keys` keys, on `clock`.
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::default())).collect(),
-            hashers: [RandomState::new(), RandomState::new()],
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hash: KeyedHash::random(),
             clock,
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
         }
     }
 
     fn slot(&self, key: &str) -> Slot {
-        u128::from(self.hashers[0].hash_one(key)) << 64 | u128::from(self.hashers[1].hash_one(key))
+        self.hash.of(key)
     }
 
     fn shard_of(slot: Slot) -> usize {
@@ -81,9 +61,9 @@ impl MemoryStore {
     }
 
     /// Decides all of one request's limits, atomically.
-    pub fn decide(&self, checks: &[LimitCheck]) -> Vec<LimitDecision> {
+    pub fn decide(&self, checks: &[LimitCheck]) -> Decisions {
         // Each key's slot, hashed once: the reads and writes below find theirs here.
-        let slots: Vec<(&str, Slot)> = checks
+        let slots: SmallVec<[(&str, Slot); 2]> = checks
             .iter()
             .flat_map(|c| std::iter::once(&c.key).chain(c.lockout.as_ref().map(|(lock, _)| lock)))
             .map(|key| (key.as_str(), self.slot(key)))
@@ -94,13 +74,13 @@ impl MemoryStore {
                 .find(|(known, _)| *known == key)
                 .map_or_else(|| self.slot(key), |&(_, slot)| slot)
         };
-        let mut indexes: Vec<usize> = slots
+        let mut indexes: SmallVec<[usize; 2]> = slots
             .iter()
             .map(|&(_, slot)| MemoryStore::shard_of(slot))
             .collect();
         indexes.sort_unstable();
         indexes.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = indexes
+        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); 2]> = indexes
             .iter()
             .map(|&i| {
                 (

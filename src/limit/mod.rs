@@ -10,6 +10,7 @@ mod decide_call;
 mod group_commit;
 pub mod headers;
 pub mod key;
+mod keyed_hash;
 pub mod memory;
 pub mod redis;
 mod redis_connection;
@@ -20,6 +21,8 @@ pub mod route;
 pub mod store;
 
 use std::time::Duration;
+
+use smallvec::SmallVec;
 
 pub use algorithm::Algorithm;
 
@@ -73,6 +76,10 @@ pub struct LimitDecision {
     pub retry_after: Duration,
 }
 
+/// One request's decisions, one per check, in order: inline for up to two limits (nearly
+/// every route), so that deciding allocates nothing for them.
+pub type Decisions = SmallVec<[LimitDecision; 2]>;
+
 /// Decides every check of one request against stored state, all or nothing.
 ///
 /// `stored(key)` reads a counter's live state, `lock_left(key)` the time left in a live
@@ -83,9 +90,9 @@ pub(crate) fn decide_all<'a>(
     now: u64,
     mut stored: impl FnMut(&str) -> Option<algorithm::State>,
     mut lock_left: impl FnMut(&str) -> Option<u64>,
-) -> (Vec<LimitDecision>, Vec<Write<'a>>) {
+) -> (Decisions, SmallVec<[Write<'a>; 2]>) {
     // Per check: the time left in its live lock, and its evaluation.
-    let evaluated: Vec<(Option<u64>, algorithm::Evaluation)> = checks
+    let evaluated: SmallVec<[(Option<u64>, algorithm::Evaluation); 2]> = checks
         .iter()
         .map(|check| {
             let lock = check.lockout.as_ref().and_then(|(lock, _)| lock_left(lock));
@@ -97,7 +104,7 @@ pub(crate) fn decide_all<'a>(
         .iter()
         .zip(&evaluated)
         .all(|(check, (lock, evaluation))| check.shadow || (lock.is_none() && evaluation.admitted));
-    let mut writes = Vec::new();
+    let mut writes = SmallVec::new();
     let decisions = checks
         .iter()
         .zip(&evaluated)

@@ -24,7 +24,7 @@ use redis::{ErrorKind, Script, ServerErrorKind};
 use super::decide_call;
 use super::group_commit::{GroupCommit, Pending};
 use super::redis_connection::{Connection, Source};
-use super::{LimitCheck, LimitDecision, Outcome};
+use super::{Decisions, LimitCheck, LimitDecision, Outcome};
 use crate::config::RedisTarget;
 
 const DECIDE_LUA: &str = include_str!("scripts/decide.lua");
@@ -131,10 +131,10 @@ impl RedisStore {
 
     /// Decides all of one request's limits: one round trip, unless (on Redis Cluster) they
     /// live in different slots.
-    pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Vec<LimitDecision>, StoreError> {
+    pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Decisions, StoreError> {
         if checks.is_empty() {
             // Nothing to decide (and the script's plan has no room for a request of none).
-            return Ok(Vec::new());
+            return Ok(Decisions::new());
         }
         if let Some(group_commit) = &self.group_commit {
             if !self.connected() {
@@ -157,7 +157,7 @@ impl RedisStore {
         connection: &Connection,
         checks: &[LimitCheck],
         groups: Vec<Vec<usize>>,
-    ) -> Result<Vec<LimitDecision>, StoreError> {
+    ) -> Result<Decisions, StoreError> {
         let calls = groups.iter().map(|group| {
             let mut connection = connection.clone();
             let subset: Vec<LimitCheck> = group.iter().map(|&i| checks[i].clone()).collect();
@@ -286,7 +286,7 @@ impl Shared {
         &self,
         connection: &mut Connection,
         checks: &[LimitCheck],
-    ) -> Result<Vec<LimitDecision>, StoreError> {
+    ) -> Result<Decisions, StoreError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         Ok(self
             .decide_requests(connection, &[checks], deadline)
@@ -303,7 +303,7 @@ impl Shared {
         connection: &mut Connection,
         requests: &[&[LimitCheck]],
         deadline: tokio::time::Instant,
-    ) -> Result<Vec<Vec<LimitDecision>>, StoreError> {
+    ) -> Result<Vec<Decisions>, StoreError> {
         let call = decide_call::command(self.decide.get_hash(), requests)
             .map_err(|decide_call::Oversized(n)| StoreError::Oversized(n))?;
         let reply: Vec<u8> = match self.by(deadline, call.query_async(connection)).await {

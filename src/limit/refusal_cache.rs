@@ -10,13 +10,13 @@
 //! from here report their times shortened by the time elapsed; the remaining counts of
 //! limits that did not refuse are as of the refusal. A reload starts a new cache.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher, RandomState};
+use std::hash::Hasher;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{Algorithm, LimitCheck, LimitDecision};
+use super::keyed_hash::{IdentityMap, KeyedHash};
+use super::{Algorithm, Decisions, LimitCheck, LimitDecision};
 
 const SHARDS: usize = 16;
 /// Refusals remembered at most (about 150 bytes each).
@@ -25,13 +25,13 @@ const MAX_ENTRIES: usize = 65_536;
 struct Refusal {
     decided_at: Instant,
     until: Instant,
-    decisions: Vec<LimitDecision>,
+    decisions: Decisions,
 }
 
 /// Recent refusals by the identity of the checks refused.
 pub struct RefusalCache {
-    shards: Vec<Mutex<HashMap<u128, Refusal>>>,
-    hashers: [RandomState; 2],
+    shards: Vec<Mutex<IdentityMap<Refusal>>>,
+    hash: KeyedHash,
     /// When the cache was made: the origin of `holds_until`.
     epoch: Instant,
     /// Microseconds after `epoch` until which some remembered refusal may hold: past it,
@@ -42,8 +42,8 @@ pub struct RefusalCache {
 impl Default for RefusalCache {
     fn default() -> Self {
         RefusalCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hashers: [RandomState::new(), RandomState::new()],
+            shards: (0..SHARDS).map(|_| Mutex::new(IdentityMap::default())).collect(),
+            hash: KeyedHash::random(),
             epoch: Instant::now(),
             holds_until: AtomicU64::new(0),
         }
@@ -61,40 +61,36 @@ impl RefusalCache {
         u64::try_from(instant.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// The identity of a request's checks: 128 bits from two randomly keyed hashes of
-    /// every key, algorithm parameter and cost.
+    /// The identity of a request's checks: a randomly keyed 128-bit hash of every key,
+    /// algorithm parameter and cost.
     pub fn identity(&self, checks: &[LimitCheck]) -> u128 {
-        let hash = |hasher: &RandomState| {
-            let mut state = hasher.build_hasher();
-            for check in checks {
-                state.write(check.key.as_bytes());
-                state.write_u8(0xff);
-                match check.algorithm {
-                    Algorithm::FixedWindow { limit, window } | Algorithm::SlidingWindow { limit, window } => {
-                        state.write_u64(limit);
-                        state.write_u64(window);
-                    }
-                    Algorithm::TokenBucket { rate, per, burst }
-                    | Algorithm::LeakyBucket { rate, per, burst } => {
-                        state.write_u64(rate.to_bits());
-                        state.write_u64(per);
-                        state.write_u64(burst);
-                    }
+        let mut state = self.hash.hasher();
+        for check in checks {
+            state.write(check.key.as_bytes());
+            state.write_u8(0xff);
+            match check.algorithm {
+                Algorithm::FixedWindow { limit, window } | Algorithm::SlidingWindow { limit, window } => {
+                    state.write_u64(limit);
+                    state.write_u64(window);
                 }
-                state.write_u64(check.cost);
-                state.write_u8(u8::from(check.lockout.is_some()));
+                Algorithm::TokenBucket { rate, per, burst } | Algorithm::LeakyBucket { rate, per, burst } => {
+                    state.write_u64(rate.to_bits());
+                    state.write_u64(per);
+                    state.write_u64(burst);
+                }
             }
-            state.finish()
-        };
-        u128::from(hash(&self.hashers[0])) << 64 | u128::from(hash(&self.hashers[1]))
+            state.write_u64(check.cost);
+            state.write_u8(u8::from(check.lockout.is_some()));
+        }
+        KeyedHash::finish(&state)
     }
 
-    fn shard(&self, identity: u128) -> &Mutex<HashMap<u128, Refusal>> {
+    fn shard(&self, identity: u128) -> &Mutex<IdentityMap<Refusal>> {
         &self.shards[(identity >> 64) as usize % SHARDS]
     }
 
     /// The remembered refusal of these checks, if it still holds at `now`.
-    pub fn get(&self, identity: u128, now: Instant) -> Option<Vec<LimitDecision>> {
+    pub fn get(&self, identity: u128, now: Instant) -> Option<Decisions> {
         let shard = self.shard(identity).lock().unwrap_or_else(|p| p.into_inner());
         let refusal = shard.get(&identity).filter(|r| r.until > now)?;
         let elapsed = now.saturating_duration_since(refusal.decided_at);
@@ -112,7 +108,7 @@ impl RefusalCache {
     }
 
     /// Remembers a refusal decided at `now` that holds for `holds_for`.
-    pub fn insert(&self, identity: u128, decisions: Vec<LimitDecision>, now: Instant, holds_for: Duration) {
+    pub fn insert(&self, identity: u128, decisions: Decisions, now: Instant, holds_for: Duration) {
         if holds_for.is_zero() {
             return;
         }
@@ -172,7 +168,12 @@ mod tests {
         let id = cache.identity(&[check("a")]);
         assert_ne!(id, cache.identity(&[check("b")]));
         let now = Instant::now();
-        cache.insert(id, vec![refused(500)], now, Duration::from_millis(500));
+        cache.insert(
+            id,
+            smallvec::smallvec![refused(500)],
+            now,
+            Duration::from_millis(500),
+        );
         let later = cache.get(id, now + Duration::from_millis(200)).unwrap();
         assert_eq!(later[0].retry_after, Duration::from_millis(300));
         assert!(cache.get(id, now + Duration::from_millis(500)).is_none());
@@ -186,13 +187,13 @@ mod tests {
         assert!(!cache.may_hold(now));
         cache.insert(
             cache.identity(&[check("a")]),
-            vec![refused(500)],
+            smallvec::smallvec![refused(500)],
             now,
             Duration::from_millis(500),
         );
         cache.insert(
             cache.identity(&[check("b")]),
-            vec![refused(100)],
+            smallvec::smallvec![refused(100)],
             now,
             Duration::from_millis(100),
         );

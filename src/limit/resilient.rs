@@ -11,7 +11,7 @@ use super::algorithm::Algorithm;
 use super::clock::MonotonicClock;
 use super::memory::MemoryStore;
 use super::redis::{RedisStore, StoreError};
-use super::{LimitCheck, LimitDecision};
+use super::{Decisions, LimitCheck};
 use crate::config::RedisConfig;
 
 /// Consecutive failures that open the breaker.
@@ -79,7 +79,7 @@ impl ResilientRedis {
     }
 
     /// Decides in Redis, unless the breaker is open.
-    pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Vec<LimitDecision>, StoreError> {
+    pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Decisions, StoreError> {
         if self.breaker.is_open() {
             return Err(StoreError::BreakerOpen);
         }
@@ -101,7 +101,7 @@ impl ResilientRedis {
     }
 
     /// Decides in the in-process store, each limit divided by the live instance count.
-    pub fn decide_locally(&self, checks: &[LimitCheck]) -> Vec<LimitDecision> {
+    pub fn decide_locally(&self, checks: &[LimitCheck]) -> Decisions {
         let instances = self.instances.load(Ordering::Relaxed).max(1);
         let scaled: Vec<LimitCheck> = checks
             .iter()

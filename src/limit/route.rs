@@ -8,14 +8,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::StatusCode;
-use http::header::{HeaderName, HeaderValue};
+use http::header::HeaderValue;
+use smallvec::SmallVec;
 
-use super::headers::{ceil_seconds, policy_value, render};
+use super::headers::{LimitHeaders, ceil_seconds, policy_value, render};
 use super::key::{lock_key, store_key};
 use super::refusal_cache::RefusalCache;
 use super::request_key::{AmbiguousKey, KeySource, key_tuple};
 use super::store::LimitStore;
-use super::{LimitCheck, LimitDecision, Outcome};
+use super::{Decisions, LimitCheck, LimitDecision, Outcome};
 use crate::config::{LimitConfig, Mode, OnError, RateLimitHeaders};
 use crate::metrics::Metrics;
 
@@ -26,6 +27,9 @@ pub struct RouteLimits {
     /// `RateLimit-Policy` for the route's enforced limits.
     policy: Option<HeaderValue>,
 }
+
+/// One request's checks, one per applied limit: inline for up to two.
+type Checks = SmallVec<[LimitCheck; 2]>;
 
 /// Gateway-wide settings the decision needs.
 pub struct LimitSettings<'a> {
@@ -44,7 +48,7 @@ pub struct Verdict {
     /// The access log's `limit` field.
     pub outcome: &'static str,
     /// Rate-limit headers for the response, whatever it turns out to be.
-    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub headers: LimitHeaders,
 }
 
 pub enum Action {
@@ -76,8 +80,8 @@ impl RouteLimits {
         client_ip: IpAddr,
         source: &KeySource<'_>,
     ) -> Result<Verdict, AmbiguousKey> {
-        let mut applied: Vec<&LimitConfig> = Vec::with_capacity(self.limits.len());
-        let mut checks: Vec<LimitCheck> = Vec::with_capacity(self.limits.len());
+        let mut applied: SmallVec<[&LimitConfig; 2]> = SmallVec::new();
+        let mut checks: Checks = SmallVec::new();
         for limit in &self.limits {
             if limit.exempt.iter().any(|net| net.contains(&client_ip)) {
                 continue;
@@ -95,7 +99,7 @@ impl RouteLimits {
             applied.push(limit);
         }
         if checks.is_empty() {
-            return Ok(pass("exempt", Vec::new()));
+            return Ok(pass("exempt"));
         }
         // Shadow limits must be evaluated every time, so their requests are never served
         // from remembered refusals.
@@ -131,7 +135,7 @@ impl RouteLimits {
                     settings.metrics.record_decision(&limit.name, "store_error");
                 }
                 return Ok(match settings.on_error {
-                    OnError::Allow | OnError::Local => pass("store_error", Vec::new()),
+                    OnError::Allow | OnError::Local => pass("store_error"),
                     OnError::Deny => Verdict {
                         action: Action::Reject {
                             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -139,7 +143,7 @@ impl RouteLimits {
                             retry_after: 1,
                         },
                         outcome: "store_error",
-                        headers: Vec::new(),
+                        headers: LimitHeaders::new(),
                     },
                 });
             }
@@ -154,10 +158,10 @@ impl RouteLimits {
         &self,
         settings: &LimitSettings<'_>,
         applied: &[&LimitConfig],
-        checks: Vec<LimitCheck>,
+        checks: Checks,
         decisions: &[LimitDecision],
     ) -> Verdict {
-        let mut enforced: Vec<(&LimitConfig, LimitDecision)> = Vec::with_capacity(decisions.len());
+        let mut enforced: SmallVec<[(&LimitConfig, LimitDecision); 2]> = SmallVec::new();
         let mut refusal: Option<(&LimitConfig, Duration)> = None;
         let mut delay = Duration::ZERO;
         let mut outcome = "allowed";
@@ -202,7 +206,7 @@ impl RouteLimits {
             partial = policy_value(enforced.iter().map(|(limit, _)| *limit));
             partial.as_ref()
         };
-        let mut headers = Vec::new();
+        let mut headers = LimitHeaders::new();
         render(settings.headers, policy, &enforced, &mut headers);
         if let Some((limit, retry)) = refusal {
             let locked = enforced
@@ -260,7 +264,7 @@ fn remember_refusal(
     }
     let identity = identity.unwrap_or_else(|| cache.identity(checks));
     // Those that started a lock-out answer `locked` from now on, as the store would.
-    let remembered: Vec<LimitDecision> = checks
+    let remembered: Decisions = checks
         .iter()
         .zip(decisions)
         .map(|(check, d)| match d.outcome {
@@ -275,14 +279,14 @@ fn remember_refusal(
     cache.insert(identity, remembered, decided_at, holds_for);
 }
 
-fn pass(outcome: &'static str, headers: Vec<(HeaderName, HeaderValue)>) -> Verdict {
+fn pass(outcome: &'static str) -> Verdict {
     Verdict {
         action: Action::Pass {
             delay: Duration::ZERO,
             held: Vec::new(),
         },
         outcome,
-        headers,
+        headers: LimitHeaders::new(),
     }
 }
 

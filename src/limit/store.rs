@@ -6,7 +6,7 @@ use super::clock::MonotonicClock;
 use super::memory::MemoryStore;
 use super::redis::StoreError;
 use super::resilient::ResilientRedis;
-use super::{LimitCheck, LimitDecision};
+use super::{Decisions, LimitCheck};
 use crate::config::RedisConfig;
 
 /// Keys the in-process store keeps at most (about 150 bytes each).
@@ -39,7 +39,7 @@ impl LimitStore {
         }
     }
 
-    pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Vec<LimitDecision>, StoreError> {
+    pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Decisions, StoreError> {
         match self {
             LimitStore::Memory(store) => Ok(store.decide(checks)),
             LimitStore::Redis(store) => store.decide(checks).await,
@@ -48,7 +48,7 @@ impl LimitStore {
 
     /// The `on_error = "local"` fallback: the in-process store with each limit divided by
     /// the live instance count (the in-process store itself never fails).
-    pub fn decide_locally(&self, checks: &[LimitCheck]) -> Vec<LimitDecision> {
+    pub fn decide_locally(&self, checks: &[LimitCheck]) -> Decisions {
         match self {
             LimitStore::Memory(store) => store.decide(checks),
             LimitStore::Redis(store) => store.decide_locally(checks),
