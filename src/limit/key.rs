@@ -27,24 +27,62 @@ const DIGEST_HEX: usize = 32;
 
 /// The encoded key tuple of one request for one limit.
 pub fn encode_tuple<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
-    let mut escaped = String::new();
-    for (i, part) in parts.into_iter().enumerate() {
-        if i > 0 {
-            escaped.push(':');
+    let mut tuple = TupleEncoder::default();
+    for part in parts {
+        tuple.next_part();
+        tuple.push(part);
+    }
+    tuple.finish()
+}
+
+/// Builds a key tuple part by part, escaping as it goes (no copy of a part is made).
+#[derive(Default)]
+pub struct TupleEncoder {
+    /// ASCII only: every byte outside `A-Z a-z 0-9 . - _` is escaped.
+    escaped: Vec<u8>,
+    parts: usize,
+}
+
+impl TupleEncoder {
+    /// Starts the next part; [`Self::push`] then appends its bytes.
+    pub fn next_part(&mut self) {
+        if self.parts > 0 {
+            self.escaped.push(b':');
         }
-        escape_into(&mut escaped, part);
+        self.parts += 1;
     }
-    if escaped.len() <= TUPLE_BUDGET {
-        return escaped;
+
+    /// Appends bytes to the current part, escaped.
+    pub fn push(&mut self, mut bytes: &[u8]) {
+        self.escaped.reserve(bytes.len());
+        // Runs of plain bytes are copied whole: an address or an API key is one run.
+        while let Some(at) = bytes.iter().position(|&byte| !is_plain(byte)) {
+            let byte = bytes[at];
+            self.escaped.extend_from_slice(&bytes[..at]);
+            self.escaped.extend_from_slice(&[
+                b'%',
+                HEX[usize::from(byte >> 4)],
+                HEX[usize::from(byte & 0xf)],
+            ]);
+            bytes = &bytes[at + 1..];
+        }
+        self.escaped.extend_from_slice(bytes);
     }
-    let digest = Sha256::digest(escaped.as_bytes());
-    let mut hashed = String::with_capacity(1 + DIGEST_HEX);
-    hashed.push('#');
-    for byte in &digest[..DIGEST_HEX / 2] {
-        hashed.push(HEX[usize::from(byte >> 4)] as char);
-        hashed.push(HEX[usize::from(byte & 0xf)] as char);
+
+    /// The tuple: as escaped, or if that would not fit, `#` and the digest's hex.
+    pub fn finish(self) -> String {
+        if self.escaped.len() <= TUPLE_BUDGET {
+            return String::from_utf8(self.escaped).expect("escaped tuples are ASCII");
+        }
+        let digest = Sha256::digest(&self.escaped);
+        let mut hashed = String::with_capacity(1 + DIGEST_HEX);
+        hashed.push('#');
+        for byte in &digest[..DIGEST_HEX / 2] {
+            hashed.push(HEX[usize::from(byte >> 4)] as char);
+            hashed.push(HEX[usize::from(byte & 0xf)] as char);
+        }
+        hashed
     }
-    hashed
 }
 
 /// The store key of `limit`'s counter for `tuple`. It names the algorithm, so that a limit
@@ -76,17 +114,21 @@ fn joined_key(prefix: &str, tuple: &str, limit: &str, tag: &str) -> String {
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
-fn escape_into(out: &mut String, part: &[u8]) {
-    for &byte in part {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'-' | b'_') {
-            out.push(byte as char);
-        } else {
-            out.push('%');
-            out.push(HEX[usize::from(byte >> 4)] as char);
-            out.push(HEX[usize::from(byte & 0xf)] as char);
-        }
-    }
+fn is_plain(byte: u8) -> bool {
+    PLAIN[usize::from(byte)]
 }
+
+/// The bytes kept as they are in a tuple: `A-Z a-z 0-9 . - _`.
+static PLAIN: [bool; 256] = {
+    let mut plain = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        plain[byte] = b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_');
+        byte += 1;
+    }
+    plain
+};
 
 #[cfg(test)]
 mod tests {
@@ -114,6 +156,7 @@ mod tests {
     fn separators_and_braces_cannot_be_forged() {
         assert_ne!(tuple(&["a:b"]), tuple(&["a", "b"]));
         assert_eq!(tuple(&["}{x"]), "%7D%7Bx");
+        assert_eq!(tuple(&["a b%", "", "\u{e9}z"]), "a%20b%25::%C3%A9z");
         assert!(!tuple(&["#abc"]).starts_with('#'));
     }
 
@@ -145,5 +188,32 @@ mod tests {
                 prop_assert_ne!(ka, kb);
             }
         }
+
+        #[test]
+        fn a_tuple_that_fits_decodes_to_its_parts(
+            // At most 3 parts of 12 bytes: 110 bytes when every byte is escaped, within the budget.
+            parts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..13), 1..4),
+        ) {
+            let encoded = encode_tuple(parts.iter().map(Vec::as_slice));
+            let decoded: Vec<Vec<u8>> = encoded.split(':').map(percent_decode).collect();
+            prop_assert_eq!(decoded, parts);
+        }
+    }
+
+    fn percent_decode(part: &str) -> Vec<u8> {
+        let bytes = part.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' {
+                out.push(u8::from_str_radix(&part[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            } else {
+                assert!(is_plain(bytes[i]), "{part}: unescaped {:?}", bytes[i] as char);
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        out
     }
 }

@@ -6,9 +6,11 @@
 //! back to the client IP, tagged so that a client cannot send a value equal to someone
 //! else's address and share (or exhaust) their counter.
 
+use std::borrow::Cow;
+
 use http::{HeaderMap, Method, header};
 
-use super::key::encode_tuple;
+use super::key::TupleEncoder;
 use crate::config::KeyPart;
 
 /// A key part occurred more than once in the request.
@@ -29,57 +31,57 @@ pub struct KeySource<'a> {
 
 /// The encoded tuple of `parts` for this request.
 pub fn key_tuple(parts: &[KeyPart], source: &KeySource<'_>) -> Result<String, AmbiguousKey> {
-    let mut values: Vec<Vec<u8>> = Vec::with_capacity(parts.len());
+    let mut tuple = TupleEncoder::default();
     for part in parts {
-        let value = match part {
-            KeyPart::ClientIp => tagged(b'i', source.client_ip.as_bytes()),
-            KeyPart::Method => tagged(b'v', source.method.as_str().as_bytes()),
-            KeyPart::Path => tagged(b'v', source.path.as_bytes()),
-            KeyPart::Host => tagged(b'v', source.host.unwrap_or("").as_bytes()),
-            KeyPart::Route => tagged(b'v', source.route.as_bytes()),
-            KeyPart::Header(name) => {
-                let mut found = source.headers.get_all(name).iter();
-                let value = found.next().map(|v| v.as_bytes().to_vec());
-                if found.next().is_some() {
-                    return Err(AmbiguousKey(format!("header {name}")));
-                }
-                client_value(value, source.client_ip)
-            }
+        let (tag, value) = match part {
+            KeyPart::ClientIp => (CLIENT_IP, Cow::Borrowed(source.client_ip.as_bytes())),
+            KeyPart::Method => (VALUE, Cow::Borrowed(source.method.as_str().as_bytes())),
+            KeyPart::Path => (VALUE, Cow::Borrowed(source.path.as_bytes())),
+            KeyPart::Host => (VALUE, Cow::Borrowed(source.host.unwrap_or("").as_bytes())),
+            KeyPart::Route => (VALUE, Cow::Borrowed(source.route.as_bytes())),
+            KeyPart::Header(name) => client_value(
+                single(
+                    source.headers.get_all(name).iter().map(|v| v.as_bytes().into()),
+                    || format!("header {name}"),
+                )?,
+                source.client_ip,
+            ),
             KeyPart::Query(name) => client_value(
-                single(query_values(source.query, name), || {
+                single(query_values(source.query, name).map(Cow::Owned), || {
                     format!("query parameter {name}")
                 })?,
                 source.client_ip,
             ),
             KeyPart::Cookie(name) => client_value(
-                single(cookie_values(source.headers, name), || format!("cookie {name}"))?,
+                single(cookie_values(source.headers, name).map(Cow::Borrowed), || {
+                    format!("cookie {name}")
+                })?,
                 source.client_ip,
             ),
         };
-        values.push(value);
+        tuple.next_part();
+        tuple.push(&[tag]);
+        tuple.push(&value);
     }
-    Ok(encode_tuple(values.iter().map(Vec::as_slice)))
+    Ok(tuple.finish())
 }
 
-fn tagged(tag: u8, value: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(value.len() + 1);
-    out.push(tag);
-    out.extend_from_slice(value);
-    out
-}
+/// The tag that starts a part: the client's address, or any other value.
+const CLIENT_IP: u8 = b'i';
+const VALUE: u8 = b'v';
 
-/// A client-supplied value, or the client IP when it is absent or empty.
-fn client_value(value: Option<Vec<u8>>, client_ip: &str) -> Vec<u8> {
+/// A client-supplied value, or the client IP when it is absent or empty, with its tag.
+fn client_value<'a>(value: Option<Cow<'a, [u8]>>, client_ip: &'a str) -> (u8, Cow<'a, [u8]>) {
     match value {
-        Some(value) if !value.is_empty() => tagged(b'v', &value),
-        _ => tagged(b'i', client_ip.as_bytes()),
+        Some(value) if !value.is_empty() => (VALUE, value),
+        _ => (CLIENT_IP, Cow::Borrowed(client_ip.as_bytes())),
     }
 }
 
-fn single(
-    mut values: impl Iterator<Item = Vec<u8>>,
+fn single<'a>(
+    mut values: impl Iterator<Item = Cow<'a, [u8]>>,
     what: impl FnOnce() -> String,
-) -> Result<Option<Vec<u8>>, AmbiguousKey> {
+) -> Result<Option<Cow<'a, [u8]>>, AmbiguousKey> {
     let first = values.next();
     if values.next().is_some() {
         return Err(AmbiguousKey(what()));
@@ -96,7 +98,7 @@ fn query_values<'a>(query: Option<&'a str>, name: &'a str) -> impl Iterator<Item
     })
 }
 
-fn cookie_values<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = Vec<u8>> + 'a {
+fn cookie_values<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -104,7 +106,7 @@ fn cookie_values<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Ite
         .filter_map(move |pair| {
             let pair = pair.trim_ascii();
             let at = pair.iter().position(|&b| b == b'=')?;
-            (pair[..at].trim_ascii() == name.as_bytes()).then(|| pair[at + 1..].trim_ascii().to_vec())
+            (pair[..at].trim_ascii() == name.as_bytes()).then(|| pair[at + 1..].trim_ascii())
         })
 }
 
