@@ -13,6 +13,7 @@ bucket. RATE: tokens per second (default 1e9: the state expires a microsecond af
 written; 1 keeps it). The environment's BURST: the bucket's depth (default 1e9).
 """
 import os
+import itertools
 import random
 import struct
 import sys
@@ -44,9 +45,16 @@ def decide_call(sha, clients, rate):
     n_single = sum(1 for k in uses if uses[k] == 1)
     # The call: counter keys, single-use keys, one spec (two bytes each); the spec: token
     # bucket (3), `rate` per 1 s, BURST deep, cost 1, no lock-out, not shadow; then the plan:
-    # per request its number of checks, then per check spec and key index (two bytes each).
+    # per request its number of checks, then per check spec and key index (two bytes each);
+    # consecutive requests on one key as one run: 0, spec, key, the run's length.
     header = struct.pack(">HHH", len(keys), n_single, 1) + struct.pack(">BdddddB", 3, rate, 1000000, BURST, 1, 0, 0)
-    plan = b"".join(struct.pack(">HHH", 1, 1, key_index) for key_index in picks)
+    plan = b""
+    for key_index, run in itertools.groupby(picks):
+        length = len(list(run))
+        if length == 1:
+            plan += struct.pack(">HHH", 1, 1, key_index)
+        else:
+            plan += struct.pack(">HHHH", 0, 1, key_index, length)
     args = ["EVALSHA", sha, len(keys), *keys]
     return command(*args, header + plan)
 

@@ -100,27 +100,37 @@ async fn admitted_count(store: &Store, check: &LimitCheck, attempts: usize) -> u
     admitted
 }
 
-/// Sends `attempts` concurrent requests, each with all of `checks`, and counts the
-/// outcomes (with the Redis store, the requests share script calls).
+/// Sends `attempts` concurrent requests, each with all of `checks`, and returns their
+/// decisions (with the Redis store, the requests share script calls).
+async fn concurrent_decisions(
+    store: &Arc<Store>,
+    checks: &[LimitCheck],
+    attempts: usize,
+) -> Vec<Vec<LimitDecision>> {
+    let tasks: Vec<_> = (0..attempts)
+        .map(|_| {
+            let (store, checks) = (store.clone(), checks.to_vec());
+            tokio::spawn(async move { store.decide(&checks).await })
+        })
+        .collect();
+    let mut decisions = Vec::new();
+    for task in tasks {
+        decisions.push(task.await.unwrap());
+    }
+    decisions
+}
+
+/// The outcomes of [`concurrent_decisions`].
 async fn concurrent_outcomes(
     store: &Arc<Store>,
     checks: &[LimitCheck],
     attempts: usize,
 ) -> Vec<Vec<Outcome>> {
-    let tasks: Vec<_> = (0..attempts)
-        .map(|_| {
-            let (store, checks) = (store.clone(), checks.to_vec());
-            tokio::spawn(async move {
-                let decisions = store.decide(&checks).await;
-                decisions.iter().map(|d| d.outcome).collect::<Vec<_>>()
-            })
-        })
-        .collect();
-    let mut outcomes = Vec::new();
-    for task in tasks {
-        outcomes.push(task.await.unwrap());
-    }
-    outcomes
+    let decisions = concurrent_decisions(store, checks, attempts).await;
+    decisions
+        .iter()
+        .map(|request| request.iter().map(|d| d.outcome).collect())
+        .collect()
 }
 
 fn admitted(outcomes: &[Vec<Outcome>]) -> usize {
@@ -155,6 +165,54 @@ async fn exact_count_under_concurrency(store: Store) {
         let outcomes = concurrent_outcomes(&store, std::slice::from_ref(&limit), 200).await;
         assert_eq!(admitted(&outcomes), capacity, "{}", limit.key);
     }
+}
+
+/// Simultaneous requests on one key (with Redis, runs of them in one script call) are
+/// decided one after another: each admitted request sees what the one before it left, so
+/// their remaining counts are every count from the capacity down, once each; and a fixed
+/// window that already existed counts every admission of the burst.
+async fn simultaneous_requests_on_one_key_are_decided_in_turn(store: Store) {
+    let store = Arc::new(store);
+    let window = check("turn-fw", fixed(100, 60_000));
+    assert_eq!(store.one(&window).await.remaining, 99);
+    let limits: [(LimitCheck, u64); 3] = [
+        (window, 99),
+        (check("turn-sw", sliding(50, 60_000)), 50),
+        (check("turn-tb", bucket(1.0, 60_000, 50)), 50),
+    ];
+    for (limit, capacity) in limits {
+        let decided = concurrent_decisions(&store, std::slice::from_ref(&limit), 120).await;
+        let mut remaining: Vec<u64> = decided
+            .iter()
+            .map(|request| request[0])
+            .filter(|d| d.outcome.admits())
+            .map(|d| d.remaining)
+            .collect();
+        remaining.sort_unstable();
+        let every_count: Vec<u64> = (capacity.saturating_sub(120)..capacity).collect();
+        assert_eq!(remaining, every_count, "{}", limit.key);
+        let refused = decided.iter().filter(|request| !request[0].outcome.admits());
+        assert!(
+            refused.clone().all(|request| request[0].remaining == 0),
+            "{}",
+            limit.key
+        );
+        assert_eq!(
+            refused.count(),
+            120usize.saturating_sub(capacity as usize),
+            "{}",
+            limit.key
+        );
+    }
+    // The window held 1 before the burst and 99 more after it: full.
+    assert_eq!(
+        store.one(&check("turn-fw", fixed(100, 60_000))).await.outcome,
+        Outcome::Rejected
+    );
+    assert_eq!(
+        store.one(&check("turn-fw", fixed(101, 60_000))).await.remaining,
+        0
+    );
 }
 
 /// Under concurrency, a request that one limit refuses consumes nothing from the others,
@@ -435,6 +493,7 @@ macro_rules! conformance {
 
 conformance!(
     exact_count_under_concurrency,
+    simultaneous_requests_on_one_key_are_decided_in_turn,
     busy_and_one_off_clients_in_one_burst,
     a_bucket_as_deep_as_the_configuration_allows,
     all_or_nothing_and_lockout_under_concurrency,

@@ -130,7 +130,10 @@ impl<'a> Interner<'a> {
 ///
 /// Counter keys are numbered from 1 (Lua's first index), those used by exactly one check
 /// first: the script writes those at once instead of keeping their state for later
-/// checks. Lock keys are numbered after the counters.
+/// checks. Lock keys are numbered after the counters. Consecutive requests that are each
+/// one check of the same spec and counter, without a lock-out, go as one run (a busy
+/// client's requests arrive together): the script decides them in order, keeping the
+/// counter's state in locals.
 pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<Cmd, Oversized> {
     let total: usize = requests.iter().map(|checks| checks.len()).sum();
     let mut counters = Interner::with_capacity(total);
@@ -184,14 +187,34 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
         spec.put(&mut call);
     }
     let mut checks = checks.into_iter();
-    for request in requests {
-        put_number(&mut call, request.len());
-        for (spec, counter, lock) in checks.by_ref().take(request.len()) {
+    let mut requests = requests.iter().peekable();
+    while let Some(request) = requests.next() {
+        // A request of no checks has nothing to decide (and the plan no way to say so).
+        let Some(first) = (!request.is_empty()).then(|| checks.next()).flatten() else {
+            continue;
+        };
+        // A run: this and the requests after it are each one check of the same spec on the
+        // same counter, without a lock-out.
+        let mut run = 1;
+        if request.len() == 1 && first.2.is_none() {
+            while requests.peek().is_some_and(|next| next.len() == 1)
+                && checks.as_slice().first() == Some(&first)
+            {
+                requests.next();
+                checks.next();
+                run += 1;
+            }
+        }
+        put_number(&mut call, if run > 1 { 0 } else { request.len() });
+        for (spec, counter, lock) in std::iter::once(first).chain(checks.by_ref().take(request.len() - 1)) {
             put_number(&mut call, spec);
             put_number(&mut call, number[counter]);
             if let Some(lock) = lock {
                 put_number(&mut call, n_counters + lock + 1);
             }
+        }
+        if run > 1 {
+            put_number(&mut call, run);
         }
     }
 
@@ -357,7 +380,37 @@ mod tests {
         assert_eq!(text, ["EVALSHA", "sha", "2", "k:y", "k:x"]);
         // k:y used once comes first; k:x, used three times, after it
         assert_eq!(call.counts, [2, 1, 1]);
-        assert_eq!(call.plan, [1, 1, 2, 1, 1, 2, 1, 1, 1, 1, 1, 2]);
+        assert_eq!(
+            call.plan,
+            [
+                0, 1, 2, 2, // a run: spec 1, key 2 (k:x), two requests
+                1, 1, 1, // k:y
+                1, 1, 2, // k:x
+            ]
+        );
+    }
+
+    #[test]
+    fn only_one_check_requests_alike_but_for_the_request_go_as_a_run() {
+        let x = [check("k:x", None, 1)];
+        let x_costly = [check("k:x", None, 2)];
+        let x_locked = [check("k:x", Some("k:x:lock"), 1)];
+        let x_and_y = [check("k:x", None, 1), check("k:y", None, 1)];
+        let requests: [&[LimitCheck]; 9] = [&x, &x, &x_costly, &x_locked, &x_locked, &x, &x, &x_and_y, &x];
+        let (text, call) = args(&command("sha", &requests).unwrap());
+        assert_eq!(text, ["EVALSHA", "sha", "3", "k:y", "k:x", "k:x:lock"]);
+        assert_eq!(
+            call.plan,
+            [
+                0, 1, 2, 2, // a run of two: spec 1 (cost 1), key 2 (k:x)
+                1, 2, 2, // spec 2 (cost 2)
+                1, 3, 2, 3, // spec 3, with its lock (key 3): never a run
+                1, 3, 2, 3, //
+                0, 1, 2, 2, // a run of two again
+                2, 1, 2, 1, 1, // two checks: k:x, k:y
+                1, 1, 2, // alone
+            ]
+        );
     }
 
     #[test]

@@ -12,7 +12,10 @@
 --     (1: never refuses; consumes only when the request is admitted and it admits too).
 --   The plan, two bytes a number: per request its number of checks (at least one), and per
 --     check: spec index, counter key index, and (only when the spec has a lock-out) lock
---     key index.
+--     key index. A run of R consecutive requests (R >= 2) that are each one check of the
+--     same spec, without a lock-out, on the same counter key, is one entry: 0, the spec
+--     index, the key index, R. The script decides them in order with the key's state in
+--     locals (a busy client's requests come in runs).
 --   One binary string, not decimal arguments: Redis turns every argument into a string
 --   object and a Lua string, and tonumber() parses each with strtod, about 0.8k
 --   instructions a number: more than the decision itself (callgrind, bench/script_cost.sh).
@@ -37,12 +40,12 @@
 --
 -- What a call costs before its first decision counts too: every function and table made
 -- here is made again on every call, and Lua's garbage collector then sweeps it. So there
--- are seven functions (the four algorithms, bucket_state, whole and write), each made
--- before the locals it does not capture (finding a captured local walks the list of those
+-- are nine functions (three readers, four evaluators, whole and write), each made before
+-- the locals it does not capture (finding a captured local walks the list of those
 -- captured before it), the tables of multi-use keys, locks and multi-check requests are
 -- made only by calls that have them, and the common request (one check, no lock-out)
--- calls no function of ours but its algorithm (and a bucket's bucket_state) and, for a key
--- no other check uses, write.
+-- calls no function of ours but its algorithm's reader and evaluator and, for a key no
+-- other check uses, write.
 --
 -- Stored state: fixed_window is a plain counter (written when its window starts, INCRBY
 -- after); the others are ':' and then their numbers as little-endian doubles, exact:
@@ -64,30 +67,30 @@ local byte, match, pack_bytes, unpack_bytes = string.byte, string.match, struct.
 -- changed them: up to three numbers per key index (made only when the batch has such keys).
 local s1, s2, s3
 
--- Each evaluator takes the key's index, its stored text (false: no state; true: the live
--- state above) and a spec's a, b, c and cost, and returns: admitted, delay,
--- remaining_after, remaining_before, reset, retry_after, and the state to keep when the
--- request is admitted (three numbers and its lifetime in ms). Lifetimes are ceil(µs /
--- 1000) of a positive time, so at least 1 ms.
-local function fixed_window(k, text, limit, window, _, cost)
-  -- count, the window's end, and 1 when the window exists in Redis (nil: no window yet;
-  -- it starts with its first admission).
-  local count, window_end, exists
-  if text == true then
-    count, window_end, exists = s1[k], s2[k], s3[k]
-  elseif text then
-    exists = 0
-    local pttl = redis.call('PTTL', KEYS[k])
-    if pttl > 0 then
-      -- The key outlives its window by up to 2 ms (its expiry was rounded up to the
-      -- millisecond, and PTTL counts from the current millisecond's start): the window
-      -- itself ends no later than `window` from now.
-      window_end = now + pttl * 1000
-      if window_end > now + window then window_end = now + window end
-      count, exists = tonumber(text), 1
-    end
-  end
-  count, window_end = count or 0, window_end or now + window
+-- Each algorithm has a reader and an evaluator. The reader takes a counter's index and its
+-- stored text (false: no state; true: the live state above) and returns the state's three
+-- numbers (nil when there is none). The evaluator takes those and a spec's a, b, c and
+-- cost, and returns: admitted, delay, remaining_after, remaining_before, reset,
+-- retry_after, and the state to keep when the request is admitted (three numbers, which
+-- the next request on the key gets from the reader, and its lifetime in ms). Lifetimes
+-- are ceil(µs / 1000) of a positive time, so at least 1 ms.
+
+-- Fixed window: count, the window's end, and 1 when the window exists in Redis (nil: no
+-- window yet; it starts with its first admission).
+local function read_fixed(k, text)
+  if text == true then return s1[k], s2[k], s3[k] end
+  if not text then return nil end
+  local pttl = redis.call('PTTL', KEYS[k])
+  -- The key outlives its window by up to 2 ms (its expiry was rounded up to the
+  -- millisecond, and PTTL counts from the current millisecond's start): the evaluator caps
+  -- the window's end at `window` from now.
+  if pttl > 0 then return tonumber(text), now + pttl * 1000, 1 end
+  return nil, nil, 0
+end
+
+local function fixed_window(count, window_end, exists, limit, window, _, cost)
+  count = count or 0
+  if not window_end or window_end > now + window then window_end = now + window end
   local reset = window_end - now
   local admitted = count + cost <= limit
   local after, retry = count, reset
@@ -98,18 +101,16 @@ local function fixed_window(k, text, limit, window, _, cost)
   return admitted, 0, left_after, left_before, reset, retry, after, window_end, exists or 0, ceil(window / 1000)
 end
 
-local function sliding_window(k, text, limit, window, _, cost)
-  local i, current, previous
-  if text == true then
-    i, current, previous = s1[k], s2[k], s3[k]
-  elseif text then
-    if byte(text) == 58 then
-      i, current, previous = unpack_bytes('<ddd', text, 2)
-    else
-      local a, b, c = match(text, '^([^:]+):([^:]+):(.+)$')
-      i, current, previous = tonumber(a), tonumber(b), tonumber(c)
-    end
-  end
+-- Sliding window: the window's index, its count, and the previous window's count.
+local function read_sliding(k, text)
+  if text == true then return s1[k], s2[k], s3[k] end
+  if not text then return nil end
+  if byte(text) == 58 then return unpack_bytes('<ddd', text, 2) end
+  local a, b, c = match(text, '^([^:]+):([^:]+):(.+)$')
+  return tonumber(a), tonumber(b), tonumber(c)
+end
+
+local function sliding_window(i, current, previous, limit, window, _, cost)
   local index = floor(now / window)
   local into = now - index * window
   if i == index then
@@ -143,10 +144,8 @@ local function sliding_window(k, text, limit, window, _, cost)
     ceil((2 * window - into) / 1000)
 end
 
--- A bucket's two numbers from its stored text or live state (nil: no state): tokens and
--- updated, or tat and step. One function for both buckets costs a call, about 0.3k
--- instructions a decision (callgrind, bench/script_cost.sh).
-local function bucket_state(k, text)
+-- Buckets: tokens and updated (token bucket), or tat and step (leaky bucket).
+local function read_bucket(k, text)
   if text == true then return s1[k], s2[k] end
   if not text then return nil end
   if #text == 17 then return unpack_bytes('<dd', text, 2) end
@@ -154,8 +153,7 @@ local function bucket_state(k, text)
   return tonumber(x), tonumber(y)
 end
 
-local function token_bucket(k, text, rate, per, burst, cost)
-  local saved, updated = bucket_state(k, text)
+local function token_bucket(saved, updated, _, rate, per, burst, cost)
   -- Written without min/max/floor calls: this runs for nearly every decision. The counts
   -- returned are never negative, so the gateway's truncation to whole counts floors them.
   local step = per / rate
@@ -179,8 +177,7 @@ local function token_bucket(k, text, rate, per, burst, cost)
   return admitted, 0, left, tokens, until_full, retry, left, now, 0, expiry
 end
 
-local function leaky_bucket(k, text, rate, per, burst, cost)
-  local saved_tat, saved_step = bucket_state(k, text)
+local function leaky_bucket(saved_tat, saved_step, _, rate, per, burst, cost)
   local step = per / rate
   local depth = burst * step
   local tat = now
@@ -208,6 +205,7 @@ local function leaky_bucket(k, text, rate, per, burst, cost)
     floor(new_tat + 0.5), step, 0, ceil(max(1, ceil(new_tat - now)) / 1000)
 end
 
+local readers = { read_fixed, read_sliding, read_bucket, read_bucket }
 local evaluators = { fixed_window, sliding_window, token_bucket, leaky_bucket }
 
 -- Writes: MSET arguments (key, value) and each key's expiry instant in ms.
@@ -283,8 +281,9 @@ local max_time = 1125899906842624 -- 2^50 µs: see the reply above
 local specs, keys, locks, locked, admitted, delays, afters, befores, resets, retries, n1, n2, n3, ttls
 local lock_left
 
--- The spec of the last one-check request, in locals (a batch usually has one spec).
-local current_spec, algorithm, a, b, c, cost, lockout = -1
+-- The spec of the last one-check request, in locals (a batch usually has one spec), with
+-- its algorithm's reader and evaluator.
+local current_spec, algorithm, a, b, c, cost, lockout, read, evaluate = -1
 
 local plan_end = #call
 while p < plan_end do
@@ -293,14 +292,15 @@ while p < plan_end do
   if s ~= current_spec then
     current_spec, algorithm, a, b, c, cost, lockout =
       s, spec[s], spec[s + 1], spec[s + 2], spec[s + 3], spec[s + 4], spec[s + 5]
+    read, evaluate = readers[algorithm], evaluators[algorithm]
   end
   if n == 1 and lockout == 0 then
     -- One check without a lock-out (the common request): nothing to stage, and a key no
     -- other check uses is written at once.
     local k = k_hi * 256 + k_lo
     p = p + 6
-    local ok, delay, after, before, reset, retry, v1, v2, v3, lifetime =
-      evaluators[algorithm](k, stored[k], a, b, c, cost)
+    local x1, x2, x3 = read(k, stored[k])
+    local ok, delay, after, before, reset, retry, v1, v2, v3, lifetime = evaluate(x1, x2, x3, a, b, c, cost)
     if reset > max_time then reset = max_time end
     local o = n_out
     if not ok then
@@ -319,6 +319,36 @@ while p < plan_end do
       else
         out[o + 1], out[o + 2], n_out = after, reset * 4, o + 2
       end
+    end
+  elseif n == 0 then
+    -- A run of such requests on one key (used by more than this run, so never written at
+    -- once): decided in turn with the key's state in locals, kept once at the end. The
+    -- same steps as a lone request's above, which stays apart: a loop of one costs every
+    -- lone request about 1k instructions (callgrind, bench/script_cost.sh).
+    local k, r_hi, r_lo = k_hi * 256 + k_lo, byte(call, p + 6, p + 7)
+    p = p + 8
+    local x1, x2, x3 = read(k, stored[k])
+    local admissions, lifetime, o = 0, 0, n_out
+    for _ = 1, r_hi * 256 + r_lo do
+      local ok, delay, after, before, reset, retry, v1, v2, v3, life = evaluate(x1, x2, x3, a, b, c, cost)
+      if reset > max_time then reset = max_time end
+      if not ok then
+        if retry > max_time then retry = max_time end
+        out[o + 1], out[o + 2], out[o + 3], o = before, reset * 4 + 2, retry, o + 3
+      else
+        x1, x2, x3, lifetime, admissions = v1, v2, v3, life, admissions + 1
+        if delay > 0 then
+          if delay > max_time then delay = max_time end
+          out[o + 1], out[o + 2], out[o + 3], o = after, reset * 4 + 1, delay, o + 3
+        else
+          out[o + 1], out[o + 2], o = after, reset * 4, o + 2
+        end
+      end
+    end
+    n_out = o
+    if admissions > 0 then
+      if algorithm == 1 then added[k] = (added[k] or 0) + admissions * cost end
+      stored[k], s1[k], s2[k], s3[k], dirty[k], ttl[k] = true, x1, x2, x3, algorithm, lifetime
     end
   else
     -- A request of n checks, or with a lock-out: every check is evaluated first, and the
@@ -350,8 +380,10 @@ while p < plan_end do
         if left and left > check_lockout then left = check_lockout end
         locked[i] = left
       end
+      local check_algorithm = spec[cs]
+      local x1, x2, x3 = readers[check_algorithm](k, stored[k])
       admitted[i], delays[i], afters[i], befores[i], resets[i], retries[i], n1[i], n2[i], n3[i], ttls[i] =
-        evaluators[spec[cs]](k, stored[k], spec[cs + 1], spec[cs + 2], spec[cs + 3], spec[cs + 4])
+        evaluators[check_algorithm](x1, x2, x3, spec[cs + 1], spec[cs + 2], spec[cs + 3], spec[cs + 4])
       if spec[cs + 6] ~= 1 and (locked[i] or not admitted[i]) then all_admitted = false end
     end
     for i = 1, n do
