@@ -267,10 +267,14 @@ pub(crate) fn decisions(requests: &[&[LimitCheck]], reply: &[u8]) -> Option<Vec<
             retry_after,
         })
     };
-    let decided = requests
-        .iter()
-        .map(|checks| checks.iter().map(|_| next_decision()).collect())
-        .collect::<Option<Vec<Decisions>>>()?;
+    let mut decided = Vec::with_capacity(requests.len());
+    for checks in requests {
+        let mut decisions = Decisions::with_capacity(checks.len());
+        for _ in 0..checks.len() {
+            decisions.push(next_decision()?);
+        }
+        decided.push(decisions);
+    }
     values.next().is_none().then_some(decided)
 }
 
