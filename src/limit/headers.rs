@@ -65,7 +65,8 @@ pub fn render(
             value.push_str(";t=");
             value.push_str(digits.format(ceil_seconds(d.reset)));
         }
-        if let Ok(value) = HeaderValue::from_str(&value) {
+        // The value's own buffer becomes the header's (no copy).
+        if let Ok(value) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
             out.push((RATELIMIT.clone(), value));
         }
     }

@@ -36,11 +36,21 @@ pub fn encode_tuple<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
 }
 
 /// Builds a key tuple part by part, escaping as it goes (no copy of a part is made).
-#[derive(Default)]
 pub struct TupleEncoder {
     /// ASCII only: every byte outside `A-Z a-z 0-9 . - _` is escaped.
     escaped: Vec<u8>,
     parts: usize,
+}
+
+impl Default for TupleEncoder {
+    /// An encoder with room for a typical tuple (an IPv6 address, escaped, or an API key),
+    /// so that building one allocates once.
+    fn default() -> Self {
+        TupleEncoder {
+            escaped: Vec::with_capacity(64),
+            parts: 0,
+        }
+    }
 }
 
 impl TupleEncoder {

@@ -63,11 +63,13 @@ impl MemoryStore {
     /// Decides all of one request's limits, atomically.
     pub fn decide(&self, checks: &[LimitCheck]) -> Decisions {
         // Each key's slot, hashed once: the reads and writes below find theirs here.
-        let slots: SmallVec<[(&str, Slot); 2]> = checks
-            .iter()
-            .flat_map(|c| std::iter::once(&c.key).chain(c.lockout.as_ref().map(|(lock, _)| lock)))
-            .map(|key| (key.as_str(), self.slot(key)))
-            .collect();
+        let mut slots: SmallVec<[(&str, Slot); 2]> = SmallVec::new();
+        for check in checks {
+            slots.push((&check.key, self.slot(&check.key)));
+            if let Some((lock, _)) = &check.lockout {
+                slots.push((lock, self.slot(lock)));
+            }
+        }
         let slot_of = |key: &str| {
             slots
                 .iter()
