@@ -1,9 +1,10 @@
 //! End to end, the compose example's topology without Docker: the real `floodgate` binary
 //! running `examples/compose/gateway.toml` (service names replaced by local addresses, the
-//! PHP upstream's `timeout` shortened to 1 s), a private `redis-server`, the example PHP app
-//! under `php -S` (Debian `php-cli`) and the example Go app built with `go build` (Debian
-//! `golang-go`). Clients connect from distinct loopback addresses (127.0.0.2, ...), so the
-//! per-IP limits and the addresses the apps see are those of real, different clients.
+//! PHP upstream's `timeout` shortened to 1 s, Redis's lengthened to 5 s), a private
+//! `redis-server`, the example PHP app under `php -S` (Debian `php-cli`) and the example
+//! Go app built with `go build` (Debian `golang-go`). Clients connect from distinct
+//! loopback addresses (127.0.0.2, ...), so the per-IP limits and the addresses the apps see
+//! are those of real, different clients.
 //!
 //! It pins: the limits and rate-limit headers per route (exact values from the example's
 //! config; the counters in Redis); that PHP and Go see the client in X-Real-IP and
@@ -263,6 +264,11 @@ impl Topology {
                 format!("url = \"http://{}\"", go.addr),
             ),
             ("timeout = \"30s\"", format!("timeout = \"{PHP_TIMEOUT}\"")),
+            // These tests pin exact counts in Redis: a script call that took over the
+            // example's 50 ms on a starved machine would be decided locally instead
+            // (`on_error = "local"`, as it should) and be missing from Redis's count.
+            // tests/redis_failure.rs pins what a slow Redis does.
+            ("timeout = \"50ms\"", "timeout = \"5s\"".to_owned()),
         ] {
             config = replace_once(&config, from, &to);
         }
@@ -523,6 +529,14 @@ async fn the_per_ip_quota_is_shared_by_both_routes_and_refuses_the_301st() {
         .collect()
         .await;
     assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+    // Every decision was Redis's: none fell back to the local store.
+    let metrics = admin_metrics(&topology).await;
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("floodgate_store_errors_total")),
+        "{metrics}"
+    );
 
     for path in ["/", "/api/x"] {
         let refused = send(&client, get(&topology.url(path)).body(empty()).unwrap()).await;
