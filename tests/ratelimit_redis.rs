@@ -31,17 +31,25 @@ async fn redis_server() -> RedisServer {
 }
 
 /// A gateway on `redis_url` with `[redis]` extras, one upstream `app`, the warm-up
-/// route and `limits_and_routes`.
+/// route and `limits_and_routes`. Unless the extras set one, the store's timeout is 5 s:
+/// these tests count in Redis, and a call over the default 50 ms on a starved machine
+/// would be decided by `on_error` instead.
 async fn gateway(
     redis_url: &str,
     redis_extra: &str,
     upstream: &Upstream,
     limits_and_routes: &str,
 ) -> TestGateway {
+    let timeout = if redis_extra.contains("timeout") {
+        ""
+    } else {
+        "timeout = \"5s\""
+    };
     TestGateway::start(&format!(
         r#"
 [redis]
 url = "{redis_url}"
+{timeout}
 {redis_extra}
 
 [upstreams.app]
