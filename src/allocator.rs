@@ -35,32 +35,42 @@ fn plain(size: usize, align: usize) -> bool {
     align <= PLAIN_ALIGN && align <= size && size.is_multiple_of(align)
 }
 
+/// A plain mimalloc allocation call: `mi_malloc(size)` or `mi_zalloc(size)`.
+type Plain = unsafe extern "C" fn(usize) -> *mut c_void;
+/// An aligned one: `mi_malloc_aligned(size, alignment)` or `mi_zalloc_aligned`.
+type Aligned = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+
+/// Allocates `layout` with the plain call where it suffices, else with the aligned one.
+///
+/// # Safety
+/// `plain` and `aligned` are mimalloc's allocation calls, which accept any size and
+/// power-of-two alignment.
+#[inline]
+unsafe fn allocate(layout: Layout, plain_call: Plain, aligned_call: Aligned) -> *mut u8 {
+    // SAFETY: the caller passes mimalloc's calls.
+    unsafe {
+        if plain(layout.size(), layout.align()) {
+            plain_call(layout.size()).cast()
+        } else {
+            aligned_call(layout.size(), layout.align()).cast()
+        }
+    }
+}
+
 // SAFETY: every pointer returned comes from mimalloc, which is thread-safe, with at least
 // the layout's size and alignment (module docs); every pointer freed or reallocated was
 // returned by it, and mimalloc frees and reallocates aligned and plain blocks alike.
 unsafe impl GlobalAlloc for Mimalloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: mimalloc's allocation calls accept any size and power-of-two alignment.
-        unsafe {
-            if plain(layout.size(), layout.align()) {
-                mi_malloc(layout.size()).cast()
-            } else {
-                mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        // SAFETY: mimalloc's own allocation calls.
+        unsafe { allocate(layout, mi_malloc, mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as for `alloc`.
-        unsafe {
-            if plain(layout.size(), layout.align()) {
-                mi_zalloc(layout.size()).cast()
-            } else {
-                mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        // SAFETY: mimalloc's own zeroing allocation calls.
+        unsafe { allocate(layout, mi_zalloc, mi_zalloc_aligned) }
     }
 
     #[inline]
