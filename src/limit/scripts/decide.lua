@@ -439,10 +439,12 @@ do
     redis.call('PEXPIREAT', set_args[2 * i - 1], whole(set_at[i]))
   end
 end
--- The reply: one string of little-endian doubles (unpack() is bounded by Lua's C stack).
-local chunks = {}
-for first = 1, n_out, 1000 do
-  local last = min(first + 999, n_out)
-  chunks[#chunks + 1] = pack_bytes('<' .. string.rep('d', last - first + 1), unpack(out, first, last))
+-- The reply: one string of little-endian doubles, packed 1000 at a time (unpack() is
+-- bounded by Lua's C stack); a call of up to 1000 numbers (nearly all) makes no table.
+local function packed(first, last)
+  return pack_bytes('<' .. string.rep('d', last - first + 1), unpack(out, first, last))
 end
+if n_out <= 1000 then return packed(1, n_out) end
+local chunks = {}
+for first = 1, n_out, 1000 do chunks[#chunks + 1] = packed(first, min(first + 999, n_out)) end
 return table.concat(chunks)
