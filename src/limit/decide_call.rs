@@ -190,9 +190,10 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
     let mut requests = requests.iter().peekable();
     while let Some(request) = requests.next() {
         // A request of no checks has nothing to decide (and the plan no way to say so).
-        let Some(first) = (!request.is_empty()).then(|| checks.next()).flatten() else {
+        if request.is_empty() {
             continue;
-        };
+        }
+        let first = checks.next().expect("one entry per check of the requests");
         // A run: this and the requests after it are each one check of the same spec on the
         // same counter, without a lock-out.
         let mut run = 1;
@@ -220,7 +221,7 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
 
     let data = "EVALSHA".len()
         + script_hash.len()
-        + 5
+        + 5 // the key count's digits: at most PLAN_MAX, 65,535
         + keys.iter().map(|key| key.len()).sum::<usize>()
         + call.len();
     let mut cmd = Cmd::with_capacity(4 + keys.len(), data);

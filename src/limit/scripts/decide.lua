@@ -40,8 +40,8 @@
 --
 -- What a call costs before its first decision counts too: every function and table made
 -- here is made again on every call, and Lua's garbage collector then sweeps it. So there
--- are nine functions (three readers, four evaluators, whole and write), each made before
--- the locals it does not capture (finding a captured local walks the list of those
+-- are ten functions (three readers, four evaluators, whole, write and, for the reply,
+-- packed), each made before the locals it does not capture (finding a captured local walks the list of those
 -- captured before it), the tables of multi-use keys, locks and multi-check requests are
 -- made only by calls that have them, and the common request (one check, no lock-out)
 -- calls no function of ours but its algorithm's reader and evaluator and, for a key no
