@@ -9,8 +9,10 @@
 # TEMPLATE: a gateway.toml with anchors.sh's placeholders (default: its passthrough);
 # BINARY: default target/release/floodgate. It starts an nginx upstream (`return 200
 # 'ok'`) and a Redis, floodgate under callgrind, warms it up with wrk, then counts the
-# instructions of a wrk run of SECONDS (default 5; 8 connections) and divides by the
-# requests wrk completed. TOP (default 20) lists the functions that take the most per
+# instructions of a wrk run of RUN_SECONDS (default 5) over CONNECTIONS (default 8) and
+# divides by the requests wrk completed (with Redis limits, it also prints the requests
+# per script call: under callgrind the gateway is slow beside Redis, so CONNECTIONS sets
+# how many requests a call carries). TOP (default 20) lists the functions that take the most per
 # request (self cost; the frames below the event loop, charged with everything, are
 # skipped); KEEP=FILE keeps the callgrind dump. Needs nginx, wrk, redis-server, valgrind.
 set -euo pipefail
@@ -19,6 +21,7 @@ cd "$(dirname "$0")/.."
 TEMPLATE=${1:-../shared/bench/conf/floodgate/passthrough.toml.tmpl}
 BINARY=${2:-target/release/floodgate}
 SECONDS_MEASURED=${RUN_SECONDS:-5}
+CONNECTIONS=${CONNECTIONS:-8}
 TOP=${TOP:-20}
 for tool in nginx wrk redis-server valgrind callgrind_control callgrind_annotate python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
@@ -47,15 +50,19 @@ pids+=($gateway)
 for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$gateway_port") 2>/dev/null && break; sleep 0.1; done
 
 url=http://127.0.0.1:$gateway_port/
-wrk -t1 -c8 -d3s "$url" >/dev/null
+wrk -t1 -c"$CONNECTIONS" -d3s "$url" >/dev/null
+script_calls() { redis-cli -p "$redis_port" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/ {n = $3} END {print n + 0}'; }
+calls_before=$(script_calls)
 callgrind_control -z "$gateway" >/dev/null 2>&1
-requests=$(wrk -t1 -c8 -d"${SECONDS_MEASURED}s" "$url" | awk '/requests in/ {print $1}')
+requests=$(wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_MEASURED}s" "$url" | awk '/requests in/ {print $1}')
 callgrind_control -d "$gateway" >/dev/null 2>&1
+calls=$(( $(script_calls) - calls_before ))
 dump=$(ls "$dir"/callgrind.out.* | sort | tail -1)
 callgrind_annotate --threshold=100 "$dump" >"$dir/annotate.txt" 2>/dev/null
 [ -n "${KEEP:-}" ] && cp "$dump" "$KEEP"
 total=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }' "$dir/annotate.txt")
 echo "$(basename "$TEMPLATE" .toml.tmpl): $((total / requests)) instructions per request ($total over $requests requests)"
+[ "$calls" -gt 0 ] && echo "  $calls script calls, $((requests * 10 / calls / 10)).$((requests * 10 / calls % 10)) requests per call"
 if [ "$TOP" -gt 0 ]; then
   sed -n '/file:function/,$p' "$dir/annotate.txt" | sed -n '3,$p' |
     sed -E 's/ \[[^]]*\]$//; s/\([ 0-9.%]+\)//' |

@@ -113,11 +113,13 @@ struct DecisionSeries {
 
 /// Series handles by the address of their label values, so that recording costs a
 /// pointer hash instead of hashing label text into the families on every request.
-/// Emptied on reload, when the configuration's names are replaced.
+/// Emptied on reload, when the configuration's names are replaced (the store labels are
+/// static and stay).
 #[derive(Default)]
 struct SeriesCache {
     requests: RwLock<AddressMap<(usize, u16), RequestSeries>>,
     decisions: RwLock<AddressMap<(usize, usize), DecisionSeries>>,
+    store_calls: RwLock<AddressMap<usize, Histogram>>,
 }
 
 fn address(name: &Arc<str>) -> usize {
@@ -262,9 +264,14 @@ impl Metrics {
     }
 
     pub fn record_store_call(&self, store: &'static str, seconds: f64) {
-        self.store_duration
-            .get_or_create(&StoreLabels { store })
-            .observe(seconds);
+        let key = store.as_ptr() as usize;
+        if let Some(duration) = read(&self.cache.store_calls).get(&key) {
+            duration.observe(seconds);
+            return;
+        }
+        let duration = self.store_duration.get_or_create(&StoreLabels { store }).clone();
+        duration.observe(seconds);
+        write(&self.cache.store_calls).insert(key, duration);
     }
 
     pub fn record_store_error(&self, store: &'static str) {
@@ -322,6 +329,23 @@ mod tests {
             text.contains("floodgate_upstream_errors_total{upstream=\"php\",kind=\"timeout\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn store_calls_are_counted_by_store() {
+        let metrics = Metrics::new();
+        metrics.record_store_call("memory", 0.0001);
+        metrics.record_store_call("memory", 0.0002);
+        metrics.record_store_call("redis", 0.002);
+        metrics.record_reload(true);
+        metrics.record_store_call("memory", 0.0001);
+        let text = metrics.render();
+        for series in [
+            "floodgate_store_duration_seconds_count{store=\"memory\"} 3",
+            "floodgate_store_duration_seconds_count{store=\"redis\"} 1",
+        ] {
+            assert!(text.contains(series), "{series} in\n{text}");
+        }
     }
 
     #[test]

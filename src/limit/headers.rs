@@ -52,21 +52,22 @@ pub fn render(
         if let Some(policy) = policy {
             out.push((RATELIMIT_POLICY.clone(), policy.clone()));
         }
-        let mut value = String::with_capacity(32 * decided.len());
+        // Written on the stack, then copied once into a buffer of its exact size: one
+        // allocation (a `String` handed over as `Bytes` costs two).
+        let mut value: SmallVec<[u8; 96]> = SmallVec::new();
         let mut digits = itoa::Buffer::new();
         for (i, (limit, d)) in decided.iter().enumerate() {
             if i > 0 {
-                value.push_str(", ");
+                value.extend_from_slice(b", ");
             }
-            value.push('"');
-            value.push_str(&limit.name);
-            value.push_str("\";r=");
-            value.push_str(digits.format(d.remaining));
-            value.push_str(";t=");
-            value.push_str(digits.format(ceil_seconds(d.reset)));
+            value.push(b'"');
+            value.extend_from_slice(limit.name.as_bytes());
+            value.extend_from_slice(b"\";r=");
+            value.extend_from_slice(digits.format(d.remaining).as_bytes());
+            value.extend_from_slice(b";t=");
+            value.extend_from_slice(digits.format(ceil_seconds(d.reset)).as_bytes());
         }
-        // The value's own buffer becomes the header's (no copy).
-        if let Ok(value) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+        if let Ok(value) = HeaderValue::from_bytes(&value) {
             out.push((RATELIMIT.clone(), value));
         }
     }

@@ -70,10 +70,11 @@ impl MemoryStore {
                 slots.push((lock, self.slot(lock)));
             }
         }
+        // The keys asked for below are the checks' own strings: found by address.
         let slot_of = |key: &str| {
             slots
                 .iter()
-                .find(|(known, _)| *known == key)
+                .find(|(known, _)| std::ptr::eq(*known, key))
                 .map_or_else(|| self.slot(key), |&(_, slot)| slot)
         };
         let mut indexes: SmallVec<[usize; 2]> = slots
@@ -130,10 +131,13 @@ impl MemoryStore {
             let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == shard) else {
                 continue;
             };
-            if only_if_absent && guard.get(&slot).is_some_and(|e| e.expires_at > now) {
+            if let Some(existing) = guard.get_mut(&slot) {
+                if !(only_if_absent && existing.expires_at > now) {
+                    *existing = entry;
+                }
                 continue;
             }
-            if !guard.contains_key(&slot) && guard.len() >= self.max_per_shard {
+            if guard.len() >= self.max_per_shard {
                 make_room(guard, now, self.max_per_shard);
             }
             guard.insert(slot, entry);
