@@ -632,6 +632,71 @@ async fn a_century_long_lockout_is_still_a_lockout() {
     assert_eq!((held.outcome, held.reset), (Outcome::Delayed(longest), longest));
 }
 
+/// A token bucket's run (consecutive requests of one client, answered by the script in
+/// two numbers and worked out by the gateway) is decided to the bit as the same requests
+/// are one by one: in one call, so at one Redis time, the run's key and two keys whose
+/// requests alternate (each decided on its own) start from the same fractional tokens and
+/// must get the same six decisions: outcome, remaining, reset and retry time.
+#[tokio::test]
+async fn a_token_bucket_run_is_decided_as_its_requests_one_by_one() {
+    let store = redis().await;
+    let Store::Redis(redis, server) = &store else {
+        unreachable!()
+    };
+    let limit = |name: &str| LimitCheck {
+        cost: 2,
+        ..check(name, bucket(3.0, 7_000, 7))
+    };
+    let [run, a, b] = ["run", "alone-a", "alone-b"].map(limit);
+    // On this current-thread runtime, every request joins the group-commit queue before its
+    // dispatcher runs: one script call, and the requests in it in this order.
+    let one_call = async |requests: Vec<&LimitCheck>| {
+        let calls = server.command_calls("evalsha");
+        let decided = futures_util::future::join_all(
+            requests
+                .into_iter()
+                .map(|check| redis.decide(std::slice::from_ref(check))),
+        )
+        .await;
+        assert_eq!(server.command_calls("evalsha"), calls + 1, "one script call");
+        decided
+            .into_iter()
+            .map(|decisions| decisions.expect("redis decides")[0])
+            .collect::<Vec<_>>()
+    };
+    // The first call loads the script (a refused EVALSHA, then a second one).
+    store.one(&check("load-script", fixed(1, 60_000))).await;
+    // The same state for all three: 5 tokens, then a fraction more by the next call.
+    one_call(vec![&run, &a, &b]).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut requests = vec![&run; 6];
+    for _ in 0..6 {
+        requests.extend([&a, &b]);
+    }
+    let decided = one_call(requests).await;
+    let (run_decided, alone) = decided.split_at(6);
+    let alone_a: Vec<LimitDecision> = alone.iter().step_by(2).copied().collect();
+    let alone_b: Vec<LimitDecision> = alone.iter().skip(1).step_by(2).copied().collect();
+    assert_eq!(run_decided, alone_a);
+    assert_eq!(run_decided, alone_b);
+    let outcomes: Vec<Outcome> = run_decided.iter().map(|d| d.outcome).collect();
+    assert_eq!(
+        outcomes,
+        [Outcome::Allowed, Outcome::Allowed]
+            .into_iter()
+            .chain([Outcome::Rejected; 4])
+            .collect::<Vec<_>>()
+    );
+    let remaining: Vec<u64> = run_decided.iter().map(|d| d.remaining).collect();
+    assert_eq!(remaining, [3, 1, 1, 1, 1, 1]);
+    // A fraction of a token short: the retry time is under the 2.33 s a token takes.
+    let retry = run_decided[2].retry_after;
+    assert!(
+        retry > Duration::ZERO && retry < Duration::from_millis(2_334),
+        "{retry:?}"
+    );
+}
+
 /// Calls of more keys than one `MGET` (1,000) or one `MSET` (500 pairs) carries: requests
 /// of 64 limits each, sent together, are decided and every key is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

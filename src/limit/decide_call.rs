@@ -126,6 +126,21 @@ impl<'a> Interner<'a> {
     }
 }
 
+/// Whether `next` continues a run that `first` began: both are one check of the same spec
+/// on the same counter, without a lock-out. The script decides a run with the counter's
+/// state in locals, and answers a token bucket's run in two numbers.
+fn continues_run(first: &[LimitCheck], next: &[LimitCheck]) -> bool {
+    match (first, next) {
+        ([first], [next]) => {
+            first.lockout.is_none()
+                && next.lockout.is_none()
+                && first.key == next.key
+                && Spec::of(first) == Spec::of(next)
+        }
+        _ => false,
+    }
+}
+
 /// The script call deciding `requests` (each request's checks, in order).
 ///
 /// Counter keys are numbered from 1 (Lua's first index), those used by exactly one check
@@ -194,17 +209,11 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
             continue;
         }
         let first = checks.next().expect("one entry per check of the requests");
-        // A run: this and the requests after it are each one check of the same spec on the
-        // same counter, without a lock-out.
         let mut run = 1;
-        if request.len() == 1 && first.2.is_none() {
-            while requests.peek().is_some_and(|next| next.len() == 1)
-                && checks.as_slice().first() == Some(&first)
-            {
-                requests.next();
-                checks.next();
-                run += 1;
-            }
+        while requests.peek().is_some_and(|next| continues_run(request, next)) {
+            requests.next();
+            checks.next();
+            run += 1;
         }
         put_number(&mut call, if run > 1 { 0 } else { request.len() });
         for (spec, counter, lock) in std::iter::once(first).chain(checks.by_ref().take(request.len() - 1)) {
@@ -239,44 +248,120 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
 /// The reply is little-endian doubles, per check: remaining, 4 × reset + outcome, and,
 /// unless the check was allowed, the time: the delay of a delayed request, the retry time
 /// of a refused one. Every number is a whole count or microseconds but remaining, a token
-/// count, which is truncated to whole tokens.
+/// count, which is truncated to whole tokens. A token bucket's run is two numbers, the
+/// tokens before it and how many of its requests were admitted ([`token_bucket_run`]).
 pub(crate) fn decisions(requests: &[&[LimitCheck]], reply: &[u8]) -> Option<Vec<Decisions>> {
     if !reply.len().is_multiple_of(8) {
         return None;
     }
-    // `as` saturates: a negative or NaN number would read as 0, never wrap.
-    let mut values = reply
+    let mut numbers = reply
         .chunks_exact(8)
-        .map(|bytes| f64::from_le_bytes(bytes.try_into().expect("eight bytes")) as u64);
-    let mut next_decision = || {
-        let remaining = values.next()?;
-        let packed = values.next()?;
-        let reset = Duration::from_micros(packed >> 2);
-        let (outcome, retry_after) = match packed & 3 {
-            0 => (Outcome::Allowed, Duration::ZERO),
-            1 => (
-                Outcome::Delayed(Duration::from_micros(values.next()?)),
-                Duration::ZERO,
-            ),
-            2 => (Outcome::Rejected, Duration::from_micros(values.next()?)),
-            _ => (Outcome::Locked, Duration::from_micros(values.next()?)),
-        };
-        Some(LimitDecision {
-            outcome,
-            remaining,
-            reset,
-            retry_after,
-        })
-    };
+        .map(|bytes| f64::from_le_bytes(bytes.try_into().expect("eight bytes")));
     let mut decided = Vec::with_capacity(requests.len());
-    for checks in requests {
-        let mut decisions = Decisions::with_capacity(checks.len());
-        for _ in 0..checks.len() {
-            decisions.push(next_decision()?);
+    let mut rest = requests;
+    while let [first, ..] = rest {
+        let run = 1 + rest[1..]
+            .iter()
+            .take_while(|next| continues_run(first, next))
+            .count();
+        if let ([check], true) = (*first, run > 1)
+            && let Algorithm::TokenBucket { rate, per, burst } = check.algorithm
+        {
+            let tokens = numbers.next()?;
+            let admitted = numbers.next()? as usize;
+            if admitted > run {
+                return None;
+            }
+            let bucket = BucketRun {
+                step: per as f64 / rate,
+                burst: burst as f64,
+                cost: check.cost as f64,
+            };
+            decided.extend(
+                bucket
+                    .decisions(tokens, admitted, run)
+                    .map(|d| Decisions::from_elem(d, 1)),
+            );
+        } else {
+            for checks in &rest[..run] {
+                let mut decisions = Decisions::with_capacity(checks.len());
+                for _ in 0..checks.len() {
+                    decisions.push(next_decision(&mut numbers)?);
+                }
+                decided.push(decisions);
+            }
         }
-        decided.push(decisions);
+        rest = &rest[run..];
     }
-    values.next().is_none().then_some(decided)
+    numbers.next().is_none().then_some(decided)
+}
+
+/// One check's decision as the script answers it: remaining, 4 × reset + outcome, and the
+/// time unless it was allowed.
+fn next_decision(numbers: &mut impl Iterator<Item = f64>) -> Option<LimitDecision> {
+    // `as` saturates: a negative or NaN number would read as 0, never wrap.
+    let mut values = numbers.map(|number| number as u64);
+    let remaining = values.next()?;
+    let packed = values.next()?;
+    let reset = Duration::from_micros(packed >> 2);
+    let (outcome, retry_after) = match packed & 3 {
+        0 => (Outcome::Allowed, Duration::ZERO),
+        1 => (
+            Outcome::Delayed(Duration::from_micros(values.next()?)),
+            Duration::ZERO,
+        ),
+        2 => (Outcome::Rejected, Duration::from_micros(values.next()?)),
+        _ => (Outcome::Locked, Duration::from_micros(values.next()?)),
+    };
+    Some(LimitDecision {
+        outcome,
+        remaining,
+        reset,
+        retry_after,
+    })
+}
+
+/// The longest time the script reports, in microseconds (2^50, 35 years).
+const MAX_TIME: f64 = 1_125_899_906_842_624.0;
+
+/// A token bucket's run as the script answers it. The requests of a run see one time, so
+/// the first `admitted` take `cost` each from the tokens the one before left, and the rest
+/// are refused with the tokens the last admission left. Each decision's numbers are those
+/// the script's `token_bucket` would give, computed with the same double operations in the
+/// same order, so they are the same to the bit.
+struct BucketRun {
+    /// Microseconds per token, `per / rate` as the script divides it.
+    step: f64,
+    burst: f64,
+    cost: f64,
+}
+
+impl BucketRun {
+    fn decisions(&self, tokens: f64, admitted: usize, run: usize) -> impl Iterator<Item = LimitDecision> {
+        let micros = |time: f64| Duration::from_micros(time.min(MAX_TIME) as u64);
+        let mut left = tokens;
+        (0..run).map(move |i| {
+            if i < admitted {
+                left -= self.cost;
+            }
+            let reset = micros(((self.burst - left) * self.step).ceil());
+            if i < admitted {
+                LimitDecision {
+                    outcome: Outcome::Allowed,
+                    remaining: left as u64,
+                    reset,
+                    retry_after: Duration::ZERO,
+                }
+            } else {
+                LimitDecision {
+                    outcome: Outcome::Rejected,
+                    remaining: left as u64,
+                    reset,
+                    retry_after: micros(((self.cost - left) * self.step).ceil().max(1.0)),
+                }
+            }
+        })
+    }
 }
 
 #[cfg(test)]
@@ -463,6 +548,41 @@ mod tests {
         assert!(decisions(&[&a, &b], &reply(&[values.as_slice(), &[0.0]].concat())).is_none());
         assert!(decisions(&[&a], &reply(&values)).is_none());
         assert!(decisions(&[&a, &b], &reply(&values)[1..]).is_none());
+    }
+
+    #[test]
+    fn a_token_bucket_run_is_answered_in_two_numbers() {
+        // 10 tokens a second (100 ms each), 20 deep, 2 a request.
+        let x = [check("x", None, 2)];
+        let y = [check("y", None, 1)];
+        // The run of three: 5.5 tokens before it, two admitted; then y on its own.
+        let values = [5.5, 2.0, 7.0, 130_000.0 * 4.0];
+        let split = decisions(&[&x, &x, &x, &y], &reply(&values)).unwrap();
+        let ms = Duration::from_millis;
+        let decided: Vec<_> = split
+            .iter()
+            .map(|d| (d[0].outcome, d[0].remaining, d[0].reset, d[0].retry_after))
+            .collect();
+        assert_eq!(
+            decided,
+            [
+                (Outcome::Allowed, 3, ms(1_650), Duration::ZERO),
+                (Outcome::Allowed, 1, ms(1_850), Duration::ZERO),
+                (Outcome::Rejected, 1, ms(1_850), ms(50)),
+                (Outcome::Allowed, 7, ms(130), Duration::ZERO),
+            ]
+        );
+        // More admitted than the run holds: not this batch's reply.
+        assert!(decisions(&[&x, &x, &x, &y], &reply(&[5.5, 4.0, 7.0, 0.0])).is_none());
+        // Another algorithm's run is answered per request.
+        let mut window = check("w", None, 1);
+        window.algorithm = Algorithm::FixedWindow {
+            limit: 10,
+            window: 1_000_000,
+        };
+        let w = [window];
+        let split = decisions(&[&w, &w], &reply(&[9.0, 4e6, 8.0, 4e6])).unwrap();
+        assert_eq!((split[0][0].remaining, split[1][0].remaining), (9, 8));
     }
 
     #[test]
