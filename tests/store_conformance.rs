@@ -632,20 +632,47 @@ async fn a_century_long_lockout_is_still_a_lockout() {
     assert_eq!((held.outcome, held.reset), (Outcome::Delayed(longest), longest));
 }
 
-/// A token bucket's run (consecutive requests of one client, answered by the script in
-/// two numbers and worked out by the gateway) is decided to the bit as the same requests
-/// are one by one: in one call, so at one Redis time, the run's key and two keys whose
-/// requests alternate (each decided on its own) start from the same fractional tokens and
-/// must get the same six decisions: outcome, remaining, reset and retry time.
+/// A token bucket's or a fixed window's run (consecutive requests of one client, answered
+/// by the script as a whole and worked out by the gateway) is decided to the bit as the
+/// same requests are one by one: in one call, so at one Redis time, the run's key and two
+/// keys whose requests alternate (each decided on its own) start from the same state (for
+/// the bucket, the same fractional tokens) and must get the same six decisions: outcome,
+/// remaining, reset and retry time.
 #[tokio::test]
 async fn a_token_bucket_run_is_decided_as_its_requests_one_by_one() {
+    let decided = run_and_alone(bucket(3.0, 7_000, 7)).await;
+    let remaining: Vec<u64> = decided.iter().map(|d| d.remaining).collect();
+    assert_eq!(remaining, [3, 1, 1, 1, 1, 1]);
+    // A fraction of a token short: the retry time is under the 2.33 s a token takes.
+    let retry = decided[2].retry_after;
+    assert!(
+        retry > Duration::ZERO && retry < Duration::from_millis(2_334),
+        "{retry:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_fixed_window_run_is_decided_as_its_requests_one_by_one() {
+    let decided = run_and_alone(fixed(7, 60_000)).await;
+    let remaining: Vec<u64> = decided.iter().map(|d| d.remaining).collect();
+    assert_eq!(remaining, [3, 1, 1, 1, 1, 1]);
+    let refused = decided[2];
+    assert_eq!(refused.retry_after, refused.reset);
+    assert!(refused.reset > Duration::from_secs(59), "{refused:?}");
+}
+
+/// Six requests of cost 2 on `algorithm`, after one that leaves it 5 (tokens or room): as
+/// a run on one key, and alternating on two others, all in one script call. Returns the
+/// run's decisions, having checked that both other keys got the same, and that the run
+/// admitted two and refused four.
+async fn run_and_alone(algorithm: Algorithm) -> Vec<LimitDecision> {
     let store = redis().await;
     let Store::Redis(redis, server) = &store else {
         unreachable!()
     };
     let limit = |name: &str| LimitCheck {
         cost: 2,
-        ..check(name, bucket(3.0, 7_000, 7))
+        ..check(name, algorithm)
     };
     let [run, a, b] = ["run", "alone-a", "alone-b"].map(limit);
     // On this current-thread runtime, every request joins the group-commit queue before its
@@ -666,7 +693,7 @@ async fn a_token_bucket_run_is_decided_as_its_requests_one_by_one() {
     };
     // The first call loads the script (a refused EVALSHA, then a second one).
     store.one(&check("load-script", fixed(1, 60_000))).await;
-    // The same state for all three: 5 tokens, then a fraction more by the next call.
+    // The same state for all three: 5 left (for the bucket, a fraction more by the next call).
     one_call(vec![&run, &a, &b]).await;
     tokio::time::sleep(Duration::from_millis(10)).await;
     let mut requests = vec![&run; 6];
@@ -687,14 +714,7 @@ async fn a_token_bucket_run_is_decided_as_its_requests_one_by_one() {
             .chain([Outcome::Rejected; 4])
             .collect::<Vec<_>>()
     );
-    let remaining: Vec<u64> = run_decided.iter().map(|d| d.remaining).collect();
-    assert_eq!(remaining, [3, 1, 1, 1, 1, 1]);
-    // A fraction of a token short: the retry time is under the 2.33 s a token takes.
-    let retry = run_decided[2].retry_after;
-    assert!(
-        retry > Duration::ZERO && retry < Duration::from_millis(2_334),
-        "{retry:?}"
-    );
+    run_decided.to_vec()
 }
 
 /// Calls of more keys than one `MGET` (1,000) or one `MSET` (500 pairs) carries: requests

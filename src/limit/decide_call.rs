@@ -248,8 +248,9 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
 /// The reply is little-endian doubles, per check: remaining, 4 × reset + outcome, and,
 /// unless the check was allowed, the time: the delay of a delayed request, the retry time
 /// of a refused one. Every number is a whole count or microseconds but remaining, a token
-/// count, which is truncated to whole tokens. A token bucket's run is two numbers, the
-/// tokens before it and how many of its requests were admitted ([`token_bucket_run`]).
+/// count, which is truncated to whole tokens. A token bucket's or a fixed window's run is
+/// answered as a whole ([`WholeRun`]): what its first request sees (the tokens, or the room
+/// in the window), how many of its requests were admitted, and a window's reset.
 pub(crate) fn decisions(requests: &[&[LimitCheck]], reply: &[u8]) -> Option<Vec<Decisions>> {
     if !reply.len().is_multiple_of(8) {
         return None;
@@ -265,23 +266,22 @@ pub(crate) fn decisions(requests: &[&[LimitCheck]], reply: &[u8]) -> Option<Vec<
             .take_while(|next| continues_run(first, next))
             .count();
         if let ([check], true) = (*first, run > 1)
-            && let Algorithm::TokenBucket { rate, per, burst } = check.algorithm
+            && let Some(whole_run) = WholeRun::of(check)
         {
-            let tokens = numbers.next()?;
+            let before = numbers.next()?;
             let admitted = numbers.next()? as usize;
             if admitted > run {
                 return None;
             }
-            let bucket = BucketRun {
-                step: per as f64 / rate,
-                burst: burst as f64,
-                cost: check.cost as f64,
-            };
-            decided.extend(
-                bucket
-                    .decisions(tokens, admitted, run)
-                    .map(|d| Decisions::from_elem(d, 1)),
-            );
+            let one = |decision| Decisions::from_elem(decision, 1);
+            match whole_run {
+                WholeRun::Bucket(bucket) => decided.extend(bucket.decisions(before, admitted, run).map(one)),
+                WholeRun::Window { cost } => {
+                    let reset = Duration::from_micros(numbers.next()? as u64);
+                    let room = before as u64;
+                    decided.extend(window_run(room, cost, reset, admitted, run).map(one));
+                }
+            }
         } else {
             for checks in &rest[..run] {
                 let mut decisions = Decisions::with_capacity(checks.len());
@@ -323,6 +323,52 @@ fn next_decision(numbers: &mut impl Iterator<Item = f64>) -> Option<LimitDecisio
 
 /// The longest time the script reports, in microseconds (2^50, 35 years).
 const MAX_TIME: f64 = 1_125_899_906_842_624.0;
+
+/// The runs the script answers as a whole, in a few numbers, instead of per request.
+enum WholeRun {
+    Bucket(BucketRun),
+    Window { cost: u64 },
+}
+
+impl WholeRun {
+    fn of(check: &LimitCheck) -> Option<WholeRun> {
+        match check.algorithm {
+            Algorithm::TokenBucket { rate, per, burst } => Some(WholeRun::Bucket(BucketRun {
+                step: per as f64 / rate,
+                burst: burst as f64,
+                cost: check.cost as f64,
+            })),
+            Algorithm::FixedWindow { .. } => Some(WholeRun::Window { cost: check.cost }),
+            Algorithm::SlidingWindow { .. } | Algorithm::LeakyBucket { .. } => None,
+        }
+    }
+}
+
+/// A fixed window's run as the script answers it: the room the window had for the first
+/// request, how many were admitted and the window's reset. The first `admitted` each take
+/// `cost` of the room, the rest are refused until the reset; all is whole numbers.
+fn window_run(
+    room: u64,
+    cost: u64,
+    reset: Duration,
+    admitted: usize,
+    run: usize,
+) -> impl Iterator<Item = LimitDecision> {
+    (0..run).map(move |i| {
+        let taken = cost.saturating_mul((i + 1).min(admitted) as u64);
+        let refused = i >= admitted;
+        LimitDecision {
+            outcome: if refused {
+                Outcome::Rejected
+            } else {
+                Outcome::Allowed
+            },
+            remaining: room.saturating_sub(taken),
+            reset,
+            retry_after: if refused { reset } else { Duration::ZERO },
+        }
+    })
+}
 
 /// A token bucket's run as the script answers it. The requests of a run see one time, so
 /// the first `admitted` take `cost` each from the tokens the one before left, and the rest
@@ -574,15 +620,43 @@ mod tests {
         );
         // More admitted than the run holds: not this batch's reply.
         assert!(decisions(&[&x, &x, &x, &y], &reply(&[5.5, 4.0, 7.0, 0.0])).is_none());
-        // Another algorithm's run is answered per request.
-        let mut window = check("w", None, 1);
-        window.algorithm = Algorithm::FixedWindow {
+        // A sliding window's run is answered per request.
+        let mut sliding = check("s", None, 1);
+        sliding.algorithm = Algorithm::SlidingWindow {
             limit: 10,
             window: 1_000_000,
         };
-        let w = [window];
-        let split = decisions(&[&w, &w], &reply(&[9.0, 4e6, 8.0, 4e6])).unwrap();
+        let s = [sliding];
+        let split = decisions(&[&s, &s], &reply(&[9.0, 4e6, 8.0, 4e6])).unwrap();
         assert_eq!((split[0][0].remaining, split[1][0].remaining), (9, 8));
+    }
+
+    #[test]
+    fn a_fixed_window_run_is_answered_in_three_numbers() {
+        let mut window = check("w", None, 3);
+        window.algorithm = Algorithm::FixedWindow {
+            limit: 10,
+            window: 60_000_000,
+        };
+        let w = [window];
+        // Room for 7 before the run of four: two admitted (3 each), then refused for 40 s.
+        let split = decisions(&[&w, &w, &w, &w], &reply(&[7.0, 2.0, 40e6])).unwrap();
+        let reset = Duration::from_secs(40);
+        let decided: Vec<_> = split
+            .iter()
+            .map(|d| (d[0].outcome, d[0].remaining, d[0].reset, d[0].retry_after))
+            .collect();
+        assert_eq!(
+            decided,
+            [
+                (Outcome::Allowed, 4, reset, Duration::ZERO),
+                (Outcome::Allowed, 1, reset, Duration::ZERO),
+                (Outcome::Rejected, 1, reset, reset),
+                (Outcome::Rejected, 1, reset, reset),
+            ]
+        );
+        // The reset missing: not this batch's reply.
+        assert!(decisions(&[&w, &w, &w, &w], &reply(&[7.0, 2.0])).is_none());
     }
 
     #[test]

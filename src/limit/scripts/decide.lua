@@ -22,8 +22,9 @@
 -- Returns one string of little-endian doubles, per check in order: remaining (the gateway
 --   truncates it to a whole count), 4 × reset_us + outcome, and then, unless the outcome is
 --   0 (allowed), the time: delay_us (1 delayed) or retry_after_us (2 rejected, 3 locked).
---   A run of a token bucket's requests is two numbers, whatever its length: the tokens
---   before the run, and how many of its requests are admitted (the first ones).
+--   A run of a token bucket's or a fixed window's requests is two numbers whatever its
+--   length, what its first request sees (tokens, or room left in the window) and how many
+--   of its requests are admitted (the first ones), and for a window a third, its reset.
 --   Times are capped at 2^50 µs (35 years), so that 4 × reset + outcome stays exact in a
 --   double. One string, not an array of integers: the gateway's RESP parser costs about
 --   600 instructions an element, while Redis writes either at the same cost (callgrind,
@@ -331,23 +332,31 @@ while p < plan_end do
     p = p + 8
     local x1, x2, x3 = read(k, stored[k])
     local admissions, lifetime, o, r = 0, 0, n_out, r_hi * 256 + r_lo
-    if algorithm == 3 then
-      -- A token bucket's run needs no decision of its own: its requests all see the same
-      -- time, so each admitted one takes `cost` from the tokens the one before it left,
-      -- and once one is refused the rest are refused alike. The reply is the tokens before
-      -- the run and how many it admits; the gateway works out each request's numbers from
-      -- those exactly as the evaluator would (decide_call.rs). The evaluator is asked only
-      -- for the tokens before the run and for the state the last admission leaves.
-      local _, _, _, tokens = evaluate(x1, x2, x3, a, b, c, cost)
-      local left, last = tokens, tokens
+    if algorithm == 3 or algorithm == 1 then
+      -- A token bucket's or a fixed window's run needs no decision of its own: its
+      -- requests all see the same time, so each admitted one takes `cost` from what the one
+      -- before it left (tokens, or room in the window), and once one is refused the rest
+      -- are refused alike. The reply is what the first request sees (the tokens, or the
+      -- room), how many the run admits and, for a window, its reset; the gateway works out
+      -- each request's numbers from those exactly as the evaluator would (decide_call.rs).
+      -- The evaluator is asked only for what the first request sees and for the state the
+      -- last admission leaves, from what that request saw.
+      local _, _, _, before, reset = evaluate(x1, x2, x3, a, b, c, cost)
+      local left, last = before, before
       while admissions < r and left >= cost do
         last, left, admissions = left, left - cost, admissions + 1
       end
       if admissions > 0 then
-        local _, _, _, _, _, _, v1, v2, v3, life = evaluate(last, now, 0, a, b, c, cost)
+        local y1, y2, y3 = last, now, 0
+        if algorithm == 1 then y1, y2, y3 = (x1 or 0) + (admissions - 1) * cost, x2, x3 end
+        local _, _, _, _, _, _, v1, v2, v3, life = evaluate(y1, y2, y3, a, b, c, cost)
         x1, x2, x3, lifetime = v1, v2, v3, life
       end
-      out[o + 1], out[o + 2], o, r = tokens, admissions, o + 2, 0
+      out[o + 1], out[o + 2], o, r = before, admissions, o + 2, 0
+      if algorithm == 1 then
+        if reset > max_time then reset = max_time end
+        out[o + 1], o = reset, o + 1
+      end
     end
     for _ = 1, r do
       local ok, delay, after, before, reset, retry, v1, v2, v3, life = evaluate(x1, x2, x3, a, b, c, cost)
