@@ -596,6 +596,14 @@ mod tests {
         assert!(decisions(&[&a, &b], &reply(&values)[1..]).is_none());
     }
 
+    /// Each request's first decision: outcome, remaining, reset, retry time.
+    fn first_checks(split: &[Decisions]) -> Vec<(Outcome, u64, Duration, Duration)> {
+        split
+            .iter()
+            .map(|d| (d[0].outcome, d[0].remaining, d[0].reset, d[0].retry_after))
+            .collect()
+    }
+
     #[test]
     fn a_token_bucket_run_is_answered_in_two_numbers() {
         // 10 tokens a second (100 ms each), 20 deep, 2 a request.
@@ -605,12 +613,8 @@ mod tests {
         let values = [5.5, 2.0, 7.0, 130_000.0 * 4.0];
         let split = decisions(&[&x, &x, &x, &y], &reply(&values)).unwrap();
         let ms = Duration::from_millis;
-        let decided: Vec<_> = split
-            .iter()
-            .map(|d| (d[0].outcome, d[0].remaining, d[0].reset, d[0].retry_after))
-            .collect();
         assert_eq!(
-            decided,
+            first_checks(&split),
             [
                 (Outcome::Allowed, 3, ms(1_650), Duration::ZERO),
                 (Outcome::Allowed, 1, ms(1_850), Duration::ZERO),
@@ -642,12 +646,8 @@ mod tests {
         // Room for 7 before the run of four: two admitted (3 each), then refused for 40 s.
         let split = decisions(&[&w, &w, &w, &w], &reply(&[7.0, 2.0, 40e6])).unwrap();
         let reset = Duration::from_secs(40);
-        let decided: Vec<_> = split
-            .iter()
-            .map(|d| (d[0].outcome, d[0].remaining, d[0].reset, d[0].retry_after))
-            .collect();
         assert_eq!(
-            decided,
+            first_checks(&split),
             [
                 (Outcome::Allowed, 4, reset, Duration::ZERO),
                 (Outcome::Allowed, 1, reset, Duration::ZERO),
