@@ -663,8 +663,8 @@ async fn a_fixed_window_run_is_decided_as_its_requests_one_by_one() {
 
 /// Six requests of cost 2 on `algorithm`, after one that leaves it 5 (tokens or room): as
 /// a run on one key, and alternating on two others, all in one script call. Returns the
-/// run's decisions, having checked that both other keys got the same, and that the run
-/// admitted two and refused four.
+/// run's decisions, having checked that both other keys got the same decisions and were
+/// left the same stored state and expiry, and that the run admitted two and refused four.
 async fn run_and_alone(algorithm: Algorithm) -> Vec<LimitDecision> {
     let store = redis().await;
     let Store::Redis(redis, server) = &store else {
@@ -714,6 +714,11 @@ async fn run_and_alone(algorithm: Algorithm) -> Vec<LimitDecision> {
             .chain([Outcome::Rejected; 4])
             .collect::<Vec<_>>()
     );
+    // And the run left the state and expiry the requests one by one did.
+    let stored =
+        |check: &LimitCheck| ["get", "pexpiretime"].map(|command| server.cli(&[command, check.key.as_str()]));
+    assert_eq!(stored(&run), stored(&a));
+    assert_eq!(stored(&run), stored(&b));
     run_decided.to_vec()
 }
 

@@ -505,12 +505,23 @@ fn validate_algorithm(
         None => rate.map(|r| r.ceil().max(1.0) as u64),
     };
     let (rate, per, burst) = (rate?, micros(per), burst?);
+    // A token (or turn) must come within the longest time the stores report, 2^50 µs
+    // (35 years): slower, the interval overflows the decision's arithmetic.
+    if per as f64 / rate > MAX_INTERVAL_MICROS {
+        let span = raw.rate.as_ref().map(Spanned::span);
+        sink.push(span, format!("{key}.rate"), "expected at least one per 35 years");
+        return None;
+    }
     Some(if algorithm == "token_bucket" {
         Algorithm::TokenBucket { rate, per, burst }
     } else {
         Algorithm::LeakyBucket { rate, per, burst }
     })
 }
+
+/// The longest interval between two tokens of a bucket, in microseconds (2^50, the
+/// longest time the stores report).
+const MAX_INTERVAL_MICROS: f64 = 1_125_899_906_842_624.0;
 
 fn at_least_a_millisecond(text: &str) -> Result<Duration, String> {
     match values::duration(text)? {

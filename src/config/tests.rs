@@ -334,6 +334,14 @@ fn limit_values_are_range_checked() {
         ("algorithm = \"fixed_window\"\nlimit = 1", "limits.l.window"),
         ("algorithm = \"token_bucket\"\nrate = 0", "limits.l.rate"),
         (
+            "algorithm = \"token_bucket\"\nrate = 1e-300\nburst = 1",
+            "limits.l.rate",
+        ),
+        (
+            "algorithm = \"leaky_bucket\"\nrate = 1\nper = \"40000d\"\nburst = 1",
+            "limits.l.rate",
+        ),
+        (
             "algorithm = \"leaky_bucket\"\nrate = 1\nburst = 0",
             "limits.l.burst",
         ),
