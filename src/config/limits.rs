@@ -14,9 +14,9 @@ use toml::Spanned;
 use super::error::ErrorSink;
 use super::file::{LimitFile, RedisFile};
 use super::{parse_or, parse_spanned, values};
-use crate::limit::Algorithm;
 use crate::limit::algorithm::micros;
 use crate::limit::key::{MAX_LIMIT_NAME_LEN, MAX_PREFIX_LEN};
+use crate::limit::{Algorithm, MAX_TIME_MICROS};
 
 const DEFAULT_PREFIX: &str = "floodgate";
 const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
@@ -507,7 +507,7 @@ fn validate_algorithm(
     let (rate, per, burst) = (rate?, micros(per), burst?);
     // A token (or turn) must come within the longest time the stores report, 2^50 µs
     // (35 years): slower, the interval overflows the decision's arithmetic.
-    if per as f64 / rate > MAX_INTERVAL_MICROS {
+    if per as f64 / rate > MAX_TIME_MICROS as f64 {
         let span = raw.rate.as_ref().map(Spanned::span);
         sink.push(span, format!("{key}.rate"), "expected at least one per 35 years");
         return None;
@@ -518,10 +518,6 @@ fn validate_algorithm(
         Algorithm::LeakyBucket { rate, per, burst }
     })
 }
-
-/// The longest interval between two tokens of a bucket, in microseconds (2^50, the
-/// longest time the stores report).
-const MAX_INTERVAL_MICROS: f64 = 1_125_899_906_842_624.0;
 
 fn at_least_a_millisecond(text: &str) -> Result<Duration, String> {
     match values::duration(text)? {

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use redis::Cmd;
 
-use super::{Algorithm, Decisions, LimitCheck, LimitDecision, MAX_LIMITS_PER_ROUTE, Outcome};
+use super::{
+    Algorithm, Decisions, LimitCheck, LimitDecision, MAX_LIMITS_PER_ROUTE, MAX_TIME_MICROS, Outcome,
+};
 
 /// The largest number the plan can carry (two bytes): key indexes, spec indexes and
 /// checks per request. The gateway stays far below it: a batch is at most
@@ -321,9 +323,6 @@ fn next_decision(numbers: &mut impl Iterator<Item = f64>) -> Option<LimitDecisio
     })
 }
 
-/// The longest time the script reports, in microseconds (2^50, 35 years).
-const MAX_TIME: f64 = 1_125_899_906_842_624.0;
-
 /// The runs the script answers as a whole, in a few numbers, instead of per request.
 enum WholeRun {
     Bucket(BucketRun),
@@ -384,7 +383,7 @@ struct BucketRun {
 
 impl BucketRun {
     fn decisions(&self, tokens: f64, admitted: usize, run: usize) -> impl Iterator<Item = LimitDecision> {
-        let micros = |time: f64| Duration::from_micros(time.min(MAX_TIME) as u64);
+        let micros = |time: f64| Duration::from_micros(time.min(MAX_TIME_MICROS as f64) as u64);
         let mut left = tokens;
         (0..run).map(move |i| {
             if i < admitted {
@@ -662,10 +661,10 @@ mod tests {
     #[test]
     fn a_locked_check_and_the_longest_reset_decode_exactly() {
         let a = [check("a", Some("l"), 1)];
-        let longest = (1u64 << 50) as f64;
+        let longest = MAX_TIME_MICROS as f64;
         let split = decisions(&[&a], &reply(&[0.0, longest * 4.0 + 3.0, 7.0])).unwrap();
         assert_eq!(split[0][0].outcome, Outcome::Locked);
-        assert_eq!(split[0][0].reset, Duration::from_micros(1 << 50));
+        assert_eq!(split[0][0].reset, Duration::from_micros(MAX_TIME_MICROS));
         assert_eq!(split[0][0].retry_after, Duration::from_micros(7));
     }
 }

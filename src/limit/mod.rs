@@ -30,6 +30,11 @@ pub use algorithm::Algorithm;
 /// checks, a bound the Redis store's calling convention relies on.
 pub const MAX_LIMITS_PER_ROUTE: usize = 64;
 
+/// The longest time the stores report, in microseconds (2^50, 35 years): the decision
+/// script caps delays, resets and retry times there, so that 4 × time + outcome stays
+/// exact in a double, and a bucket's interval between tokens may be no longer.
+pub const MAX_TIME_MICROS: u64 = 1 << 50;
+
 /// One limit to decide for one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitCheck {
