@@ -12,7 +12,7 @@
 # address as its one argument (examples/bare_hyper). Besides the named gateways it runs the
 # nginx anchors listed in NGINX (default "nginx nginx-low"; empty: none): `nginx`, a keep-alive reverse
 # proxy, and `nginx-low`, the same with limit_req rejecting nearly every request (100 r/s,
-# burst 50, as anchors.sh's). Every server, its upstream (nginx `return 200 'ok'`, one
+# burst 50, answering 429 without logging each rejection, as anchors.sh's). Every server, its upstream (nginx `return 200 'ok'`, one
 # worker) and a Redis for the templates run on core 0, wrk -t1 -c64 on core 1. Knobs:
 # ROUNDS (3), DURATION (5 s per run, after a 2 s warm-up), CONNECTIONS (64), REDIS_PORT
 # (6392). Prints one line per run and the medians. Needs nginx, wrk, redis-server, taskset.
@@ -54,7 +54,7 @@ for anchor in $NGINX; do
   case $anchor in
     nginx) nginx_server nginx "$next_port" "$proxy_http" "$proxy_location" ;;
     nginx-low)
-      nginx_server nginx-low "$next_port" "$proxy_http limit_req_zone \$binary_remote_addr zone=low:10m rate=100r/s;" \
+      nginx_server nginx-low "$next_port" "$proxy_http limit_req_zone \$binary_remote_addr zone=low:10m rate=100r/s; limit_req_status 429; limit_req_log_level info;" \
         "limit_req zone=low burst=50 nodelay; $proxy_location" ;;
     *) echo "unknown nginx anchor: $anchor" >&2; exit 1 ;;
   esac
