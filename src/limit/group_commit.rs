@@ -40,8 +40,8 @@ use super::{Decisions, LimitCheck};
 pub(crate) const MAX_BATCH: usize = 256;
 /// Most script calls outstanding at once.
 const IN_FLIGHT: usize = 2;
-/// Fewest requests worth a call while another is in flight, or without first letting
-/// the runtime run what else is ready.
+/// Fewest requests worth a call while another is in flight, or, when busy, without
+/// first letting the runtime run what else is ready.
 const PIPELINE_MIN: usize = 32;
 /// Most runtime turns a call waits for more requests before it goes out.
 const GATHER_TURNS: usize = 3;
