@@ -182,15 +182,23 @@ impl MemoryStore {
 
 /// Drops expired entries; if the shard is still full, the quarter closest to expiry.
 fn make_room(shard: &mut Shard, now: u64, max: usize) {
-    shard.retain(|_, entry| entry.expires_at > now);
-    if shard.len() < max {
-        return;
-    }
-    let mut expiries: Vec<u64> = shard.values().map(|e| e.expires_at).collect();
-    let cut = (max / 4).max(1).min(expiries.len() - 1);
-    let (_, threshold, _) = expiries.select_nth_unstable(cut);
-    let threshold = *threshold;
-    shard.retain(|_, entry| entry.expires_at > threshold);
+    let mut expiries: Vec<u64> = shard
+        .values()
+        .map(|entry| entry.expires_at)
+        .filter(|&expires_at| expires_at > now)
+        .collect();
+    let keep_after = if expiries.len() < max {
+        now
+    } else {
+        let cut = (max / 4).max(1).min(expiries.len() - 1);
+        *expiries.select_nth_unstable(cut).1
+    };
+    // Rebuilt rather than thinned in place: removed entries would leave tombstones that
+    // the table reclaims only by growing, and a shard kept full by a client spraying keys
+    // would double its memory.
+    let mut kept = Shard::with_capacity_and_hasher(max, Default::default());
+    kept.extend(shard.drain().filter(|(_, entry)| entry.expires_at > keep_after));
+    *shard = kept;
 }
 
 #[cfg(test)]
@@ -267,10 +275,23 @@ mod tests {
     #[test]
     fn sprayed_keys_stay_bounded() {
         let clock = Arc::new(ManualClock::default());
-        let store = MemoryStore::new(clock.clone(), 1_000);
-        for i in 0..100_000 {
+        // A share of 448 keys fills its table to the last slot (512 buckets), as the
+        // gateway's share of 200,000 nearly does (3,125 keys in a table for 3,584).
+        let max_keys = 448 * SHARDS;
+        let store = MemoryStore::new(clock.clone(), max_keys);
+        for i in 0..4 * max_keys {
             store.decide(&[check(&format!("client-{i}"), fixed(5))]);
+            clock.advance(Duration::from_micros(1));
         }
-        assert!(store.len() <= 1_000 + SHARDS, "{}", store.len());
+        assert!(store.len() <= max_keys + SHARDS, "{}", store.len());
+        // ...and so does their memory: no shard's table outgrows its share of the keys.
+        let share = Shard::with_capacity_and_hasher(store.max_per_shard, Default::default()).capacity();
+        for shard in &store.shards {
+            let capacity = shard.lock().unwrap().capacity();
+            assert!(
+                capacity <= share,
+                "a shard holds {capacity} slots, its share needs {share}"
+            );
+        }
     }
 }
