@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, RwLock};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -206,29 +206,27 @@ impl Metrics {
     /// Counts one answered request and its duration.
     pub fn record_request(&self, route: &Arc<str>, status: u16, seconds: f64) {
         let key = (address(route), status);
-        if let Some(series) = read(&self.cache.requests).get(&key) {
+        let create = || {
+            let name = Name(route.clone());
+            RequestSeries {
+                _route: route.clone(),
+                count: self
+                    .requests
+                    .get_or_create(&RequestLabels {
+                        route: name.clone(),
+                        status,
+                    })
+                    .clone(),
+                duration: self
+                    .request_duration
+                    .get_or_create(&RouteLabels { route: name })
+                    .clone(),
+            }
+        };
+        with_series(&self.cache.requests, key, create, |series| {
             series.count.inc();
             series.duration.observe(seconds);
-            return;
-        }
-        let name = Name(route.clone());
-        let series = RequestSeries {
-            _route: route.clone(),
-            count: self
-                .requests
-                .get_or_create(&RequestLabels {
-                    route: name.clone(),
-                    status,
-                })
-                .clone(),
-            duration: self
-                .request_duration
-                .get_or_create(&RouteLabels { route: name })
-                .clone(),
-        };
-        series.count.inc();
-        series.duration.observe(seconds);
-        write(&self.cache.requests).insert(key, series);
+        });
     }
 
     pub fn record_upstream_error(&self, upstream: &Arc<str>, kind: &'static str) {
@@ -242,36 +240,29 @@ impl Metrics {
 
     pub fn record_decision(&self, limit: &Arc<str>, outcome: &'static str) {
         let key = (address(limit), outcome.as_ptr() as usize);
-        if let Some(series) = read(&self.cache.decisions).get(&key) {
+        let create = || DecisionSeries {
+            _limit: limit.clone(),
+            count: self
+                .decisions
+                .get_or_create(&DecisionLabels {
+                    limit: Name(limit.clone()),
+                    outcome,
+                })
+                .clone(),
+        };
+        with_series(&self.cache.decisions, key, create, |series| {
             series.count.inc();
-            return;
-        }
-        let count = self
-            .decisions
-            .get_or_create(&DecisionLabels {
-                limit: Name(limit.clone()),
-                outcome,
-            })
-            .clone();
-        count.inc();
-        write(&self.cache.decisions).insert(
-            key,
-            DecisionSeries {
-                _limit: limit.clone(),
-                count,
-            },
-        );
+        });
     }
 
     pub fn record_store_call(&self, store: &'static str, seconds: f64) {
-        let key = store.as_ptr() as usize;
-        if let Some(duration) = read(&self.cache.store_calls).get(&key) {
-            duration.observe(seconds);
-            return;
-        }
-        let duration = self.store_duration.get_or_create(&StoreLabels { store }).clone();
-        duration.observe(seconds);
-        write(&self.cache.store_calls).insert(key, duration);
+        let create = || self.store_duration.get_or_create(&StoreLabels { store }).clone();
+        with_series(
+            &self.cache.store_calls,
+            store.as_ptr() as usize,
+            create,
+            |duration| duration.observe(seconds),
+        );
     }
 
     pub fn record_store_error(&self, store: &'static str) {
@@ -296,6 +287,23 @@ impl Metrics {
         }
         out
     }
+}
+
+/// Records into the series cached at `key`, created by `create` (and cached) the first
+/// time: a read lock and a pointer hash per record once it exists.
+fn with_series<K: Hash + Eq, S>(
+    cache: &RwLock<AddressMap<K, S>>,
+    key: K,
+    create: impl FnOnce() -> S,
+    record: impl Fn(&S),
+) {
+    if let Some(series) = read(cache).get(&key) {
+        record(series);
+        return;
+    }
+    let series = create();
+    record(&series);
+    write(cache).insert(key, series);
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {

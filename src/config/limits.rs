@@ -14,7 +14,7 @@ use toml::Spanned;
 use super::error::ErrorSink;
 use super::file::{LimitFile, RedisFile};
 use super::{parse_or, parse_spanned, values};
-use crate::limit::algorithm::micros;
+use crate::limit::algorithm::{interval, micros};
 use crate::limit::key::{MAX_LIMIT_NAME_LEN, MAX_PREFIX_LEN};
 use crate::limit::{Algorithm, MAX_TIME_MICROS};
 
@@ -507,7 +507,7 @@ fn validate_algorithm(
     let (rate, per, burst) = (rate?, micros(per), burst?);
     // A token (or turn) must come within the longest time the stores report, 2^50 µs
     // (35 years): slower, the interval overflows the decision's arithmetic.
-    if per as f64 / rate > MAX_TIME_MICROS as f64 {
+    if interval(rate, per) > MAX_TIME_MICROS as f64 {
         let span = raw.rate.as_ref().map(Spanned::span);
         sink.push(span, format!("{key}.rate"), "expected at least one per 35 years");
         return None;

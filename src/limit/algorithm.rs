@@ -150,8 +150,8 @@ fn sliding_window(limit: u64, window: u64, stored: Option<State>, cost: u64, now
     }
 }
 
-/// Microseconds per token.
-fn interval(rate: f64, per: u64) -> f64 {
+/// Microseconds per token (or, for a leaky bucket, per turn).
+pub fn interval(rate: f64, per: u64) -> f64 {
     per as f64 / rate
 }
 

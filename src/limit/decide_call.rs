@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use redis::Cmd;
 
+use super::algorithm::interval;
 use super::{
     Algorithm, Decisions, LimitCheck, LimitDecision, MAX_LIMITS_PER_ROUTE, MAX_TIME_MICROS, Outcome,
 };
@@ -333,7 +334,7 @@ impl WholeRun {
     fn of(check: &LimitCheck) -> Option<WholeRun> {
         match check.algorithm {
             Algorithm::TokenBucket { rate, per, burst } => Some(WholeRun::Bucket(BucketRun {
-                step: per as f64 / rate,
+                step: interval(rate, per),
                 burst: burst as f64,
                 cost: check.cost as f64,
             })),
@@ -375,7 +376,7 @@ fn window_run(
 /// the script's `token_bucket` would give, computed with the same double operations in the
 /// same order, so they are the same to the bit.
 struct BucketRun {
-    /// Microseconds per token, `per / rate` as the script divides it.
+    /// Microseconds per token, as the script divides them (`per / rate`).
     step: f64,
     burst: f64,
     cost: f64,
