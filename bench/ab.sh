@@ -9,7 +9,8 @@
 #
 # TEMPLATE is a gateway.toml with the placeholders of ../shared/bench/conf/floodgate
 # (@LISTEN_ADDR@, @UPSTREAM_URL@, @REDIS_URL@); `-` instead runs BINARY with the listen
-# address as its one argument (examples/bare_hyper). Besides the named gateways it runs the
+# address and the upstream's address as its arguments (examples/bare_hyper,
+# examples/bare_proxy). Besides the named gateways it runs the
 # nginx anchors listed in NGINX (default "nginx nginx-low"; empty: none): `nginx`, a keep-alive reverse
 # proxy, and `nginx-low`, the same with limit_req rejecting nearly every request (100 r/s,
 # burst 50, answering 429 without logging each rejection, as anchors.sh's). Every server, its upstream (nginx `return 200 'ok'`, one
@@ -72,9 +73,9 @@ for spec in "$@"; do
   binary=${binary_and_template%%:*}
   template=${binary_and_template#*:}
   if [ "$template" = - ]; then
-    # Not a gateway: a server that takes its listen address as its one argument.
+    # Not a gateway: a server that takes its listen address and the upstream's.
     [ -x "$binary" ] || { echo "$spec: no such binary" >&2; exit 1; }
-    taskset -c 0 "$binary" "127.0.0.1:$next_port" >"$run_dir/$name.log" 2>&1 &
+    taskset -c 0 "$binary" "127.0.0.1:$next_port" "127.0.0.1:$UPSTREAM_PORT" >"$run_dir/$name.log" 2>&1 &
   else
     [ -x "$binary" ] && [ -f "$template" ] || { echo "$spec: no such binary or template" >&2; exit 1; }
     sed -e "s#@LISTEN_ADDR@#127.0.0.1:$next_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$UPSTREAM_PORT#" \
