@@ -6,8 +6,9 @@
 #
 #   bash bench/request_cost.sh [TEMPLATE] [BINARY]
 #
-# TEMPLATE: a gateway.toml with anchors.sh's placeholders (default: its passthrough);
-# BINARY: default target/release/floodgate. It starts an nginx upstream (`return 200
+# TEMPLATE: a gateway.toml with anchors.sh's placeholders (default: its passthrough), or
+# `-` to run BINARY with the listen address and the upstream's address as its arguments
+# (examples/bare_proxy); BINARY: default target/release/floodgate. It starts an nginx upstream (`return 200
 # 'ok'`) and a Redis, floodgate under callgrind, warms it up with wrk, then counts the
 # instructions of a wrk run of RUN_SECONDS (default 5) over CONNECTIONS (default 8) and
 # divides by the requests wrk completed (with Redis limits, it also prints the requests
@@ -26,7 +27,7 @@ TOP=${TOP:-20}
 for tool in nginx wrk redis-server valgrind callgrind_control callgrind_annotate python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
 done
-[ -f "$TEMPLATE" ] && [ -x "$BINARY" ] || { echo "no such template or binary" >&2; exit 1; }
+{ [ "$TEMPLATE" = - ] || [ -f "$TEMPLATE" ]; } && [ -x "$BINARY" ] || { echo "no such template or binary" >&2; exit 1; }
 
 # shellcheck source=bench/common.sh
 source bench/common.sh
@@ -41,10 +42,15 @@ nginx -c "$dir/upstream/nginx.conf" >/dev/null 2>&1 &
 pids+=($!)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null 2>&1 &
 pids+=($!)
-sed -e "s#@LISTEN_ADDR@#127.0.0.1:$gateway_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$upstream_port#" \
-  -e "s#@REDIS_URL@#redis://127.0.0.1:$redis_port#" "$TEMPLATE" >"$dir/gateway.toml"
+if [ "$TEMPLATE" = - ]; then
+  arguments=("127.0.0.1:$gateway_port" "127.0.0.1:$upstream_port")
+else
+  sed -e "s#@LISTEN_ADDR@#127.0.0.1:$gateway_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$upstream_port#" \
+    -e "s#@REDIS_URL@#redis://127.0.0.1:$redis_port#" "$TEMPLATE" >"$dir/gateway.toml"
+  arguments=(--config "$dir/gateway.toml")
+fi
 FLOODGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
-  "$BINARY" --config "$dir/gateway.toml" >"$dir/gateway.log" 2>&1 &
+  "$BINARY" "${arguments[@]}" >"$dir/gateway.log" 2>&1 &
 gateway=$!
 pids+=($gateway)
 for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$gateway_port") 2>/dev/null && break; sleep 0.1; done
@@ -61,7 +67,7 @@ dump=$(ls "$dir"/callgrind.out.* | sort | tail -1)
 callgrind_annotate --threshold=100 "$dump" >"$dir/annotate.txt" 2>/dev/null
 [ -n "${KEEP:-}" ] && cp "$dump" "$KEEP"
 total=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }' "$dir/annotate.txt")
-echo "$(basename "$TEMPLATE" .toml.tmpl): $((total / requests)) instructions per request ($total over $requests requests)"
+echo "$(basename "${TEMPLATE/#-/$BINARY}" .toml.tmpl): $((total / requests)) instructions per request ($total over $requests requests)"
 [ "$calls" -gt 0 ] && echo "  $calls script calls, $((requests * 10 / calls / 10)).$((requests * 10 / calls % 10)) requests per call"
 if [ "$TOP" -gt 0 ]; then
   sed -n '/file:function/,$p' "$dir/annotate.txt" | sed -n '3,$p' |
