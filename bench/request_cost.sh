@@ -44,10 +44,12 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --d
 pids+=($!)
 if [ "$TEMPLATE" = - ]; then
   arguments=("127.0.0.1:$gateway_port" "127.0.0.1:$upstream_port")
+  name=$(basename "$BINARY")
 else
   sed -e "s#@LISTEN_ADDR@#127.0.0.1:$gateway_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$upstream_port#" \
     -e "s#@REDIS_URL@#redis://127.0.0.1:$redis_port#" "$TEMPLATE" >"$dir/gateway.toml"
   arguments=(--config "$dir/gateway.toml")
+  name=$(basename "$TEMPLATE" .toml.tmpl)
 fi
 FLOODGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
   "$BINARY" "${arguments[@]}" >"$dir/gateway.log" 2>&1 &
@@ -67,7 +69,7 @@ dump=$(ls "$dir"/callgrind.out.* | sort | tail -1)
 callgrind_annotate --threshold=100 "$dump" >"$dir/annotate.txt" 2>/dev/null
 [ -n "${KEEP:-}" ] && cp "$dump" "$KEEP"
 total=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }' "$dir/annotate.txt")
-echo "$(basename "${TEMPLATE/#-/$BINARY}" .toml.tmpl): $((total / requests)) instructions per request ($total over $requests requests)"
+echo "$name: $((total / requests)) instructions per request ($total over $requests requests)"
 [ "$calls" -gt 0 ] && echo "  $calls script calls, $((requests * 10 / calls / 10)).$((requests * 10 / calls % 10)) requests per call"
 if [ "$TOP" -gt 0 ]; then
   sed -n '/file:function/,$p' "$dir/annotate.txt" | sed -n '3,$p' |

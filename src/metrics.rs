@@ -295,7 +295,7 @@ fn with_series<K: Hash + Eq, S>(
     cache: &RwLock<AddressMap<K, S>>,
     key: K,
     create: impl FnOnce() -> S,
-    record: impl Fn(&S),
+    record: impl FnOnce(&S),
 ) {
     if let Some(series) = read(cache).get(&key) {
         record(series);

@@ -182,23 +182,27 @@ impl MemoryStore {
 
 /// Drops expired entries; if the shard is still full, the quarter closest to expiry.
 fn make_room(shard: &mut Shard, now: u64, max: usize) {
-    let mut expiries: Vec<u64> = shard
-        .values()
-        .map(|entry| entry.expires_at)
-        .filter(|&expires_at| expires_at > now)
-        .collect();
-    let keep_after = if expiries.len() < max {
+    let live = shard.values().filter(|entry| entry.expires_at > now).count();
+    let keep_after = if live < max {
         now
     } else {
+        let mut expiries: Vec<u64> = shard
+            .values()
+            .map(|entry| entry.expires_at)
+            .filter(|&expires_at| expires_at > now)
+            .collect();
         let cut = (max / 4).max(1).min(expiries.len() - 1);
         *expiries.select_nth_unstable(cut).1
     };
-    // Rebuilt rather than thinned in place: removed entries would leave tombstones that
-    // the table reclaims only by growing, and a shard kept full by a client spraying keys
-    // would double its memory.
-    let mut kept = Shard::with_capacity_and_hasher(max, Default::default());
-    kept.extend(shard.drain().filter(|(_, entry)| entry.expires_at > keep_after));
-    *shard = kept;
+    shard.retain(|_, entry| entry.expires_at > keep_after);
+    // Removed entries may leave tombstones, which the table reclaims only by growing: once
+    // they have taken room the share needs before its next sweep, the table is rebuilt at
+    // the share's size (a shard kept full by a client spraying keys would otherwise double).
+    if shard.capacity() < max {
+        let mut rebuilt = Shard::with_capacity_and_hasher(max, Default::default());
+        rebuilt.extend(shard.drain());
+        *shard = rebuilt;
+    }
 }
 
 #[cfg(test)]
