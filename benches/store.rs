@@ -37,7 +37,11 @@ fn check(client: usize) -> LimitCheck {
 }
 
 fn memory(c: &mut Criterion) {
-    let store = Arc::new(MemoryStore::new(Arc::new(MonotonicClock::default()), 100_000));
+    let store = Arc::new(MemoryStore::new(
+        Arc::new(MonotonicClock::default()),
+        100_000,
+        prometheus_client::metrics::counter::Counter::default(),
+    ));
     let checks: Arc<Vec<LimitCheck>> = Arc::new((0..1024).map(check).collect());
     let mut group = c.benchmark_group("memory_store");
     group.bench_function("decide_1_thread", |b| {

@@ -1,18 +1,22 @@
 //! Body types of the request path: the request body on its way upstream, bounded by
-//! `server.max_body` while it streams, and the response body on its way to the client,
+//! `server.max_body` and `server.body_timeout` while it streams, and the response body on its way to the client,
 //! which writes the access log when it is finished or dropped (so the log carries the
 //! bytes actually sent and the whole duration).
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
 
 use crate::access_log::AccessRecord;
+use crate::connection::InFlight;
 use crate::proxy::UpstreamBody;
 
 /// Why a request body stopped streaming.
@@ -20,24 +24,35 @@ use crate::proxy::UpstreamBody;
 pub enum RequestBodyError {
     #[error("the request body exceeds server.max_body")]
     TooLarge,
+    #[error("the client paused its request body longer than server.body_timeout")]
+    TimedOut,
     #[error("reading the request body failed: {0}")]
     Client(#[from] hyper::Error),
 }
 
 pin_project! {
-    /// A client's request body, streamed upstream, failing once it exceeds its limit.
+    /// A client's request body, streamed upstream, failing once it exceeds its limit or
+    /// the client pauses longer than `pause_limit` while it is being read.
     pub struct RequestBody {
         #[pin]
         inner: Incoming,
         remaining: Option<u64>,
+        pause_limit: Duration,
+        // Armed (lazily, and reset rather than replaced) when a read has to wait.
+        pause: Option<Pin<Box<Sleep>>>,
+        // Whether `pause` measures the current wait (else it is armed at the next one).
+        waiting: bool,
     }
 }
 
 impl RequestBody {
-    pub fn new(inner: Incoming, limit: Option<u64>) -> Self {
+    pub fn new(inner: Incoming, limit: Option<u64>, pause_limit: Duration) -> Self {
         RequestBody {
             inner,
             remaining: limit,
+            pause_limit,
+            pause: None,
+            waiting: false,
         }
     }
 }
@@ -51,11 +66,28 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
-        let frame = match ready!(this.inner.poll_frame(cx)) {
-            None => return Poll::Ready(None),
-            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
-            Some(Ok(frame)) => frame,
+        let frame = match this.inner.poll_frame(cx) {
+            Poll::Pending => {
+                let deadline = || Instant::now() + *this.pause_limit;
+                let pause = match this.pause {
+                    Some(pause) if *this.waiting => pause,
+                    Some(pause) => {
+                        pause.as_mut().reset(deadline());
+                        pause
+                    }
+                    None => this.pause.insert(Box::pin(tokio::time::sleep_until(deadline()))),
+                };
+                *this.waiting = true;
+                return match pause.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(RequestBodyError::TimedOut))),
+                    Poll::Pending => Poll::Pending,
+                };
+            }
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(Some(Ok(frame))) => frame,
         };
+        *this.waiting = false;
         if let (Some(remaining), Some(data)) = (this.remaining.as_mut(), frame.data_ref()) {
             let len = data.len() as u64;
             if len > *remaining {
@@ -90,6 +122,8 @@ pin_project! {
         inner: Payload,
         record: Option<AccessRecord>,
         bytes: u64,
+        // Dropped with the body: the connection carries this request until then.
+        in_flight: InFlight,
     }
 
     impl PinnedDrop for ResponseBody {
@@ -103,11 +137,12 @@ pin_project! {
 }
 
 impl ResponseBody {
-    pub fn new(inner: Payload, record: AccessRecord) -> Self {
+    pub fn new(inner: Payload, record: AccessRecord, in_flight: InFlight) -> Self {
         ResponseBody {
             inner,
             record: Some(record),
             bytes: 0,
+            in_flight,
         }
     }
 }

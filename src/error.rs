@@ -44,6 +44,16 @@ pub enum GatewayError {
     AmbiguousKey(#[from] crate::limit::request_key::AmbiguousKey),
     #[error("malformed request: {0}")]
     MalformedRequest(&'static str),
+    #[error("ambiguous request framing: {0}")]
+    AmbiguousFraming(&'static str),
+    #[error("a transfer coding other than chunked")]
+    UnsupportedTransferCoding,
+    #[error("bad Host: {0}")]
+    BadHost(&'static str),
+    #[error("the request's header fields exceed 32 KB")]
+    HeadersTooLarge,
+    #[error("the client paused its request body longer than server.body_timeout")]
+    BodyTimeout,
     #[error("the request body could not be read: {0}")]
     BadRequestBody(String),
     #[error("the request body exceeds server.max_body")]
@@ -66,7 +76,12 @@ impl GatewayError {
             GatewayError::BadPath(_)
             | GatewayError::AmbiguousKey(_)
             | GatewayError::MalformedRequest(_)
+            | GatewayError::AmbiguousFraming(_)
+            | GatewayError::BadHost(_)
             | GatewayError::BadRequestBody(_) => StatusCode::BAD_REQUEST,
+            GatewayError::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
+            GatewayError::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            GatewayError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             GatewayError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Upstream { kind, .. } => match kind {
                 UpstreamFailure::Connect | UpstreamFailure::Reset => StatusCode::BAD_GATEWAY,
@@ -75,6 +90,26 @@ impl GatewayError {
             GatewayError::ClientClosed => {
                 StatusCode::from_u16(CLIENT_CLOSED_REQUEST).expect("499 is a status code")
             }
+        }
+    }
+
+    /// Whether the connection must close after this answer: the request's body was not
+    /// read to its end, or its framing cannot be trusted to find the next request.
+    pub fn closes_connection(&self) -> bool {
+        match self {
+            GatewayError::AmbiguousFraming(_)
+            | GatewayError::UnsupportedTransferCoding
+            | GatewayError::BodyTimeout => true,
+            GatewayError::NoRoute
+            | GatewayError::BadPath(_)
+            | GatewayError::AmbiguousKey(_)
+            | GatewayError::MalformedRequest(_)
+            | GatewayError::BadHost(_)
+            | GatewayError::HeadersTooLarge
+            | GatewayError::BadRequestBody(_)
+            | GatewayError::BodyTooLarge
+            | GatewayError::Upstream { .. }
+            | GatewayError::ClientClosed => false,
         }
     }
 
@@ -113,6 +148,20 @@ mod tests {
             StatusCode::BAD_REQUEST
         );
         assert_eq!(GatewayError::BodyTooLarge.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            GatewayError::AmbiguousFraming("x").status(),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            GatewayError::UnsupportedTransferCoding.status(),
+            StatusCode::NOT_IMPLEMENTED
+        );
+        assert_eq!(GatewayError::BadHost("x").status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            GatewayError::HeadersTooLarge.status(),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        );
+        assert_eq!(GatewayError::BodyTimeout.status(), StatusCode::REQUEST_TIMEOUT);
         assert_eq!(
             upstream(UpstreamFailure::Connect).status(),
             StatusCode::BAD_GATEWAY

@@ -1,39 +1,35 @@
-//! A guard between the socket and hyper's HTTP/1 parser for what hyper tolerates but a
-//! gateway must refuse.
-//!
-//! * **Ambiguous framing**: a request carrying both `Content-Length` and
-//!   `Transfer-Encoding` is a request-smuggling attempt (RFC 9112 §6.3). hyper would drop
-//!   the `Content-Length` and forward the body as chunked; SPEC §8 wants a 400 and nothing
-//!   forwarded. The guard holds each request head until it is complete, and when it sees
-//!   both headers it breaks the request line, so hyper answers 400 and closes the
-//!   connection without ever calling the service.
-//! * **Silent connections**: until the first request head has arrived, hyper-util's
-//!   protocol detection waits without a deadline. The guard closes a connection whose first
-//!   head is not complete within `server.header_timeout`; later heads are covered by
-//!   hyper's own header read timeout.
+//! A guard between the socket and hyper's HTTP/1 parser for the one thing hyper lets
+//! through that a gateway must refuse and that the request hyper hands over no longer
+//! shows: a request carrying both `Content-Length` and `Transfer-Encoding`. hyper drops
+//! the `Content-Length` (RFC 9112 §6.3 lets an intermediary forward such a request as
+//! chunked) and keeps the connection open; SPEC §8 wants a 400, nothing forwarded and the
+//! connection closed. The guard holds each request head until it is complete, and when
+//! it sees both headers it breaks the request line, so hyper answers 400 and closes the
+//! connection without ever calling the service. Everything else about a head is checked
+//! on the parsed request ([`crate::request_head`]).
 //!
 //! To find every request head on a keep-alive connection the guard follows the framing of
-//! each request body (`Content-Length` or chunked). Request bodies pass through without a
-//! copy where possible. An HTTP/2 connection, an `Upgrade`/`CONNECT` request, or anything
-//! the guard cannot parse turns it transparent: hyper then decides alone.
+//! each request body (`Content-Length` or chunked), with the parser hyper uses and the
+//! same limits, so the two never disagree about where a head starts. Request bodies pass
+//! through without a copy where possible. It inspects every head of an HTTP/1 connection,
+//! those after an `Upgrade` or `CONNECT` included, until a tunnel actually starts
+//! ([`ConnectionState::tunnel_started`]); it turns transparent only for that, for an
+//! HTTP/2 connection, and for bytes hyper refuses by itself (and then closes).
 
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Sleep;
+
+use crate::connection::ConnectionState;
 
 /// The HTTP/2 connection preface (prior-knowledge h2c).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// Beyond this a head is hyper's to refuse (431); the guard stops inspecting.
-const MAX_HEAD: usize = 64 * 1024;
 /// Longest chunk-size or trailer line the guard follows.
 const MAX_LINE: usize = 8 * 1024;
-const MAX_HEADERS: usize = 128;
 const READ_CHUNK: usize = 8 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +57,7 @@ enum HeadVerdict {
     Ambiguous,
     /// Follow this framing for the body.
     Framing(State),
-    /// `Upgrade`, `CONNECT`, or something hyper will refuse by itself.
+    /// Something hyper will refuse by itself, and then close the connection.
     StopInspecting,
 }
 
@@ -73,17 +69,27 @@ pub struct FramingGuard<S> {
     /// How many bytes at the front of `buf` have been inspected and may be handed out.
     cleared: usize,
     state: State,
-    first_head_deadline: Option<Pin<Box<Sleep>>>,
+    /// The largest head, and the most fields in it, that hyper accepts.
+    limits: HeadLimits,
+    connection: Arc<ConnectionState>,
+}
+
+/// The head limits hyper is configured with; the guard follows heads up to them.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadLimits {
+    pub bytes: usize,
+    pub fields: usize,
 }
 
 impl<S> FramingGuard<S> {
-    pub fn new(inner: S, first_head_timeout: Duration) -> Self {
+    pub fn new(inner: S, limits: HeadLimits, connection: Arc<ConnectionState>) -> Self {
         FramingGuard {
             inner,
             buf: BytesMut::new(),
             cleared: 0,
             state: State::Head,
-            first_head_deadline: Some(Box::pin(tokio::time::sleep(first_head_timeout))),
+            limits,
+            connection,
         }
     }
 
@@ -151,7 +157,6 @@ impl<S> FramingGuard<S> {
 
     fn stop_inspecting(&mut self) -> bool {
         self.state = State::Transparent;
-        self.first_head_deadline = None;
         self.cleared = self.buf.len();
         true
     }
@@ -176,15 +181,14 @@ impl<S> FramingGuard<S> {
             };
         }
         let Some(head_len) = head_end(pending) else {
-            return if pending.len() > MAX_HEAD {
+            return if pending.len() > self.limits.bytes {
                 self.stop_inspecting()
             } else {
                 false
             };
         };
         let head_start = self.cleared;
-        self.first_head_deadline = None;
-        match inspect_head(&pending[..head_len]) {
+        match inspect_head(&pending[..head_len], self.limits.fields) {
             HeadVerdict::Framing(next) => {
                 self.cleared += head_len;
                 self.state = next;
@@ -219,16 +223,26 @@ fn head_end(bytes: &[u8]) -> Option<usize> {
     None
 }
 
-fn inspect_head(head: &[u8]) -> HeadVerdict {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut request = httparse::Request::new(&mut headers);
+/// Fields looked for on the stack; a head with more is parsed again with room for all.
+const USUAL_FIELDS: usize = 64;
+
+fn inspect_head(head: &[u8], max_fields: usize) -> HeadVerdict {
+    let mut usual = [httparse::EMPTY_HEADER; USUAL_FIELDS];
+    let mut request = httparse::Request::new(&mut usual);
     match request.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Complete(_)) => return framing_of(&request),
+        Err(httparse::Error::TooManyHeaders) if max_fields > USUAL_FIELDS => {}
         _ => return HeadVerdict::StopInspecting,
     }
-    if request.method == Some("CONNECT") {
-        return HeadVerdict::StopInspecting;
+    let mut all = vec![httparse::EMPTY_HEADER; max_fields];
+    let mut request = httparse::Request::new(&mut all);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => framing_of(&request),
+        _ => HeadVerdict::StopInspecting,
     }
+}
+
+fn framing_of(request: &httparse::Request<'_, '_>) -> HeadVerdict {
     let mut transfer_encoding: Option<&[u8]> = None;
     let mut content_length: Option<&[u8]> = None;
     let mut lengths_agree = true;
@@ -238,8 +252,6 @@ fn inspect_head(head: &[u8]) -> HeadVerdict {
         } else if header.name.eq_ignore_ascii_case("content-length") {
             lengths_agree &= content_length.is_none_or(|previous| previous == header.value);
             content_length = Some(header.value);
-        } else if header.name.eq_ignore_ascii_case("upgrade") {
-            return HeadVerdict::StopInspecting;
         }
     }
     match (transfer_encoding, content_length) {
@@ -270,6 +282,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for FramingGuard<S> {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if this.state != State::Transparent && this.connection.tunnel_started() {
+            this.stop_inspecting();
+        }
         loop {
             if this.cleared > 0 {
                 let n = this.cleared.min(out.remaining());
@@ -288,14 +303,6 @@ impl<S: AsyncRead + Unpin> AsyncRead for FramingGuard<S> {
             }
             if this.advance() {
                 continue;
-            }
-            if let Some(deadline) = this.first_head_deadline.as_mut()
-                && deadline.as_mut().poll(cx).is_ready()
-            {
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "no complete request head within server.header_timeout",
-                )));
             }
             this.buf.reserve(READ_CHUNK);
             let spare = this.buf.spare_capacity_mut();
@@ -389,12 +396,17 @@ mod tests {
             }
             client.shutdown().await.unwrap();
         });
-        let mut guard = FramingGuard::new(server, Duration::from_secs(5));
+        let mut guard = FramingGuard::new(server, LIMITS, ConnectionState::new());
         let mut seen = Vec::new();
         guard.read_to_end(&mut seen).await.unwrap();
         writer.await.unwrap();
         seen
     }
+
+    const LIMITS: HeadLimits = HeadLimits {
+        bytes: 64 * 1024,
+        fields: 8192,
+    };
 
     const PIPELINE: &[u8] = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
 POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n0\r\nX-T: 1\r\n\r\n\
@@ -442,22 +454,58 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         assert_eq!(through_guard(&input, 9).await, input);
     }
 
+    const SMUGGLED: &[u8] = b"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+
     #[tokio::test]
-    async fn upgrade_and_h2_turn_transparent() {
-        let mut ws = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n".to_vec();
-        ws.extend_from_slice(b"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n");
-        assert_eq!(through_guard(&ws, 13).await, ws);
-        let mut h2 = H2_PREFACE.to_vec();
-        h2.extend_from_slice(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00");
-        assert_eq!(through_guard(&h2, 5).await, h2);
+    async fn heads_after_a_declined_upgrade_or_connect_are_still_inspected() {
+        for first in [
+            &b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nUpgrade: h2c\r\nConnection: upgrade, http2-settings\r\n\r\n",
+            b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+        ] {
+            let mut input = first.to_vec();
+            input.extend_from_slice(SMUGGLED);
+            let seen = through_guard(&input, 13).await;
+            assert_eq!(seen[first.len()], b'@', "{}", String::from_utf8_lossy(first));
+        }
     }
 
     #[tokio::test]
-    async fn a_silent_connection_times_out() {
-        let (_client, server) = tokio::io::duplex(64);
-        let mut guard = FramingGuard::new(server, Duration::from_millis(50));
-        let mut buf = [0u8; 16];
-        let error = guard.read(&mut buf).await.unwrap_err();
-        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+    async fn many_fields_do_not_turn_it_transparent() {
+        let mut input = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..1000 {
+            input.extend_from_slice(format!("x-{i}: v\r\n").as_bytes());
+        }
+        input.extend_from_slice(b"\r\n");
+        let first = input.len();
+        input.extend_from_slice(SMUGGLED);
+        assert_eq!(through_guard(&input, 4096).await[first], b'@');
+    }
+
+    #[tokio::test]
+    async fn a_started_tunnel_and_h2_turn_it_transparent() {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let connection = ConnectionState::new();
+        let mut guard = FramingGuard::new(server, LIMITS, connection.clone());
+        let upgrade = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
+        client.write_all(upgrade).await.unwrap();
+        let mut head = vec![0; upgrade.len()];
+        guard.read_exact(&mut head).await.unwrap();
+        // Tunnel bytes (a WebSocket frame), held as the start of a head until the tunnel
+        // is known to have started.
+        let frame = b"\x82\x03abc";
+        client.write_all(frame).await.unwrap();
+        let mut buf = [0u8; 64];
+        let held = tokio::time::timeout(std::time::Duration::from_millis(50), guard.read(&mut buf)).await;
+        assert!(held.is_err(), "a head is inspected before it passes");
+        connection.begin().start_tunnel();
+        client.shutdown().await.unwrap();
+        let mut tunnelled = Vec::new();
+        guard.read_to_end(&mut tunnelled).await.unwrap();
+        assert_eq!(tunnelled, frame, "passed untouched");
+
+        let mut h2 = H2_PREFACE.to_vec();
+        h2.extend_from_slice(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00");
+        assert_eq!(through_guard(&h2, 5).await, h2);
     }
 }

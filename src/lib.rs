@@ -3,8 +3,9 @@
 //! ```text
 //! gateway.toml ─► config (raw serde ─► validated Config) ─► state::GatewayState (ArcSwap)
 //!
-//! client ─► server (accept, framing guard, HTTP/1.1 + h2c) ─► service::handle
-//!        ─► path::normalize_path ─► router::Router::lookup ─► client_ip
+//! client ─► server (accept, framing guard, idle connections closed, HTTP/1.1 + h2c)
+//!        ─► service::handle
+//!        ─► request_head::check ─► path::normalize_path ─► router::Router::lookup ─► client_ip
 //!        ─► respond, or proxy::UpstreamClient (pooled keep-alive, headers rewritten)
 //!        ─► body::ResponseBody (streams, then access_log + metrics)
 //! ```
@@ -18,6 +19,7 @@ pub mod allocator;
 pub mod body;
 pub mod client_ip;
 pub mod config;
+pub mod connection;
 pub mod disconnect;
 pub mod error;
 pub mod framing;
@@ -28,6 +30,7 @@ pub mod metrics;
 pub mod path;
 pub mod proxy;
 pub mod reload;
+pub mod request_head;
 pub mod router;
 pub mod server;
 pub mod service;

@@ -1,6 +1,10 @@
 //! Log setup: `FLOODGATE_LOG` is a tracing filter (default `info`), `FLOODGATE_LOG_FORMAT`
 //! is `text` (default) or `json`. Logs go to standard output, as containers expect.
 //!
+//! The HTTP/2 library's own events are shown from `error` up unless the filter names
+//! `h2`: it warns once per misbehaving connection (a rapid-reset client, say), so a flood
+//! of such connections would flood the log with lines the operator can do nothing about.
+//!
 //! Access-log lines (target `access`) are buffered and written in blocks, as nginx's
 //! `access_log ... buffer=` does, rather than with a `write(2)` per request. The buffer is written when it holds 32 KB, every 100 ms, and at exit
 //! ([`flush`]); every other event (start-up, warnings, errors) is written at once, after
@@ -78,14 +82,25 @@ impl<'a> MakeWriter<'a> for Stdout {
     }
 }
 
+/// `spec` with the `h2` target lowered to `error`, unless it names that target itself.
+fn with_quiet_h2(spec: &str) -> String {
+    let names_h2 = spec.split(',').any(|directive| {
+        let target = directive.split(['=', '[']).next().unwrap_or("").trim();
+        target == "h2" || target.starts_with("h2::")
+    });
+    if names_h2 || spec.trim().is_empty() {
+        spec.to_owned()
+    } else {
+        format!("{spec},h2=error")
+    }
+}
+
 /// Installs the global subscriber from the environment, and the thread that writes
 /// buffered access lines out.
 pub fn init() -> Result<(), String> {
-    let filter = match std::env::var("FLOODGATE_LOG") {
-        Ok(spec) => EnvFilter::try_new(&spec)
-            .map_err(|e| format!("FLOODGATE_LOG={spec:?} is not a valid filter: {e}"))?,
-        Err(_) => EnvFilter::new("info"),
-    };
+    let spec = std::env::var("FLOODGATE_LOG").unwrap_or_else(|_| "info".to_owned());
+    let filter = EnvFilter::try_new(with_quiet_h2(&spec))
+        .map_err(|e| format!("FLOODGATE_LOG={spec:?} is not a valid filter: {e}"))?;
     let format = std::env::var("FLOODGATE_LOG_FORMAT").unwrap_or_else(|_| "text".to_owned());
     // Colour only for a terminal: escape codes in a file, pipe or log collector would split
     // `key=value` pairs and break grep and parsers.
@@ -112,4 +127,19 @@ pub fn init() -> Result<(), String> {
         })
         .map_err(|e| format!("cannot start the log writer: {e}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn h2_is_quiet_unless_named() {
+        assert_eq!(with_quiet_h2("info"), "info,h2=error");
+        assert_eq!(with_quiet_h2("warn,access=info"), "warn,access=info,h2=error");
+        assert_eq!(with_quiet_h2("debug,h2=debug"), "debug,h2=debug");
+        assert_eq!(with_quiet_h2("h2::proto=trace"), "h2::proto=trace");
+        assert_eq!(with_quiet_h2("h2c_thing=info"), "h2c_thing=info,h2=error");
+        assert!(EnvFilter::try_new(with_quiet_h2("info")).is_ok());
+    }
 }

@@ -157,6 +157,13 @@ fn serve(config: Config, path: PathBuf) -> anyhow::Result<()> {
             version = env!("CARGO_PKG_VERSION"),
             "floodgate listening"
         );
+        if in_container() && gateway.admin_addr().ip().is_loopback() {
+            tracing::warn!(
+                admin = %gateway.admin_addr(),
+                "server.admin_listen is a loopback address inside a container: /metrics and \
+                 /readyz are unreachable through published ports (bind 0.0.0.0:9901)"
+            );
+        }
         let reloader = Arc::new(Reloader::new(
             gateway.shared().clone(),
             Box::new(move || load(&path)),
@@ -199,4 +206,12 @@ async fn shutdown_signal() {
         _ = terminate.recv() => tracing::info!("SIGTERM received"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
+}
+
+/// Whether this process runs in a container (Docker, Podman), going by the marker files
+/// their runtimes create.
+fn in_container() -> bool {
+    ["/.dockerenv", "/run/.containerenv"]
+        .iter()
+        .any(|marker| std::path::Path::new(marker).exists())
 }

@@ -136,6 +136,7 @@ pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     store_duration: HistogramFamily<StoreLabels>,
     store_errors: Family<StoreLabels, Counter>,
+    keys_not_kept: Family<StoreLabels, Counter>,
     reloads: Family<ReloadLabels, Counter>,
 }
 
@@ -184,6 +185,12 @@ impl Metrics {
             "Rate-limit store calls that failed, by store",
             store_errors.clone(),
         );
+        let keys_not_kept = Family::<StoreLabels, Counter>::default();
+        registry.register(
+            "floodgate_store_keys_not_kept",
+            "Decisions whose new key a full in-process store did not keep (decided as fresh), by store (memory, local)",
+            keys_not_kept.clone(),
+        );
         let reloads = Family::<ReloadLabels, Counter>::default();
         registry.register(
             "floodgate_config_reloads",
@@ -200,6 +207,7 @@ impl Metrics {
             decisions,
             store_duration,
             store_errors,
+            keys_not_kept,
         }
     }
 
@@ -263,6 +271,12 @@ impl Metrics {
             create,
             |duration| duration.observe(seconds),
         );
+    }
+
+    /// The counter an in-process store (`memory`, or Redis's `local` fallback) counts
+    /// the new keys it had no room for in.
+    pub fn keys_not_kept(&self, store: &'static str) -> Counter {
+        self.keys_not_kept.get_or_create(&StoreLabels { store }).clone()
     }
 
     pub fn record_store_error(&self, store: &'static str) {

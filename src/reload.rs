@@ -62,7 +62,7 @@ impl Reloader {
                 "server.listen, server.admin_listen and server.workers changes take effect only after a restart"
             );
         }
-        match GatewayState::rebuild(config, &current) {
+        match GatewayState::rebuild(config, &current, &self.shared.metrics) {
             Ok(state) => {
                 let routes = state.config.routes.len();
                 let limits = state.config.limits.len();

@@ -1,7 +1,8 @@
 //! Listeners and connections: accepts clients (HTTP/1.1 and h2c on one port), applies
-//! connection-level limits (header read timeout, header size), serves the admin listener,
-//! and shuts down gracefully: stop accepting, let in-flight requests finish within
-//! `server.shutdown_grace`, then return.
+//! connection-level limits (a connection with no request in flight for
+//! `server.header_timeout` is closed, see [`crate::in_flight`]; head sizes), serves the
+//! admin listener, and shuts down gracefully: stop accepting, let in-flight requests
+//! finish within `server.shutdown_grace`, then return.
 
 use std::future::Future;
 use std::io;
@@ -20,13 +21,32 @@ use tokio_util::task::TaskTracker;
 use crate::admin;
 use crate::client_ip::Peer;
 use crate::config::Config;
+use crate::connection::ConnectionState;
 use crate::disconnect::Watched;
-use crate::framing::FramingGuard;
+use crate::framing::{FramingGuard, HeadLimits};
+use crate::metrics::Metrics;
+use crate::request_head::MAX_HEADER_BYTES;
 use crate::service::{Shared, handle};
 use crate::state::GatewayState;
 
-/// Largest request head (request line and headers) accepted; beyond it: 431.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// What the protocols' own parsers accept at most, above the service's limit on header
+/// bytes ([`MAX_HEADER_BYTES`], the same for both) so that the service decides: room for
+/// the request line besides for HTTP/1.1 (hyper's read buffer, which holds a whole head);
+/// HTTP/2 counts 32 bytes more per field (RFC 9113 §6.5.2), so the smallest fields (`a:`,
+/// 5 bytes as HTTP/1.1 writes them) take 33.
+const MAX_HTTP1_HEAD: usize = 2 * MAX_HEADER_BYTES;
+const MAX_HTTP2_HEADER_LIST: u32 = (MAX_HEADER_BYTES as u32 / 5) * 33 + 4096;
+/// Fields an HTTP/1.1 head may hold: as many as fit in [`MAX_HEADER_BYTES`] (`a:` and its
+/// line end take 4 bytes), so that heads are limited by size alone.
+const MAX_HTTP1_FIELDS: usize = MAX_HEADER_BYTES / 4;
+const HTTP1_LIMITS: HeadLimits = HeadLimits {
+    bytes: MAX_HTTP1_HEAD,
+    fields: MAX_HTTP1_FIELDS,
+};
+
+/// How long a connection closed for idleness may take to wind down (an HTTP/2 client
+/// reading its GOAWAY) before it is dropped.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// How long a starting gateway waits for Redis before serving under `on_error`.
 const STORE_STARTUP_WAIT: Duration = Duration::from_secs(1);
@@ -43,11 +63,12 @@ impl Gateway {
     pub async fn bind(config: Config) -> io::Result<Gateway> {
         let listener = bind(config.server.listen, "server.listen").await?;
         let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;
-        let state = GatewayState::new(config)
+        let metrics = Arc::new(Metrics::new());
+        let state = GatewayState::new(config, &metrics)
             .map_err(|e| io::Error::other(format!("cannot set up the rate-limit store: {e}")))?;
         state.store.wait_ready(STORE_STARTUP_WAIT).await;
         Ok(Gateway {
-            shared: Arc::new(Shared::new(state)),
+            shared: Arc::new(Shared::new(state, metrics)),
             listener,
             admin_listener,
         })
@@ -107,17 +128,19 @@ async fn bind(addr: SocketAddr, key: &str) -> io::Result<TcpListener> {
         .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr} ({key}): {e}")))
 }
 
-fn connection_builder(header_timeout: Duration) -> auto::Builder<TokioExecutor> {
+fn connection_builder() -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // Slow heads are bounded by the connection's idle limit, the same for both protocols.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
-        .max_buf_size(MAX_HEAD_BYTES);
+        .header_read_timeout(None)
+        .max_buf_size(HTTP1_LIMITS.bytes)
+        .max_headers(HTTP1_LIMITS.fields);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(MAX_HEAD_BYTES as u32);
+        .max_header_list_size(MAX_HTTP2_HEADER_LIST);
     builder
 }
 
@@ -128,7 +151,7 @@ async fn accept_loop(
     closing: CancellationToken,
 ) {
     let header_timeout = shared.state.load().config.server.header_timeout;
-    let builder = Arc::new(connection_builder(header_timeout));
+    let builder = Arc::new(connection_builder());
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -156,21 +179,48 @@ async fn serve_connection(
     shared: Arc<Shared>,
     builder: Arc<auto::Builder<TokioExecutor>>,
     closing: CancellationToken,
-    header_timeout: Duration,
+    idle_limit: Duration,
 ) {
     let _ = stream.set_nodelay(true);
     let (stream, socket) = Watched::new(stream);
-    let io = TokioIo::new(FramingGuard::new(stream, header_timeout));
+    let connection_state = ConnectionState::new();
+    let io = TokioIo::new(FramingGuard::new(stream, HTTP1_LIMITS, connection_state.clone()));
     let tcp_peer = Arc::new(Peer::new(peer));
-    let service =
-        service_fn(move |request| handle(shared.clone(), tcp_peer.clone(), socket.clone(), request));
+    let requests = connection_state.clone();
+    let service = service_fn(move |request| {
+        handle(
+            shared.clone(),
+            tcp_peer.clone(),
+            socket.clone(),
+            requests.begin(),
+            request,
+        )
+    });
     let connection = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(connection);
-    let result = tokio::select! {
-        result = connection.as_mut() => result,
-        () = closing.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            connection.await
+    let idle = tokio::time::sleep(idle_limit);
+    tokio::pin!(idle);
+    let result = loop {
+        tokio::select! {
+            result = connection.as_mut() => break result,
+            () = closing.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                break connection.await;
+            }
+            () = idle.as_mut() => {
+                let now = tokio::time::Instant::now();
+                match connection_state.idle_for(now.into_std()) {
+                    Some(idle_for) if idle_for >= idle_limit => {
+                        tracing::debug!(%peer, "closing a connection with no request for server.header_timeout");
+                        connection.as_mut().graceful_shutdown();
+                        break tokio::time::timeout(IDLE_CLOSE_GRACE, connection.as_mut())
+                            .await
+                            .unwrap_or(Ok(()));
+                    }
+                    Some(idle_for) => idle.as_mut().reset(now + (idle_limit - idle_for)),
+                    None => idle.as_mut().reset(now + idle_limit),
+                }
+            }
         }
     };
     if let Err(e) = result {

@@ -27,7 +27,8 @@ use hyper::body::Incoming;
 use crate::access_log::AccessRecord;
 use crate::body::{Payload, RequestBody, ResponseBody, full};
 use crate::client_ip::{Peer, client_ip};
-use crate::config::RespondConfig;
+use crate::config::{RespondConfig, ServerConfig};
+use crate::connection::InFlight;
 use crate::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
 use crate::limit::LimitCheck;
@@ -41,6 +42,7 @@ use crate::proxy::headers::{
     ForwardingContext, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
 };
 use crate::proxy::{UpstreamClient, tunnel};
+use crate::request_head;
 use crate::router::normalize_host;
 use crate::state::{GatewayState, Target};
 
@@ -55,21 +57,24 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(state: GatewayState) -> Self {
+    /// `state` was built counting in `metrics`.
+    pub fn new(state: GatewayState, metrics: Arc<Metrics>) -> Self {
         Shared {
             state: ArcSwap::from_pointee(state),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             draining: AtomicBool::new(false),
             no_route: Arc::from(""),
         }
     }
 }
 
-/// Answers one request from `peer`, whose connection is `socket`; never fails.
+/// Answers one request from `peer`, whose connection is `socket` (held `in_flight` until
+/// the response body is done); never fails.
 pub async fn handle(
     shared: Arc<Shared>,
     peer: Arc<Peer>,
     socket: Arc<ClientSocket>,
+    in_flight: InFlight,
     request: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
@@ -86,6 +91,7 @@ pub async fn handle(
         limit_outcome: "none",
     }));
     let mut limit_headers = LimitHeaders::new();
+    let version = request.version();
     let served = serve(
         &shared,
         &state,
@@ -93,6 +99,7 @@ pub async fn handle(
             peer: &peer,
             ip: client_ip,
             socket: &socket,
+            connection: &in_flight,
         },
         request,
         record.0.as_mut().expect("answered only below"),
@@ -102,13 +109,13 @@ pub async fn handle(
     let mut record = record.0.take().expect("answered once");
     let mut response = match served {
         Ok(response) => response,
-        Err(error) => render_error(&shared.metrics, &record, error),
+        Err(error) => render_error(&shared.metrics, &record, error, version),
     };
     for (name, value) in limit_headers {
         response.headers_mut().append(name, value);
     }
     record.status = response.status().as_u16();
-    Ok(response.map(|body| ResponseBody::new(body, record)))
+    Ok(response.map(|body| ResponseBody::new(body, record, in_flight)))
 }
 
 /// The access record of a request not answered yet. hyper drops the request's future when
@@ -132,10 +139,17 @@ struct Client<'a> {
     /// The client's address (section 2, `client_ip`).
     ip: IpAddr,
     socket: &'a ClientSocket,
+    /// Its hold on its connection, which a tunnel takes over.
+    connection: &'a InFlight,
 }
 
 /// Turns a [`GatewayError`] into the client's response, counting and logging it once.
-fn render_error(metrics: &Metrics, record: &AccessRecord, error: GatewayError) -> Response<Payload> {
+fn render_error(
+    metrics: &Metrics,
+    record: &AccessRecord,
+    error: GatewayError,
+    version: Version,
+) -> Response<Payload> {
     let status = error.status();
     if let GatewayError::Upstream { upstream, kind, .. } = &error {
         metrics.record_upstream_error(upstream, kind.label());
@@ -147,10 +161,15 @@ fn render_error(metrics: &Metrics, record: &AccessRecord, error: GatewayError) -
     }
     let mut response = Response::new(full(error.body()));
     *response.status_mut() = status;
-    response.headers_mut().insert(
+    let headers = response.headers_mut();
+    headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    // HTTP/2 ends only the stream; the connection-wide header is HTTP/1's alone.
+    if error.closes_connection() && version < Version::HTTP_2 {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     response
 }
 
@@ -165,16 +184,20 @@ async fn serve(
     limit_headers: &mut LimitHeaders,
 ) -> Result<Response<Payload>, GatewayError> {
     // The access record owns the normalized path; the request path borrows it from there.
-    record.path = match normalize_path(request.uri().path()) {
-        Ok(path) => path.into_owned(),
+    let checked =
+        request_head::check(&request).and_then(|host| Ok((host, normalize_path(request.uri().path())?)));
+    let host = match checked {
+        Ok((host, path)) => {
+            record.path = path.into_owned();
+            host
+        }
         Err(e) => {
             record.path = request.uri().path().to_owned();
-            return Err(e.into());
+            return Err(e);
         }
     };
     let path = record.path.as_str();
-    let host = request_host(&request);
-    let route_host = host.and_then(normalize_host);
+    let route_host = normalize_host(host);
     let index = state
         .router
         .lookup(route_host.as_deref(), path, request.method())
@@ -230,7 +253,15 @@ async fn serve(
                 version: request.version(),
                 key_headers: &state.key_headers,
             };
-            forward(upstream, request, path, &context, state.config.server.max_body).await
+            forward(
+                upstream,
+                request,
+                path,
+                &context,
+                &state.config.server,
+                client.connection,
+            )
+            .await
         }
     }
 }
@@ -291,15 +322,6 @@ async fn hold(
     }
 }
 
-/// The host the client asked for: the URI's authority (HTTP/2, absolute-form) or `Host`.
-fn request_host<B>(request: &Request<B>) -> Option<&str> {
-    request
-        .uri()
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| request.headers().get(header::HOST).and_then(|h| h.to_str().ok()))
-}
-
 fn respond_with(respond: &RespondConfig) -> Response<Payload> {
     let mut response = Response::new(full(respond.body.clone()));
     *response.status_mut() = respond.status;
@@ -323,8 +345,10 @@ async fn forward(
     mut request: Request<Incoming>,
     path: &str,
     context: &ForwardingContext<'_>,
-    max_body: Option<u64>,
+    server: &ServerConfig,
+    connection: &InFlight,
 ) -> Result<Response<Payload>, GatewayError> {
+    let max_body = server.max_body;
     if let (Some(limit), Some(length)) = (max_body, declared_length(&request))
         && length > limit
     {
@@ -342,8 +366,6 @@ async fn forward(
         let host = HeaderValue::from_str(authority.as_str())
             .map_err(|_| GatewayError::MalformedRequest("invalid authority"))?;
         parts.headers.insert(header::HOST, host);
-    } else if !parts.headers.contains_key(header::HOST) {
-        return Err(GatewayError::MalformedRequest("the request has no Host"));
     }
     set_forwarding_headers(&mut parts.headers, context);
     if let Some(protocol) = upgrade {
@@ -355,10 +377,11 @@ async fn forward(
     parts.uri = uri;
     parts.version = Version::HTTP_11;
 
-    let request = Request::from_parts(parts, RequestBody::new(body, max_body));
+    let request = Request::from_parts(parts, RequestBody::new(body, max_body, server.body_timeout));
     let mut response = upstream.send(request).await?;
     match client_upgrade {
         Some(client) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+            connection.start_tunnel();
             tunnel(client, &mut response, upstream.name().clone());
         }
         _ => remove_hop_by_hop(response.headers_mut()),

@@ -14,6 +14,7 @@ use crate::limit::redis::StoreError;
 use crate::limit::refusal_cache::RefusalCache;
 use crate::limit::route::RouteLimits;
 use crate::limit::store::LimitStore;
+use crate::metrics::Metrics;
 use crate::proxy::UpstreamClient;
 use crate::router::Router;
 
@@ -70,18 +71,18 @@ pub enum Target {
 impl GatewayState {
     /// Builds the runtime for `config`; must run inside the runtime (the Redis store
     /// connects in the background).
-    pub fn new(config: Config) -> Result<Self, StoreError> {
-        GatewayState::build(config, None)
+    pub fn new(config: Config, metrics: &Metrics) -> Result<Self, StoreError> {
+        GatewayState::build(config, None, metrics)
     }
 
     /// Builds the runtime for a reloaded `config`, keeping what did not change: the store
     /// (so in-process counters survive, and the Redis connection too) and the connection
     /// pools of unchanged upstreams.
-    pub fn rebuild(config: Config, previous: &GatewayState) -> Result<Self, StoreError> {
-        GatewayState::build(config, Some(previous))
+    pub fn rebuild(config: Config, previous: &GatewayState, metrics: &Metrics) -> Result<Self, StoreError> {
+        GatewayState::build(config, Some(previous), metrics)
     }
 
-    fn build(config: Config, previous: Option<&GatewayState>) -> Result<Self, StoreError> {
+    fn build(config: Config, previous: Option<&GatewayState>, metrics: &Metrics) -> Result<Self, StoreError> {
         let clients: HashMap<&str, Arc<UpstreamClient>> = config
             .upstreams
             .iter()
@@ -119,7 +120,7 @@ impl GatewayState {
         key_headers.dedup();
         let store = match previous {
             Some(previous) if same_store(&previous.config.redis, &config.redis) => previous.store.clone(),
-            _ => LimitStore::from_config(config.redis.as_ref())?,
+            _ => LimitStore::from_config(config.redis.as_ref(), metrics)?,
         };
         let (key_prefix, on_error) = match &config.redis {
             Some(redis) => (redis.prefix.clone(), redis.on_error),

@@ -419,3 +419,51 @@ async fn admin_endpoints_answer_health_and_metrics() {
     let (status, _, body) = get(&gateway.url("/metrics")).await;
     assert!(!body.contains("floodgate_requests_total"), "{status}: {body}");
 }
+
+/// One h2c connection that opens `streams` streams and resets each before the server can
+/// accept it (the "rapid reset" pattern), all in one write.
+async fn rapid_reset(addr: std::net::SocketAddr, streams: u32) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut frames = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00".to_vec();
+    for i in 0..streams {
+        let id = (2 * i + 1).to_be_bytes();
+        // HEADERS (END_STREAM | END_HEADERS): GET http / with :authority "h".
+        frames.extend_from_slice(b"\x00\x00\x06\x01\x05");
+        frames.extend_from_slice(&id);
+        frames.extend_from_slice(b"\x82\x86\x84\x41\x01h");
+        // RST_STREAM (CANCEL).
+        frames.extend_from_slice(b"\x00\x00\x04\x03\x00");
+        frames.extend_from_slice(&id);
+        frames.extend_from_slice(&8u32.to_be_bytes());
+    }
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let _ = stream.write_all(&frames).await;
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut sink)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rapid_reset_connections_do_not_flood_the_log() {
+    let upstream = Upstream::start().await;
+    // The admin listener on a wildcard address: no warning about it in a container.
+    let config =
+        proxy_config(&upstream, "").replace("admin_listen = \"127.0.0.1:0\"", "admin_listen = \"0.0.0.0:0\"");
+    let gateway = FloodgateProcess::start(&config, &[]);
+    for _ in 0..20 {
+        rapid_reset(gateway.listen, 100).await;
+    }
+    // The gateway still serves, and the log holds no line per misbehaving connection.
+    assert_eq!(get(&gateway.url("/after")).await.0, StatusCode::OK);
+    std::thread::sleep(Duration::from_millis(300));
+    let warnings: Vec<String> = gateway
+        .stdout_lines()
+        .into_iter()
+        .filter(|line| line.contains("WARN") || line.contains("ERROR"))
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "{} lines, the first: {:?}",
+        warnings.len(),
+        warnings.first()
+    );
+}

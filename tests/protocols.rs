@@ -149,3 +149,69 @@ async fn websocket_upgrade_is_tunnelled_both_ways() {
     assert!(rest.is_empty(), "{rest:?}");
     assert_eq!(upstream.requests(), 1);
 }
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// An empty SETTINGS frame.
+const H2_SETTINGS: &[u8] = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+/// HEADERS on stream 1 (GET http /) with END_STREAM but not END_HEADERS: the server
+/// waits for a CONTINUATION that never comes.
+const H2_UNFINISHED_HEADERS: &[u8] = b"\x00\x00\x03\x01\x01\x00\x00\x00\x01\x82\x86\x84";
+
+/// How long until the gateway closes a connection on which `sent` was written.
+async fn closed_after(addr: std::net::SocketAddr, sent: &[u8]) -> Duration {
+    let started = std::time::Instant::now();
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(sent).await.unwrap();
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut received)).await;
+    assert!(read.is_ok(), "{sent:?}: still open after 5 s");
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn http2_connections_without_an_open_stream_are_closed_after_header_timeout() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::proxy_to(
+        &upstream,
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nheader_timeout = \"300ms\"",
+        "",
+    )
+    .await;
+
+    let preface = [H2_PREFACE, H2_SETTINGS].concat();
+    let unfinished = [H2_PREFACE, H2_SETTINGS, H2_UNFINISHED_HEADERS].concat();
+    for sent in [&preface[..], &unfinished[..]] {
+        let elapsed = closed_after(gw.addr, sent).await;
+        assert!(
+            elapsed >= Duration::from_millis(250) && elapsed < Duration::from_secs(3),
+            "closed after {elapsed:?}"
+        );
+    }
+
+    // A stream open longer than the limit keeps its connection; once it is done, the idle
+    // connection goes too.
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let driver = tokio::spawn(connection);
+    let request = Request::get(gw.url("/slow?ms=800"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender
+        .send_request(request)
+        .await
+        .expect("a slow stream is served");
+    assert_eq!(response.status(), StatusCode::OK);
+    let ended = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(3), driver)
+        .await
+        .expect("the idle connection is closed")
+        .unwrap()
+        .ok();
+    let idle = ended.elapsed();
+    assert!(idle >= Duration::from_millis(200), "closed after {idle:?} idle");
+}

@@ -225,6 +225,31 @@ async fn deny_refuses_with_503_and_readyz_follows_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_redis_without_any_traffic() {
+    let mut redis = start_redis().await;
+    let upstream = Upstream::start().await;
+    let gw = gateway(&redis.url(), &upstream, "deny", 1_000_000).await;
+    let ready = || async { get(&gw.admin_url("/readyz")).await.0 == StatusCode::OK };
+    // No request from here on: only the gateway's own probe can notice.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(ready().await);
+
+    tokio::task::block_in_place(|| redis.kill());
+    let unready_after = wait_until(Duration::from_secs(2), || async { !ready().await }).await;
+    tokio::task::block_in_place(|| redis.restart());
+    let ready_after = wait_until(Duration::from_secs(2), ready).await;
+    assert_eq!(upstream.requests(), 1, "only the warm-up request");
+    eprintln!("unready after {unready_after:?}, ready again after {ready_after:?}");
+
+    // A Redis that hangs (SIGSTOP) instead of refusing is noticed the same way.
+    redis.pause();
+    let unready_after = wait_until(Duration::from_secs(2), || async { !ready().await }).await;
+    redis.resume();
+    let ready_after = wait_until(Duration::from_secs(2), ready).await;
+    eprintln!("paused: unready after {unready_after:?}, ready again after {ready_after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_shares_each_limit_between_the_live_instances() {
     let mut redis = start_redis().await;
     let upstream = Upstream::start().await;

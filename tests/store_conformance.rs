@@ -46,6 +46,7 @@ async fn memory() -> Store {
     Store::Memory(Arc::new(MemoryStore::new(
         Arc::new(MonotonicClock::default()),
         100_000,
+        prometheus_client::metrics::counter::Counter::default(),
     )))
 }
 

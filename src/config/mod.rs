@@ -33,6 +33,7 @@ const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
 const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -59,8 +60,11 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     pub trusted_proxies: Vec<IpNet>,
     pub shutdown_grace: Duration,
-    /// How long a client may take to send a request's headers (slowloris guard).
+    /// How long a client may take to send a request's headers, and how long a connection
+    /// may stay open without a request in flight (slowloris guard).
     pub header_timeout: Duration,
+    /// Longest pause between two reads of a request body (slow-body guard): 408.
+    pub body_timeout: Duration,
     /// Runtime worker threads; 0 = one per CPU core.
     pub workers: usize,
     pub ratelimit_headers: RateLimitHeaders,
@@ -285,6 +289,13 @@ fn validate_server(raw: ServerFile, sink: &mut ErrorSink) -> ServerConfig {
             &raw.header_timeout,
             "server.header_timeout",
             DEFAULT_HEADER_TIMEOUT,
+            sink,
+            values::positive_duration,
+        ),
+        body_timeout: parse_or(
+            &raw.body_timeout,
+            "server.body_timeout",
+            DEFAULT_BODY_TIMEOUT,
             sink,
             values::positive_duration,
         ),

@@ -24,6 +24,7 @@ fn defaults() {
     assert_eq!(config.server.admin_listen.to_string(), "127.0.0.1:9901");
     assert_eq!(config.server.shutdown_grace, Duration::from_secs(10));
     assert_eq!(config.server.header_timeout, Duration::from_secs(10));
+    assert_eq!(config.server.body_timeout, Duration::from_secs(30));
     assert_eq!(config.server.workers, 0);
     assert_eq!(config.server.ratelimit_headers, RateLimitHeaders::Ietf);
     assert_eq!(config.server.max_body, None);
@@ -39,6 +40,7 @@ fn a_full_file_is_validated_into_typed_values() {
 listen = "127.0.0.1:8081"
 trusted_proxies = ["10.0.0.0/8", "192.168.1.1"]
 shutdown_grace = "3s"
+body_timeout = "5s"
 workers = 2
 ratelimit_headers = "both"
 max_body = "10MB"
@@ -63,6 +65,7 @@ respond = { status = 204 }
     )
     .unwrap();
     assert_eq!(config.server.max_body, Some(10 << 20));
+    assert_eq!(config.server.body_timeout, Duration::from_secs(5));
     assert_eq!(config.server.trusted_proxies.len(), 2);
     let app = &config.upstreams["app"];
     assert_eq!(app.authority.as_str(), "app.internal:80");

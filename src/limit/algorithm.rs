@@ -21,6 +21,18 @@ pub enum Algorithm {
     LeakyBucket { rate: f64, per: u64, burst: u64 },
 }
 
+impl Algorithm {
+    /// Requests of cost 1 a fresh key admits at once: a window's limit, a bucket's burst
+    /// (for a leaky bucket, the request served now besides the `burst` that wait).
+    pub fn capacity(&self) -> u64 {
+        match *self {
+            Algorithm::FixedWindow { limit, .. } | Algorithm::SlidingWindow { limit, .. } => limit,
+            Algorithm::TokenBucket { burst, .. } => burst,
+            Algorithm::LeakyBucket { burst, .. } => burst + 1,
+        }
+    }
+}
+
 /// Stored state of one key, one variant per algorithm.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum State {

@@ -3,19 +3,25 @@
 //! Keys are spread over shards, each behind its own mutex, so decisions for different
 //! clients rarely contend. One decision locks every shard its keys live in (in index
 //! order, so two decisions never deadlock) and runs [`super::decide_all`] under them:
-//! atomic and all-or-nothing like the Redis script. Entries expire after their TTL, and a
-//! shard that reaches its share of `max_keys` first drops expired entries, then the
-//! entries closest to expiry, so a client spraying random keys cannot grow it without
-//! bound.
+//! atomic and all-or-nothing like the Redis script. Entries expire after their TTL.
+//!
+//! A shard that reaches its share of `max_keys` first drops expired entries, then the
+//! entries whose state is closest to a fresh key's (a counter at 1, a full bucket: what
+//! costs least to forget), so a client spraying random keys cannot grow it without bound.
+//! It never drops a key with nothing left or a lock: a spray must not free an exhausted
+//! counter or a lock-out. When only such keys are left, the shard keeps no new key until
+//! one of them expires; new keys are then decided as fresh without being stored, and
+//! counted in `floodgate_store_keys_not_kept_total`.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use prometheus_client::metrics::counter::Counter;
 use smallvec::SmallVec;
 
 use super::algorithm::{State, refund};
 use super::clock::Clock;
 use super::keyed_hash::{IdentityMap, KeyedHash};
-use super::{Decisions, LimitCheck, Write, decide_all};
+use super::{Decisions, LimitCheck, Used, Write, decide_all};
 
 const SHARDS: usize = 64;
 
@@ -24,6 +30,15 @@ struct Entry {
     /// `None` for a lock.
     state: Option<State>,
     expires_at: u64,
+    used: Used,
+}
+
+impl Entry {
+    /// The order in which a full shard forgets live entries: least used first, then the
+    /// sooner to expire.
+    fn eviction_rank(&self) -> (Used, u64) {
+        (self.used, self.expires_at)
+    }
 }
 
 /// A key's identity in the store ([`KeyedHash`]): the store keeps 16 bytes per key
@@ -31,7 +46,12 @@ struct Entry {
 /// keys, or theirs and someone else's, collide.
 type Slot = u128;
 
-type Shard = IdentityMap<Entry>;
+#[derive(Default)]
+struct Shard {
+    entries: IdentityMap<Entry>,
+    /// Until then the shard is full of entries it must keep: a new key is not stored.
+    full_until: u64,
+}
 
 /// The in-process rate-limit store.
 pub struct MemoryStore {
@@ -39,16 +59,20 @@ pub struct MemoryStore {
     hash: KeyedHash,
     clock: Arc<dyn Clock>,
     max_per_shard: usize,
+    /// Decisions whose new key a full store did not keep.
+    not_kept: Counter,
 }
 
 impl MemoryStore {
-    /// A store keeping at most about `max_keys` keys, on `clock`.
-    pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
+    /// A store keeping at most about `max_keys` keys, on `clock`, counting in `not_kept`
+    /// the new keys it had no room for.
+    pub fn new(clock: Arc<dyn Clock>, max_keys: usize, not_kept: Counter) -> Self {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hash: KeyedHash::random(),
             clock,
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
+            not_kept,
         }
     }
 
@@ -99,7 +123,11 @@ impl MemoryStore {
             let slot = slot_of(key);
             let shard = MemoryStore::shard_of(slot);
             let (_, guard) = guards.iter().find(|(i, _)| *i == shard)?;
-            guard.get(&slot).copied().filter(|entry| entry.expires_at > now)
+            guard
+                .entries
+                .get(&slot)
+                .copied()
+                .filter(|entry| entry.expires_at > now)
         };
         let (decisions, writes) = decide_all(
             checks,
@@ -107,13 +135,20 @@ impl MemoryStore {
             |key| live(&guards, key).and_then(|entry| entry.state),
             |key| live(&guards, key).map(|entry| entry.expires_at - now),
         );
+        let mut not_kept = false;
         for write in writes {
             let (key, entry, only_if_absent) = match write {
-                Write::State { key, state, ttl } => (
+                Write::State {
+                    key,
+                    state,
+                    ttl,
+                    used,
+                } => (
                     key,
                     Entry {
                         state: Some(state),
                         expires_at: now + ttl,
+                        used,
                     },
                     false,
                 ),
@@ -122,6 +157,7 @@ impl MemoryStore {
                     Entry {
                         state: None,
                         expires_at: now + ttl,
+                        used: Used::ALL,
                     },
                     true,
                 ),
@@ -131,16 +167,20 @@ impl MemoryStore {
             let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == shard) else {
                 continue;
             };
-            if let Some(existing) = guard.get_mut(&slot) {
+            if let Some(existing) = guard.entries.get_mut(&slot) {
                 if !(only_if_absent && existing.expires_at > now) {
                     *existing = entry;
                 }
                 continue;
             }
-            if guard.len() >= self.max_per_shard {
-                make_room(guard, now, self.max_per_shard);
+            if guard.entries.len() >= self.max_per_shard && !make_room(guard, now, self.max_per_shard) {
+                not_kept = true;
+                continue;
             }
-            guard.insert(slot, entry);
+            guard.entries.insert(slot, entry);
+        }
+        if not_kept {
+            self.not_kept.inc();
         }
         decisions
     }
@@ -152,16 +192,21 @@ impl MemoryStore {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let now = self.clock.now_micros();
-        let stored = guard
+        let existing = guard
+            .entries
             .get(&slot)
             .filter(|entry| entry.expires_at > now)
-            .and_then(|entry| Some((entry.state?, entry.expires_at - now)));
-        if let Some((state, ttl)) = refund(&check.algorithm, stored, check.cost, now) {
-            guard.insert(
+            .copied();
+        let stored = existing.and_then(|entry| Some((entry.state?, entry.expires_at - now)));
+        if let (Some(existing), Some((state, ttl))) =
+            (existing, refund(&check.algorithm, stored, check.cost, now))
+        {
+            guard.entries.insert(
                 slot,
                 Entry {
                     state: Some(state),
                     expires_at: now + ttl,
+                    used: existing.used,
                 },
             );
         }
@@ -171,7 +216,7 @@ impl MemoryStore {
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).entries.len())
             .sum()
     }
 
@@ -180,29 +225,47 @@ impl MemoryStore {
     }
 }
 
-/// Drops expired entries; if the shard is still full, the quarter closest to expiry.
-fn make_room(shard: &mut Shard, now: u64, max: usize) {
-    let live = shard.values().filter(|entry| entry.expires_at > now).count();
-    let keep_after = if live < max {
-        now
-    } else {
-        let mut expiries: Vec<u64> = shard
+/// Makes room in a full shard: drops expired entries; if it is still full, the quarter of
+/// its share that is least used (see the module docs). Returns false when every entry
+/// left must be kept: the shard then keeps no new key until the first of them expires.
+fn make_room(shard: &mut Shard, now: u64, max: usize) -> bool {
+    if now < shard.full_until {
+        return false;
+    }
+    shard.entries.retain(|_, entry| entry.expires_at > now);
+    let mut room = shard.entries.len() < max;
+    if !room {
+        let mut ranks: Vec<(Used, u64)> = shard
+            .entries
             .values()
-            .map(|entry| entry.expires_at)
-            .filter(|&expires_at| expires_at > now)
+            .filter(|entry| entry.used < Used::ALL)
+            .map(Entry::eviction_rank)
             .collect();
-        let cut = (max / 4).max(1).min(expiries.len() - 1);
-        *expiries.select_nth_unstable(cut).1
-    };
-    shard.retain(|_, entry| entry.expires_at > keep_after);
+        if ranks.is_empty() {
+            shard.full_until = shard
+                .entries
+                .values()
+                .map(|entry| entry.expires_at)
+                .min()
+                .unwrap_or(now);
+        } else {
+            let cut = (max / 4).clamp(1, ranks.len()) - 1;
+            let last_dropped = *ranks.select_nth_unstable(cut).1;
+            shard
+                .entries
+                .retain(|_, entry| entry.used == Used::ALL || entry.eviction_rank() > last_dropped);
+            room = true;
+        }
+    }
     // Removed entries may leave tombstones, which the table reclaims only by growing: once
     // they have taken room the share needs before its next sweep, the table is rebuilt at
     // the share's size (a shard kept full by a client spraying keys would otherwise double).
-    if shard.capacity() < max {
-        let mut rebuilt = Shard::with_capacity_and_hasher(max, Default::default());
-        rebuilt.extend(shard.drain());
-        *shard = rebuilt;
+    if shard.entries.capacity() < max {
+        let mut rebuilt = IdentityMap::with_capacity_and_hasher(max, Default::default());
+        rebuilt.extend(shard.entries.drain());
+        shard.entries = rebuilt;
     }
+    room
 }
 
 #[cfg(test)]
@@ -231,7 +294,11 @@ mod tests {
 
     #[test]
     fn concurrent_decisions_admit_exactly_the_limit() {
-        let store = Arc::new(MemoryStore::new(Arc::new(ManualClock::default()), 10_000));
+        let store = Arc::new(MemoryStore::new(
+            Arc::new(ManualClock::default()),
+            10_000,
+            Counter::default(),
+        ));
         let threads: Vec<_> = (0..8)
             .map(|_| {
                 let store = store.clone();
@@ -248,7 +315,7 @@ mod tests {
 
     #[test]
     fn a_rejection_by_one_limit_consumes_nothing_from_the_others() {
-        let store = MemoryStore::new(Arc::new(ManualClock::default()), 10_000);
+        let store = MemoryStore::new(Arc::new(ManualClock::default()), 10_000, Counter::default());
         let both = [check("wide", fixed(10)), check("narrow", fixed(1))];
         assert!(store.decide(&both).iter().all(|d| d.outcome.admits()));
         let refused = store.decide(&both);
@@ -261,7 +328,7 @@ mod tests {
     #[test]
     fn lockout_outlives_the_window() {
         let clock = Arc::new(ManualClock::default());
-        let store = MemoryStore::new(clock.clone(), 10_000);
+        let store = MemoryStore::new(clock.clone(), 10_000, Counter::default());
         let mut locked = check("k", fixed(1));
         locked.lockout = Some(("k:lock".into(), 10 * S));
         assert!(store.decide(std::slice::from_ref(&locked))[0].outcome.admits());
@@ -282,20 +349,111 @@ mod tests {
         // A share of 448 keys fills its table to the last slot (512 buckets), as the
         // gateway's share of 200,000 nearly does (3,125 keys in a table for 3,584).
         let max_keys = 448 * SHARDS;
-        let store = MemoryStore::new(clock.clone(), max_keys);
+        let store = MemoryStore::new(clock.clone(), max_keys, Counter::default());
         for i in 0..4 * max_keys {
             store.decide(&[check(&format!("client-{i}"), fixed(5))]);
             clock.advance(Duration::from_micros(1));
         }
         assert!(store.len() <= max_keys + SHARDS, "{}", store.len());
         // ...and so does their memory: no shard's table outgrows its share of the keys.
-        let share = Shard::with_capacity_and_hasher(store.max_per_shard, Default::default()).capacity();
+        let share = IdentityMap::<Entry>::with_capacity_and_hasher(store.max_per_shard, Default::default())
+            .capacity();
         for shard in &store.shards {
-            let capacity = shard.lock().unwrap().capacity();
+            let capacity = shard.lock().unwrap().entries.capacity();
             assert!(
                 capacity <= share,
                 "a shard holds {capacity} slots, its share needs {share}"
             );
         }
+    }
+
+    fn admits(store: &MemoryStore, check: &LimitCheck) -> bool {
+        store.decide(std::slice::from_ref(check))[0].outcome.admits()
+    }
+
+    #[test]
+    fn a_spray_of_keys_never_frees_an_exhausted_counter_or_a_lock_out() {
+        let clock = Arc::new(ManualClock::default());
+        let max_keys = 16 * SHARDS;
+        let store = MemoryStore::new(clock.clone(), max_keys, Counter::default());
+        let exhausted = check("exhausted", fixed(3));
+        let mut locked = check("locked", fixed(1));
+        locked.lockout = Some(("locked:lock".into(), 100 * S));
+        let heavy: Vec<LimitCheck> = (0..max_keys / 4)
+            .map(|i| check(&format!("heavy-{i}"), fixed(5)))
+            .collect();
+        for _ in 0..3 {
+            assert!(admits(&store, &exhausted));
+        }
+        assert!(admits(&store, &locked));
+        assert!(!admits(&store, &locked), "locked out now");
+        for key in &heavy {
+            for _ in 0..4 {
+                assert!(admits(&store, key));
+            }
+        }
+        // Each sprayed key has used a fifth of its limit: those are what a full shard gives up.
+        for i in 0..20 * max_keys {
+            store.decide(&[check(&format!("spray-{i}"), fixed(5))]);
+            clock.advance(Duration::from_micros(1));
+        }
+        assert!(
+            !admits(&store, &exhausted),
+            "the exhausted counter is still there"
+        );
+        assert_eq!(
+            store.decide(std::slice::from_ref(&locked))[0].outcome,
+            Outcome::Locked
+        );
+        let forgotten = heavy
+            .iter()
+            .filter(|key| store.decide(std::slice::from_ref(*key))[0].remaining != 0)
+            .count();
+        assert_eq!(forgotten, 0, "keys that used more were kept before sprayed ones");
+        assert!(store.len() <= max_keys + SHARDS, "{}", store.len());
+    }
+
+    #[test]
+    fn a_store_full_of_exhausted_keys_keeps_no_new_one_and_counts_it() {
+        let clock = Arc::new(ManualClock::default());
+        let max_keys = 4 * SHARDS;
+        let not_kept = Counter::default();
+        let store = MemoryStore::new(clock.clone(), max_keys, not_kept.clone());
+        // Limit 1: every key is exhausted by its first request.
+        for i in 0..8 * max_keys {
+            store.decide(&[check(&format!("spray-{i}"), fixed(1))]);
+        }
+        assert!(store.len() <= max_keys + SHARDS, "{}", store.len());
+        let kept = store.len() as u64;
+        assert_eq!(not_kept.get(), 8 * max_keys as u64 - kept);
+        let unkept: Vec<String> = (0..8 * max_keys)
+            .map(|i| format!("spray-{i}"))
+            .filter(|key| admits(&store, &check(key, fixed(1))))
+            .collect();
+        assert_eq!(
+            unkept.len() as u64,
+            8 * max_keys as u64 - kept,
+            "not kept: decided as fresh"
+        );
+        // Once they expire (the window, 1 s), new keys are kept again.
+        clock.advance(Duration::from_secs(1));
+        let fresh = check("after", fixed(1));
+        assert!(admits(&store, &fresh));
+        assert!(!admits(&store, &fresh), "kept this time");
+    }
+
+    #[test]
+    fn how_much_is_used_orders_what_is_forgotten() {
+        let used = |left, capacity| Used::of(left, capacity);
+        assert!(used(4, 5) < used(3, 5));
+        assert!(used(1, 5) < Used::ALL);
+        assert_eq!(used(0, 5), Used::ALL);
+        assert!(used(1, u64::MAX) < Used::ALL, "something left is never ALL");
+        assert_eq!(used(5, 5), used(10, 10), "a fresh key's state");
+    }
+
+    #[test]
+    fn an_entry_costs_no_more_than_before_it_carried_its_use() {
+        assert_eq!(std::mem::size_of::<(Slot, Entry)>(), 64);
     }
 }

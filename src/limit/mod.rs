@@ -154,6 +154,7 @@ pub(crate) fn decide_all<'a>(
                 key: &check.key,
                 state: evaluation.new_state,
                 ttl: evaluation.ttl,
+                used: Used::of(evaluation.remaining_after, check.algorithm.capacity()),
             });
             LimitDecision {
                 outcome: if evaluation.delay > 0 {
@@ -170,6 +171,27 @@ pub(crate) fn decide_all<'a>(
     (decisions, writes)
 }
 
+/// How much of its limit a key's state has used, for a bounded store to forget first
+/// what is closest to a fresh key's state: from 0 (a fresh key's) up to [`Used::ALL`], a
+/// key with nothing left, which the next request would be refused (a lock counts as
+/// that too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Used(u16);
+
+impl Used {
+    pub(crate) const ALL: Used = Used(u16::MAX);
+
+    /// A state with `left` requests of cost 1 left out of a fresh key's `capacity`.
+    pub(crate) fn of(left: u64, capacity: u64) -> Used {
+        if left == 0 || capacity == 0 {
+            return Used::ALL;
+        }
+        let spent = capacity.saturating_sub(left) as f64 / capacity as f64;
+        // Below ALL whatever is spent, as long as something is left.
+        Used((spent * f64::from(u16::MAX - 1)) as u16)
+    }
+}
+
 /// A change a decision makes to the store.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Write<'a> {
@@ -178,6 +200,8 @@ pub(crate) enum Write<'a> {
         key: &'a str,
         state: algorithm::State,
         ttl: u64,
+        /// How much of its limit the state has used.
+        used: Used,
     },
     /// Create a lock for `ttl` microseconds unless one exists.
     Lock { key: &'a str, ttl: u64 },

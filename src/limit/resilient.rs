@@ -1,11 +1,15 @@
 //! Redis as the gateway uses it (SPEC §6): a circuit breaker so that an outage does not
-//! cost `redis.timeout` on every request, a background probe that closes it again as soon
-//! as Redis answers, a heartbeat that counts the live instances, and the in-process store
-//! that `on_error = "local"` falls back to with each limit divided by that count.
+//! cost `redis.timeout` on every request, a background probe that opens it while no
+//! decision shows Redis answering (so that readiness follows Redis without traffic) and
+//! closes it again as soon as Redis answers, a heartbeat that counts the live instances,
+//! and the in-process store that `on_error = "local"` falls back to with each limit
+//! divided by that count.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
 
 use super::algorithm::Algorithm;
 use super::clock::MonotonicClock;
@@ -16,7 +20,9 @@ use crate::config::RedisConfig;
 
 /// Consecutive failures that open the breaker.
 const FAILURES_TO_OPEN: u32 = 3;
-/// How often an open breaker probes Redis (recovery is seen within this).
+/// How often the store probes Redis: an open breaker to see it recover, a closed one when
+/// no decision was answered since the last probe (with [`FAILURES_TO_OPEN`], an outage is
+/// seen within a second without any traffic).
 const PROBE_EVERY: Duration = Duration::from_millis(250);
 /// How often this instance announces itself, and how long an announcement lives.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
@@ -60,21 +66,30 @@ pub struct ResilientRedis {
     local: MemoryStore,
     /// Live instances last seen in Redis (at least 1).
     instances: AtomicU64,
+    /// Whether a decision was answered since the last probe.
+    answered: AtomicBool,
     address: String,
 }
 
 impl ResilientRedis {
     /// Starts connecting, probing and heart-beating in the background.
-    pub fn start(config: &RedisConfig) -> Result<Arc<Self>, StoreError> {
+    /// `local_not_kept` counts the new keys the full local fallback store did not keep.
+    pub fn start(config: &RedisConfig, local_not_kept: Counter) -> Result<Arc<Self>, StoreError> {
         let store = Arc::new(ResilientRedis {
             redis: RedisStore::start(&config.target, config.timeout)?,
             breaker: Breaker::default(),
-            local: MemoryStore::new(Arc::new(MonotonicClock::default()), LOCAL_MAX_KEYS),
+            local: MemoryStore::new(
+                Arc::new(MonotonicClock::default()),
+                LOCAL_MAX_KEYS,
+                local_not_kept,
+            ),
             instances: AtomicU64::new(1),
+            answered: AtomicBool::new(false),
             address: config.target.describe(),
         });
         let instance_key = format!("{}:instances", config.prefix);
-        tokio::spawn(maintain(Arc::downgrade(&store), instance_key, instance_id()));
+        tokio::spawn(probe(Arc::downgrade(&store)));
+        tokio::spawn(heartbeat(Arc::downgrade(&store), instance_key, instance_id()));
         Ok(store)
     }
 
@@ -86,17 +101,24 @@ impl ResilientRedis {
         match self.redis.decide(checks).await {
             Ok(decisions) => {
                 self.breaker.success();
+                if !self.answered.load(Ordering::Relaxed) {
+                    self.answered.store(true, Ordering::Relaxed);
+                }
                 Ok(decisions)
             }
             Err(error) => {
-                if self.breaker.failure() {
-                    tracing::warn!(
-                        redis = %self.address, %error,
-                        "redis is failing; deciding by on_error until it answers again"
-                    );
-                }
+                self.failed(&error);
                 Err(error)
             }
+        }
+    }
+
+    fn failed(&self, error: &StoreError) {
+        if self.breaker.failure() {
+            tracing::warn!(
+                redis = %self.address, %error,
+                "redis is failing; deciding by on_error until it answers again"
+            );
         }
     }
 
@@ -161,21 +183,37 @@ fn instance_id() -> String {
     format!("{}:{}:{started}", host.trim(), std::process::id())
 }
 
-/// Probes while the breaker is open, and heart-beats, until the store is dropped.
-async fn maintain(store: Weak<ResilientRedis>, instance_key: String, id: String) {
-    let mut last_heartbeat: Option<Instant> = None;
+/// Probes (see [`PROBE_EVERY`]) until the store is dropped. A probe that waits for a hung
+/// Redis delays the next one by no more than that wait (missed ticks fire at once).
+async fn probe(store: Weak<ResilientRedis>) {
+    let mut every = tokio::time::interval(PROBE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    every.tick().await;
     loop {
-        tokio::time::sleep(PROBE_EVERY).await;
+        every.tick().await;
         let Some(store) = store.upgrade() else { return };
-        if store.breaker.is_open() && store.redis.recover().await.is_ok() && store.breaker.close() {
-            tracing::info!(redis = %store.address, "redis answers again; deciding in redis");
-        }
-        if last_heartbeat.is_none_or(|at| at.elapsed() >= HEARTBEAT_EVERY) {
-            last_heartbeat = Some(Instant::now());
-            if let Ok(count) = store.redis.heartbeat(&instance_key, &id, HEARTBEAT_TTL).await {
-                store.instances.store(count.max(1), Ordering::Relaxed);
+        if store.breaker.is_open() {
+            if store.redis.recover().await.is_ok() && store.breaker.close() {
+                tracing::info!(redis = %store.address, "redis answers again; deciding in redis");
+            }
+        } else if !store.answered.swap(false, Ordering::Relaxed) {
+            match store.redis.ping().await {
+                Ok(()) => store.breaker.success(),
+                Err(error) => store.failed(&error),
             }
         }
+    }
+}
+
+/// Announces this instance and reads the live instance count until the store is dropped.
+async fn heartbeat(store: Weak<ResilientRedis>, instance_key: String, id: String) {
+    loop {
+        let Some(live) = store.upgrade() else { return };
+        if let Ok(count) = live.redis.heartbeat(&instance_key, &id, HEARTBEAT_TTL).await {
+            live.instances.store(count.max(1), Ordering::Relaxed);
+        }
+        drop(live);
+        tokio::time::sleep(HEARTBEAT_EVERY).await;
     }
 }
 

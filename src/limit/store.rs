@@ -8,9 +8,10 @@ use super::redis::StoreError;
 use super::resilient::ResilientRedis;
 use super::{Decisions, LimitCheck};
 use crate::config::RedisConfig;
+use crate::metrics::Metrics;
 
 /// Keys the in-process store keeps at most (about 150 bytes each).
-const MEMORY_STORE_MAX_KEYS: usize = 200_000;
+pub const MEMORY_STORE_MAX_KEYS: usize = 200_000;
 
 /// One of the two stores, chosen by the configuration.
 #[derive(Clone)]
@@ -20,14 +21,16 @@ pub enum LimitStore {
 }
 
 impl LimitStore {
-    /// The store for `redis` (`None`: in-process). Must run inside the runtime.
-    pub fn from_config(redis: Option<&RedisConfig>) -> Result<Self, StoreError> {
+    /// The store for `redis` (`None`: in-process), counting in `metrics`. Must run inside
+    /// the runtime.
+    pub fn from_config(redis: Option<&RedisConfig>, metrics: &Metrics) -> Result<Self, StoreError> {
         Ok(match redis {
             None => LimitStore::Memory(Arc::new(MemoryStore::new(
                 Arc::new(MonotonicClock::default()),
                 MEMORY_STORE_MAX_KEYS,
+                metrics.keys_not_kept("memory"),
             ))),
-            Some(redis) => LimitStore::Redis(ResilientRedis::start(redis)?),
+            Some(redis) => LimitStore::Redis(ResilientRedis::start(redis, metrics.keys_not_kept("local"))?),
         })
     }
 

@@ -74,6 +74,7 @@ impl UpstreamClient {
             if let Some(body_error) = cause.downcast_ref::<RequestBodyError>() {
                 return match body_error {
                     RequestBodyError::TooLarge => GatewayError::BodyTooLarge,
+                    RequestBodyError::TimedOut => GatewayError::BodyTimeout,
                     RequestBodyError::Client(_) => GatewayError::BadRequestBody(detail(&error)),
                 };
             }
@@ -91,13 +92,17 @@ impl UpstreamClient {
     }
 }
 
-/// The error and its causes on one line, for the log.
+/// The error and its causes on one line, for the log; a cause whose text an error
+/// already ends with (as `thiserror` messages with `{source}` do) is not repeated.
 fn detail(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
         source = cause.source();
     }
     text
@@ -122,4 +127,20 @@ pub fn tunnel(client: OnUpgrade, response: &mut Response<UpstreamBody>, upstream
             Err(e) => tracing::warn!(%upstream, error = %e, "protocol upgrade failed"),
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_is_written_once() {
+        let refused = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let error = SendError::Connect {
+            address: "127.0.0.1:9".into(),
+            source: refused(),
+        };
+        let text = detail(&error);
+        assert_eq!(text, format!("cannot connect to 127.0.0.1:9: {}", refused()));
+    }
 }

@@ -142,7 +142,9 @@ impl Upstream {
                     upstream_answer(request)
                 });
                 tokio::spawn(async move {
+                    // As many fields as the gateway forwards (32 KB of them).
                     let _ = hyper::server::conn::http1::Builder::new()
+                        .max_headers(8192)
                         .serve_connection(TokioIo::new(stream), service)
                         .with_upgrades()
                         .await;

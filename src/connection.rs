@@ -1,0 +1,100 @@
+//! What a client connection shares with the requests it carries.
+//!
+//! * Whether a request is in flight: each request holds an [`InFlight`] token from the
+//!   moment hyper hands it to the service until its response body is finished or dropped.
+//!   The server closes a connection that has held no token for `server.header_timeout`,
+//!   which bounds, with one rule for HTTP/1.1 and HTTP/2, the wait for a first request, a
+//!   slowly sent head, a keep-alive connection left open and an HTTP/2 connection with no
+//!   open stream.
+//! * Whether a tunnel started (an upstream accepted an `Upgrade`): from then on the bytes
+//!   on the connection are no longer HTTP, and [`crate::framing`] stops inspecting them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// One connection's state, as its requests and its server task see it.
+#[derive(Debug)]
+pub struct ConnectionState {
+    open: AtomicUsize,
+    /// When the last request ended, in microseconds since `opened`.
+    last_end: AtomicU64,
+    opened: Instant,
+    tunnel: AtomicBool,
+}
+
+impl ConnectionState {
+    pub fn new() -> Arc<Self> {
+        Arc::new(ConnectionState {
+            open: AtomicUsize::new(0),
+            last_end: AtomicU64::new(0),
+            opened: Instant::now(),
+            tunnel: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether a request of this connection has started a tunnel.
+    pub fn tunnel_started(&self) -> bool {
+        self.tunnel.load(Ordering::Acquire)
+    }
+
+    /// A request starts; it is in flight until the token is dropped.
+    pub fn begin(self: &Arc<Self>) -> InFlight {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.clone())
+    }
+
+    /// How long the connection has carried no request; `None` while one is in flight.
+    pub fn idle_for(&self, now: Instant) -> Option<Duration> {
+        if self.open.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let last_end = self.opened + Duration::from_micros(self.last_end.load(Ordering::Acquire));
+        Some(now.saturating_duration_since(last_end))
+    }
+}
+
+/// A request's hold on its connection (see the module docs).
+#[derive(Debug)]
+pub struct InFlight(Arc<ConnectionState>);
+
+impl InFlight {
+    /// The request's connection now carries a tunnel: its bytes are no longer HTTP.
+    pub fn start_tunnel(&self) {
+        self.0.tunnel.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        // Before the count drops, so that a connection seen idle has its last end written.
+        let ended = u64::try_from(activity.opened.elapsed().as_micros()).unwrap_or(u64::MAX);
+        activity.last_end.fetch_max(ended, Ordering::AcqRel);
+        activity.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_counts_from_the_last_request_to_end() {
+        let activity = ConnectionState::new();
+        let start = activity.opened;
+        assert_eq!(
+            activity.idle_for(start + Duration::from_secs(3)),
+            Some(Duration::from_secs(3)),
+            "a connection is idle from the start"
+        );
+        let first = activity.begin();
+        let second = activity.begin();
+        drop(first);
+        assert_eq!(activity.idle_for(Instant::now()), None, "one still in flight");
+        drop(second);
+        let idle = activity.idle_for(start + Duration::from_secs(60)).unwrap();
+        assert!(idle < Duration::from_secs(60), "{idle:?}: counted from the end");
+        assert!(idle > Duration::from_secs(59), "{idle:?}");
+    }
+}

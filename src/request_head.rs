@@ -1,0 +1,280 @@
+//! What hyper accepts in a request head but a gateway must refuse before anything is
+//! forwarded: transfer codings other than `chunked`, a repeated `Content-Length` (HTTP/2;
+//! hyper merges equal ones in HTTP/1.1), a missing, repeated or malformed `Host`, and
+//! header sections over 32 KB. (A `Content-Length` beside `Transfer-Encoding` is gone from
+//! the parsed request: [`crate::framing`] finds it on the wire.)
+//!
+//! The checks read the request hyper parsed, not the bytes on the socket, so they hold
+//! for every request of a connection whatever came before it (an `Upgrade` the upstream
+//! declined, a refused `CONNECT`), and for HTTP/1.1 and HTTP/2 alike.
+
+use http::header::{self, HeaderValue};
+use http::{HeaderMap, Request, Uri};
+
+use crate::error::GatewayError;
+
+/// The most header bytes a request may carry, counted as HTTP/1.1 writes each field
+/// (`name: value` and its line end), whatever the protocol: beyond it, 431.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
+/// Checks `request`'s head; returns the authority the client asked for (the request
+/// target's, or else the `Host` header's).
+pub fn check<B>(request: &Request<B>) -> Result<&str, GatewayError> {
+    let fields = Fields::of(request.headers())?;
+    // HTTP/2 carries the authority outside the fields: counted as the `Host` it stands for.
+    let authority_field = match (fields.host, request.uri().authority()) {
+        (None, Some(authority)) => "host".len() + authority.as_str().len() + 4,
+        _ => 0,
+    };
+    if fields.bytes + authority_field > MAX_HEADER_BYTES {
+        return Err(GatewayError::HeadersTooLarge);
+    }
+    if let Some(coding) = fields.transfer_encoding {
+        transfer_coding(coding)?;
+    }
+    if fields.content_length > 1 {
+        return Err(GatewayError::AmbiguousFraming("repeated Content-Length"));
+    }
+    host(request.uri(), fields.host)
+}
+
+/// What [`check`] needs from the header fields, in one pass over them.
+struct Fields<'a> {
+    host: Option<&'a HeaderValue>,
+    transfer_encoding: Option<&'a HeaderValue>,
+    content_length: usize,
+    /// The fields' size as HTTP/1.1 writes them.
+    bytes: usize,
+}
+
+impl<'a> Fields<'a> {
+    fn of(headers: &'a HeaderMap) -> Result<Self, GatewayError> {
+        let mut fields = Fields {
+            host: None,
+            transfer_encoding: None,
+            content_length: 0,
+            bytes: 0,
+        };
+        for (name, value) in headers {
+            fields.bytes += name.as_str().len() + value.len() + 4;
+            if name == header::HOST {
+                if fields.host.is_some() {
+                    return Err(GatewayError::BadHost("repeated Host"));
+                }
+                fields.host = Some(value);
+            } else if name == header::TRANSFER_ENCODING {
+                if fields.transfer_encoding.is_some() {
+                    return Err(GatewayError::AmbiguousFraming("repeated Transfer-Encoding"));
+                }
+                fields.transfer_encoding = Some(value);
+            } else if name == header::CONTENT_LENGTH {
+                fields.content_length += 1;
+            }
+        }
+        Ok(fields)
+    }
+}
+
+/// hyper has already refused a `Transfer-Encoding` that does not end in `chunked` (400,
+/// RFC 9112 §6.3); what it lets through with other codings before `chunked` would reach
+/// the upstream as plain chunked, the codings dropped: 501 (RFC 9112 §6.1).
+fn transfer_coding(value: &HeaderValue) -> Result<(), GatewayError> {
+    let codings = value
+        .to_str()
+        .map_err(|_| GatewayError::UnsupportedTransferCoding)?;
+    let mut codings = codings.split(',').map(str::trim).filter(|c| !c.is_empty());
+    match (codings.next(), codings.next()) {
+        (Some(only), None) if only.eq_ignore_ascii_case("chunked") => Ok(()),
+        _ => Err(GatewayError::UnsupportedTransferCoding),
+    }
+}
+
+/// RFC 9112 §3.2: exactly one valid `Host`; an absolute-form target's authority must agree
+/// with it. HTTP/2 carries the authority in the target and may omit `Host`.
+fn host<'a>(target: &'a Uri, header: Option<&'a HeaderValue>) -> Result<&'a str, GatewayError> {
+    let header = header
+        .map(|value| {
+            value
+                .to_str()
+                .map_err(|_| GatewayError::BadHost("malformed Host"))
+        })
+        .transpose()?;
+    let Some(authority) = target.authority() else {
+        let host = header.ok_or(GatewayError::BadHost("no Host"))?;
+        return if HostPort::parse(host).is_some() {
+            Ok(host)
+        } else {
+            Err(GatewayError::BadHost("malformed Host"))
+        };
+    };
+    let asked = HostPort::parse(authority.as_str())
+        .ok_or(GatewayError::BadHost("malformed authority in the request target"))?;
+    if let Some(header) = header {
+        let default_port = if target.scheme() == Some(&http::uri::Scheme::HTTPS) {
+            443
+        } else {
+            80
+        };
+        let agrees = HostPort::parse(header).is_some_and(|host| {
+            host.name.eq_ignore_ascii_case(asked.name)
+                && host.port.unwrap_or(default_port) == asked.port.unwrap_or(default_port)
+        });
+        if !agrees {
+            return Err(GatewayError::BadHost("Host disagrees with the request target"));
+        }
+    }
+    Ok(authority.as_str())
+}
+
+/// A `Host` value: a host name or IP literal, optionally `:port` (RFC 9110 §7.2), without
+/// userinfo, lists or anything else a legacy application could misread.
+#[derive(Debug, PartialEq, Eq)]
+struct HostPort<'a> {
+    name: &'a str,
+    port: Option<u16>,
+}
+
+impl<'a> HostPort<'a> {
+    fn parse(text: &'a str) -> Option<Self> {
+        let (name, port) = if let Some(rest) = text.strip_prefix('[') {
+            let (literal, after) = rest.split_once(']')?;
+            literal.parse::<std::net::Ipv6Addr>().ok()?;
+            let port = match after {
+                "" => None,
+                _ => Some(after.strip_prefix(':')?),
+            };
+            (&text[..literal.len() + 2], port)
+        } else {
+            let (name, port) = match text.split_once(':') {
+                Some((name, port)) => (name, Some(port)),
+                None => (text, None),
+            };
+            let name_byte = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_');
+            if name.is_empty() || !name.bytes().all(name_byte) {
+                return None;
+            }
+            (name, port)
+        };
+        let port = match port {
+            None | Some("") => None,
+            Some(digits) if digits.bytes().all(|b| b.is_ascii_digit()) => Some(digits.parse().ok()?),
+            Some(_) => return None,
+        };
+        Some(HostPort { name, port })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(target: &str, headers: &[(&str, &str)]) -> Request<()> {
+        let mut builder = Request::get(target);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap()
+    }
+
+    fn status(target: &str, headers: &[(&str, &str)]) -> u16 {
+        match check(&request(target, headers)) {
+            Ok(_) => 200,
+            Err(error) => error.status().as_u16(),
+        }
+    }
+
+    #[test]
+    fn good_hosts_are_accepted() {
+        for host in [
+            "example.com",
+            "Example.COM:8080",
+            "127.0.0.1",
+            "10.0.0.1:80",
+            "[::1]",
+            "[2001:db8::1]:443",
+            "under_score.internal",
+            "php:9000",
+            "example.com:",
+        ] {
+            assert_eq!(status("/", &[("host", host)]), 200, "{host}");
+        }
+        assert_eq!(check(&request("/", &[("host", "a.b:1")])).unwrap(), "a.b:1");
+    }
+
+    #[test]
+    fn bad_hosts_are_400() {
+        for host in [
+            "",
+            "user@admin.example.com",
+            "admin.example.com,other",
+            "a b",
+            "a:b:c",
+            "example.com:99999",
+            "example.com:8o",
+            "[::1",
+            "[nonsense]",
+            "[::1]x",
+            "exa/mple",
+            ":80",
+        ] {
+            assert_eq!(status("/", &[("host", host)]), 400, "{host:?}");
+        }
+        assert_eq!(status("/", &[]), 400, "no Host");
+        assert_eq!(status("/", &[("host", "a"), ("host", "a")]), 400, "repeated");
+    }
+
+    #[test]
+    fn an_absolute_target_must_agree_with_host() {
+        assert_eq!(status("http://a.example/x", &[("host", "a.example")]), 200);
+        assert_eq!(status("http://a.example/x", &[("host", "A.example:80")]), 200);
+        assert_eq!(status("https://a.example/x", &[("host", "a.example:443")]), 200);
+        assert_eq!(status("http://a.example/x", &[]), 200, "HTTP/2: no Host needed");
+        assert_eq!(status("http://a.example/x", &[("host", "b.example")]), 400);
+        assert_eq!(status("http://a.example/x", &[("host", "a.example:81")]), 400);
+        assert_eq!(status("http://user@a.example/x", &[("host", "a.example")]), 400);
+        assert_eq!(
+            check(&request("http://a.example:81/x", &[])).unwrap(),
+            "a.example:81"
+        );
+    }
+
+    #[test]
+    fn framing_is_checked() {
+        let host = ("host", "h");
+        assert_eq!(status("/", &[host, ("transfer-encoding", "chunked")]), 200);
+        assert_eq!(status("/", &[host, ("transfer-encoding", "Chunked ")]), 200);
+        assert_eq!(status("/", &[host, ("content-length", "4")]), 200);
+        for headers in [
+            [("content-length", "4"), ("content-length", "4")],
+            [("transfer-encoding", "chunked"), ("transfer-encoding", "chunked")],
+        ] {
+            let mut all = vec![host];
+            all.extend(headers);
+            assert_eq!(status("/", &all), 400, "{headers:?}");
+        }
+        for coding in ["gzip, chunked", "chunked, chunked", "x-custom,chunked"] {
+            assert_eq!(
+                status("/", &[host, ("transfer-encoding", coding)]),
+                501,
+                "{coding}"
+            );
+        }
+    }
+
+    #[test]
+    fn header_bytes_are_counted_as_http1_writes_them() {
+        // "host: h\r\n" is 9 bytes; each "x-NNNNN: v\r\n" field is 12.
+        let fields = (MAX_HEADER_BYTES - 9) / 12;
+        let names: Vec<String> = (0..=fields).map(|i| format!("x-{i:05}")).collect();
+        let mut headers = vec![("host", "h")];
+        headers.extend(names[..fields].iter().map(|n| (n.as_str(), "v")));
+        assert_eq!(status("/", &headers), 200, "{fields} fields fit");
+        headers.push((names[fields].as_str(), "v"));
+        assert_eq!(status("/", &headers), 431, "one more does not");
+        // Without Host (HTTP/2), the target's authority counts as one.
+        headers.remove(0);
+        assert_eq!(status("http://h/", &headers), 431);
+        headers.pop();
+        assert_eq!(status("http://h/", &headers), 200);
+    }
+}
