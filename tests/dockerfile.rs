@@ -187,16 +187,10 @@ fn dependencies_are_built_in_a_layer_of_their_own() {
     // The manifest copy brings nothing else, so only a dependency change invalidates it.
     let copied = builder.instructions[manifest].flags_and_words().1;
     assert_eq!(copied, ["Cargo.toml", "Cargo.lock", "./"]);
-    // Stand-ins exist for every target the manifest declares, or cargo cannot read it.
-    let stand_ins = &builder.instructions[deps].args;
-    for target in ["src/main.rs", "src/lib.rs", "benches/store.rs"] {
-        assert!(
-            stand_ins.contains(target),
-            "no stand-in for {target}: {stand_ins}"
-        );
-    }
-    assert!(read("Cargo.toml").contains("name = \"store\""));
-    assert!(stand_ins.contains("--locked"), "{stand_ins}");
+    // Whether cargo can read the manifest at each build, whatever targets it declares, is
+    // checked by replaying the stage (every_cargo_build_in_the_builder_...).
+    let dependency_build = &builder.instructions[deps].args;
+    assert!(dependency_build.contains("--locked"), "{dependency_build}");
     // After the real sources, cargo must rebuild over the stand-ins whatever their mtimes.
     let rebuild = builder.instructions[sources + 1..]
         .iter()
@@ -205,6 +199,327 @@ fn dependencies_are_built_in_a_layer_of_their_own() {
     assert!(
         rebuild.args.contains("touch src/main.rs src/lib.rs"),
         "{rebuild:?}"
+    );
+}
+
+/// The keys of a Cargo manifest that declare targets.
+const TARGET_KEYS: [&str; 5] = ["lib", "bin", "bench", "example", "test"];
+
+/// A manifest's text parsed, without the tables that declare targets.
+fn without_targets(manifest: &str) -> toml::Table {
+    let mut table: toml::Table = manifest.parse().expect("Cargo.toml parses");
+    for key in TARGET_KEYS {
+        table.remove(key);
+    }
+    table
+}
+
+/// One `cargo` call of a replayed builder stage: its arguments, and a copy of the working
+/// directory (without `target/`) as it stood when cargo was called.
+struct CargoCall {
+    args: Vec<String>,
+    tree: PathBuf,
+}
+
+/// A builder stage run on this machine ([`replay`]).
+struct Replay {
+    _dir: tempfile::TempDir,
+    calls: Vec<CargoCall>,
+}
+
+/// `cargo` while a builder stage is replayed: records the call and the working directory,
+/// then puts the floodgate binary under test where `cargo build --release` would.
+const CARGO_STAND_IN: &str = r#"#!/bin/sh
+set -e
+call="$REPLAY_CALLS/$(ls "$REPLAY_CALLS" | wc -l)"
+mkdir -p "$call/tree"
+printf '%s\n' "$@" > "$call/args"
+tar --exclude=./target -cf - . | tar -xf - -C "$call/tree"
+mkdir -p target/release
+ln -sf "$REPLAY_FLOODGATE" target/release/floodgate
+"#;
+
+/// Copies `source` (relative to the repository) to `dest` as `COPY source dest` does, less
+/// what `.dockerignore` keeps out of the build context.
+fn copy_from_context(patterns: &[String], source: &str, dest: &Path, into_dir: bool) -> Result<(), String> {
+    if ignored(patterns, source) {
+        return Err(format!("COPY {source}: excluded by .dockerignore"));
+    }
+    let from = repo().join(source);
+    let to = if from.is_file() && into_dir {
+        dest.join(from.file_name().unwrap())
+    } else {
+        dest.to_owned()
+    };
+    if from.is_file() {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&from, &to).map_err(|e| format!("COPY {source}: {e}"))?;
+        return Ok(());
+    }
+    let entries = std::fs::read_dir(&from).map_err(|e| format!("COPY {source}: {e}"))?;
+    std::fs::create_dir_all(&to).unwrap();
+    for entry in entries {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let child = format!("{source}/{name}");
+        if !ignored(patterns, &child) {
+            copy_from_context(patterns, &child, &to.join(&name), false)?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs the first stage of `dockerfile` on this machine, in a temporary directory standing
+/// for its `WORKDIR`: `COPY` takes files from the repository (less what `.dockerignore`
+/// excludes), `ENV` sets variables and `RUN` runs with `/bin/sh -c`, as Docker does, with
+/// `cargo` replaced by [`CARGO_STAND_IN`] (so the stage's own checks, `floodgate --version`
+/// and `floodgate check`, run the real binary). An error names the failing instruction.
+fn replay(dockerfile: &str) -> Result<Replay, String> {
+    use std::os::unix::fs::PermissionsExt;
+
+    let (_, stages) = stages(dockerfile);
+    let builder = stages.first().ok_or("no FROM")?;
+    let dir = tempfile::tempdir().unwrap();
+    let [work, bin, calls] = ["work", "bin", "calls"].map(|d| dir.path().join(d));
+    for d in [&work, &bin, &calls] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let cargo = bin.join("cargo");
+    std::fs::write(&cargo, CARGO_STAND_IN).unwrap();
+    std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let patterns = dockerignore();
+    let mut workdir = String::new();
+    let mut env = Vec::new();
+    for instruction in &builder.instructions {
+        let (flags, words) = instruction.flags_and_words();
+        match instruction.keyword.as_str() {
+            "ARG" => {}
+            "WORKDIR" => workdir = format!("{}/", instruction.args.trim_end_matches('/')),
+            "ENV" => {
+                for pair in words {
+                    let (name, value) = pair.split_once('=').ok_or(format!("ENV {pair}"))?;
+                    env.push((name.to_owned(), value.to_owned()));
+                }
+            }
+            "COPY" if flags.is_empty() && words.len() >= 2 => {
+                let (dest, sources) = words.split_last().unwrap();
+                let relative = match dest.strip_prefix('/') {
+                    Some(_) => dest
+                        .strip_prefix(workdir.as_str())
+                        .ok_or(format!("COPY to {dest}"))?,
+                    None => dest,
+                };
+                let into_dir = dest.ends_with('/') || sources.len() > 1;
+                for source in sources {
+                    copy_from_context(&patterns, source, &work.join(relative), into_dir)?;
+                }
+            }
+            "RUN" => {
+                let mut command = std::process::Command::new("/bin/sh");
+                command
+                    .arg("-c")
+                    .arg(&instruction.args)
+                    .current_dir(&work)
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .env("PATH", &path)
+                    .env("REPLAY_CALLS", &calls)
+                    .env("REPLAY_FLOODGATE", common::process::BIN);
+                for (name, _) in std::env::vars().filter(|(k, _)| k.starts_with("FLOODGATE_")) {
+                    command.env_remove(name);
+                }
+                let output = command.output().unwrap();
+                if !output.status.success() {
+                    return Err(format!(
+                        "RUN {}: {}\n{}",
+                        instruction.args,
+                        output.status,
+                        String::from_utf8_lossy(&output.stderr)
+                    ));
+                }
+            }
+            other => return Err(format!("the replay does not know {other} {}", instruction.args)),
+        }
+    }
+    let mut recorded: Vec<(usize, CargoCall)> = std::fs::read_dir(&calls)
+        .unwrap()
+        .map(|entry| {
+            let call = entry.unwrap().path();
+            let number = call.file_name().unwrap().to_str().unwrap().parse().unwrap();
+            let args = std::fs::read_to_string(call.join("args")).unwrap();
+            let args = args.lines().map(str::to_owned).collect();
+            (
+                number,
+                CargoCall {
+                    args,
+                    tree: call.join("tree"),
+                },
+            )
+        })
+        .collect();
+    recorded.sort_by_key(|(number, _)| *number);
+    Ok(Replay {
+        _dir: dir,
+        calls: recorded.into_iter().map(|(_, call)| call).collect(),
+    })
+}
+
+/// Whether cargo accepts the manifest in `tree` with the files there, as `cargo build`
+/// would: `cargo fetch` reads the manifest and checks that every target it declares has
+/// its file ("can't find `request_path` bench at ...") before it resolves dependencies,
+/// which, offline and with an empty CARGO_HOME, is as far as it gets.
+fn cargo_reads_the_manifest(tree: &Path) -> Result<(), String> {
+    let home = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(env!("CARGO"))
+        .args(["fetch", "--offline", "--locked"])
+        .current_dir(tree)
+        .env("CARGO_HOME", home.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let read = output.status.success()
+        || (!stderr.contains("failed to parse manifest") && stderr.contains("--offline"));
+    if read { Ok(()) } else { Err(stderr) }
+}
+
+/// (kind, name, source path relative to `root`) of each target cargo finds for the manifest
+/// in `root`.
+fn targets(root: &Path) -> Vec<(String, String, String)> {
+    let output = std::process::Command::new(env!("CARGO"))
+        .args(["metadata", "--no-deps", "--offline", "--format-version", "1"])
+        .current_dir(root)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let root = root.canonicalize().unwrap();
+    metadata["packages"][0]["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|target| {
+            let path = Path::new(target["src_path"].as_str().unwrap());
+            (
+                target["kind"][0].as_str().unwrap().to_owned(),
+                target["name"].as_str().unwrap().to_owned(),
+                path.strip_prefix(&root).unwrap_or(path).display().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The files under `dir`, relative to it.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(
+                files(&path)
+                    .into_iter()
+                    .map(|p| Path::new(path.file_name().unwrap()).join(p)),
+            );
+        } else {
+            out.push(PathBuf::from(path.file_name().unwrap()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The image build broke when Cargo.toml declared a bench (benches/request_path.rs) the
+/// builder had no file for: cargo refuses such a manifest. Replay the builder stage and have
+/// cargo read the manifest and files each `cargo build` sees, whatever targets the
+/// manifest declares.
+#[test]
+fn every_cargo_build_in_the_builder_finds_the_files_of_the_targets_its_manifest_declares() {
+    let replay = replay(&read("Dockerfile")).unwrap_or_else(|e| panic!("{e}"));
+    let builds: Vec<&CargoCall> = replay
+        .calls
+        .iter()
+        .filter(|c| c.args.first().map(String::as_str) == Some("build"))
+        .collect();
+    assert!(
+        builds.len() >= 2,
+        "the dependency build and the real one: {}",
+        builds.len()
+    );
+
+    // The library and the binary the image ships, as the repository has them.
+    let shipped: Vec<_> = targets(&repo())
+        .into_iter()
+        .filter(|(kind, name, _)| kind == "lib" || (kind == "bin" && name == "floodgate"))
+        .collect();
+    assert_eq!(shipped.len(), 2, "{shipped:?}");
+    let manifest = without_targets(&read("Cargo.toml"));
+    for (n, build) in builds.iter().enumerate() {
+        let what = format!("cargo build #{n} ({})", build.args.join(" "));
+        for flag in ["--release", "--locked"] {
+            assert!(build.args.iter().any(|a| a == flag), "{what}: no {flag}");
+        }
+        if let Err(e) = cargo_reads_the_manifest(&build.tree) {
+            panic!("{what}: cargo cannot read the manifest with the files the builder has:\n{e}");
+        }
+        // Apart from its targets, the manifest is the repository's: its dependencies,
+        // features and profiles, so Cargo.lock applies and the dependencies compile as
+        // for the real manifest.
+        let seen = std::fs::read_to_string(build.tree.join("Cargo.toml")).unwrap();
+        assert_eq!(without_targets(&seen), manifest, "{what}: {seen}");
+        let found = targets(&build.tree);
+        for target in &shipped {
+            assert!(found.contains(target), "{what}: {target:?} not among {found:?}");
+        }
+    }
+    // The last build compiles the repository's sources, all of them.
+    let last = builds.last().unwrap();
+    let sources = repo().join("src");
+    for file in files(&sources) {
+        let built = std::fs::read(last.tree.join("src").join(&file));
+        assert_eq!(
+            built.ok(),
+            std::fs::read(sources.join(&file)).ok(),
+            "src/{}",
+            file.display()
+        );
+    }
+}
+
+/// The check above fails for a builder like the one that broke: stand-ins for src/ alone
+/// while the manifest declares targets elsewhere.
+#[test]
+fn the_replayed_builder_fails_when_a_declared_target_has_no_file() {
+    let declared: Vec<String> = read("Cargo.toml")
+        .parse::<toml::Table>()
+        .unwrap()
+        .iter()
+        .filter(|(key, _)| TARGET_KEYS[1..].contains(&key.as_str()))
+        .flat_map(|(kind, tables)| {
+            tables
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |t| format!("`{}` {kind}", t["name"].as_str().unwrap()))
+        })
+        .collect();
+    if declared.is_empty() {
+        return; // nothing for a builder to miss
+    }
+    let broken = "FROM rust:1-slim-bookworm AS builder\n\
+                  WORKDIR /build\n\
+                  COPY Cargo.toml Cargo.lock ./\n\
+                  RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \\\n \
+                  && cargo build --release --locked --bin floodgate\n";
+    let replay = replay(broken).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(replay.calls.len(), 1);
+    let error = cargo_reads_the_manifest(&replay.calls[0].tree).expect_err("cargo reads the manifest");
+    assert!(
+        declared
+            .iter()
+            .any(|target| error.contains(&format!("can't find {target}"))),
+        "{declared:?}: {error}"
     );
 }
 
@@ -469,6 +784,25 @@ fn dockerignore_keeps_build_output_and_history_out_of_the_context() {
     }
     for path in ["src/main.rs", "src/limit/scripts/decide.lua"] {
         assert!(!ignored(&patterns, path), "{path} excluded by .dockerignore");
+    }
+    // Nothing else: what the repository holds besides those sources (benchmark scripts,
+    // tests, examples, documents) stays out of the context, so it cannot change a layer.
+    for entry in std::fs::read_dir(repo()).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        assert_eq!(
+            ignored(&patterns, &name),
+            !sources.contains(&name),
+            "{name}: in the build context if and only if the Dockerfile copies it"
+        );
+    }
+    for path in [
+        "bench/ab.sh",
+        "benches/store.rs",
+        "tests/dockerfile.rs",
+        "README.md",
+        "src/x.rs.bk",
+    ] {
+        assert!(ignored(&patterns, path), "{path} is sent to the build");
     }
 }
 
