@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the container image for real and checks it running: the cold build time, the
 # image size, the time to healthy, a request through the published port (RateLimit
-# headers), the uid, /metrics through the published admin port, README's "Mount a
+# headers), the uid, /metrics through the published admin port, docs/operations.md "Mount a
 # configuration" steps as written, and `docker stop`'s exit code. Not part of CI (.ci/run
 # does not call it): it needs root, a Docker engine and the network. Usage, from the
 # repository root:
@@ -198,8 +198,8 @@ echo "docker stop: ${stop_time} s, exit code $exit_code"
 docker logs "$NAME" 2>&1 | tail -n 3
 docker rm "$NAME" >/dev/null
 
-# ---- README "Mount a configuration", as written ----------------------------------------------
-step "README: Mount a configuration"
+# ---- docs/operations.md "Mount a configuration", as written ----------------------------------------------
+step "docs/operations.md: Mount a configuration"
 conf_dir=$(mktemp -d)
 (
   cd "$conf_dir"
@@ -231,4 +231,4 @@ base=$(docker image ls --format '{{.Size}}' debian:bookworm-slim)
 echo "cold build: ${build_time} s; image $TAG: $size (base debian:bookworm-slim: $base);" \
   "healthy after ${healthy} s (first probe passed ${first_probe} s after the start);" \
   "docker stop: ${stop_time} s, exit code $exit_code; uid $uid;" \
-  "README mount path /metrics: $metrics (shipped file: $old_metrics)"
+  "documented mount path /metrics: $metrics (shipped file: $old_metrics)"

@@ -9,12 +9,12 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use floodgate::Config;
 use floodgate::config::RateLimitHeaders;
-use floodgate::limit::headers::{LimitHeaders, policy_value, render};
 use floodgate::limit::key::{encode_tuple, store_key};
-use floodgate::limit::request_key::{KeySource, key_tuple};
 use floodgate::limit::{LimitDecision, Outcome};
 use floodgate::path::normalize_path;
 use floodgate::router::{Router, normalize_host};
+use floodgate::service::limit_headers::{LimitHeaders, policy_value, render};
+use floodgate::service::request_key::{KeySource, key_tuple};
 use http::{HeaderMap, HeaderValue, Method};
 
 const CONFIG: &str = r#"

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use floodgate::config::RedisTarget;
 use floodgate::limit::clock::MonotonicClock;
 use floodgate::limit::key::{encode_tuple, store_key};
 use floodgate::limit::memory::MemoryStore;
 use floodgate::limit::redis::RedisStore;
+use floodgate::limit::redis::RedisTarget;
 use floodgate::limit::{Algorithm, LimitCheck};
 
 #[allow(dead_code)] // the bench uses only part of the test helper

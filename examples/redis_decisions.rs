@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use floodgate::config::RedisTarget;
 use floodgate::limit::key::{encode_tuple, store_key};
 use floodgate::limit::redis::RedisStore;
+use floodgate::limit::redis::RedisTarget;
 use floodgate::limit::{Algorithm, LimitCheck};
 
 fn check(client: usize, algorithm: Algorithm) -> LimitCheck {

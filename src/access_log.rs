@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use http::Method;
 
-use crate::metrics::Metrics;
+use crate::metrics::{LimitOutcome, Metrics};
 
 /// What is known about a request by the time its response starts.
 pub struct AccessRecord {
@@ -18,8 +18,8 @@ pub struct AccessRecord {
     pub route: Arc<str>,
     pub status: u16,
     pub client_ip: IpAddr,
-    /// The rate-limit outcome; `"none"` for routes without limits.
-    pub limit_outcome: &'static str,
+    /// What the route's limits made of the request.
+    pub limit_outcome: LimitOutcome,
 }
 
 impl AccessRecord {
@@ -37,7 +37,7 @@ impl AccessRecord {
             duration_ms = elapsed.as_secs_f64() * 1000.0,
             client_ip = %self.client_ip,
             bytes,
-            limit = self.limit_outcome,
+            limit = self.limit_outcome.as_str(),
         );
     }
 }

@@ -14,11 +14,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use crate::config::OnError;
-use crate::service::Shared;
+use crate::service::Instance;
 
 /// Serves admin requests until the task is aborted.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+pub(crate) async fn serve(listener: TcpListener, shared: Arc<Instance>) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -44,7 +43,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn answer(shared: &Instance, request: &Request<Incoming>) -> Response<Full<Bytes>> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
@@ -69,11 +68,9 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
     }
 }
 
-/// Under `on_error = "deny"` a gateway whose store fails refuses every limited request, so
-/// it is not ready; under `allow` and `local` it still serves.
-fn store_ready(shared: &Shared) -> bool {
+fn store_ready(shared: &Instance) -> bool {
     let state = shared.state.load();
-    state.on_error != OnError::Deny || state.store.usable()
+    state.store.ready(state.on_error)
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {

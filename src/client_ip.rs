@@ -53,7 +53,7 @@ impl Peer {
 
 /// `ip` as text, exactly as `Display` writes it; IPv4 (the common case, on every request)
 /// without the formatting machinery.
-pub fn ip_text(ip: IpAddr) -> String {
+pub(crate) fn ip_text(ip: IpAddr) -> String {
     match ip {
         IpAddr::V4(v4) => {
             let mut text = String::with_capacity(15);
@@ -71,7 +71,7 @@ pub fn ip_text(ip: IpAddr) -> String {
 }
 
 /// The client address for a request from `peer` carrying `headers`.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> IpAddr {
+pub(crate) fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> IpAddr {
     let peer = peer.to_canonical();
     if trusted.is_empty() || !trusted.contains(peer) {
         return peer;

@@ -10,7 +10,7 @@ use crate::path::PathError;
 
 /// nginx's "client closed request": the status logged for a request whose client left
 /// before its response started. The client never sees it.
-pub const CLIENT_CLOSED_REQUEST: u16 = 499;
+pub(crate) const CLIENT_CLOSED_REQUEST: u16 = 499;
 
 /// How an upstream failed; also the `kind` label of `floodgate_upstream_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,8 +40,8 @@ pub enum GatewayError {
     NoRoute,
     #[error("bad request path: {0}")]
     BadPath(#[from] PathError),
-    #[error("{0}")]
-    AmbiguousKey(#[from] crate::limit::request_key::AmbiguousKey),
+    #[error("the rate-limit key {0} occurs more than once")]
+    AmbiguousKey(String),
     #[error("malformed request: {0}")]
     MalformedRequest(&'static str),
     #[error("ambiguous request framing: {0}")]

@@ -20,7 +20,7 @@ const DURATION_BUCKETS: [f64; 14] = [
 /// A label value shared with the configuration (route and upstream names) so that
 /// recording a metric does not copy the name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Name(pub Arc<str>);
+pub(crate) struct Name(pub Arc<str>);
 
 impl EncodeLabelValue for Name {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
@@ -43,6 +43,41 @@ struct RouteLabels {
 struct UpstreamErrorLabels {
     upstream: Name,
     kind: &'static str,
+}
+
+/// What the limits made of a request: the access log's `limit` field and, per limit, the
+/// `outcome` label of `floodgate_ratelimit_decisions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LimitOutcome {
+    /// The route has no limits (access log only).
+    None,
+    /// The client is exempt from every limit of the route (access log only).
+    Exempt,
+    Allowed,
+    /// Admitted after being held (leaky bucket).
+    Delayed,
+    Rejected,
+    /// Refused by a lock-out.
+    Locked,
+    /// A shadow limit would have refused the request.
+    ShadowRejected,
+    /// The store failed and `on_error` decided.
+    StoreError,
+}
+
+impl LimitOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitOutcome::None => "none",
+            LimitOutcome::Exempt => "exempt",
+            LimitOutcome::Allowed => "allowed",
+            LimitOutcome::Delayed => "delayed",
+            LimitOutcome::Rejected => "rejected",
+            LimitOutcome::Locked => "locked",
+            LimitOutcome::ShadowRejected => "shadow_rejected",
+            LimitOutcome::StoreError => "store_error",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -246,15 +281,15 @@ impl Metrics {
             .inc();
     }
 
-    pub fn record_decision(&self, limit: &Arc<str>, outcome: &'static str) {
-        let key = (address(limit), outcome.as_ptr() as usize);
+    pub fn record_decision(&self, limit: &Arc<str>, outcome: LimitOutcome) {
+        let key = (address(limit), outcome as usize);
         let create = || DecisionSeries {
             _limit: limit.clone(),
             count: self
                 .decisions
                 .get_or_create(&DecisionLabels {
                     limit: Name(limit.clone()),
-                    outcome,
+                    outcome: outcome.as_str(),
                 })
                 .clone(),
         };
@@ -375,13 +410,13 @@ mod tests {
         let metrics = Metrics::new();
         let before_reload: Arc<str> = Arc::from("api");
         metrics.record_request(&before_reload, 200, 0.001);
-        metrics.record_decision(&before_reload, "allowed");
+        metrics.record_decision(&before_reload, LimitOutcome::Allowed);
         metrics.record_reload(true);
         let after_reload: Arc<str> = Arc::from("api");
         metrics.record_request(&after_reload, 200, 0.001);
         metrics.record_request(&before_reload, 200, 0.001);
         metrics.record_request(&after_reload, 429, 0.001);
-        metrics.record_decision(&after_reload, "allowed");
+        metrics.record_decision(&after_reload, LimitOutcome::Allowed);
         let text = metrics.render();
         for series in [
             "floodgate_requests_total{route=\"api\",status=\"200\"} 3",

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::{Config, ConfigErrors};
-use crate::service::Shared;
-use crate::state::GatewayState;
+use crate::service::Instance;
+use crate::service::state::GatewayState;
 
 /// How long to wait for more file events before reloading.
 const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -23,14 +23,14 @@ pub type Loader = Box<dyn Fn() -> Result<Config, ConfigErrors> + Send + Sync>;
 
 /// Reloads one gateway's configuration.
 pub struct Reloader {
-    shared: Arc<Shared>,
+    shared: Arc<Instance>,
     load: Loader,
     /// Serializes reloads, so two triggers never race their swaps.
     lock: Mutex<()>,
 }
 
 impl Reloader {
-    pub fn new(shared: Arc<Shared>, load: Loader) -> Self {
+    pub fn new(shared: Arc<Instance>, load: Loader) -> Self {
         Reloader {
             shared,
             load,

@@ -22,12 +22,12 @@ use crate::admin;
 use crate::client_ip::Peer;
 use crate::config::Config;
 use crate::connection::ConnectionState;
-use crate::disconnect::Watched;
-use crate::framing::{FramingGuard, HeadLimits};
+use crate::connection::disconnect::Watched;
+use crate::connection::framing::{FramingGuard, HeadLimits};
 use crate::metrics::Metrics;
-use crate::request_head::MAX_HEADER_BYTES;
-use crate::service::{Shared, handle};
-use crate::state::GatewayState;
+use crate::service::request_head::MAX_HEADER_BYTES;
+use crate::service::state::GatewayState;
+use crate::service::{Instance, handle};
 
 /// What the protocols' own parsers accept at most, above the service's limit on header
 /// bytes ([`MAX_HEADER_BYTES`], the same for both) so that the service decides: room for
@@ -53,7 +53,7 @@ const STORE_STARTUP_WAIT: Duration = Duration::from_secs(1);
 
 /// A bound, not yet serving, gateway instance.
 pub struct Gateway {
-    shared: Arc<Shared>,
+    shared: Arc<Instance>,
     listener: TcpListener,
     admin_listener: TcpListener,
 }
@@ -68,7 +68,7 @@ impl Gateway {
             .map_err(|e| io::Error::other(format!("cannot set up the rate-limit store: {e}")))?;
         state.store.wait_ready(STORE_STARTUP_WAIT).await;
         Ok(Gateway {
-            shared: Arc::new(Shared::new(state, metrics)),
+            shared: Arc::new(Instance::new(state, metrics)),
             listener,
             admin_listener,
         })
@@ -86,7 +86,7 @@ impl Gateway {
             .expect("a bound listener has an address")
     }
 
-    pub fn shared(&self) -> &Arc<Shared> {
+    pub fn shared(&self) -> &Arc<Instance> {
         &self.shared
     }
 
@@ -146,7 +146,7 @@ fn connection_builder() -> auto::Builder<TokioExecutor> {
 
 async fn accept_loop(
     listener: TcpListener,
-    shared: Arc<Shared>,
+    shared: Arc<Instance>,
     connections: TaskTracker,
     closing: CancellationToken,
 ) {
@@ -176,7 +176,7 @@ async fn accept_loop(
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<Instance>,
     builder: Arc<auto::Builder<TokioExecutor>>,
     closing: CancellationToken,
     idle_limit: Duration,

@@ -121,6 +121,7 @@ impl Group {
 }
 
 impl Drop for Group {
+    #[allow(unsafe_code)] // kill(2)
     fn drop(&mut self) {
         let pgid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
         // SAFETY: kill(2) with plain integers; the group is our own child's, not yet reaped.

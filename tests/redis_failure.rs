@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::redis_server::RedisServer;
 use common::{TestGateway, Upstream, get};
-use floodgate::config::RedisTarget;
+use floodgate::limit::redis::RedisTarget;
 use floodgate::limit::redis::{RedisStore, StoreError};
 use floodgate::limit::{Algorithm, LimitCheck};
 use http::StatusCode;

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
-use floodgate::config::RedisTarget;
 use floodgate::limit::clock::MonotonicClock;
 use floodgate::limit::key::{MAX_KEY_LEN, encode_tuple, lock_key, store_key};
 use floodgate::limit::memory::MemoryStore;
 use floodgate::limit::redis::RedisStore;
+use floodgate::limit::redis::RedisTarget;
 use floodgate::limit::{Algorithm, LimitCheck, LimitDecision, Outcome};
 
 const MS: u64 = 1_000;

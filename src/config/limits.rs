@@ -16,6 +16,8 @@ use super::file::{LimitFile, RedisFile};
 use super::{parse_or, parse_spanned, values};
 use crate::limit::algorithm::{interval, micros};
 use crate::limit::key::{MAX_LIMIT_NAME_LEN, MAX_PREFIX_LEN};
+use crate::limit::redis::RedisTarget;
+use crate::limit::store::OnError;
 use crate::limit::{Algorithm, MAX_TIME_MICROS};
 
 const DEFAULT_PREFIX: &str = "floodgate";
@@ -33,40 +35,6 @@ pub struct RedisConfig {
     pub on_error: OnError,
 }
 
-/// Which Redis to use.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisTarget {
-    /// `redis://[user:password@]host:port[/db]` or `rediss://...` (TLS).
-    Url(String),
-    /// The master that these sentinels monitor under `master_name`, followed on failover.
-    Sentinel {
-        sentinels: Vec<String>,
-        master_name: String,
-    },
-    /// A Redis Cluster, discovered from this seed node.
-    Cluster(String),
-}
-
-impl RedisTarget {
-    /// A description for logs, without passwords.
-    pub fn describe(&self) -> String {
-        match self {
-            RedisTarget::Url(url) => crate::limit::redis::redacted(url),
-            RedisTarget::Cluster(seed) => format!("cluster via {}", crate::limit::redis::redacted(seed)),
-            RedisTarget::Sentinel {
-                sentinels,
-                master_name,
-            } => {
-                let nodes: Vec<String> = sentinels
-                    .iter()
-                    .map(|s| crate::limit::redis::redacted(s))
-                    .collect();
-                format!("master {master_name:?} via sentinels {}", nodes.join(", "))
-            }
-        }
-    }
-}
-
 impl RedisConfig {
     /// Defaults for everything but the URL (for `FLOODGATE_REDIS_URL` without `[redis]`).
     pub fn with_url(url: String) -> Self {
@@ -77,17 +45,6 @@ impl RedisConfig {
             on_error: OnError::Allow,
         }
     }
-}
-
-/// What a request gets when the store fails (SPEC §6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnError {
-    /// Forward the request (fail open).
-    Allow,
-    /// Answer 503.
-    Deny,
-    /// Decide in the in-process store, each limit divided by the live instance count.
-    Local,
 }
 
 /// A named limit, shared by every route that lists it.

@@ -24,7 +24,7 @@ use toml::Spanned;
 use error::ErrorSink;
 pub use error::{ConfigError, ConfigErrors};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile, UpstreamFile};
-pub use limits::{KeyPart, LimitConfig, Mode, OnError, RedisConfig, RedisTarget};
+pub use limits::{KeyPart, LimitConfig, Mode, RedisConfig};
 
 use crate::limit::MAX_LIMITS_PER_ROUTE;
 use crate::path::normalize_path;
@@ -172,7 +172,7 @@ impl Config {
         let url = limits::redis_url(url)
             .map_err(|message| ConfigErrors::single(&self.path, "FLOODGATE_REDIS_URL", message))?;
         match &mut self.redis {
-            Some(redis) => redis.target = RedisTarget::Url(url),
+            Some(redis) => redis.target = crate::limit::redis::RedisTarget::Url(url),
             None => self.redis = Some(RedisConfig::with_url(url)),
         }
         Ok(self)

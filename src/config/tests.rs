@@ -1,6 +1,8 @@
 //! One test per kind of configuration error, plus the defaults.
 
 use super::*;
+use crate::limit::redis::RedisTarget;
+use crate::limit::store::OnError;
 
 fn parse(text: &str) -> Result<Config, ConfigErrors> {
     Config::parse(Path::new("gw.toml"), text)

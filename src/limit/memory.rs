@@ -20,7 +20,7 @@ use smallvec::SmallVec;
 
 use super::algorithm::{State, refund};
 use super::clock::Clock;
-use super::keyed_hash::{IdentityMap, KeyedHash};
+use super::key::identity::{IdentityMap, KeyedHash};
 use super::{Decisions, LimitCheck, Used, Write, decide_all};
 
 const SHARDS: usize = 64;

@@ -6,18 +6,9 @@
 
 pub mod algorithm;
 pub mod clock;
-mod decide_call;
-mod group_commit;
-pub mod headers;
 pub mod key;
-mod keyed_hash;
 pub mod memory;
 pub mod redis;
-mod redis_connection;
-pub mod refusal_cache;
-pub mod request_key;
-pub mod resilient;
-pub mod route;
 pub mod store;
 
 use std::time::Duration;

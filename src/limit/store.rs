@@ -1,14 +1,16 @@
-//! The store a gateway decides with: in-process, or Redis when `[redis]` is configured.
+//! The store a gateway decides with (in-process, or Redis when `[redis]` is configured),
+//! and the one place that decides what a store failure means for a request (`on_error`).
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
 
 use super::clock::MonotonicClock;
 use super::memory::MemoryStore;
-use super::redis::StoreError;
-use super::resilient::ResilientRedis;
+use super::redis::fallback::ResilientRedis;
+use super::redis::{RedisTarget, StoreError};
 use super::{Decisions, LimitCheck};
-use crate::config::RedisConfig;
-use crate::metrics::Metrics;
 
 /// Keys the in-process store keeps at most (about 150 bytes each).
 pub const MEMORY_STORE_MAX_KEYS: usize = 200_000;
@@ -20,18 +22,62 @@ pub enum LimitStore {
     Redis(Arc<ResilientRedis>),
 }
 
+/// What a request gets when the store fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// Forward the request (fail open).
+    Allow,
+    /// Answer 503.
+    Deny,
+    /// Decide in the in-process store, each limit divided by the live instance count.
+    Local,
+}
+
+/// The store's answer for one request, with `on_error` applied.
+#[derive(Debug)]
+pub enum Answer {
+    /// The store decided.
+    Decided(Decisions),
+    /// The store failed with `error`; `fallback` is what `on_error` makes of that.
+    Failed { error: StoreError, fallback: Fallback },
+}
+
+/// What `on_error` makes of a failed decision.
+#[derive(Debug)]
+pub enum Fallback {
+    /// `local`: the in-process fallback decided.
+    Local(Decisions),
+    /// `allow`: the request passes, unlimited.
+    Admit,
+    /// `deny`: the request is refused with 503.
+    Refuse,
+}
+
 impl LimitStore {
-    /// The store for `redis` (`None`: in-process), counting in `metrics`. Must run inside
-    /// the runtime.
-    pub fn from_config(redis: Option<&RedisConfig>, metrics: &Metrics) -> Result<Self, StoreError> {
-        Ok(match redis {
-            None => LimitStore::Memory(Arc::new(MemoryStore::new(
-                Arc::new(MonotonicClock::default()),
-                MEMORY_STORE_MAX_KEYS,
-                metrics.keys_not_kept("memory"),
-            ))),
-            Some(redis) => LimitStore::Redis(ResilientRedis::start(redis, metrics.keys_not_kept("local"))?),
-        })
+    /// The in-process store; `not_kept` counts the new keys a full store did not keep.
+    pub fn memory(not_kept: Counter) -> Self {
+        LimitStore::Memory(Arc::new(MemoryStore::new(
+            Arc::new(MonotonicClock::default()),
+            MEMORY_STORE_MAX_KEYS,
+            not_kept,
+        )))
+    }
+
+    /// The Redis store at `target`, each decision within `timeout`, its heartbeat under
+    /// `prefix`; `local_not_kept` counts what the full local fallback did not keep. Must
+    /// run inside the runtime (it connects in the background).
+    pub fn redis(
+        target: &RedisTarget,
+        timeout: Duration,
+        prefix: &str,
+        local_not_kept: Counter,
+    ) -> Result<Self, StoreError> {
+        Ok(LimitStore::Redis(ResilientRedis::start(
+            target,
+            timeout,
+            prefix,
+            local_not_kept,
+        )?))
     }
 
     /// The `store` label of the store metrics.
@@ -42,29 +88,38 @@ impl LimitStore {
         }
     }
 
-    pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Decisions, StoreError> {
-        match self {
-            LimitStore::Memory(store) => Ok(store.decide(checks)),
-            LimitStore::Redis(store) => store.decide(checks).await,
-        }
+    /// Decides `checks`, all or nothing; when the store fails, `on_error` decides.
+    pub async fn decide(&self, checks: &[LimitCheck], on_error: OnError) -> Answer {
+        let error = match self {
+            LimitStore::Memory(store) => return Answer::Decided(store.decide(checks)),
+            LimitStore::Redis(store) => match store.decide(checks).await {
+                Ok(decisions) => return Answer::Decided(decisions),
+                Err(error) => error,
+            },
+        };
+        let fallback = match (on_error, self) {
+            (OnError::Allow, _) => Fallback::Admit,
+            (OnError::Deny, _) => Fallback::Refuse,
+            (OnError::Local, LimitStore::Redis(store)) => Fallback::Local(store.decide_locally(checks)),
+            (OnError::Local, LimitStore::Memory(store)) => Fallback::Local(store.decide(checks)),
+        };
+        Answer::Failed { error, fallback }
     }
 
-    /// The `on_error = "local"` fallback: the in-process store with each limit divided by
-    /// the live instance count (the in-process store itself never fails).
-    pub fn decide_locally(&self, checks: &[LimitCheck]) -> Decisions {
-        match self {
-            LimitStore::Memory(store) => store.decide(checks),
-            LimitStore::Redis(store) => store.decide_locally(checks),
-        }
+    /// Whether a gateway deciding with this store under `on_error` is ready for traffic:
+    /// under `deny` a failing store refuses every limited request; under `allow` and
+    /// `local` the gateway still serves.
+    pub fn ready(&self, on_error: OnError) -> bool {
+        on_error != OnError::Deny || self.usable()
     }
 
     /// Waits until the store can decide, at most `limit` (so that the first requests after
     /// a start are decided by Redis when it is there; past `limit`, `on_error` applies
     /// until it connects).
-    pub async fn wait_ready(&self, limit: std::time::Duration) {
+    pub async fn wait_ready(&self, limit: Duration) {
         let deadline = tokio::time::Instant::now() + limit;
         while !self.usable() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 

@@ -41,7 +41,7 @@ const UNDERSCORE_SPELLINGS: [&str; 4] = [
 
 /// Removes hop-by-hop headers and every header named in `Connection`. `Host` is never
 /// removed, whatever `Connection` says.
-pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names with cheap comparisons finds which of them are present: most
     // messages carry none, or only `Connection: keep-alive` (nearly every upstream
     // response), and then only those are hashed and removed.
@@ -86,7 +86,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
 
 /// The `Upgrade` value of an HTTP/1.1 request that asks for a protocol switch the
 /// upstream may accept (WebSocket and the like; `h2c` is ours to refuse, not to forward).
-pub fn requested_upgrade(version: Version, headers: &HeaderMap) -> Option<HeaderValue> {
+pub(crate) fn requested_upgrade(version: Version, headers: &HeaderMap) -> Option<HeaderValue> {
     if version != Version::HTTP_11 {
         return None;
     }
@@ -104,7 +104,7 @@ pub fn requested_upgrade(version: Version, headers: &HeaderMap) -> Option<Header
 }
 
 /// What floodgate knows about the client connection, for the forwarding headers.
-pub struct ForwardingContext<'a> {
+pub(crate) struct ForwardingContext<'a> {
     pub peer: &'a Peer,
     pub client_ip: IpAddr,
     /// The peer is inside `server.trusted_proxies`: its forwarding headers are believed.
@@ -118,7 +118,7 @@ pub struct ForwardingContext<'a> {
 /// on a request going upstream. Call after [`remove_hop_by_hop`], with `Host` already the
 /// host the client asked for (its `Host`, or the `:authority` of HTTP/2 and absolute-form
 /// targets): `X-Forwarded-Host` repeats it.
-pub fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'_>) {
+pub(crate) fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'_>) {
     remove_underscore_spellings(headers, ctx.key_headers);
 
     let peer = ctx.peer.ip;

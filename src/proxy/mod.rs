@@ -1,8 +1,9 @@
 //! Forwarding to upstreams: one pool of keep-alive HTTP/1.1 connections per upstream,
 //! the request rewritten for it, errors classified once, and `Upgrade` tunnels (WebSocket).
 
-pub mod headers;
-pub mod pool;
+pub(crate) mod headers;
+pub(crate) mod pool;
+pub(crate) mod request_body;
 
 use std::error::Error as _;
 use std::sync::Arc;
@@ -12,13 +13,13 @@ use http::{Request, Response, StatusCode, Uri};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
-use crate::body::{RequestBody, RequestBodyError};
 use crate::config::UpstreamConfig;
 use crate::error::{GatewayError, UpstreamFailure};
 use pool::{Pool, SendError};
+use request_body::{RequestBody, RequestBodyError};
 
 /// An upstream's response body, on its way to the client.
-pub type UpstreamBody = pool::UpstreamBody<RequestBody>;
+pub(crate) type UpstreamBody = pool::UpstreamBody<RequestBody>;
 
 /// Forwards requests to one upstream.
 pub struct UpstreamClient {
@@ -110,7 +111,7 @@ fn detail(error: &dyn std::error::Error) -> String {
 
 /// When the upstream accepted a protocol switch, joins the client's and the upstream's
 /// upgraded connections and copies bytes both ways until either side closes.
-pub fn tunnel(client: OnUpgrade, response: &mut Response<UpstreamBody>, upstream: Arc<str>) {
+pub(crate) fn tunnel(client: OnUpgrade, response: &mut Response<UpstreamBody>, upstream: Arc<str>) {
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
         return;
     }

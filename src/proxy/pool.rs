@@ -34,7 +34,7 @@ const MAX_IDLE: usize = 512;
 
 /// Why a request got no response.
 #[derive(Debug, thiserror::Error)]
-pub enum SendError {
+pub(crate) enum SendError {
     #[error("cannot connect to {address}: {source}")]
     Connect { address: String, source: std::io::Error },
     #[error("cannot connect to {0}: no answer within the connect timeout")]
@@ -48,7 +48,8 @@ struct Idle<B> {
     since: Instant,
 }
 
-struct Shared<B> {
+/// One upstream address and its idle connections.
+struct Endpoint<B> {
     /// `host:port`, as configured.
     address: String,
     connect_timeout: Duration,
@@ -56,7 +57,7 @@ struct Shared<B> {
     idle: Mutex<Vec<Idle<B>>>,
 }
 
-impl<B> Shared<B> {
+impl<B> Endpoint<B> {
     /// The most recently used live connection, closing those past their idle timeout.
     fn checkout(&self) -> Option<SendRequest<B>> {
         let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -88,7 +89,7 @@ impl<B> Shared<B> {
     }
 }
 
-impl<B> Shared<B>
+impl<B> Endpoint<B>
 where
     B: Body + Send + Unpin + 'static,
     B::Data: Send,
@@ -119,8 +120,8 @@ where
 }
 
 /// The connections to one upstream, for requests with bodies of type `B`.
-pub struct Pool<B> {
-    shared: Arc<Shared<B>>,
+pub(crate) struct Pool<B> {
+    endpoint: Arc<Endpoint<B>>,
 }
 
 impl<B> Pool<B>
@@ -130,9 +131,9 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     /// A pool for `address` (`host:port`).
-    pub fn new(address: String, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(address: String, connect_timeout: Duration) -> Self {
         Pool {
-            shared: Arc::new(Shared {
+            endpoint: Arc::new(Endpoint {
                 address,
                 connect_timeout,
                 idle: Mutex::new(Vec::new()),
@@ -142,11 +143,11 @@ where
 
     /// Sends `request` (its target in origin form, its `Host` set) and waits for the
     /// response headers.
-    pub async fn send(&self, mut request: Request<B>) -> Result<Response<UpstreamBody<B>>, SendError> {
+    pub(crate) async fn send(&self, mut request: Request<B>) -> Result<Response<UpstreamBody<B>>, SendError> {
         loop {
-            let (mut sender, reused) = match self.shared.checkout() {
+            let (mut sender, reused) = match self.endpoint.checkout() {
                 Some(sender) => (sender, true),
-                None => (self.shared.connect().await?, false),
+                None => (self.endpoint.connect().await?, false),
             };
             // A pooled connection has finished its last exchange: this waits at most for
             // its connection task to notice.
@@ -157,7 +158,7 @@ where
                 Ok(response) => {
                     // After a protocol switch the connection belongs to the tunnel.
                     let reuse = (response.status() != StatusCode::SWITCHING_PROTOCOLS)
-                        .then(|| (sender, self.shared.clone()));
+                        .then(|| (sender, self.endpoint.clone()));
                     return Ok(response.map(|body| UpstreamBody {
                         inner: body,
                         finished: false,
@@ -178,7 +179,7 @@ where
 pub struct UpstreamBody<B: Send + 'static> {
     inner: Incoming,
     finished: bool,
-    reuse: Option<(SendRequest<B>, Arc<Shared<B>>)>,
+    reuse: Option<(SendRequest<B>, Arc<Endpoint<B>>)>,
 }
 
 impl<B> Body for UpstreamBody<B>

@@ -2,9 +2,9 @@
 //! server that describes what it received, HTTP clients, and raw-socket requests.
 #![allow(dead_code)]
 
-pub mod redis_server;
+pub(crate) mod redis_server;
 
-pub mod process;
+pub(crate) mod process;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -28,18 +28,18 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// A floodgate instance running in this process.
-pub struct TestGateway {
+pub(crate) struct TestGateway {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
     /// The running gateway's state, for reloads.
-    pub shared: std::sync::Arc<floodgate::service::Shared>,
+    pub shared: std::sync::Arc<floodgate::service::Instance>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
 
 impl TestGateway {
     /// Starts a gateway from `toml`; `listen`/`admin_listen` default to port 0 here.
-    pub async fn start(toml: &str) -> TestGateway {
+    pub(crate) async fn start(toml: &str) -> TestGateway {
         let mut text = String::new();
         if !toml.contains("[server]") {
             text.push_str("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n");
@@ -51,7 +51,7 @@ impl TestGateway {
 
     /// A gateway with one catch-all route to `upstream`: `server` is prepended (a
     /// `[server]` table, or empty), `upstream_keys` added to `[upstreams.app]`.
-    pub async fn proxy_to(upstream: &Upstream, server: &str, upstream_keys: &str) -> TestGateway {
+    pub(crate) async fn proxy_to(upstream: &Upstream, server: &str, upstream_keys: &str) -> TestGateway {
         TestGateway::start(&format!(
             "{server}\n[upstreams.app]\nurl = \"{}\"\n{upstream_keys}\n\n\
              [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
@@ -61,7 +61,7 @@ impl TestGateway {
     }
 
     /// Starts a gateway from an already loaded configuration.
-    pub async fn start_config(config: Config) -> TestGateway {
+    pub(crate) async fn start_config(config: Config) -> TestGateway {
         let gateway = Gateway::bind(config).await.expect("bind");
         let shared = gateway.shared().clone();
         let addr = gateway.local_addr();
@@ -79,16 +79,16 @@ impl TestGateway {
         }
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
 
-    pub fn admin_url(&self, path: &str) -> String {
+    pub(crate) fn admin_url(&self, path: &str) -> String {
         format!("http://{}{}", self.admin, path)
     }
 
     /// Starts the graceful shutdown; returns the task that completes when it is done.
-    pub fn shutdown(&mut self) -> JoinHandle<()> {
+    pub(crate) fn shutdown(&mut self) -> JoinHandle<()> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -96,7 +96,7 @@ impl TestGateway {
     }
 
     /// The value of one metric line (`name{labels}`), or 0 when absent.
-    pub async fn metric(&self, series: &str) -> f64 {
+    pub(crate) async fn metric(&self, series: &str) -> f64 {
         let (_, _, body) = get(&self.admin_url("/metrics")).await;
         body.lines()
             .find_map(|line| line.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
@@ -116,7 +116,7 @@ impl Drop for TestGateway {
 /// `GET /slow?ms=N` waits N ms; `/big?bytes=N` streams N bytes; `/echo` streams the body
 /// back; `/status?code=N` answers N; anything else describes the request as text.
 /// It counts the connections it accepted and the request heads it received.
-pub struct Upstream {
+pub(crate) struct Upstream {
     pub addr: SocketAddr,
     connections: Arc<AtomicUsize>,
     requests: Arc<AtomicUsize>,
@@ -124,7 +124,7 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub async fn start() -> Upstream {
+    pub(crate) async fn start() -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let connections = Arc::new(AtomicUsize::new(0));
@@ -159,17 +159,17 @@ impl Upstream {
         }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// TCP connections accepted so far.
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
     }
 
     /// Request heads received so far (whatever became of their bodies).
-    pub fn requests(&self) -> usize {
+    pub(crate) fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
     }
 }
@@ -275,7 +275,7 @@ fn futures_stream(
 }
 
 /// Lines of an upstream description that start with `name: `, values only.
-pub fn header_lines<'a>(description: &'a str, name: &str) -> Vec<&'a str> {
+pub(crate) fn header_lines<'a>(description: &'a str, name: &str) -> Vec<&'a str> {
     let prefix = format!("{name}: ");
     description
         .lines()
@@ -283,27 +283,27 @@ pub fn header_lines<'a>(description: &'a str, name: &str) -> Vec<&'a str> {
         .collect()
 }
 
-pub fn http1_client() -> Client<HttpConnector, Full<Bytes>> {
+pub(crate) fn http1_client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())
 }
 
-pub fn h2c_client() -> Client<HttpConnector, Full<Bytes>> {
+pub(crate) fn h2c_client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build(HttpConnector::new())
 }
 
 /// `GET url` over HTTP/1.1: status, headers, body.
-pub async fn get(url: &str) -> (StatusCode, http::HeaderMap, String) {
+pub(crate) async fn get(url: &str) -> (StatusCode, http::HeaderMap, String) {
     send(Request::get(url).body(Full::new(Bytes::new())).unwrap()).await
 }
 
-pub async fn send(request: Request<Full<Bytes>>) -> (StatusCode, http::HeaderMap, String) {
+pub(crate) async fn send(request: Request<Full<Bytes>>) -> (StatusCode, http::HeaderMap, String) {
     let response = http1_client().request(request).await.expect("request");
     read_response(response).await
 }
 
-pub async fn read_response(response: Response<Incoming>) -> (StatusCode, http::HeaderMap, String) {
+pub(crate) async fn read_response(response: Response<Incoming>) -> (StatusCode, http::HeaderMap, String) {
     let status = response.status();
     let headers = response.headers().clone();
     let body = response.into_body().collect().await.expect("body").to_bytes();
@@ -311,7 +311,7 @@ pub async fn read_response(response: Response<Incoming>) -> (StatusCode, http::H
 }
 
 /// Writes `raw` to `addr` and reads until the server closes or 5 s pass.
-pub async fn raw_request(addr: SocketAddr, raw: &[u8]) -> String {
+pub(crate) async fn raw_request(addr: SocketAddr, raw: &[u8]) -> String {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream.write_all(raw).await.unwrap();
     let mut out = Vec::new();
@@ -320,7 +320,7 @@ pub async fn raw_request(addr: SocketAddr, raw: &[u8]) -> String {
 }
 
 /// A free TCP port on 127.0.0.1 with nothing listening.
-pub fn closed_port() -> u16 {
+pub(crate) fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
 }

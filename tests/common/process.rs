@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 /// The compiled binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
 
 /// Environment variables the binary reads; cleared so that the caller's shell cannot leak in.
 const FLOODGATE_ENV: [&str; 4] = [
@@ -27,7 +27,7 @@ const FLOODGATE_ENV: [&str; 4] = [
 const START_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A `floodgate` command with a clean environment, `args` and `envs`, in `dir`.
-pub fn command(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Command {
+pub(crate) fn command(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Command {
     let mut command = Command::new(BIN);
     command.current_dir(dir).args(args);
     for name in FLOODGATE_ENV {
@@ -39,7 +39,7 @@ pub fn command(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Command {
 
 /// Runs `floodgate` to completion; panics if it is still running after `timeout` (a
 /// command that should fail at start-up but serves instead must not hang the test).
-pub fn run(dir: &Path, args: &[&str], envs: &[(&str, &str)], timeout: Duration) -> Output {
+pub(crate) fn run(dir: &Path, args: &[&str], envs: &[(&str, &str)], timeout: Duration) -> Output {
     let mut child = command(dir, args, envs)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -69,7 +69,7 @@ fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
 }
 
 /// Polls `child` until it exits or `timeout` passes.
-pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+pub(crate) fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
@@ -83,7 +83,7 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> 
 }
 
 /// A running `floodgate` serving a config of the test's own.
-pub struct FloodgateProcess {
+pub(crate) struct FloodgateProcess {
     pub child: Child,
     pub listen: SocketAddr,
     pub admin: SocketAddr,
@@ -100,7 +100,7 @@ impl FloodgateProcess {
     /// Writes `toml` to a temporary `gateway.toml` (with `listen` and `admin_listen` on port 0
     /// unless it has a `[server]` table) and runs `floodgate --config` on it with `envs`.
     /// Returns once the gateway logs that it listens; panics if it exits first.
-    pub fn start(toml: &str, envs: &[(&str, &str)]) -> FloodgateProcess {
+    pub(crate) fn start(toml: &str, envs: &[(&str, &str)]) -> FloodgateProcess {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("gateway.toml");
         let mut text = String::new();
@@ -160,30 +160,34 @@ impl FloodgateProcess {
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.listen, path)
     }
 
-    pub fn admin_url(&self, path: &str) -> String {
+    pub(crate) fn admin_url(&self, path: &str) -> String {
         format!("http://{}{}", self.admin, path)
     }
 
     /// Standard output so far, one entry per line.
-    pub fn stdout_lines(&self) -> Vec<String> {
+    pub(crate) fn stdout_lines(&self) -> Vec<String> {
         self.stdout.lock().unwrap().clone()
     }
 
     /// Standard error so far, one entry per line.
-    pub fn stderr_lines(&self) -> Vec<String> {
+    pub(crate) fn stderr_lines(&self) -> Vec<String> {
         self.stderr.lock().unwrap().clone()
     }
 
     /// The first stdout line matching `predicate`, waiting up to `timeout` for it.
-    pub fn wait_for_line(&self, timeout: Duration, predicate: impl Fn(&str) -> bool) -> Option<String> {
+    pub(crate) fn wait_for_line(
+        &self,
+        timeout: Duration,
+        predicate: impl Fn(&str) -> bool,
+    ) -> Option<String> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(line) = self.stdout.lock().unwrap().iter().find(|l| predicate(l)) {
@@ -197,7 +201,8 @@ impl FloodgateProcess {
     }
 
     /// Sends `signal` (e.g. `libc::SIGTERM`) to the process.
-    pub fn signal(&self, signal: libc::c_int) {
+    #[allow(unsafe_code)] // kill(2)
+    pub(crate) fn signal(&self, signal: libc::c_int) {
         let pid = libc::pid_t::try_from(self.pid()).expect("pid fits pid_t");
         // SAFETY: kill(2) takes plain integers; the pid is our own child, not yet reaped.
         let rc = unsafe { libc::kill(pid, signal) };
@@ -210,12 +215,12 @@ impl FloodgateProcess {
     }
 
     /// Waits up to `timeout` for the process to exit.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         wait_timeout(&mut self.child, timeout)
     }
 
     /// A `Key:   value` field of `/proc/PID/status`, in kB for the memory fields.
-    pub fn proc_status_kb(&self, key: &str) -> u64 {
+    pub(crate) fn proc_status_kb(&self, key: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("read status");
         status
             .lines()
@@ -225,7 +230,7 @@ impl FloodgateProcess {
     }
 
     /// The names (`comm`) of the process's threads.
-    pub fn thread_names(&self) -> Vec<String> {
+    pub(crate) fn thread_names(&self) -> Vec<String> {
         let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid())).expect("read task dir");
         tasks
             .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
@@ -254,7 +259,7 @@ fn collect_lines(pipe: impl Read + Send + 'static) -> Lines {
 }
 
 /// The value of `name` in a text (`name=value`) or JSON (`"name":"value"`) log line.
-pub fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+pub(crate) fn log_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
     let text = format!(" {name}=");
     let json = format!("\"{name}\":\"");
     let start = line

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub struct RedisServer {
+pub(crate) struct RedisServer {
     pub port: u16,
     child: Child,
     dir: tempfile::TempDir,
@@ -16,13 +16,13 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    pub fn start() -> RedisServer {
+    pub(crate) fn start() -> RedisServer {
         RedisServer::start_with(&[])
     }
 
     /// Starts with extra `redis-server` arguments (`--requirepass`, ...). With
     /// `--tls-port`, pass `PORT` for the port: it becomes the TLS port and plain TCP is off.
-    pub fn start_with(extra: &[&str]) -> RedisServer {
+    pub(crate) fn start_with(extra: &[&str]) -> RedisServer {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -31,7 +31,7 @@ impl RedisServer {
     }
 
     /// Starts on `port` (which must be free), with extra arguments as in `start_with`.
-    pub fn start_on(port: u16, extra: &[&str]) -> RedisServer {
+    pub(crate) fn start_on(port: u16, extra: &[&str]) -> RedisServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let extra: Vec<String> = extra
             .iter()
@@ -47,16 +47,16 @@ impl RedisServer {
     }
 
     /// The server's directory (for certificates and the like).
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.dir.path()
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
     /// Runs a redis-cli command against this server and returns its output.
-    pub fn cli(&self, args: &[&str]) -> String {
+    pub(crate) fn cli(&self, args: &[&str]) -> String {
         let output = Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
             .args(args)
@@ -67,7 +67,7 @@ impl RedisServer {
 
     /// How many times `command` (lower case) has run, as `INFO commandstats` counts it
     /// (commands a script runs included); 0 before its first run.
-    pub fn command_calls(&self, command: &str) -> u64 {
+    pub(crate) fn command_calls(&self, command: &str) -> u64 {
         let prefix = format!("cmdstat_{command}:calls=");
         self.cli(&["info", "commandstats"])
             .lines()
@@ -77,23 +77,23 @@ impl RedisServer {
     }
 
     /// SIGSTOP: the server keeps its connections but answers nothing.
-    pub fn pause(&self) {
+    pub(crate) fn pause(&self) {
         self.signal("-STOP");
     }
 
     /// SIGCONT after [`RedisServer::pause`].
-    pub fn resume(&self) {
+    pub(crate) fn resume(&self) {
         self.signal("-CONT");
     }
 
     /// Kills the server (its data is gone).
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// Starts a fresh server on the same port.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         self.child = spawn(self.port, self.dir.path(), &self.extra);
     }

@@ -9,6 +9,8 @@
 //! with `#`. The braces make TUPLE the Redis Cluster hash tag, so limits of one request that
 //! share a key tuple land in one slot and are decided in one atomic script call.
 
+pub(crate) mod identity;
+
 use sha2::{Digest, Sha256};
 
 use super::Algorithm;

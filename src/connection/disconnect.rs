@@ -68,13 +68,13 @@ impl ClientSocket {
 }
 
 /// A connection's stream, shared with its [`ClientSocket`].
-pub struct Watched {
+pub(crate) struct Watched {
     stream: TcpStream,
     socket: Arc<ClientSocket>,
 }
 
 impl Watched {
-    pub fn new(stream: TcpStream) -> (Watched, Arc<ClientSocket>) {
+    pub(crate) fn new(stream: TcpStream) -> (Watched, Arc<ClientSocket>) {
         let socket = Arc::new(ClientSocket {
             fd: Mutex::new(Some(stream.as_raw_fd())),
         });

@@ -10,13 +10,20 @@ use std::borrow::Cow;
 
 use http::{HeaderMap, Method, header};
 
-use super::key::TupleEncoder;
 use crate::config::KeyPart;
+use crate::error::GatewayError;
+use crate::limit::key::TupleEncoder;
 
 /// A key part occurred more than once in the request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the rate-limit key {0} occurs more than once")]
 pub struct AmbiguousKey(pub String);
+
+impl From<AmbiguousKey> for GatewayError {
+    fn from(AmbiguousKey(part): AmbiguousKey) -> Self {
+        GatewayError::AmbiguousKey(part)
+    }
+}
 
 /// What key parts are read from.
 pub struct KeySource<'a> {

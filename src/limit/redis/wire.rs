@@ -16,18 +16,18 @@ use std::time::Duration;
 
 use redis::Cmd;
 
-use super::algorithm::interval;
-use super::{
+use crate::limit::algorithm::interval;
+use crate::limit::{
     Algorithm, Decisions, LimitCheck, LimitDecision, MAX_LIMITS_PER_ROUTE, MAX_TIME_MICROS, Outcome,
 };
 
 /// The largest number the plan can carry (two bytes): key indexes, spec indexes and
 /// checks per request. The gateway stays far below it: a batch is at most
-/// [`super::group_commit::MAX_BATCH`] requests of at most [`MAX_LIMITS_PER_ROUTE`] checks,
+/// [`super::batch::MAX_BATCH`] requests of at most [`MAX_LIMITS_PER_ROUTE`] checks,
 /// each with at most two keys.
 pub(crate) const PLAN_MAX: usize = u16::MAX as usize;
 
-const _: () = assert!(2 * super::group_commit::MAX_BATCH * MAX_LIMITS_PER_ROUTE <= PLAN_MAX);
+const _: () = assert!(2 * super::batch::MAX_BATCH * MAX_LIMITS_PER_ROUTE <= PLAN_MAX);
 
 /// A batch too large for one script call: some number in it exceeds [`PLAN_MAX`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,7 +24,7 @@ use std::task::{Context, Poll};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::connection::ConnectionState;
+use super::ConnectionState;
 
 /// The HTTP/2 connection preface (prior-knowledge h2c).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -62,7 +62,7 @@ enum HeadVerdict {
 }
 
 /// The connection stream with request framing checked. See the module docs.
-pub struct FramingGuard<S> {
+pub(crate) struct FramingGuard<S> {
     inner: S,
     /// Bytes read from the socket that hyper has not yet been given.
     buf: BytesMut,
@@ -76,13 +76,13 @@ pub struct FramingGuard<S> {
 
 /// The head limits hyper is configured with; the guard follows heads up to them.
 #[derive(Debug, Clone, Copy)]
-pub struct HeadLimits {
+pub(crate) struct HeadLimits {
     pub bytes: usize,
     pub fields: usize,
 }
 
 impl<S> FramingGuard<S> {
-    pub fn new(inner: S, limits: HeadLimits, connection: Arc<ConnectionState>) -> Self {
+    pub(crate) fn new(inner: S, limits: HeadLimits, connection: Arc<ConnectionState>) -> Self {
         FramingGuard {
             inner,
             buf: BytesMut::new(),

@@ -9,13 +9,18 @@
 //! * Whether a tunnel started (an upstream accepted an `Upgrade`): from then on the bytes
 //!   on the connection are no longer HTTP, and [`crate::framing`] stops inspecting them.
 
+#[allow(unsafe_code)] // borrows the socket's descriptor to duplicate it
+pub(crate) mod disconnect;
+#[allow(unsafe_code)] // reads into spare buffer capacity without zeroing it first
+pub(crate) mod framing;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// One connection's state, as its requests and its server task see it.
 #[derive(Debug)]
-pub struct ConnectionState {
+pub(crate) struct ConnectionState {
     open: AtomicUsize,
     /// When the last request ended, in microseconds since `opened`.
     last_end: AtomicU64,
@@ -24,7 +29,7 @@ pub struct ConnectionState {
 }
 
 impl ConnectionState {
-    pub fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(ConnectionState {
             open: AtomicUsize::new(0),
             last_end: AtomicU64::new(0),
@@ -34,18 +39,18 @@ impl ConnectionState {
     }
 
     /// Whether a request of this connection has started a tunnel.
-    pub fn tunnel_started(&self) -> bool {
+    pub(crate) fn tunnel_started(&self) -> bool {
         self.tunnel.load(Ordering::Acquire)
     }
 
     /// A request starts; it is in flight until the token is dropped.
-    pub fn begin(self: &Arc<Self>) -> InFlight {
+    pub(crate) fn begin(self: &Arc<Self>) -> InFlight {
         self.open.fetch_add(1, Ordering::AcqRel);
         InFlight(self.clone())
     }
 
     /// How long the connection has carried no request; `None` while one is in flight.
-    pub fn idle_for(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn idle_for(&self, now: Instant) -> Option<Duration> {
         if self.open.load(Ordering::Acquire) > 0 {
             return None;
         }

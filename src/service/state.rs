@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use http::HeaderName;
 
+use super::limits::RouteLimits;
 use crate::client_ip::TrustedProxies;
-use crate::config::{Config, KeyPart, OnError, RedisConfig, RespondConfig, RouteTarget};
+use crate::config::{Config, KeyPart, RedisConfig, RespondConfig, RouteTarget};
 use crate::limit::redis::StoreError;
-use crate::limit::refusal_cache::RefusalCache;
-use crate::limit::route::RouteLimits;
-use crate::limit::store::LimitStore;
+use crate::limit::redis::refusals::RefusalCache;
+use crate::limit::store::{LimitStore, OnError};
 use crate::metrics::Metrics;
 use crate::proxy::UpstreamClient;
 use crate::router::Router;
@@ -120,7 +120,15 @@ impl GatewayState {
         key_headers.dedup();
         let store = match previous {
             Some(previous) if same_store(&previous.config.redis, &config.redis) => previous.store.clone(),
-            _ => LimitStore::from_config(config.redis.as_ref(), metrics)?,
+            _ => match &config.redis {
+                None => LimitStore::memory(metrics.keys_not_kept("memory")),
+                Some(redis) => LimitStore::redis(
+                    &redis.target,
+                    redis.timeout,
+                    &redis.prefix,
+                    metrics.keys_not_kept("local"),
+                )?,
+            },
         };
         let (key_prefix, on_error) = match &config.redis {
             Some(redis) => (redis.prefix.clone(), redis.on_error),

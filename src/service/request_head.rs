@@ -15,11 +15,11 @@ use crate::error::GatewayError;
 
 /// The most header bytes a request may carry, counted as HTTP/1.1 writes each field
 /// (`name: value` and its line end), whatever the protocol: beyond it, 431.
-pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+pub(crate) const MAX_HEADER_BYTES: usize = 32 * 1024;
 
 /// Checks `request`'s head; returns the authority the client asked for (the request
 /// target's, or else the `Host` header's).
-pub fn check<B>(request: &Request<B>) -> Result<&str, GatewayError> {
+pub(crate) fn check<B>(request: &Request<B>) -> Result<&str, GatewayError> {
     let fields = Fields::of(request.headers())?;
     // HTTP/2 carries the authority outside the fields: counted as the `Host` it stands for.
     let authority_field = match (fields.host, request.uri().authority()) {

@@ -10,8 +10,53 @@ use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Client, Cmd, Pipeline, RedisFuture, Value};
 use std::time::Duration;
 
-use super::redis::StoreError;
-use crate::config::RedisTarget;
+use super::StoreError;
+
+/// Which Redis to use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// `redis://[user:password@]host:port[/db]` or `rediss://...` (TLS).
+    Url(String),
+    /// The master that these sentinels monitor under `master_name`, followed on failover.
+    Sentinel {
+        sentinels: Vec<String>,
+        master_name: String,
+    },
+    /// A Redis Cluster, discovered from this seed node.
+    Cluster(String),
+}
+
+impl RedisTarget {
+    /// A description for logs, without passwords.
+    pub fn describe(&self) -> String {
+        match self {
+            RedisTarget::Url(url) => redacted(url),
+            RedisTarget::Cluster(seed) => format!("cluster via {}", redacted(seed)),
+            RedisTarget::Sentinel {
+                sentinels,
+                master_name,
+            } => {
+                let nodes: Vec<String> = sentinels.iter().map(|s| redacted(s)).collect();
+                format!("master {master_name:?} via sentinels {}", nodes.join(", "))
+            }
+        }
+    }
+}
+
+/// `url` without its password, for logs.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{}", &rest[at + 1..])
+        }
+        None => url.to_owned(),
+    }
+}
 
 /// Where connections come from.
 pub(crate) enum Source {
@@ -107,5 +152,20 @@ impl ConnectionLike for Connection {
             Connection::Single(connection) => connection.get_db(),
             Connection::Cluster(connection) => connection.get_db(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_the_log() {
+        assert_eq!(
+            redacted("redis://:s3cret@10.0.0.5:6379/0"),
+            "redis://:***@10.0.0.5:6379/0"
+        );
+        assert_eq!(redacted("redis://app:s3cret@host/0"), "redis://app:***@host/0");
+        assert_eq!(redacted("redis://host:6379"), "redis://host:6379");
     }
 }

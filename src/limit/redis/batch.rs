@@ -33,8 +33,8 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::redis::StoreError;
-use super::{Decisions, LimitCheck};
+use super::StoreError;
+use crate::limit::{Decisions, LimitCheck};
 
 /// Most requests one script call carries.
 pub(crate) const MAX_BATCH: usize = 256;

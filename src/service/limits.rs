@@ -11,14 +11,14 @@ use http::StatusCode;
 use http::header::HeaderValue;
 use smallvec::SmallVec;
 
-use super::headers::{LimitHeaders, ceil_seconds, policy_value, render};
-use super::key::{lock_key, store_key};
-use super::refusal_cache::RefusalCache;
+use super::limit_headers::{LimitHeaders, ceil_seconds, policy_value, render};
 use super::request_key::{AmbiguousKey, KeySource, key_tuple};
-use super::store::LimitStore;
-use super::{Decisions, LimitCheck, LimitDecision, Outcome};
-use crate::config::{LimitConfig, Mode, OnError, RateLimitHeaders};
-use crate::metrics::Metrics;
+use crate::config::{LimitConfig, Mode, RateLimitHeaders};
+use crate::limit::key::{lock_key, store_key};
+use crate::limit::redis::refusals::RefusalCache;
+use crate::limit::store::{Answer, Fallback, LimitStore, OnError};
+use crate::limit::{Decisions, LimitCheck, LimitDecision, Outcome};
+use crate::metrics::{LimitOutcome, Metrics};
 
 /// What a route's limits need at request time, computed once at load.
 pub struct RouteLimits {
@@ -46,7 +46,7 @@ pub struct LimitSettings<'a> {
 pub struct Verdict {
     pub action: Action,
     /// The access log's `limit` field.
-    pub outcome: &'static str,
+    pub outcome: LimitOutcome,
     /// Rate-limit headers for the response, whatever it turns out to be.
     pub headers: LimitHeaders,
 }
@@ -99,7 +99,7 @@ impl RouteLimits {
             applied.push(limit);
         }
         if checks.is_empty() {
-            return Ok(pass("exempt"));
+            return Ok(pass(LimitOutcome::Exempt));
         }
         // Shadow limits must be evaluated every time, so their requests are never served
         // from remembered refusals.
@@ -115,36 +115,41 @@ impl RouteLimits {
                 return Ok(self.verdict(settings, &applied, checks, &decisions));
             }
         }
-        let decided = settings.store.decide(&checks).await;
+        let answer = settings.store.decide(&checks, settings.on_error).await;
         let store = settings.store.label();
         settings
             .metrics
             .record_store_call(store, started.elapsed().as_secs_f64());
-        let decisions = match decided {
-            Ok(decisions) => decisions,
-            Err(error) => {
+        let decisions = match answer {
+            Answer::Decided(decisions) => decisions,
+            Answer::Failed { error, fallback } => {
                 settings.metrics.record_store_error(store);
                 tracing::debug!(%error, store, "rate-limit store failed");
-                if settings.on_error == OnError::Local {
+                let refused = match fallback {
                     // Counted as what the local store decided; the failure itself is in
                     // floodgate_store_errors_total.
-                    let decisions = settings.store.decide_locally(&checks);
-                    return Ok(self.verdict(settings, &applied, checks, &decisions));
-                }
+                    Fallback::Local(decisions) => {
+                        return Ok(self.verdict(settings, &applied, checks, &decisions));
+                    }
+                    Fallback::Admit => false,
+                    Fallback::Refuse => true,
+                };
                 for limit in &applied {
-                    settings.metrics.record_decision(&limit.name, "store_error");
+                    settings
+                        .metrics
+                        .record_decision(&limit.name, LimitOutcome::StoreError);
                 }
-                return Ok(match settings.on_error {
-                    OnError::Allow | OnError::Local => pass("store_error"),
-                    OnError::Deny => Verdict {
-                        action: Action::Reject {
-                            status: StatusCode::SERVICE_UNAVAILABLE,
-                            message: Bytes::from_static(b"Service Unavailable\n"),
-                            retry_after: 1,
-                        },
-                        outcome: "store_error",
-                        headers: LimitHeaders::new(),
+                if !refused {
+                    return Ok(pass(LimitOutcome::StoreError));
+                }
+                return Ok(Verdict {
+                    action: Action::Reject {
+                        status: StatusCode::SERVICE_UNAVAILABLE,
+                        message: Bytes::from_static(b"Service Unavailable\n"),
+                        retry_after: 1,
                     },
+                    outcome: LimitOutcome::StoreError,
+                    headers: LimitHeaders::new(),
                 });
             }
         };
@@ -164,31 +169,29 @@ impl RouteLimits {
         let mut enforced: SmallVec<[(&LimitConfig, LimitDecision); 2]> = SmallVec::new();
         let mut refusal: Option<(&LimitConfig, Duration)> = None;
         let mut delay = Duration::ZERO;
-        let mut outcome = "allowed";
+        let mut outcome = LimitOutcome::Allowed;
         for (limit, decision) in applied.iter().zip(decisions) {
             let label = match (limit.mode, decision.outcome) {
                 (Mode::Shadow, Outcome::Rejected | Outcome::Locked) => {
                     tracing::info!(limit = %limit.name, "shadow limit would have rejected the request");
-                    outcome = if outcome == "allowed" {
-                        "shadow_rejected"
-                    } else {
-                        outcome
-                    };
-                    "shadow_rejected"
+                    if outcome == LimitOutcome::Allowed {
+                        outcome = LimitOutcome::ShadowRejected;
+                    }
+                    LimitOutcome::ShadowRejected
                 }
-                (Mode::Shadow, _) => "allowed",
-                (Mode::Enforce, Outcome::Allowed) => "allowed",
+                (Mode::Shadow, _) => LimitOutcome::Allowed,
+                (Mode::Enforce, Outcome::Allowed) => LimitOutcome::Allowed,
                 (Mode::Enforce, Outcome::Delayed(wait)) => {
                     delay = delay.max(wait);
-                    "delayed"
+                    LimitOutcome::Delayed
                 }
                 (Mode::Enforce, refused @ (Outcome::Rejected | Outcome::Locked)) => {
                     let retry = refusal.map_or(decision.retry_after, |(_, r)| r.max(decision.retry_after));
                     refusal = Some((refusal.map_or(*limit, |(first, _)| first), retry));
                     if refused == Outcome::Locked {
-                        "locked"
+                        LimitOutcome::Locked
                     } else {
-                        "rejected"
+                        LimitOutcome::Rejected
                     }
                 }
             };
@@ -218,12 +221,16 @@ impl RouteLimits {
                     message: limit.message.clone(),
                     retry_after: ceil_seconds(retry).max(1),
                 },
-                outcome: if locked { "locked" } else { "rejected" },
+                outcome: if locked {
+                    LimitOutcome::Locked
+                } else {
+                    LimitOutcome::Rejected
+                },
                 headers,
             };
         }
         if !delay.is_zero() {
-            outcome = "delayed";
+            outcome = LimitOutcome::Delayed;
         }
         let held = if delay.is_zero() {
             Vec::new()
@@ -279,7 +286,7 @@ fn remember_refusal(
     cache.insert(identity, remembered, decided_at, holds_for);
 }
 
-fn pass(outcome: &'static str) -> Verdict {
+fn pass(outcome: LimitOutcome) -> Verdict {
     Verdict {
         action: Action::Pass {
             delay: Duration::ZERO,
@@ -291,5 +298,5 @@ fn pass(outcome: &'static str) -> Verdict {
 }
 
 fn micros(duration: Duration) -> u64 {
-    super::algorithm::micros(duration)
+    crate::limit::algorithm::micros(duration)
 }

@@ -15,8 +15,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::keyed_hash::{IdentityMap, KeyedHash};
-use super::{Algorithm, Decisions, LimitCheck, LimitDecision};
+use crate::limit::key::identity::{IdentityMap, KeyedHash};
+use crate::limit::{Algorithm, Decisions, LimitCheck, LimitDecision};
 
 const SHARDS: usize = 16;
 /// Refusals remembered at most (about 150 bytes each).

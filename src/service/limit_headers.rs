@@ -6,8 +6,8 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
-use super::LimitDecision;
 use crate::config::{LimitConfig, RateLimitHeaders};
+use crate::limit::LimitDecision;
 
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");

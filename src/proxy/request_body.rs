@@ -1,23 +1,17 @@
-//! Body types of the request path: the request body on its way upstream, bounded by
-//! `server.max_body` and `server.body_timeout` while it streams, and the response body on its way to the client,
-//! which writes the access log when it is finished or dropped (so the log carries the
-//! bytes actually sent and the whole duration).
+//! The request body on its way upstream, bounded by `server.max_body` and
+//! `server.body_timeout` while it streams: a client cannot hold an upstream connection
+//! by pausing, nor send more than the limit.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
-
-use crate::access_log::AccessRecord;
-use crate::connection::InFlight;
-use crate::proxy::UpstreamBody;
 
 /// Why a request body stopped streaming.
 #[derive(Debug, thiserror::Error)]
@@ -96,73 +90,6 @@ impl Body for RequestBody {
             *remaining -= len;
         }
         Poll::Ready(Some(Ok(frame)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// What a response carries: the upstream's streamed body, or floodgate's own bytes.
-pub type Payload = Either<UpstreamBody, Full<Bytes>>;
-
-/// A body floodgate writes itself.
-pub fn full(bytes: impl Into<Bytes>) -> Payload {
-    Either::Right(Full::new(bytes.into()))
-}
-
-pin_project! {
-    /// The body sent to the client; logs the request when done.
-    pub struct ResponseBody {
-        #[pin]
-        inner: Payload,
-        record: Option<AccessRecord>,
-        bytes: u64,
-        // Dropped with the body: the connection carries this request until then.
-        in_flight: InFlight,
-    }
-
-    impl PinnedDrop for ResponseBody {
-        fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if let Some(record) = this.record.take() {
-                record.finish(*this.bytes);
-            }
-        }
-    }
-}
-
-impl ResponseBody {
-    pub fn new(inner: Payload, record: AccessRecord, in_flight: InFlight) -> Self {
-        ResponseBody {
-            inner,
-            record: Some(record),
-            bytes: 0,
-            in_flight,
-        }
-    }
-}
-
-impl Body for ResponseBody {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.project();
-        let polled = ready!(this.inner.poll_frame(cx));
-        if let Some(Ok(frame)) = &polled
-            && let Some(data) = frame.data_ref()
-        {
-            *this.bytes += data.len() as u64;
-        }
-        Poll::Ready(polled)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -21,11 +21,16 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 use redis::{ErrorKind, Script, ServerErrorKind};
 
-use super::decide_call;
-use super::group_commit::{GroupCommit, Pending};
-use super::redis_connection::{Connection, Source};
+mod batch;
+mod connection;
+pub(crate) mod fallback;
+pub(crate) mod refusals;
+mod wire;
+
 use super::{Decisions, LimitCheck, LimitDecision, Outcome};
-use crate::config::RedisTarget;
+use batch::{GroupCommit, Pending};
+pub use connection::RedisTarget;
+use connection::{Connection, Source};
 
 const DECIDE_LUA: &str = include_str!("scripts/decide.lua");
 const REFUND_LUA: &str = include_str!("scripts/refund.lua");
@@ -38,7 +43,7 @@ const CONNECT_LOG_EVERY: Duration = Duration::from_secs(30);
 /// Why the store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    /// Shared: one failed call answers every request it carried.
+    /// Link: one failed call answers every request it carried.
     #[error("redis: {0}")]
     Redis(Arc<redis::RedisError>),
     #[error("redis did not answer within {0:?}")]
@@ -51,7 +56,7 @@ pub enum StoreError {
     Malformed { got: usize, checks: usize },
     #[error(
         "one script call cannot number {0} keys, limits or checks (at most {max})",
-        max = decide_call::PLAN_MAX
+        max = wire::PLAN_MAX
     )]
     Oversized(usize),
 }
@@ -62,7 +67,8 @@ impl From<redis::RedisError> for StoreError {
     }
 }
 
-struct Shared {
+/// The connection to Redis, where it comes from, and the scripts run over it.
+struct Link {
     connection: ArcSwapOption<Connection>,
     source: Source,
     decide: Script,
@@ -74,17 +80,17 @@ struct Shared {
 /// A rate-limit store in Redis.
 #[derive(Clone)]
 pub struct RedisStore {
-    shared: Arc<Shared>,
+    link: Arc<Link>,
     /// Batches decisions on a single server or Sentinel master (not on a cluster, where
     /// one call reaches one slot).
-    group_commit: Option<Arc<GroupCommit>>,
+    batch: Option<Arc<GroupCommit>>,
 }
 
 impl RedisStore {
     /// Starts connecting to `target` in the background; `timeout` bounds each decision.
     /// Fails only for a target that cannot be used at all.
     pub fn start(target: &RedisTarget, timeout: Duration) -> Result<Self, StoreError> {
-        let shared = Arc::new(Shared {
+        let link = Arc::new(Link {
             connection: ArcSwapOption::empty(),
             source: Source::new(target, timeout)?,
             decide: Script::new(DECIDE_LUA),
@@ -92,14 +98,14 @@ impl RedisStore {
             heartbeat: Script::new(HEARTBEAT_LUA),
             timeout,
         });
-        tokio::spawn(connect_in_background(target.describe(), Arc::downgrade(&shared)));
-        let group_commit = (!shared.source.is_cluster()).then(|| {
-            let weak = Arc::downgrade(&shared);
+        tokio::spawn(connect_in_background(target.describe(), Arc::downgrade(&link)));
+        let batch = (!link.source.is_cluster()).then(|| {
+            let weak = Arc::downgrade(&link);
             Arc::new(GroupCommit::start(timeout, move |batch, deadline| {
                 decide_batch(weak.clone(), batch, deadline)
             }))
         });
-        Ok(RedisStore { shared, group_commit })
+        Ok(RedisStore { link, batch })
     }
 
     /// Starts with `target` and waits until connected (at least 2 s, or `timeout`).
@@ -116,7 +122,7 @@ impl RedisStore {
     }
 
     fn connection(&self) -> Result<Connection, StoreError> {
-        self.shared
+        self.link
             .connection
             .load()
             .as_deref()
@@ -126,7 +132,7 @@ impl RedisStore {
 
     /// Whether a connection has been made (it may have failed since).
     pub fn connected(&self) -> bool {
-        self.shared.connection.load().is_some()
+        self.link.connection.load().is_some()
     }
 
     /// Decides all of one request's limits: one round trip, unless (on Redis Cluster) they
@@ -136,16 +142,16 @@ impl RedisStore {
             // Nothing to decide (and the script's plan has no room for a request of none).
             return Ok(Decisions::new());
         }
-        if let Some(group_commit) = &self.group_commit {
+        if let Some(batch) = &self.batch {
             if !self.connected() {
                 return Err(StoreError::NotConnected);
             }
-            return group_commit.submit(checks).await;
+            return batch.submit(checks).await;
         }
         let mut connection = self.connection()?;
         let groups = slot_groups(checks);
         if groups.len() == 1 {
-            return self.shared.decide_together(&mut connection, checks).await;
+            return self.link.decide_together(&mut connection, checks).await;
         }
         self.decide_across_slots(&connection, checks, groups).await
     }
@@ -161,7 +167,7 @@ impl RedisStore {
         let calls = groups.iter().map(|group| {
             let mut connection = connection.clone();
             let subset: Vec<LimitCheck> = group.iter().map(|&i| checks[i].clone()).collect();
-            async move { self.shared.decide_together(&mut connection, &subset).await }
+            async move { self.link.decide_together(&mut connection, &subset).await }
         });
         let answers = futures_util::future::join_all(calls).await;
         let mut decisions = vec![None; checks.len()];
@@ -207,8 +213,8 @@ impl RedisStore {
     /// Gives back what an admitted request consumed from `check`'s limit.
     pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
         let mut connection = self.connection()?;
-        let (code, a, b, c) = decide_call::parameters(&check.algorithm);
-        let mut invocation = self.shared.refund.prepare_invoke();
+        let (code, a, b, c) = wire::parameters(&check.algorithm);
+        let mut invocation = self.link.refund.prepare_invoke();
         invocation
             .key(&check.key)
             .arg(code)
@@ -223,16 +229,16 @@ impl RedisStore {
     /// After failures: checks that Redis answers again. Through sentinels, first asks
     /// them for the current master and connects to it (following a failover).
     pub async fn recover(&self) -> Result<(), StoreError> {
-        if self.shared.source.follows_failover() {
-            let timeout = self.shared.timeout.max(Duration::from_millis(500));
+        if self.link.source.follows_failover() {
+            let timeout = self.link.timeout.max(Duration::from_millis(500));
             let connection = tokio::time::timeout(timeout, async {
-                let mut connection = self.shared.source.connect().await?;
+                let mut connection = self.link.source.connect().await?;
                 redis::cmd("PING").query_async::<()>(&mut connection).await?;
                 Ok::<_, StoreError>(connection)
             })
             .await
             .map_err(|_| StoreError::Timeout(timeout))??;
-            self.shared.connection.store(Some(Arc::new(connection)));
+            self.link.connection.store(Some(Arc::new(connection)));
             return Ok(());
         }
         self.ping().await
@@ -248,7 +254,7 @@ impl RedisStore {
     /// Announces instance `id` in the `key` set for `ttl`; returns the live instance count.
     pub async fn heartbeat(&self, key: &str, id: &str, ttl: Duration) -> Result<u64, StoreError> {
         let mut connection = self.connection()?;
-        let mut invocation = self.shared.heartbeat.prepare_invoke();
+        let mut invocation = self.link.heartbeat.prepare_invoke();
         invocation.key(key).arg(id).arg(ttl.as_millis() as u64);
         self.within_deadline(invocation.invoke_async::<u64>(&mut connection))
             .await
@@ -258,11 +264,11 @@ impl RedisStore {
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        self.shared.within_deadline(call).await
+        self.link.within_deadline(call).await
     }
 }
 
-impl Shared {
+impl Link {
     async fn within_deadline<T>(
         &self,
         call: impl Future<Output = redis::RedisResult<T>>,
@@ -304,8 +310,8 @@ impl Shared {
         requests: &[&[LimitCheck]],
         deadline: tokio::time::Instant,
     ) -> Result<Vec<Decisions>, StoreError> {
-        let call = decide_call::command(self.decide.get_hash(), requests)
-            .map_err(|decide_call::Oversized(n)| StoreError::Oversized(n))?;
+        let call = wire::command(self.decide.get_hash(), requests)
+            .map_err(|wire::Oversized(n)| StoreError::Oversized(n))?;
         let reply: Vec<u8> = match self.by(deadline, call.query_async(connection)).await {
             Err(StoreError::Redis(error)) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.by(deadline, self.decide.prepare_invoke().load_async(connection))
@@ -314,7 +320,7 @@ impl Shared {
             }
             answer => answer?,
         };
-        decide_call::decisions(requests, &reply).ok_or_else(|| StoreError::Malformed {
+        wire::decisions(requests, &reply).ok_or_else(|| StoreError::Malformed {
             got: reply.len(),
             checks: requests.iter().map(|checks| checks.len()).sum(),
         })
@@ -323,12 +329,12 @@ impl Shared {
 
 /// The group-commit dispatcher's work: one script call for a batch of requests, by
 /// `deadline`, each answered with its own decisions (or the call's error).
-async fn decide_batch(shared: Weak<Shared>, batch: Vec<Pending>, deadline: tokio::time::Instant) {
-    let Some(shared) = shared.upgrade() else { return };
-    let result = match shared.connection.load().as_deref().cloned() {
+async fn decide_batch(link: Weak<Link>, batch: Vec<Pending>, deadline: tokio::time::Instant) {
+    let Some(link) = link.upgrade() else { return };
+    let result = match link.connection.load().as_deref().cloned() {
         Some(mut connection) => {
             let requests: Vec<&[LimitCheck]> = batch.iter().map(|p| p.checks.as_slice()).collect();
-            shared.decide_requests(&mut connection, &requests, deadline).await
+            link.decide_requests(&mut connection, &requests, deadline).await
         }
         None => Err(StoreError::NotConnected),
     };
@@ -375,11 +381,11 @@ fn hash_tag(key: &str) -> &str {
 
 /// Connects, retrying with backoff, until the store is dropped or a connection is made;
 /// the connection reconnects by itself after that.
-async fn connect_in_background(address: String, shared: Weak<Shared>) {
+async fn connect_in_background(address: String, link: Weak<Link>) {
     let mut backoff = Duration::from_millis(10);
     let mut last_log: Option<Instant> = None;
     loop {
-        let Some(strong) = shared.upgrade() else { return };
+        let Some(strong) = link.upgrade() else { return };
         match strong.source.connect().await {
             Ok(connection) => {
                 strong.connection.store(Some(Arc::new(connection)));
@@ -399,35 +405,10 @@ async fn connect_in_background(address: String, shared: Weak<Shared>) {
     }
 }
 
-/// `url` without its password, for logs.
-pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let user = rest[..at].split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{}", &rest[at + 1..])
-        }
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::limit::Algorithm;
-
-    #[test]
-    fn passwords_never_reach_the_log() {
-        assert_eq!(
-            redacted("redis://:s3cret@10.0.0.5:6379/0"),
-            "redis://:***@10.0.0.5:6379/0"
-        );
-        assert_eq!(redacted("redis://app:s3cret@host/0"), "redis://app:***@host/0");
-        assert_eq!(redacted("redis://host:6379"), "redis://host:6379");
-    }
 
     #[test]
     fn checks_are_grouped_by_hash_tag() {

@@ -24,30 +24,37 @@ use http::{Request, Response, StatusCode, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
+pub mod limit_headers;
+mod limits;
+pub(crate) mod request_head;
+pub mod request_key;
+mod response_body;
+pub(crate) mod state;
+
 use crate::access_log::AccessRecord;
-use crate::body::{Payload, RequestBody, ResponseBody, full};
 use crate::client_ip::{Peer, client_ip};
 use crate::config::{RespondConfig, ServerConfig};
 use crate::connection::InFlight;
-use crate::disconnect::ClientSocket;
+use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
 use crate::limit::LimitCheck;
-use crate::limit::headers::LimitHeaders;
-use crate::limit::request_key::KeySource;
-use crate::limit::route::{Action, LimitSettings};
 use crate::limit::store::LimitStore;
-use crate::metrics::Metrics;
+use crate::metrics::{LimitOutcome, Metrics};
 use crate::path::normalize_path;
 use crate::proxy::headers::{
     ForwardingContext, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
 };
+use crate::proxy::request_body::RequestBody;
 use crate::proxy::{UpstreamClient, tunnel};
-use crate::request_head;
 use crate::router::normalize_host;
-use crate::state::{GatewayState, Target};
+use limit_headers::LimitHeaders;
+use limits::{Action, LimitSettings};
+use request_key::KeySource;
+use response_body::{Payload, ResponseBody, full};
+use state::{GatewayState, Target};
 
 /// State shared by every connection of one gateway instance.
-pub struct Shared {
+pub struct Instance {
     pub state: ArcSwap<GatewayState>,
     pub metrics: Arc<Metrics>,
     /// Set from the first shutdown signal on; `/readyz` answers 503.
@@ -56,10 +63,10 @@ pub struct Shared {
     no_route: Arc<str>,
 }
 
-impl Shared {
+impl Instance {
     /// `state` was built counting in `metrics`.
     pub fn new(state: GatewayState, metrics: Arc<Metrics>) -> Self {
-        Shared {
+        Instance {
             state: ArcSwap::from_pointee(state),
             metrics,
             draining: AtomicBool::new(false),
@@ -71,7 +78,7 @@ impl Shared {
 /// Answers one request from `peer`, whose connection is `socket` (held `in_flight` until
 /// the response body is done); never fails.
 pub async fn handle(
-    shared: Arc<Shared>,
+    shared: Arc<Instance>,
     peer: Arc<Peer>,
     socket: Arc<ClientSocket>,
     in_flight: InFlight,
@@ -88,7 +95,7 @@ pub async fn handle(
         route: shared.no_route.clone(),
         status: 0,
         client_ip,
-        limit_outcome: "none",
+        limit_outcome: LimitOutcome::None,
     }));
     let mut limit_headers = LimitHeaders::new();
     let version = request.version();
@@ -176,7 +183,7 @@ fn render_error(
 /// The inner handler: route the request, apply its limits, and answer it or forward it.
 /// `limit_headers` receives the rate-limit headers for whatever response follows.
 async fn serve(
-    shared: &Shared,
+    shared: &Instance,
     state: &GatewayState,
     client: Client<'_>,
     request: Request<Incoming>,

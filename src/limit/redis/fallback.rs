@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::algorithm::Algorithm;
-use super::clock::MonotonicClock;
-use super::memory::MemoryStore;
-use super::redis::{RedisStore, StoreError};
-use super::{Decisions, LimitCheck};
-use crate::config::RedisConfig;
+use super::{RedisStore, RedisTarget, StoreError};
+use crate::limit::algorithm::Algorithm;
+use crate::limit::clock::MonotonicClock;
+use crate::limit::memory::MemoryStore;
+use crate::limit::{Decisions, LimitCheck};
 
 /// Consecutive failures that open the breaker.
 const FAILURES_TO_OPEN: u32 = 3;
@@ -32,28 +31,28 @@ const LOCAL_MAX_KEYS: usize = 200_000;
 
 /// Counts consecutive failures; open means "do not ask Redis".
 #[derive(Debug, Default)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     failures: AtomicU32,
     open: AtomicBool,
 }
 
 impl Breaker {
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.open.load(Ordering::Acquire)
     }
 
     /// Records a failure; returns true when this failure opened the breaker.
-    pub fn failure(&self) -> bool {
+    pub(crate) fn failure(&self) -> bool {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         failures >= FAILURES_TO_OPEN && !self.open.swap(true, Ordering::AcqRel)
     }
 
-    pub fn success(&self) {
+    pub(crate) fn success(&self) {
         self.failures.store(0, Ordering::Release);
     }
 
     /// Closes the breaker; returns true when it was open.
-    pub fn close(&self) -> bool {
+    pub(crate) fn close(&self) -> bool {
         self.failures.store(0, Ordering::Release);
         self.open.swap(false, Ordering::AcqRel)
     }
@@ -72,11 +71,16 @@ pub struct ResilientRedis {
 }
 
 impl ResilientRedis {
-    /// Starts connecting, probing and heart-beating in the background.
+    /// Starts connecting, probing and heart-beating (under `prefix`) in the background.
     /// `local_not_kept` counts the new keys the full local fallback store did not keep.
-    pub fn start(config: &RedisConfig, local_not_kept: Counter) -> Result<Arc<Self>, StoreError> {
+    pub fn start(
+        target: &RedisTarget,
+        timeout: Duration,
+        prefix: &str,
+        local_not_kept: Counter,
+    ) -> Result<Arc<Self>, StoreError> {
         let store = Arc::new(ResilientRedis {
-            redis: RedisStore::start(&config.target, config.timeout)?,
+            redis: RedisStore::start(target, timeout)?,
             breaker: Breaker::default(),
             local: MemoryStore::new(
                 Arc::new(MonotonicClock::default()),
@@ -85,9 +89,9 @@ impl ResilientRedis {
             ),
             instances: AtomicU64::new(1),
             answered: AtomicBool::new(false),
-            address: config.target.describe(),
+            address: target.describe(),
         });
-        let instance_key = format!("{}:instances", config.prefix);
+        let instance_key = format!("{prefix}:instances");
         tokio::spawn(probe(Arc::downgrade(&store)));
         tokio::spawn(heartbeat(Arc::downgrade(&store), instance_key, instance_id()));
         Ok(store)
