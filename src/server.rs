@@ -97,8 +97,6 @@ impl Gateway {
             listener,
             admin_listener,
         } = self;
-        let config = shared.state.load().config.clone();
-        let grace = config.server.shutdown_grace;
         let connections = TaskTracker::new();
         let closing = CancellationToken::new();
         let admin = tokio::spawn(admin::serve(admin_listener, shared.clone()));
@@ -108,6 +106,8 @@ impl Gateway {
             () = accept_loop(listener, shared.clone(), connections.clone(), closing.clone()) => {}
         }
         shared.draining.store(true, Ordering::SeqCst);
+        // Read now, so that a reload's shutdown_grace applies.
+        let grace = shared.state.load().config.server.shutdown_grace;
         tracing::info!(in_flight = connections.len(), grace = ?grace, "shutting down: no longer accepting, draining");
         closing.cancel();
         connections.close();
@@ -150,7 +150,6 @@ async fn accept_loop(
     connections: TaskTracker,
     closing: CancellationToken,
 ) {
-    let header_timeout = shared.state.load().config.server.header_timeout;
     let builder = Arc::new(connection_builder());
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -162,6 +161,8 @@ async fn accept_loop(
                 continue;
             }
         };
+        // Read per connection, so that a reload's header_timeout applies to new ones.
+        let header_timeout = shared.state.load().config.server.header_timeout;
         connections.spawn(serve_connection(
             stream,
             peer,

@@ -218,3 +218,60 @@ async fn the_file_is_watched_through_rename_over_edits() {
         .await;
     assert_eq!(after - before, 1.0);
 }
+
+/// `config_text` with `server_keys` added to its `[server]` table.
+fn with_server_keys(upstream: &Upstream, server_keys: &str) -> String {
+    config_text(upstream, "hello", 100).replacen(
+        "admin_listen = \"127.0.0.1:0\"\n",
+        &format!("admin_listen = \"127.0.0.1:0\"\n{server_keys}\n"),
+        1,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_header_timeout_to_new_connections_and_shutdown_grace_to_the_next_shutdown() {
+    use tokio::io::AsyncReadExt;
+
+    let mut s = setup(100).await;
+    std::fs::write(
+        &s.path,
+        with_server_keys(
+            &s.upstream,
+            "header_timeout = \"300ms\"\nshutdown_grace = \"200ms\"",
+        ),
+    )
+    .unwrap();
+    assert!(reload(&s.reloader).await);
+
+    // A connection that never sends a head is closed after the new header_timeout (the
+    // default, 10 s, would outlast the 5 s bound).
+    let mut idle = tokio::net::TcpStream::connect(s.gateway.addr).await.unwrap();
+    let started = Instant::now();
+    let mut received = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut received))
+        .await
+        .expect("the idle connection outlived the reloaded header_timeout")
+        .unwrap();
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(250), "closed after {elapsed:?}");
+    assert!(received.is_empty());
+
+    // A request still in flight at shutdown is cut off after the new grace (the default,
+    // 10 s, would outlast the 5 s bound).
+    let slow_url = s.gateway.url("/app/slow?ms=8000");
+    let slow = tokio::spawn(async move { get(&slow_url).await });
+    while s.upstream.requests() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), s.gateway.shutdown())
+        .await
+        .expect("shutdown outlived the reloaded shutdown_grace")
+        .unwrap();
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(150),
+        "shut down after {elapsed:?}"
+    );
+    slow.abort();
+}

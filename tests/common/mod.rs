@@ -113,8 +113,8 @@ impl Drop for TestGateway {
 }
 
 /// A real upstream that answers with a description of the request it received:
-/// `GET /slow?ms=N` waits N ms; `/big?bytes=N` streams N bytes; `/echo` streams the body
-/// back; `/status?code=N` answers N; anything else describes the request as text.
+/// a path ending in `/slow` with `?ms=N` waits N ms; `/big?bytes=N` streams N bytes;
+/// `/echo` streams the body back; `/status?code=N` answers N; anything else describes the request as text.
 /// It counts the connections it accepted and the request heads it received.
 pub(crate) struct Upstream {
     pub addr: SocketAddr,
@@ -222,7 +222,7 @@ async fn upstream_answer(mut request: Request<Incoming>) -> Result<Response<Upst
             .unwrap();
         return Ok(response);
     }
-    if path == "/slow" {
+    if path.ends_with("/slow") {
         tokio::time::sleep(Duration::from_millis(query_number(&request, "ms"))).await;
     }
     if path == "/big" {
