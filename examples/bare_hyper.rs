@@ -1,7 +1,7 @@
 //! The floor under floodgate's rejecting path: hyper alone, on one current-thread runtime,
 //! answering every request with a fixed 429 from memory (no routing, no limits, no
 //! framing guard, no logging). What this costs per request on a machine bounds what any
-//! hyper-based gateway can reach there; README "Performance" compares it with nginx's
+//! hyper-based gateway can reach there; docs/performance.md compares it with nginx's
 //! `limit_req` rejection in the same run.
 //!
 //! ```sh

@@ -2,7 +2,7 @@
 //! relaying every request to one upstream over a connection of its own per client
 //! connection (no pool, no routing, no header rewriting, no limits, no logging). What this
 //! costs per request on a machine bounds what any hyper-based gateway can reach there;
-//! README "Performance" compares it with nginx's keep-alive reverse proxy in the same run.
+//! docs/performance.md compares it with nginx's keep-alive reverse proxy in the same run.
 //!
 //! ```sh
 //! cargo run --release --example bare_proxy -- 127.0.0.1:18098 127.0.0.1:8080

@@ -1,4 +1,4 @@
-//! The access log (SPEC §10): one `tracing` event per request, target `access`, written
+//! The access log: one `tracing` event per request, target `access`, written
 //! when the response body is finished, together with the request metrics.
 
 use std::net::IpAddr;

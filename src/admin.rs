@@ -1,4 +1,4 @@
-//! The admin listener (SPEC §9): `/healthz`, `/readyz` and `/metrics`, on its own address
+//! The admin listener (docs/operations.md#admin-listener): `/healthz`, `/readyz` and `/metrics`, on its own address
 //! so that it is never exposed with the proxy port by accident.
 
 use std::convert::Infallible;

@@ -1,4 +1,4 @@
-//! Who the client is (SPEC §2 `client_ip`): the TCP peer, unless the peer is a trusted
+//! Who the client is (docs/configuration.md#client-address): the TCP peer, unless the peer is a trusted
 //! proxy, in which case `X-Forwarded-For` is read from right to left, skipping trusted
 //! addresses, and the first untrusted one is the client. A client can therefore never
 //! choose its own address by sending `X-Forwarded-For` directly.

@@ -1,4 +1,4 @@
-//! Errors of the request path and the one place they become HTTP responses (SPEC §5).
+//! Errors of the request path and the one place they become HTTP responses (docs/configuration.md#status-codes).
 //!
 //! The mapping is an exhaustive `match` without a catch-all, so a new failure cannot be
 //! added without deciding its status. Clients get a fixed one-line body; the detail goes

@@ -13,8 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// `[server].admin_listen` when the file does not set it (the same as [`crate::Config`]'s).
-const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
+use crate::config::DEFAULT_ADMIN_LISTEN;
 
 /// The longest status line read before the answer is called malformed.
 const MAX_HEAD: usize = 1024;

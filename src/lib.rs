@@ -1,17 +1,24 @@
 //! floodgate: a rate-limiting HTTP reverse proxy.
 //!
 //! ```text
-//! gateway.toml ─► config (raw serde ─► validated Config) ─► state::GatewayState (ArcSwap)
+//! gateway.toml ─► config (raw serde ─► validated Config) ─► service::state::GatewayState
+//!                                                            (one ArcSwap; reload swaps it)
 //!
-//! client ─► server (accept, framing guard, idle connections closed, HTTP/1.1 + h2c)
+//! client ─► server (accept, HTTP/1.1 + h2c; connection: framing guard, idle watchdog)
 //!        ─► service::handle
 //!        ─► request_head::check ─► path::normalize_path ─► router::Router::lookup ─► client_ip
+//!        ─► service::limits (request_key ─► limit::store: one decision, all or nothing)
 //!        ─► respond, or proxy::UpstreamClient (pooled keep-alive, headers rewritten)
-//!        ─► body::ResponseBody (streams, then access_log + metrics)
+//!        ─► service::response_body (streams, then access_log + metrics)
 //! ```
 //!
+//! Dependencies point one way: `server` ─► `service` ─► (`proxy`, `router`, `limit`,
+//! `connection`, `config`) and `config` ─► `limit`. [`limit`] is the limiter core
+//! (algorithms, decisions, key encoding, the in-process store) with the Redis store in
+//! [`limit::redis`]; it knows nothing of HTTP or of the configuration file.
+//!
 //! `main.rs` is a thin CLI over [`Config`] and [`Gateway`]; everything else lives here so
-//! that tests can run a gateway in-process on port 0.
+//! that tests can run a gateway in-process on port 0. docs/design.md walks through it.
 
 mod access_log;
 mod admin;

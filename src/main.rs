@@ -14,7 +14,7 @@ use floodgate::reload::{self, Reloader};
 use floodgate::{Config, Gateway, healthcheck, logging};
 
 /// mimalloc instead of glibc's malloc: allocation and freeing were about a sixth of the
-/// gateway's user CPU per request under glibc (README, "Performance").
+/// gateway's user CPU per request under glibc (docs/performance.md, "Choices measured").
 #[global_allocator]
 static ALLOCATOR: floodgate::allocator::Mimalloc = floodgate::allocator::Mimalloc;
 

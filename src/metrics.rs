@@ -1,4 +1,4 @@
-//! Prometheus metrics (SPEC §9), owned by the gateway instance (no globals), rendered by
+//! Prometheus metrics (docs/operations.md#metrics), owned by the gateway instance (no globals), rendered by
 //! the admin listener in the text exposition format.
 
 use std::collections::HashMap;

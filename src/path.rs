@@ -1,4 +1,4 @@
-//! Request path normalization (SPEC §8), applied before routing and to what is forwarded.
+//! Request path normalization (docs/configuration.md#path-normalization), applied before routing and to what is forwarded.
 //!
 //! Percent-encoded unreserved characters are decoded (other escapes are kept, with upper-case
 //! hex), `.` and `..` segments are removed and duplicate slashes merged. A path that would

@@ -1,4 +1,4 @@
-//! Hot reload (SPEC §7): on SIGHUP or a change of the file, parse and validate the new
+//! Hot reload (docs/operations.md#reload): on SIGHUP or a change of the file, parse and validate the new
 //! configuration, then swap it in atomically. Requests in flight finish under the state
 //! they started with; an invalid file changes nothing live and is logged with its
 //! positions and counted.

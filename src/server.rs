@@ -1,6 +1,6 @@
 //! Listeners and connections: accepts clients (HTTP/1.1 and h2c on one port), applies
 //! connection-level limits (a connection with no request in flight for
-//! `server.header_timeout` is closed, see [`crate::connection`]; head sizes), serves the
+//! `server.header_timeout` is closed, see `connection`; head sizes), serves the
 //! admin listener, and shuts down gracefully: stop accepting, let in-flight requests
 //! finish within `server.shutdown_grace`, then return.
 

@@ -1,4 +1,4 @@
-//! The command line (SPEC §1), through the real binary: `check` prints a summary or every
+//! The command line, through the real binary: `check` prints a summary or every
 //! problem as `file:line:column: key: expected ...` and exits 1; `FLOODGATE_CONFIG`;
 //! `--version`/`--help`; an invalid config or log format stops the gateway before it binds.
 

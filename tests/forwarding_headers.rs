@@ -1,4 +1,4 @@
-//! Forwarding headers and hop-by-hop headers (SPEC §8): what the upstream sees of the
+//! Forwarding headers and hop-by-hop headers (docs/configuration.md#forwarding): what the upstream sees of the
 //! client's headers, and what the client sees of the upstream's.
 
 mod common;

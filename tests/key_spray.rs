@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use floodgate::limit::clock::MonotonicClock;
 use floodgate::limit::key::{encode_tuple, lock_key, store_key};
+use floodgate::limit::memory::MAX_KEYS as MEMORY_STORE_MAX_KEYS;
 use floodgate::limit::memory::MemoryStore;
-use floodgate::limit::store::MEMORY_STORE_MAX_KEYS;
 use floodgate::limit::{Algorithm, LimitCheck, Outcome};
 use prometheus_client::metrics::counter::Counter;
 

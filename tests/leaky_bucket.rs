@@ -1,4 +1,4 @@
-//! The leaky bucket in the request path (SPEC §3, §5, §9): an early request is held until
+//! The leaky bucket in the request path: an early request is held until
 //! its turn, evenly spaced, up to `burst` deep, and the excess is rejected at once; holding
 //! takes no worker thread; a client that leaves while held gives its queue slot back and
 //! its request never reaches the upstream; a held request carries the rate-limit headers.

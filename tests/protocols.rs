@@ -1,4 +1,4 @@
-//! Protocols (SPEC §8): HTTP/2 prior-knowledge clients, pooled keep-alive upstream
+//! Protocols: HTTP/2 prior-knowledge clients, pooled keep-alive upstream
 //! connections, and `Upgrade` (WebSocket) tunnels.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Rate limiting through HTTP with the in-process store (SPEC §2–5, §9): rejection with
+//! Rate limiting through HTTP with the in-process store: rejection with
 //! `Retry-After` before the upstream is contacted, custom status and message, the
 //! rate-limit headers in every `server.ratelimit_headers` mode, shadow and exempt limits,
 //! limits shared by routes, `cost`, lock-out, and the decision and store metrics.

@@ -1,4 +1,4 @@
-//! Limit keys through HTTP (SPEC §2 key parts): each distinct header, query parameter or
+//! Limit keys through HTTP (docs/configuration.md#key-parts): each distinct header, query parameter or
 //! cookie value has its own counter; an absent or empty one falls back to the client IP
 //! (and cannot pose as it); a key sent twice is a 400 that never reaches the upstream;
 //! query values count percent-decoded; underscore spellings of a key header are dropped.

@@ -1,4 +1,4 @@
-//! Rate limiting through HTTP with the Redis store (SPEC §2, §4–6, §9), each test with its
+//! Rate limiting through HTTP with the Redis store, each test with its
 //! own `redis-server`: exact counts and headers, a counter and a lock shared by two
 //! gateways, a TTL on every key, and a failing store (`on_error` allow and deny) that
 //! never holds a request up.

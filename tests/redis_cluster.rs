@@ -1,4 +1,4 @@
-//! Redis Cluster (SPEC §3, `cluster = true`): against a real 3-master cluster started by
+//! Redis Cluster (`redis.cluster = true`): against a real 3-master cluster started by
 //! the test, limits that share a key tuple share a slot and are decided in one atomic
 //! call; limits in different slots are decided per slot, and what one slot consumed is
 //! given back when another slot refuses.

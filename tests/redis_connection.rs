@@ -1,4 +1,4 @@
-//! Connecting to Redis as production does (SPEC §2 `[redis].url`, issue: TLS/AUTH): a
+//! Connecting to Redis as production does (`redis.url` with TLS and AUTH): a
 //! password and a database number, an ACL user, TLS with `rediss://`, and a wrong password
 //! that is logged with the address but never the password. Runs the real binary against a
 //! private redis-server.

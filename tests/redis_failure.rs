@@ -1,4 +1,4 @@
-//! What clients see when Redis fails (SPEC §6): a hung or dead Redis costs at most
+//! What clients see when Redis fails (docs/operations.md#when-redis-fails): a hung or dead Redis costs at most
 //! `redis.timeout` per request until the breaker opens, then next to nothing; decisions
 //! return to Redis within 2 s of it answering again; `deny` answers 503 and turns /readyz
 //! 503; `local` shares each limit out between the live instances; `SCRIPT FLUSH` and a

@@ -1,4 +1,4 @@
-//! Redis Sentinel (SPEC §2 `sentinels` + `master_name`): floodgate decides on the master
+//! Redis Sentinel (`redis.sentinels` + `redis.master_name`): floodgate decides on the master
 //! the sentinels name, and follows a failover when the master is killed mid-traffic. The
 //! test starts a real master, replica and sentinel.
 

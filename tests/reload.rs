@@ -1,4 +1,4 @@
-//! Hot reload (SPEC §7): a valid file is swapped in atomically, requests in flight finish
+//! Hot reload: a valid file is swapped in atomically, requests in flight finish
 //! under the configuration they started with, an invalid file changes nothing live and is
 //! counted, counters of unchanged limits survive, and the file is watched (including
 //! editors that write a new file and rename it over the old one).

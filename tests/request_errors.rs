@@ -1,4 +1,4 @@
-//! Gateway errors (SPEC §5, §8): upstream refused or broken (502) or slow (504) with their
+//! Gateway errors (docs/configuration.md#status-codes): upstream refused or broken (502) or slow (504) with their
 //! metrics, `server.max_body` (413), ambiguous framing (400, never forwarded), oversized
 //! heads (431), and clients that never finish a request head (`server.header_timeout`).
 

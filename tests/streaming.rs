@@ -1,4 +1,4 @@
-//! Large bodies stream through both ways (SPEC §8): a 200 MB upload echoed back and a
+//! Large bodies stream through both ways: a 200 MB upload echoed back and a
 //! 200 MB download arrive whole and in order. (Memory staying flat is tested elsewhere.)
 
 mod common;

@@ -1,4 +1,4 @@
-//! Validation of `[redis]` and `[limits.NAME]` (SPEC §2): each algorithm accepts only its
+//! Validation of `[redis]` and `[limits.NAME]` (docs/configuration.md#redis, #limitsname): each algorithm accepts only its
 //! own keys, every value is range-checked, and key parts are parsed once.
 
 use std::collections::BTreeMap;
@@ -20,7 +20,8 @@ use crate::limit::redis::RedisTarget;
 use crate::limit::store::OnError;
 use crate::limit::{Algorithm, MAX_TIME_MICROS};
 
-const DEFAULT_PREFIX: &str = "floodgate";
+/// `redis.prefix` when the file does not set it; the in-process store's keys start with it too.
+pub(crate) const DEFAULT_PREFIX: &str = "floodgate";
 const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_MESSAGE: &str = "Too Many Requests\n";
 

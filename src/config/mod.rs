@@ -10,7 +10,7 @@ mod limits;
 mod values;
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,13 +24,15 @@ use toml::Spanned;
 use error::ErrorSink;
 pub use error::{ConfigError, ConfigErrors};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile, UpstreamFile};
+pub(crate) use limits::DEFAULT_PREFIX;
 pub use limits::{KeyPart, LimitConfig, Mode, RedisConfig};
 
 use crate::limit::MAX_LIMITS_PER_ROUTE;
 use crate::path::normalize_path;
 
 const DEFAULT_LISTEN: &str = "0.0.0.0:8080";
-const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
+/// `server.admin_listen` when the file does not set it.
+pub(crate) const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -245,7 +247,7 @@ fn socket_addr(text: &str) -> Result<SocketAddr, String> {
 
 fn validate_server(raw: ServerFile, sink: &mut ErrorSink) -> ServerConfig {
     let default_listen = DEFAULT_LISTEN.parse().expect("valid default");
-    let default_admin = DEFAULT_ADMIN_LISTEN.parse().expect("valid default");
+    let default_admin = DEFAULT_ADMIN_LISTEN;
     let trusted_proxies = raw
         .trusted_proxies
         .iter()

@@ -1,4 +1,4 @@
-//! Noticing that a client has left while its request is held (leaky bucket, SPEC §3), so
+//! Noticing that a client has left while its request is held (leaky bucket), so
 //! that its queue slot is given back and the request is never forwarded.
 //!
 //! hyper notices that an HTTP/1 client closed its connection only when it reads from it,

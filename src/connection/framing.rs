@@ -2,11 +2,11 @@
 //! through that a gateway must refuse and that the request hyper hands over no longer
 //! shows: a request carrying both `Content-Length` and `Transfer-Encoding`. hyper drops
 //! the `Content-Length` (RFC 9112 §6.3 lets an intermediary forward such a request as
-//! chunked) and keeps the connection open; SPEC §8 wants a 400, nothing forwarded and the
+//! chunked) and keeps the connection open; floodgate answers 400, nothing forwarded and the
 //! connection closed. The guard holds each request head until it is complete, and when
 //! it sees both headers it breaks the request line, so hyper answers 400 and closes the
 //! connection without ever calling the service. Everything else about a head is checked
-//! on the parsed request ([`crate::request_head`]).
+//! on the parsed request (`service::request_head`).
 //!
 //! To find every request head on a keep-alive connection the guard follows the framing of
 //! each request body (`Content-Length` or chunked), with the parser hyper uses and the

@@ -7,7 +7,7 @@
 //!   slowly sent head, a keep-alive connection left open and an HTTP/2 connection with no
 //!   open stream.
 //! * Whether a tunnel started (an upstream accepted an `Upgrade`): from then on the bytes
-//!   on the connection are no longer HTTP, and [`crate::framing`] stops inspecting them.
+//!   on the connection are no longer HTTP, and [`framing`] stops inspecting them.
 
 #[allow(unsafe_code)] // borrows the socket's descriptor to duplicate it
 pub(crate) mod disconnect;

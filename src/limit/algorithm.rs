@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-/// What a limit admits (SPEC §3), with durations already in microseconds.
+/// What a limit admits, with durations already in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Algorithm {
     /// At most `limit` per `window`, the window starting at the key's first request.

@@ -23,6 +23,10 @@ use super::clock::Clock;
 use super::key::identity::{IdentityMap, KeyedHash};
 use super::{Decisions, LimitCheck, Used, Write, decide_all};
 
+/// Keys the gateway's in-process stores (the store, and Redis's local fallback) keep at
+/// most: about 150 bytes each.
+pub const MAX_KEYS: usize = 200_000;
+
 const SHARDS: usize = 64;
 
 #[derive(Debug, Clone, Copy)]

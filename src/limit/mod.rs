@@ -1,4 +1,6 @@
-//! Rate limiting: the algorithms, store keys, and the stores that decide.
+//! The limiter core: the algorithms, the all-or-nothing decision, store keys, and the
+//! stores that decide (in-process here, Redis in [`redis`]). It depends on nothing of the
+//! gateway: the request path builds [`LimitCheck`]s and reads [`LimitDecision`]s.
 //!
 //! A request's limits are decided together, in one store call, all or nothing: the store
 //! gets one [`LimitCheck`] per limit and answers one [`LimitDecision`] per limit. If any

@@ -7,13 +7,10 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 
 use super::clock::MonotonicClock;
-use super::memory::MemoryStore;
+use super::memory::{self, MemoryStore};
 use super::redis::fallback::ResilientRedis;
 use super::redis::{RedisTarget, StoreError};
 use super::{Decisions, LimitCheck};
-
-/// Keys the in-process store keeps at most (about 150 bytes each).
-pub const MEMORY_STORE_MAX_KEYS: usize = 200_000;
 
 /// One of the two stores, chosen by the configuration.
 #[derive(Clone)]
@@ -58,7 +55,7 @@ impl LimitStore {
     pub fn memory(not_kept: Counter) -> Self {
         LimitStore::Memory(Arc::new(MemoryStore::new(
             Arc::new(MonotonicClock::default()),
-            MEMORY_STORE_MAX_KEYS,
+            memory::MAX_KEYS,
             not_kept,
         )))
     }

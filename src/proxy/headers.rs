@@ -1,4 +1,4 @@
-//! Header rewriting between client and upstream (SPEC §8): hop-by-hop headers removed
+//! Header rewriting between client and upstream (docs/configuration.md#forwarding): hop-by-hop headers removed
 //! (RFC 9110 §7.6.1, including the names listed in `Connection`), forwarding headers set by
 //! floodgate alone, and underscore spellings of them dropped (PHP and CGI read
 //! `X_Real_IP` as `HTTP_X_REAL_IP`, so a client could otherwise plant one).

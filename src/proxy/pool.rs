@@ -11,8 +11,8 @@
 //! untouched); any other failure is the caller's.
 //!
 //! This replaces hyper-util's general-purpose client, whose pool checkout, per-request
-//! readiness task and extra channels cost about 1.5 µs of CPU per request here (README,
-//! "Performance").
+//! readiness task and extra channels cost measurably more CPU per request
+//! (docs/performance.md, "Choices measured").
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};

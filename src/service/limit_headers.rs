@@ -1,4 +1,4 @@
-//! Rate-limit response headers (SPEC §5): `ietf` (draft-ietf-httpapi-ratelimit-headers),
+//! Rate-limit response headers (docs/configuration.md#rate-limit-headers): `ietf` (draft-ietf-httpapi-ratelimit-headers),
 //! `legacy` (`X-RateLimit-*` for the most restrictive limit), `both` or `none`.
 
 use std::time::Duration;

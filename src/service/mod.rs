@@ -143,7 +143,7 @@ impl Drop for Unanswered {
 struct Client<'a> {
     /// The TCP peer.
     peer: &'a Peer,
-    /// The client's address (section 2, `client_ip`).
+    /// The client's address (docs/configuration.md#client-address).
     ip: IpAddr,
     socket: &'a ClientSocket,
     /// Its hold on its connection, which a tunnel takes over.
@@ -288,7 +288,7 @@ fn rejection(status: StatusCode, message: Bytes, retry_after: u64) -> Response<P
 
 /// Holds a leaky-bucket request until its turn, without a thread. If the client leaves
 /// first, the slots it held are given back: when hyper sees it leave, by dropping this
-/// future; when hyper does not (an unread request body, see [`crate::disconnect`]), by
+/// future; when hyper does not (an unread request body, see `connection::disconnect`), by
 /// answering [`GatewayError::ClientClosed`] instead of forwarding.
 async fn hold(
     store: &LimitStore,

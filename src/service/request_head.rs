@@ -2,7 +2,7 @@
 //! forwarded: transfer codings other than `chunked`, a repeated `Content-Length` (HTTP/2;
 //! hyper merges equal ones in HTTP/1.1), a missing, repeated or malformed `Host`, and
 //! header sections over 32 KB. (A `Content-Length` beside `Transfer-Encoding` is gone from
-//! the parsed request: [`crate::framing`] finds it on the wire.)
+//! the parsed request: `connection::framing` finds it on the wire.)
 //!
 //! The checks read the request hyper parsed, not the bytes on the socket, so they hold
 //! for every request of a connection whatever came before it (an `Upgrade` the upstream

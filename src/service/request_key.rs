@@ -1,4 +1,4 @@
-//! A request's key tuple for one limit (SPEC §2 key parts).
+//! A request's key tuple for one limit (docs/configuration.md#key-parts).
 //!
 //! Values the client controls are taken exactly once: a key header, query parameter or
 //! cookie that appears more than once is refused (an app might read another occurrence

@@ -10,16 +10,13 @@ use http::HeaderName;
 
 use super::limits::RouteLimits;
 use crate::client_ip::TrustedProxies;
-use crate::config::{Config, KeyPart, RedisConfig, RespondConfig, RouteTarget};
+use crate::config::{Config, DEFAULT_PREFIX, KeyPart, RedisConfig, RespondConfig, RouteTarget};
 use crate::limit::redis::StoreError;
 use crate::limit::redis::refusals::RefusalCache;
 use crate::limit::store::{LimitStore, OnError};
 use crate::metrics::Metrics;
 use crate::proxy::UpstreamClient;
 use crate::router::Router;
-
-/// The key prefix of the in-process store (which has no `[redis]` table to set one).
-const MEMORY_PREFIX: &str = "floodgate";
 
 /// One loaded configuration, ready to serve.
 pub struct GatewayState {
@@ -132,7 +129,7 @@ impl GatewayState {
         };
         let (key_prefix, on_error) = match &config.redis {
             Some(redis) => (redis.prefix.clone(), redis.on_error),
-            None => (MEMORY_PREFIX.to_owned(), OnError::Allow),
+            None => (DEFAULT_PREFIX.to_owned(), OnError::Allow),
         };
         let refusals = matches!(store, LimitStore::Redis(_)).then(RefusalCache::default);
         Ok(GatewayState {

@@ -1,4 +1,4 @@
-//! Store keys (SPEC §2): `PREFIX:{TUPLE}:LIMIT:ALGORITHM` and `PREFIX:{TUPLE}:LIMIT:lock`, where TUPLE is the limit's key parts,
+//! Store keys: `PREFIX:{TUPLE}:LIMIT:ALGORITHM` and `PREFIX:{TUPLE}:LIMIT:lock`, where TUPLE is the limit's key parts,
 //! encoded so that no two distinct tuples share a key and no key exceeds [`MAX_KEY_LEN`]
 //! bytes, whatever a client sends.
 //!

@@ -8,10 +8,10 @@
 //! before a call with fewer than [`PIPELINE_MIN`] requests goes out: the dispatcher lets
 //! the runtime run everything else that is ready and poll for I/O, up to
 //! [`GATHER_TURNS`] times while more requests keep arriving, so that the requests read
-//! in the same turn go in the same call instead of the next one. Behind the gateway at
-//! 64 connections that is about 32 requests a call instead of 18, half the calls, each
-//! costing Redis and the gateway a fixed overhead. A lightly loaded gateway sends at
-//! once: there a turn brings few requests, and the wait cost more than it saved.
+//! in the same turn go in the same call instead of the next one: fewer, larger calls,
+//! each of which costs Redis and the gateway a fixed overhead. A lightly loaded gateway
+//! sends at once: there a turn brings few requests, and the wait would cost more than it
+//! saves.
 //!
 //! A second call may go out, pipelined on the one connection, while the first is still
 //! in flight, once [`PIPELINE_MIN`] requests wait for it: when Redis is the bottleneck it

@@ -1,4 +1,4 @@
-//! Redis as the gateway uses it (SPEC §6): a circuit breaker so that an outage does not
+//! Redis as the gateway uses it (docs/operations.md#when-redis-fails): a circuit breaker so that an outage does not
 //! cost `redis.timeout` on every request, a background probe that opens it while no
 //! decision shows Redis answering (so that readiness follows Redis without traffic) and
 //! closes it again as soon as Redis answers, a heartbeat that counts the live instances,
@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 use super::{RedisStore, RedisTarget, StoreError};
 use crate::limit::algorithm::Algorithm;
 use crate::limit::clock::MonotonicClock;
-use crate::limit::memory::MemoryStore;
+use crate::limit::memory::{self, MemoryStore};
 use crate::limit::{Decisions, LimitCheck};
 
 /// Consecutive failures that open the breaker.
@@ -26,8 +26,6 @@ const PROBE_EVERY: Duration = Duration::from_millis(250);
 /// How often this instance announces itself, and how long an announcement lives.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 const HEARTBEAT_TTL: Duration = Duration::from_secs(5);
-/// Keys the local fallback store keeps at most.
-const LOCAL_MAX_KEYS: usize = 200_000;
 
 /// Counts consecutive failures; open means "do not ask Redis".
 #[derive(Debug, Default)]
@@ -84,7 +82,7 @@ impl ResilientRedis {
             breaker: Breaker::default(),
             local: MemoryStore::new(
                 Arc::new(MonotonicClock::default()),
-                LOCAL_MAX_KEYS,
+                memory::MAX_KEYS,
                 local_not_kept,
             ),
             instances: AtomicU64::new(1),
