@@ -10,7 +10,7 @@ use http::Method;
 use crate::metrics::{LimitOutcome, Metrics};
 
 /// What is known about a request by the time its response starts.
-pub struct AccessRecord {
+pub(crate) struct AccessRecord {
     pub metrics: Arc<Metrics>,
     pub start: Instant,
     pub method: Method,
@@ -24,7 +24,7 @@ pub struct AccessRecord {
 
 impl AccessRecord {
     /// Emits the log event and records the request metrics.
-    pub fn finish(self, bytes: u64) {
+    pub(crate) fn finish(self, bytes: u64) {
         let elapsed = self.start.elapsed();
         self.metrics
             .record_request(&self.route, self.status, elapsed.as_secs_f64());

@@ -11,21 +11,21 @@ use ipnet::IpNet;
 
 /// The `server.trusted_proxies` set.
 #[derive(Debug, Clone, Default)]
-pub struct TrustedProxies {
+pub(crate) struct TrustedProxies {
     nets: Vec<IpNet>,
 }
 
 impl TrustedProxies {
-    pub fn new(nets: Vec<IpNet>) -> Self {
+    pub(crate) fn new(nets: Vec<IpNet>) -> Self {
         TrustedProxies { nets }
     }
 
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         self.nets.iter().any(|net| net.contains(&ip))
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.nets.is_empty()
     }
 }
@@ -33,7 +33,7 @@ impl TrustedProxies {
 /// A connection's TCP peer, its address written out once for every request on the
 /// connection (the forwarding headers, and the rate-limit key of a client that is the peer).
 #[derive(Debug)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// The address, IPv4-mapped IPv6 as IPv4.
     pub ip: IpAddr,
     /// `ip` as text.
@@ -43,7 +43,7 @@ pub struct Peer {
 }
 
 impl Peer {
-    pub fn new(address: SocketAddr) -> Self {
+    pub(crate) fn new(address: SocketAddr) -> Self {
         let ip = address.ip().to_canonical();
         let text = ip_text(ip);
         let value = HeaderValue::try_from(text.as_str()).expect("an IP address is a valid header value");

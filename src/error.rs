@@ -14,28 +14,37 @@ pub(crate) const CLIENT_CLOSED_REQUEST: u16 = 499;
 
 /// How an upstream failed; also the `kind` label of `floodgate_upstream_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamFailure {
+pub(crate) enum UpstreamFailure {
     /// Refused, unreachable, or not connected within `connect_timeout`.
     Connect,
     /// No response headers within the upstream's `timeout`.
     Timeout,
     /// The connection broke or the upstream answered with something that is not HTTP.
     Reset,
+    /// Every server at its `max_requests` and the queue full.
+    QueueFull,
+    /// Queued longer than `queue_timeout`.
+    QueueTimeout,
+    /// No server in rotation.
+    NoServer,
 }
 
 impl UpstreamFailure {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             UpstreamFailure::Connect => "connect",
             UpstreamFailure::Timeout => "timeout",
             UpstreamFailure::Reset => "reset",
+            UpstreamFailure::QueueFull => "queue_full",
+            UpstreamFailure::QueueTimeout => "queue_timeout",
+            UpstreamFailure::NoServer => "no_server",
         }
     }
 }
 
 /// Why floodgate answered a request itself instead of relaying the upstream's response.
 #[derive(Debug, thiserror::Error)]
-pub enum GatewayError {
+pub(crate) enum GatewayError {
     #[error("no route matches the request")]
     NoRoute,
     #[error("bad request path: {0}")]
@@ -70,7 +79,7 @@ pub enum GatewayError {
 
 impl GatewayError {
     /// The status a client sees for this error.
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             GatewayError::NoRoute => StatusCode::NOT_FOUND,
             GatewayError::BadPath(_)
@@ -84,8 +93,11 @@ impl GatewayError {
             GatewayError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             GatewayError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Upstream { kind, .. } => match kind {
-                UpstreamFailure::Connect | UpstreamFailure::Reset => StatusCode::BAD_GATEWAY,
+                UpstreamFailure::Connect | UpstreamFailure::Reset | UpstreamFailure::NoServer => {
+                    StatusCode::BAD_GATEWAY
+                }
                 UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout => StatusCode::SERVICE_UNAVAILABLE,
             },
             GatewayError::ClientClosed => {
                 StatusCode::from_u16(CLIENT_CLOSED_REQUEST).expect("499 is a status code")
@@ -95,7 +107,7 @@ impl GatewayError {
 
     /// Whether the connection must close after this answer: the request's body was not
     /// read to its end, or its framing cannot be trusted to find the next request.
-    pub fn closes_connection(&self) -> bool {
+    pub(crate) fn closes_connection(&self) -> bool {
         match self {
             GatewayError::AmbiguousFraming(_)
             | GatewayError::UnsupportedTransferCoding
@@ -113,8 +125,20 @@ impl GatewayError {
         }
     }
 
+    /// The `Retry-After` seconds of the answer, when it has one: a request shed by an
+    /// upstream's concurrency cap may be tried again at once.
+    pub(crate) fn retry_after(&self) -> Option<u64> {
+        match self {
+            GatewayError::Upstream {
+                kind: UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout,
+                ..
+            } => Some(1),
+            _ => None,
+        }
+    }
+
     /// The one-line body a client sees: the status's reason phrase, nothing internal.
-    pub fn body(&self) -> String {
+    pub(crate) fn body(&self) -> String {
         let status = self.status();
         format!("{}\n", status.canonical_reason().unwrap_or("Error"))
     }
@@ -172,6 +196,15 @@ mod tests {
             StatusCode::GATEWAY_TIMEOUT
         );
         assert_eq!(GatewayError::ClientClosed.status().as_u16(), 499);
+        assert_eq!(
+            upstream(UpstreamFailure::NoServer).status(),
+            StatusCode::BAD_GATEWAY
+        );
+        for shed in [UpstreamFailure::QueueFull, UpstreamFailure::QueueTimeout] {
+            assert_eq!(upstream(shed).status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(upstream(shed).retry_after(), Some(1));
+        }
+        assert_eq!(upstream(UpstreamFailure::Connect).retry_after(), None);
     }
 
     #[test]

@@ -8,12 +8,13 @@
 //!        ─► service::handle
 //!        ─► request_head::check ─► path::normalize_path ─► router::Router::lookup ─► client_ip
 //!        ─► service::limits (request_key ─► limit::store: one decision, all or nothing)
-//!        ─► respond, or proxy::UpstreamClient (pooled keep-alive, headers rewritten)
+//!        ─► respond, or upstream::Upstream (servers, balancing, health, retries, cap and
+//!           queue; pooled keep-alive; headers rewritten by proxy)
 //!        ─► service::response_body (streams, then access_log + metrics)
 //! ```
 //!
-//! Dependencies point one way: `server` ─► `service` ─► (`proxy`, `router`, `limit`,
-//! `connection`, `config`) and `config` ─► `limit`. [`limit`] is the limiter core
+//! Dependencies point one way: `server` ─► `service` ─► (`upstream`, `proxy`, `router`,
+//! `limit`, `connection`, `config`) and `config` ─► `limit`. [`limit`] is the limiter core
 //! (algorithms, decisions, key encoding, the in-process store) with the Redis store in
 //! [`limit::redis`]; it knows nothing of HTTP or of the configuration file.
 //!
@@ -38,6 +39,7 @@ pub mod reload;
 pub mod router;
 pub mod server;
 pub mod service;
+mod upstream;
 
 pub use config::{Config, ConfigErrors};
 pub use server::Gateway;

@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -35,6 +36,17 @@ struct RequestLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct UpstreamLabels {
+    upstream: Name,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ServerLabels {
+    upstream: Name,
+    server: Name,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RouteLabels {
     route: Name,
 }
@@ -48,7 +60,7 @@ struct UpstreamErrorLabels {
 /// What the limits made of a request: the access log's `limit` field and, per limit, the
 /// `outcome` label of `floodgate_ratelimit_decisions_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LimitOutcome {
+pub(crate) enum LimitOutcome {
     /// The route has no limits (access log only).
     None,
     /// The client is exempt from every limit of the route (access log only).
@@ -66,7 +78,7 @@ pub enum LimitOutcome {
 }
 
 impl LimitOutcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             LimitOutcome::None => "none",
             LimitOutcome::Exempt => "exempt",
@@ -162,12 +174,16 @@ fn address(name: &Arc<str>) -> usize {
 }
 
 /// Every metric floodgate exports.
-pub struct Metrics {
+pub(crate) struct Metrics {
     cache: SeriesCache,
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     request_duration: HistogramFamily<RouteLabels>,
     upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    upstream_retries: Family<UpstreamLabels, Counter>,
+    upstream_queue_depth: Family<UpstreamLabels, Gauge>,
+    server_up: Family<ServerLabels, Gauge>,
+    server_in_flight: Family<ServerLabels, Gauge>,
     decisions: Family<DecisionLabels, Counter>,
     store_duration: HistogramFamily<StoreLabels>,
     store_errors: Family<StoreLabels, Counter>,
@@ -182,7 +198,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         let request_duration: HistogramFamily<RouteLabels> = Family::new_with_constructor(duration_histogram);
@@ -199,8 +215,32 @@ impl Metrics {
         );
         registry.register(
             "floodgate_upstream_errors",
-            "Upstream failures by upstream and kind (connect, timeout, reset)",
+            "Upstream failures by upstream and kind (connect, timeout, reset, queue_full, queue_timeout, no_server)",
             upstream_errors.clone(),
+        );
+        let upstream_retries = Family::<UpstreamLabels, Counter>::default();
+        registry.register(
+            "floodgate_upstream_retries",
+            "Requests tried again on another server after a failure, by upstream",
+            upstream_retries.clone(),
+        );
+        let upstream_queue_depth = Family::<UpstreamLabels, Gauge>::default();
+        registry.register(
+            "floodgate_upstream_queue_depth",
+            "Requests waiting for a free slot under max_requests, by upstream",
+            upstream_queue_depth.clone(),
+        );
+        let server_up = Family::<ServerLabels, Gauge>::default();
+        registry.register(
+            "floodgate_upstream_server_up",
+            "Whether a server is in rotation (1) or out (0), by upstream and server (host:port)",
+            server_up.clone(),
+        );
+        let server_in_flight = Family::<ServerLabels, Gauge>::default();
+        registry.register(
+            "floodgate_upstream_in_flight",
+            "Requests in flight to a server, by upstream and server (host:port)",
+            server_in_flight.clone(),
         );
         let decisions = Family::<DecisionLabels, Counter>::default();
         let store_duration: HistogramFamily<StoreLabels> = Family::new_with_constructor(duration_histogram);
@@ -239,6 +279,10 @@ impl Metrics {
             requests,
             request_duration,
             upstream_errors,
+            upstream_retries,
+            upstream_queue_depth,
+            server_up,
+            server_in_flight,
             decisions,
             store_duration,
             store_errors,
@@ -247,7 +291,7 @@ impl Metrics {
     }
 
     /// Counts one answered request and its duration.
-    pub fn record_request(&self, route: &Arc<str>, status: u16, seconds: f64) {
+    pub(crate) fn record_request(&self, route: &Arc<str>, status: u16, seconds: f64) {
         let key = (address(route), status);
         let create = || {
             let name = Name(route.clone());
@@ -272,16 +316,47 @@ impl Metrics {
         });
     }
 
-    pub fn record_upstream_error(&self, upstream: &Arc<str>, kind: &'static str) {
+    /// The failure counter of `upstream` for `kind`.
+    pub(crate) fn upstream_errors(&self, upstream: &Arc<str>, kind: &'static str) -> Counter {
         self.upstream_errors
             .get_or_create(&UpstreamErrorLabels {
                 upstream: Name(upstream.clone()),
                 kind,
             })
-            .inc();
+            .clone()
     }
 
-    pub fn record_decision(&self, limit: &Arc<str>, outcome: LimitOutcome) {
+    /// The retry counter of `upstream`.
+    pub(crate) fn upstream_retries(&self, upstream: &Arc<str>) -> Counter {
+        self.upstream_retries
+            .get_or_create(&UpstreamLabels {
+                upstream: Name(upstream.clone()),
+            })
+            .clone()
+    }
+
+    /// The queue-depth gauge of `upstream`.
+    pub(crate) fn upstream_queue_depth(&self, upstream: &Arc<str>) -> Gauge {
+        self.upstream_queue_depth
+            .get_or_create(&UpstreamLabels {
+                upstream: Name(upstream.clone()),
+            })
+            .clone()
+    }
+
+    /// The in-rotation and in-flight gauges of `server` of `upstream`.
+    pub(crate) fn upstream_server(&self, upstream: &Arc<str>, server: &Arc<str>) -> (Gauge, Gauge) {
+        let labels = ServerLabels {
+            upstream: Name(upstream.clone()),
+            server: Name(server.clone()),
+        };
+        (
+            self.server_up.get_or_create(&labels).clone(),
+            self.server_in_flight.get_or_create(&labels).clone(),
+        )
+    }
+
+    pub(crate) fn record_decision(&self, limit: &Arc<str>, outcome: LimitOutcome) {
         let key = (address(limit), outcome as usize);
         let create = || DecisionSeries {
             _limit: limit.clone(),
@@ -298,7 +373,7 @@ impl Metrics {
         });
     }
 
-    pub fn record_store_call(&self, store: &'static str, seconds: f64) {
+    pub(crate) fn record_store_call(&self, store: &'static str, seconds: f64) {
         let create = || self.store_duration.get_or_create(&StoreLabels { store }).clone();
         with_series(
             &self.cache.store_calls,
@@ -310,15 +385,15 @@ impl Metrics {
 
     /// The counter an in-process store (`memory`, or Redis's `local` fallback) counts
     /// the new keys it had no room for in.
-    pub fn keys_not_kept(&self, store: &'static str) -> Counter {
+    pub(crate) fn keys_not_kept(&self, store: &'static str) -> Counter {
         self.keys_not_kept.get_or_create(&StoreLabels { store }).clone()
     }
 
-    pub fn record_store_error(&self, store: &'static str) {
+    pub(crate) fn record_store_error(&self, store: &'static str) {
         self.store_errors.get_or_create(&StoreLabels { store }).inc();
     }
 
-    pub fn record_reload(&self, ok: bool) {
+    pub(crate) fn record_reload(&self, ok: bool) {
         if ok {
             write(&self.cache.requests).clear();
             write(&self.cache.decisions).clear();
@@ -328,7 +403,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of every metric.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -372,7 +447,7 @@ mod tests {
         let metrics = Metrics::new();
         metrics.record_request(&Arc::from("api"), 200, 0.003);
         metrics.record_request(&Arc::from("api"), 200, 0.004);
-        metrics.record_upstream_error(&Arc::from("php"), "timeout");
+        metrics.upstream_errors(&Arc::from("php"), "timeout").inc();
         let text = metrics.render();
         assert!(
             text.contains("floodgate_requests_total{route=\"api\",status=\"200\"} 2"),

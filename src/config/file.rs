@@ -40,12 +40,33 @@ pub(crate) struct ServerFile {
     pub max_body: Option<Spanned<String>>,
 }
 
-/// `[upstreams.NAME]`
+/// `[upstreams.NAME]`: `url` or `servers`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UpstreamFile {
-    pub url: Spanned<String>,
+    pub url: Option<Spanned<String>>,
+    /// Each a URL or `{ url, weight }`: read as TOML values, since serde's untagged
+    /// enums lose the positions of what they hold.
+    pub servers: Option<Spanned<Vec<Spanned<toml::Value>>>>,
+    pub balance: Option<Spanned<String>>,
+    pub hash_key: Option<Spanned<Vec<Spanned<String>>>>,
+    pub max_fails: Option<Spanned<i64>>,
+    pub fail_timeout: Option<Spanned<String>>,
+    pub retries: Option<Spanned<i64>>,
+    pub health_check: Option<Spanned<HealthCheckFile>>,
+    pub max_requests: Option<Spanned<i64>>,
+    pub queue: Option<Spanned<i64>>,
+    pub queue_timeout: Option<Spanned<String>>,
     pub connect_timeout: Option<Spanned<String>>,
+    pub timeout: Option<Spanned<String>>,
+}
+
+/// `health_check = { path, interval, timeout }`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HealthCheckFile {
+    pub path: Spanned<String>,
+    pub interval: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
 }
 

@@ -486,7 +486,7 @@ fn at_least_a_millisecond(text: &str) -> Result<Duration, String> {
     }
 }
 
-fn key_part(text: &str) -> Result<KeyPart, String> {
+pub(super) fn key_part(text: &str) -> Result<KeyPart, String> {
     let expected = || {
         format!(
             "expected \"client_ip\", \"header:NAME\", \"query:NAME\", \"cookie:NAME\", \"method\", \"path\", \"host\" or \"route\", got {text:?}"

@@ -7,6 +7,7 @@
 mod error;
 mod file;
 mod limits;
+mod upstreams;
 mod values;
 
 use std::collections::{BTreeMap, HashSet};
@@ -16,16 +17,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::{Authority, Scheme};
-use http::{HeaderValue, Method, StatusCode, Uri};
+use http::{HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
 use toml::Spanned;
 
 use error::ErrorSink;
 pub use error::{ConfigError, ConfigErrors};
-use file::{FileConfig, RespondFile, RouteFile, ServerFile, UpstreamFile};
+use file::{FileConfig, RespondFile, RouteFile, ServerFile};
 pub(crate) use limits::DEFAULT_PREFIX;
 pub use limits::{KeyPart, LimitConfig, Mode, RedisConfig};
+pub use upstreams::{Balance, HealthCheck, UpstreamConfig, UpstreamServer};
 
 use crate::limit::MAX_LIMITS_PER_ROUTE;
 use crate::path::normalize_path;
@@ -36,8 +37,6 @@ pub(crate) const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(I
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
-const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -81,19 +80,6 @@ pub enum RateLimitHeaders {
     Legacy,
     Both,
     None,
-}
-
-/// `[upstreams.NAME]`
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamConfig {
-    pub name: String,
-    pub authority: Authority,
-    /// Path prefixed to every forwarded path; empty, or starting with `/` and without a
-    /// trailing `/`.
-    pub base_path: String,
-    pub connect_timeout: Duration,
-    /// Time allowed until the upstream's response headers arrive.
-    pub timeout: Duration,
 }
 
 /// One `[[routes]]` entry.
@@ -154,7 +140,7 @@ impl Config {
         let mut sink = ErrorSink::new(text);
         let server = validate_server(raw.server, &mut sink);
         let redis = limits::validate_redis(raw.redis, &mut sink);
-        let upstreams = validate_upstreams(raw.upstreams, &mut sink);
+        let upstreams = upstreams::validate_upstreams(raw.upstreams, &mut sink);
         let limits = limits::validate_limits(raw.limits, &mut sink);
         let routes = validate_routes(raw.routes, &upstreams, &limits, &mut sink);
         sink.finish(path)?;
@@ -322,77 +308,6 @@ fn validate_server(raw: ServerFile, sink: &mut ErrorSink) -> ServerConfig {
             .as_ref()
             .and_then(|v| parse_spanned(v, "server.max_body", sink, values::size)),
     }
-}
-
-fn validate_upstreams(
-    raw: BTreeMap<String, Spanned<UpstreamFile>>,
-    sink: &mut ErrorSink,
-) -> BTreeMap<String, Arc<UpstreamConfig>> {
-    let mut upstreams = BTreeMap::new();
-    for (name, upstream) in raw {
-        let key = format!("upstreams.{name}");
-        let upstream = upstream.into_inner();
-        let url = parse_spanned(&upstream.url, format!("{key}.url"), sink, upstream_url);
-        let connect_timeout = parse_or(
-            &upstream.connect_timeout,
-            &format!("{key}.connect_timeout"),
-            DEFAULT_CONNECT_TIMEOUT,
-            sink,
-            values::positive_duration,
-        );
-        let timeout = parse_or(
-            &upstream.timeout,
-            &format!("{key}.timeout"),
-            DEFAULT_UPSTREAM_TIMEOUT,
-            sink,
-            values::positive_duration,
-        );
-        if let Some((authority, base_path)) = url {
-            upstreams.insert(
-                name.clone(),
-                Arc::new(UpstreamConfig {
-                    name,
-                    authority,
-                    base_path,
-                    connect_timeout,
-                    timeout,
-                }),
-            );
-        }
-    }
-    upstreams
-}
-
-/// `http://host:port/optional/base` → (authority with an explicit port, base path).
-fn upstream_url(text: &str) -> Result<(Authority, String), String> {
-    let expected = || format!("expected an upstream URL such as \"http://127.0.0.1:9000\", got {text:?}");
-    let uri: Uri = text.trim().parse().map_err(|_| expected())?;
-    match uri.scheme() {
-        Some(scheme) if *scheme == Scheme::HTTP => {}
-        Some(scheme) if *scheme == Scheme::HTTPS => {
-            return Err(format!(
-                "https:// upstreams are not supported yet; expected an http:// URL, got {text:?}"
-            ));
-        }
-        _ => return Err(expected()),
-    }
-    let authority = uri.authority().ok_or_else(expected)?;
-    if authority.host().is_empty() || authority.as_str().contains('@') {
-        return Err(expected());
-    }
-    if uri.query().is_some() {
-        return Err(format!(
-            "expected an upstream URL without a query string, got {text:?}"
-        ));
-    }
-    let authority: Authority = match authority.port_u16() {
-        Some(_) => authority.clone(),
-        None => format!("{}:80", authority.host())
-            .parse()
-            .map_err(|_| expected())?,
-    };
-    let base_path = uri.path().trim_end_matches('/').to_owned();
-    Ok((authority, base_path))
 }
 
 fn validate_routes(

@@ -70,7 +70,7 @@ respond = { status = 204 }
     assert_eq!(config.server.body_timeout, Duration::from_secs(5));
     assert_eq!(config.server.trusted_proxies.len(), 2);
     let app = &config.upstreams["app"];
-    assert_eq!(app.authority.as_str(), "app.internal:80");
+    assert_eq!(app.servers[0].authority.as_str(), "app.internal:80");
     assert_eq!(app.base_path, "/base");
     assert_eq!(app.connect_timeout, Duration::from_millis(250));
     let api = &config.routes[0];
@@ -115,9 +115,9 @@ fn wrong_type() {
 
 #[test]
 fn missing_required_key() {
-    let (line, _, key, message) = error("[upstreams.app]\nconnect_timeout = \"1s\"\n");
-    assert_eq!((line, key.as_str()), (1, "upstreams.app"));
-    assert!(message.contains("missing field `url`"), "{message}");
+    let (line, _, key, message) = error("[server]\n\n[[routes]]\npath = \"/\"\nrespond = {}\n");
+    assert_eq!((line, key.as_str()), (3, "routes[0]"));
+    assert!(message.contains("missing field `name`"), "{message}");
 }
 
 #[test]
@@ -474,4 +474,138 @@ fn sentinels_name_a_master() {
     assert_eq!(key, "redis.url");
     let (_, _, key, _) = error("[redis]\nsentinels = [\"http://y\"]\nmaster_name = \"m\"\n");
     assert_eq!(key, "redis.sentinels");
+}
+
+#[test]
+fn an_upstream_url_is_one_server_with_the_defaults() {
+    let config = parse(UPSTREAM).unwrap();
+    let app = &config.upstreams["app"];
+    assert_eq!(app.servers.len(), 1);
+    assert_eq!(app.servers[0].weight, 1);
+    assert_eq!(app.balance, Balance::RoundRobin);
+    assert_eq!((app.max_fails, app.fail_timeout), (1, Duration::from_secs(10)));
+    assert_eq!(app.retries, 1);
+    assert_eq!(app.health_check, None);
+    assert_eq!((app.max_requests, app.queue), (0, 100));
+    assert_eq!(app.queue_timeout, Duration::from_secs(5));
+}
+
+#[test]
+fn every_upstream_key() {
+    let config = parse(
+        r#"
+[upstreams.php]
+servers = ["http://10.0.0.5:9000/app", { url = "http://10.0.0.6:9000/app/", weight = 2 }]
+balance = "hash"
+hash_key = ["cookie:PHPSESSID"]
+max_fails = 3
+fail_timeout = "30s"
+retries = 2
+health_check = { path = "/health?full=1", interval = "2s", timeout = "500ms" }
+max_requests = 20
+queue = 50
+queue_timeout = "2s"
+"#,
+    )
+    .unwrap();
+    let php = &config.upstreams["php"];
+    let servers: Vec<_> = php
+        .servers
+        .iter()
+        .map(|s| (s.authority.as_str(), s.weight))
+        .collect();
+    assert_eq!(servers, [("10.0.0.5:9000", 1), ("10.0.0.6:9000", 2)]);
+    assert_eq!(php.base_path, "/app");
+    assert_eq!(
+        php.balance,
+        Balance::Hash(vec![KeyPart::Cookie("PHPSESSID".into())])
+    );
+    assert_eq!((php.max_fails, php.fail_timeout), (3, Duration::from_secs(30)));
+    assert_eq!(php.retries, 2);
+    let check = php.health_check.as_ref().unwrap();
+    assert_eq!(check.path.as_str(), "/health?full=1");
+    assert_eq!(
+        (check.interval, check.timeout),
+        (Duration::from_secs(2), Duration::from_millis(500))
+    );
+    assert_eq!((php.max_requests, php.queue), (20, 50));
+    assert_eq!(php.queue_timeout, Duration::from_secs(2));
+    let hashed = parse("[upstreams.a]\nurl = \"http://a:1\"\nbalance = \"hash\"\n").unwrap();
+    assert_eq!(
+        hashed.upstreams["a"].balance,
+        Balance::Hash(vec![KeyPart::ClientIp])
+    );
+}
+
+#[test]
+fn bad_upstream_keys_name_their_place() {
+    let table = |body: &str| format!("[upstreams.app]\n{body}\n");
+    let cases: &[(&str, (usize, usize, &str), &str)] = &[
+        (
+            "servers = []",
+            (2, 11, "upstreams.app.servers"),
+            "at least one server",
+        ),
+        (
+            "url = \"http://a:1\"\nservers = [\"http://b:1\"]",
+            (2, 7, "upstreams.app.url"),
+            "either url or servers",
+        ),
+        (
+            "servers = [{ url = \"http://a:1\", weight = 0 }]",
+            (2, 12, "upstreams.app.servers[0].weight"),
+            "weight from 1 to 1000",
+        ),
+        (
+            "servers = [\"http://a:1\", \"http://a:1/\"]",
+            (2, 26, "upstreams.app.servers[1]"),
+            "listed twice",
+        ),
+        (
+            "servers = [\"http://a:1/x\", \"http://b:1/y\"]",
+            (2, 28, "upstreams.app.servers[1].url"),
+            "the same path",
+        ),
+        (
+            "url = \"http://a:1\"\nbalance = \"random\"",
+            (3, 11, "upstreams.app.balance"),
+            "least_requests",
+        ),
+        (
+            "url = \"http://a:1\"\nhash_key = [\"client_ip\"]",
+            (3, 12, "upstreams.app.hash_key"),
+            "only with balance = \"hash\"",
+        ),
+        (
+            "url = \"http://a:1\"\nbalance = \"hash\"\nhash_key = [\"cookie:\"]",
+            (4, 13, "upstreams.app.hash_key[0]"),
+            "cookie:NAME",
+        ),
+        (
+            "url = \"http://a:1\"\nmax_fails = -1",
+            (3, 13, "upstreams.app.max_fails"),
+            "from 0 to",
+        ),
+        (
+            "url = \"http://a:1\"\nqueue_timeout = \"0s\"",
+            (3, 17, "upstreams.app.queue_timeout"),
+            "duration",
+        ),
+        (
+            "url = \"http://a:1\"\nhealth_check = { path = \"health\" }",
+            (3, 25, "upstreams.app.health_check.path"),
+            "\"/health\"",
+        ),
+    ];
+    for (body, (line, column, key), needle) in cases {
+        let (l, c, k, message) = error(&table(body));
+        assert_eq!((l, c, k.as_str()), (*line, *column, *key), "{body}: {message}");
+        assert!(message.contains(needle), "{body}: {message}");
+    }
+    let (line, _, key, message) = error("[upstreams.app]\nconnect_timeout = \"1s\"\n");
+    assert_eq!((line, key.as_str()), (1, "upstreams.app"));
+    assert!(
+        message.contains("url = \"http://host:port\" or servers"),
+        "{message}"
+    );
 }

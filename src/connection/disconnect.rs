@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 
 /// A client connection's socket, as the requests it carries see it.
 #[derive(Debug)]
-pub struct ClientSocket {
+pub(crate) struct ClientSocket {
     /// The socket's descriptor while the connection's stream ([`Watched`]) lives.
     fd: Mutex<Option<RawFd>>,
 }
@@ -31,7 +31,7 @@ pub struct ClientSocket {
 impl ClientSocket {
     /// Completes once the client has closed or reset the connection (or it is gone).
     /// Never completes if the socket cannot be watched: hyper's own detection remains.
-    pub async fn closed(&self) {
+    pub(crate) async fn closed(&self) {
         let watch = match self.duplicate() {
             Ok(Some(watch)) => watch,
             Ok(None) => return,

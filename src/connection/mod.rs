@@ -61,11 +61,11 @@ impl ConnectionState {
 
 /// A request's hold on its connection (see the module docs).
 #[derive(Debug)]
-pub struct InFlight(Arc<ConnectionState>);
+pub(crate) struct InFlight(Arc<ConnectionState>);
 
 impl InFlight {
     /// The request's connection now carries a tunnel: its bytes are no longer HTTP.
-    pub fn start_tunnel(&self) {
+    pub(crate) fn start_tunnel(&self) {
         self.0.tunnel.store(true, Ordering::Release);
     }
 }

@@ -77,6 +77,14 @@ impl LimitStore {
         )?))
     }
 
+    /// Live gateway instances sharing the store's limits (1 for the in-process store).
+    pub fn instances(&self) -> u64 {
+        match self {
+            LimitStore::Memory(_) => 1,
+            LimitStore::Redis(store) => store.instances(),
+        }
+    }
+
     /// The `store` label of the store metrics.
     pub fn label(&self) -> &'static str {
         match self {

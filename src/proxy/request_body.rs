@@ -15,7 +15,7 @@ use tokio::time::{Instant, Sleep};
 
 /// Why a request body stopped streaming.
 #[derive(Debug, thiserror::Error)]
-pub enum RequestBodyError {
+pub(crate) enum RequestBodyError {
     #[error("the request body exceeds server.max_body")]
     TooLarge,
     #[error("the client paused its request body longer than server.body_timeout")]
@@ -27,9 +27,9 @@ pub enum RequestBodyError {
 pin_project! {
     /// A client's request body, streamed upstream, failing once it exceeds its limit or
     /// the client pauses longer than `pause_limit` while it is being read.
-    pub struct RequestBody {
-        #[pin]
-        inner: Incoming,
+    pub(crate) struct RequestBody {
+        // `None`: no body (a request rebuilt to be tried again).
+        inner: Option<Incoming>,
         remaining: Option<u64>,
         pause_limit: Duration,
         // Armed (lazily, and reset rather than replaced) when a read has to wait.
@@ -40,11 +40,24 @@ pin_project! {
 }
 
 impl RequestBody {
-    pub fn new(inner: Incoming, limit: Option<u64>, pause_limit: Duration) -> Self {
+    pub(crate) fn new(inner: Incoming, limit: Option<u64>, pause_limit: Duration) -> Self {
         RequestBody {
-            inner,
+            inner: Some(inner),
             remaining: limit,
             pause_limit,
+            pause: None,
+            waiting: false,
+        }
+    }
+}
+
+impl RequestBody {
+    /// A body with nothing in it.
+    pub(crate) fn empty() -> Self {
+        RequestBody {
+            inner: None,
+            remaining: None,
+            pause_limit: Duration::ZERO,
             pause: None,
             waiting: false,
         }
@@ -60,7 +73,10 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
-        let frame = match this.inner.poll_frame(cx) {
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = match Pin::new(inner).poll_frame(cx) {
             Poll::Pending => {
                 let deadline = || Instant::now() + *this.pause_limit;
                 let pause = match this.pause {
@@ -93,10 +109,12 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Incoming::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Incoming::size_hint)
     }
 }

@@ -21,7 +21,7 @@ use crate::limit::{Decisions, LimitCheck, LimitDecision, Outcome};
 use crate::metrics::{LimitOutcome, Metrics};
 
 /// What a route's limits need at request time, computed once at load.
-pub struct RouteLimits {
+pub(crate) struct RouteLimits {
     limits: Vec<Arc<LimitConfig>>,
     cost: u64,
     /// `RateLimit-Policy` for the route's enforced limits.
@@ -32,7 +32,7 @@ pub struct RouteLimits {
 type Checks = SmallVec<[LimitCheck; 2]>;
 
 /// Gateway-wide settings the decision needs.
-pub struct LimitSettings<'a> {
+pub(crate) struct LimitSettings<'a> {
     pub store: &'a LimitStore,
     pub prefix: &'a str,
     pub on_error: OnError,
@@ -43,7 +43,7 @@ pub struct LimitSettings<'a> {
 }
 
 /// What the limits decided for one request.
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub action: Action,
     /// The access log's `limit` field.
     pub outcome: LimitOutcome,
@@ -51,7 +51,7 @@ pub struct Verdict {
     pub headers: LimitHeaders,
 }
 
-pub enum Action {
+pub(crate) enum Action {
     /// Forward, after holding the request this long (leaky bucket); `held` are the checks
     /// whose slots to give back if the client leaves before then.
     Pass { delay: Duration, held: Vec<LimitCheck> },
@@ -64,17 +64,17 @@ pub enum Action {
 }
 
 impl RouteLimits {
-    pub fn new(limits: Vec<Arc<LimitConfig>>, cost: u64) -> Self {
+    pub(crate) fn new(limits: Vec<Arc<LimitConfig>>, cost: u64) -> Self {
         let policy = policy_value(limits.iter().filter(|l| l.mode == Mode::Enforce).map(|l| &**l));
         RouteLimits { limits, cost, policy }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.limits.is_empty()
     }
 
     /// Decides this request's limits, all in one store call.
-    pub async fn decide(
+    pub(crate) async fn decide(
         &self,
         settings: &LimitSettings<'_>,
         client_ip: IpAddr,

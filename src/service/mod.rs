@@ -45,27 +45,27 @@ use crate::proxy::headers::{
     ForwardingContext, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
 };
 use crate::proxy::request_body::RequestBody;
-use crate::proxy::{UpstreamClient, tunnel};
 use crate::router::normalize_host;
+use crate::upstream::{Upstream, tunnel};
 use limit_headers::LimitHeaders;
 use limits::{Action, LimitSettings};
-use request_key::KeySource;
+use request_key::{KeySource, key_tuple};
 use response_body::{Payload, ResponseBody, full};
 use state::{GatewayState, Target};
 
 /// State shared by every connection of one gateway instance.
 pub struct Instance {
-    pub state: ArcSwap<GatewayState>,
-    pub metrics: Arc<Metrics>,
+    pub(crate) state: ArcSwap<GatewayState>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Set from the first shutdown signal on; `/readyz` answers 503.
-    pub draining: AtomicBool,
+    pub(crate) draining: AtomicBool,
     /// The route label of requests no route matched.
     no_route: Arc<str>,
 }
 
 impl Instance {
     /// `state` was built counting in `metrics`.
-    pub fn new(state: GatewayState, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(state: GatewayState, metrics: Arc<Metrics>) -> Self {
         Instance {
             state: ArcSwap::from_pointee(state),
             metrics,
@@ -77,7 +77,7 @@ impl Instance {
 
 /// Answers one request from `peer`, whose connection is `socket` (held `in_flight` until
 /// the response body is done); never fails.
-pub async fn handle(
+pub(crate) async fn handle(
     shared: Arc<Instance>,
     peer: Arc<Peer>,
     socket: Arc<ClientSocket>,
@@ -116,7 +116,7 @@ pub async fn handle(
     let mut record = record.0.take().expect("answered once");
     let mut response = match served {
         Ok(response) => response,
-        Err(error) => render_error(&shared.metrics, &record, error, version),
+        Err(error) => render_error(&record, error, version),
     };
     for (name, value) in limit_headers {
         response.headers_mut().append(name, value);
@@ -151,16 +151,8 @@ struct Client<'a> {
 }
 
 /// Turns a [`GatewayError`] into the client's response, counting and logging it once.
-fn render_error(
-    metrics: &Metrics,
-    record: &AccessRecord,
-    error: GatewayError,
-    version: Version,
-) -> Response<Payload> {
+fn render_error(record: &AccessRecord, error: GatewayError, version: Version) -> Response<Payload> {
     let status = error.status();
-    if let GatewayError::Upstream { upstream, kind, .. } = &error {
-        metrics.record_upstream_error(upstream, kind.label());
-    }
     if status.is_server_error() {
         tracing::warn!(route = %record.route, path = %record.path, client_ip = %record.client_ip, %error, "request failed");
     } else {
@@ -173,6 +165,9 @@ fn render_error(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    if let Some(seconds) = error.retry_after() {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
     // HTTP/2 ends only the stream; the connection-wide header is HTTP/1's alone.
     if error.closes_connection() && version < Version::HTTP_2 {
         headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -212,21 +207,8 @@ async fn serve(
     record.route = state.router.routes()[index].name.clone();
     let route = &state.routes[index];
     if !route.limits.is_empty() {
-        // Usually the client is the peer, whose address is already written out.
-        let client_ip = if client.ip == client.peer.ip {
-            Cow::Borrowed(client.peer.text.as_str())
-        } else {
-            Cow::Owned(crate::client_ip::ip_text(client.ip))
-        };
-        let source = KeySource {
-            client_ip: &client_ip,
-            headers: request.headers(),
-            query: request.uri().query(),
-            method: request.method(),
-            path,
-            host: route_host.as_deref(),
-            route: &record.route,
-        };
+        let client_ip = client.ip_text();
+        let source = key_source(&request, &client_ip, path, route_host.as_deref(), &record.route);
         let settings = LimitSettings {
             store: &state.store,
             prefix: &state.key_prefix,
@@ -253,6 +235,18 @@ async fn serve(
     match &route.target {
         Target::Respond(respond) => Ok(respond_with(respond)),
         Target::Upstream(upstream) => {
+            // The key that picks the server, with `balance = "hash"`: a key part the
+            // request repeats makes the client's address the key.
+            let hash_tuple = upstream.hash_key().map(|parts| {
+                let client_ip = client.ip_text();
+                let source = key_source(&request, &client_ip, path, route_host.as_deref(), &record.route);
+                key_tuple(parts, &source).unwrap_or_else(|_| client_ip.into_owned())
+            });
+            let destination = Destination {
+                upstream,
+                hash_tuple: hash_tuple.as_deref(),
+                instances: state.store.instances(),
+            };
             let context = ForwardingContext {
                 peer: client.peer,
                 client_ip: client.ip,
@@ -261,7 +255,7 @@ async fn serve(
                 key_headers: &state.key_headers,
             };
             forward(
-                upstream,
+                &destination,
                 request,
                 path,
                 &context,
@@ -271,6 +265,45 @@ async fn serve(
             .await
         }
     }
+}
+
+impl Client<'_> {
+    /// The client's address as text: usually the peer's, already written out.
+    fn ip_text(&self) -> Cow<'_, str> {
+        if self.ip == self.peer.ip {
+            Cow::Borrowed(self.peer.text.as_str())
+        } else {
+            Cow::Owned(crate::client_ip::ip_text(self.ip))
+        }
+    }
+}
+
+/// What key parts are read from, for limits and for `hash` balancing.
+fn key_source<'a>(
+    request: &'a Request<Incoming>,
+    client_ip: &'a str,
+    path: &'a str,
+    host: Option<&'a str>,
+    route: &'a str,
+) -> KeySource<'a> {
+    KeySource {
+        client_ip,
+        headers: request.headers(),
+        query: request.uri().query(),
+        method: request.method(),
+        path,
+        host,
+        route,
+    }
+}
+
+/// Where a forwarded request goes.
+struct Destination<'a> {
+    upstream: &'a Upstream,
+    /// The request's `hash_key` tuple, with `balance = "hash"`.
+    hash_tuple: Option<&'a str>,
+    /// Live gateway instances sharing the upstream's `max_requests`.
+    instances: u64,
 }
 
 /// A request refused by its limits (or by a failed store under `on_error = "deny"`).
@@ -348,13 +381,14 @@ fn declared_length(request: &Request<Incoming>) -> Option<u64> {
 
 /// Rewrites the request for `upstream`, sends it and relays the response.
 async fn forward(
-    upstream: &UpstreamClient,
+    destination: &Destination<'_>,
     mut request: Request<Incoming>,
     path: &str,
     context: &ForwardingContext<'_>,
     server: &ServerConfig,
     connection: &InFlight,
 ) -> Result<Response<Payload>, GatewayError> {
+    let upstream = destination.upstream;
     let max_body = server.max_body;
     if let (Some(limit), Some(length)) = (max_body, declared_length(&request))
         && length > limit
@@ -385,7 +419,9 @@ async fn forward(
     parts.version = Version::HTTP_11;
 
     let request = Request::from_parts(parts, RequestBody::new(body, max_body, server.body_timeout));
-    let mut response = upstream.send(request).await?;
+    let mut response = upstream
+        .send(request, destination.hash_tuple, destination.instances)
+        .await?;
     match client_upgrade {
         Some(client) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
             connection.start_tunnel();

@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 
 use crate::access_log::AccessRecord;
 use crate::connection::InFlight;
-use crate::proxy::UpstreamBody;
+use crate::upstream::UpstreamBody;
 
 /// What a response carries: the upstream's streamed body, or floodgate's own bytes.
 pub(super) type Payload = Either<UpstreamBody, Full<Bytes>>;
@@ -24,7 +24,7 @@ pub(super) fn full(bytes: impl Into<Bytes>) -> Payload {
 
 pin_project! {
     /// The body sent to the client; logs the request when done.
-    pub struct ResponseBody {
+    pub(crate) struct ResponseBody {
         #[pin]
         inner: Payload,
         record: Option<AccessRecord>,
@@ -44,7 +44,7 @@ pin_project! {
 }
 
 impl ResponseBody {
-    pub fn new(inner: Payload, record: AccessRecord, in_flight: InFlight) -> Self {
+    pub(crate) fn new(inner: Payload, record: AccessRecord, in_flight: InFlight) -> Self {
         ResponseBody {
             inner,
             record: Some(record),

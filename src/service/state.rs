@@ -15,30 +15,30 @@ use crate::limit::redis::StoreError;
 use crate::limit::redis::refusals::RefusalCache;
 use crate::limit::store::{LimitStore, OnError};
 use crate::metrics::Metrics;
-use crate::proxy::UpstreamClient;
 use crate::router::Router;
+use crate::upstream::Upstream;
 
 /// One loaded configuration, ready to serve.
-pub struct GatewayState {
-    pub config: Arc<Config>,
-    pub router: Router,
-    pub trusted_proxies: TrustedProxies,
+pub(crate) struct GatewayState {
+    pub(crate) config: Arc<Config>,
+    pub(crate) router: Router,
+    pub(crate) trusted_proxies: TrustedProxies,
     /// Per route (same order as the router's).
-    pub routes: Vec<RouteRuntime>,
-    pub store: LimitStore,
-    pub key_prefix: String,
-    pub on_error: OnError,
+    pub(crate) routes: Vec<RouteRuntime>,
+    pub(crate) store: LimitStore,
+    pub(crate) key_prefix: String,
+    pub(crate) on_error: OnError,
     /// Headers some limit keys on: their underscore spellings never reach the upstream.
-    pub key_headers: Vec<HeaderName>,
+    pub(crate) key_headers: Vec<HeaderName>,
     /// Refusals remembered until they could pass (new with every configuration), in
     /// front of Redis only: the in-process store decides as fast as the cache answers.
-    pub refusals: Option<RefusalCache>,
+    pub(crate) refusals: Option<RefusalCache>,
 }
 
 impl GatewayState {
-    fn upstream_client(&self, name: &str) -> Option<Arc<UpstreamClient>> {
+    fn upstream(&self, name: &str) -> Option<Arc<Upstream>> {
         self.routes.iter().find_map(|route| match &route.target {
-            Target::Upstream(client) if client.config.name == name => Some(client.clone()),
+            Target::Upstream(upstream) if upstream.config.name == name => Some(upstream.clone()),
             _ => None,
         })
     }
@@ -54,41 +54,47 @@ fn same_store(old: &Option<RedisConfig>, new: &Option<RedisConfig>) -> bool {
 }
 
 /// A route's destination and limits, with their runtime objects.
-pub struct RouteRuntime {
-    pub target: Target,
-    pub limits: RouteLimits,
+pub(crate) struct RouteRuntime {
+    pub(crate) target: Target,
+    pub(crate) limits: RouteLimits,
 }
 
 /// Where a route's requests go.
-pub enum Target {
-    Upstream(Arc<UpstreamClient>),
+pub(crate) enum Target {
+    Upstream(Arc<Upstream>),
     Respond(RespondConfig),
 }
 
 impl GatewayState {
     /// Builds the runtime for `config`; must run inside the runtime (the Redis store
     /// connects in the background).
-    pub fn new(config: Config, metrics: &Metrics) -> Result<Self, StoreError> {
+    pub(crate) fn new(config: Config, metrics: &Metrics) -> Result<Self, StoreError> {
         GatewayState::build(config, None, metrics)
     }
 
     /// Builds the runtime for a reloaded `config`, keeping what did not change: the store
     /// (so in-process counters survive, and the Redis connection too) and the connection
     /// pools of unchanged upstreams.
-    pub fn rebuild(config: Config, previous: &GatewayState, metrics: &Metrics) -> Result<Self, StoreError> {
+    pub(crate) fn rebuild(
+        config: Config,
+        previous: &GatewayState,
+        metrics: &Metrics,
+    ) -> Result<Self, StoreError> {
         GatewayState::build(config, Some(previous), metrics)
     }
 
     fn build(config: Config, previous: Option<&GatewayState>, metrics: &Metrics) -> Result<Self, StoreError> {
-        let clients: HashMap<&str, Arc<UpstreamClient>> = config
+        // An upstream whose definition did not change is kept: its connections, health,
+        // requests in flight and queue.
+        let upstreams: HashMap<&str, Arc<Upstream>> = config
             .upstreams
             .iter()
-            .map(|(name, upstream)| {
+            .map(|(name, config)| {
                 let kept = previous
-                    .and_then(|p| p.upstream_client(name))
-                    .filter(|client| *client.config == **upstream);
-                let client = kept.unwrap_or_else(|| Arc::new(UpstreamClient::new(upstream.clone())));
-                (name.as_str(), client)
+                    .and_then(|p| p.upstream(name))
+                    .filter(|kept| *kept.config == **config);
+                let upstream = kept.unwrap_or_else(|| Arc::new(Upstream::new(config.clone(), metrics)));
+                (name.as_str(), upstream)
             })
             .collect();
         let routes = config
@@ -97,7 +103,7 @@ impl GatewayState {
             .map(|route| RouteRuntime {
                 target: match &route.target {
                     RouteTarget::Upstream(upstream) => {
-                        Target::Upstream(clients[upstream.name.as_str()].clone())
+                        Target::Upstream(upstreams[upstream.name.as_str()].clone())
                     }
                     RouteTarget::Respond(respond) => Target::Respond(respond.clone()),
                 },

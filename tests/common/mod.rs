@@ -114,22 +114,48 @@ impl Drop for TestGateway {
 
 /// A real upstream that answers with a description of the request it received:
 /// a path ending in `/slow` with `?ms=N` waits N ms; `/big?bytes=N` streams N bytes;
-/// `/echo` streams the body back; `/status?code=N` answers N; anything else describes the request as text.
-/// It counts the connections it accepted and the request heads it received.
+/// `/echo` streams the body back; `/status?code=N` answers N; `/health` answers 200 or
+/// what [`Upstream::set_health`] set; anything else describes the request as text.
+/// It counts the connections it accepted and the request heads it received, keeps the
+/// targets in the order received, and the most requests it ever had in flight at once.
+/// Dropped, it stops listening and closes every connection.
 pub(crate) struct Upstream {
     pub addr: SocketAddr,
     connections: Arc<AtomicUsize>,
     requests: Arc<AtomicUsize>,
+    seen: Arc<Seen>,
+    closed: tokio_util::sync::CancellationToken,
     task: JoinHandle<()>,
+}
+
+/// What an upstream saw of its requests.
+#[derive(Default)]
+struct Seen {
+    /// The status `/health` answers (0: 200).
+    health: std::sync::atomic::AtomicU16,
+    targets: std::sync::Mutex<Vec<String>>,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
 }
 
 impl Upstream {
     pub(crate) async fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Upstream::start_on(TcpListener::bind("127.0.0.1:0").await.unwrap())
+    }
+
+    /// An upstream on `listener` (to start one again on an address it left).
+    pub(crate) fn start_on(listener: TcpListener) -> Upstream {
         let addr = listener.local_addr().unwrap();
         let connections = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));
-        let (accepted, received) = (connections.clone(), requests.clone());
+        let seen = Arc::new(Seen::default());
+        let closed = tokio_util::sync::CancellationToken::new();
+        let (accepted, received, seen_here, closing) = (
+            connections.clone(),
+            requests.clone(),
+            seen.clone(),
+            closed.clone(),
+        );
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -137,17 +163,42 @@ impl Upstream {
                 };
                 accepted.fetch_add(1, Ordering::SeqCst);
                 let received = received.clone();
-                let service = service_fn(move |request| {
-                    received.fetch_add(1, Ordering::SeqCst);
-                    upstream_answer(request)
+                let seen = seen_here.clone();
+                let service = service_fn(move |request: Request<Incoming>| {
+                    let seen = seen.clone();
+                    // Health checks are answered apart: they count as no request.
+                    let health =
+                        (request.uri().path() == "/health").then(|| seen.health.load(Ordering::SeqCst));
+                    if health.is_none() {
+                        received.fetch_add(1, Ordering::SeqCst);
+                        seen.targets.lock().unwrap().push(request.uri().to_string());
+                    }
+                    async move {
+                        if let Some(code) = health {
+                            let mut response = Response::new(
+                                Full::new(Bytes::new()).map_err(|never| match never {}).boxed(),
+                            );
+                            *response.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+                            return Ok(response);
+                        }
+                        let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                        seen.most_in_flight.fetch_max(now, Ordering::SeqCst);
+                        let answer = upstream_answer(request).await;
+                        seen.in_flight.fetch_sub(1, Ordering::SeqCst);
+                        answer
+                    }
                 });
+                let closing = closing.clone();
                 tokio::spawn(async move {
                     // As many fields as the gateway forwards (32 KB of them).
-                    let _ = hyper::server::conn::http1::Builder::new()
+                    let connection = hyper::server::conn::http1::Builder::new()
                         .max_headers(8192)
                         .serve_connection(TokioIo::new(stream), service)
-                        .with_upgrades()
-                        .await;
+                        .with_upgrades();
+                    tokio::select! {
+                        _ = connection => {}
+                        () = closing.cancelled() => {}
+                    }
                 });
             }
         });
@@ -155,8 +206,25 @@ impl Upstream {
             addr,
             connections,
             requests,
+            seen,
+            closed,
             task,
         }
+    }
+
+    /// Makes `/health` answer `status`.
+    pub(crate) fn set_health(&self, status: u16) {
+        self.seen.health.store(status, Ordering::SeqCst);
+    }
+
+    /// The request targets received so far, in order.
+    pub(crate) fn targets(&self) -> Vec<String> {
+        self.seen.targets.lock().unwrap().clone()
+    }
+
+    /// The most requests it had in flight at once (until each answer's head).
+    pub(crate) fn most_in_flight(&self) -> usize {
+        self.seen.most_in_flight.load(Ordering::SeqCst)
     }
 
     pub(crate) fn url(&self) -> String {
@@ -177,6 +245,7 @@ impl Upstream {
 impl Drop for Upstream {
     fn drop(&mut self) {
         self.task.abort();
+        self.closed.cancel();
     }
 }
 

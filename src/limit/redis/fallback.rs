@@ -95,6 +95,11 @@ impl ResilientRedis {
         Ok(store)
     }
 
+    /// Live gateway instances sharing this Redis, as last seen (at least 1).
+    pub fn instances(&self) -> u64 {
+        self.instances.load(Ordering::Relaxed).max(1)
+    }
+
     /// Decides in Redis, unless the breaker is open.
     pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Decisions, StoreError> {
         if self.breaker.is_open() {

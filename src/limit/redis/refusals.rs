@@ -29,7 +29,7 @@ struct Refusal {
 }
 
 /// Recent refusals by the identity of the checks refused.
-pub struct RefusalCache {
+pub(crate) struct RefusalCache {
     shards: Vec<Mutex<IdentityMap<Refusal>>>,
     hash: KeyedHash,
     /// When the cache was made: the origin of `holds_until`.
@@ -53,7 +53,7 @@ impl Default for RefusalCache {
 impl RefusalCache {
     /// Whether any refusal remembered may still hold at `now` (if not, [`Self::get`]
     /// would find none).
-    pub fn may_hold(&self, now: Instant) -> bool {
+    pub(crate) fn may_hold(&self, now: Instant) -> bool {
         self.micros_since_epoch(now) < self.holds_until.load(Ordering::Relaxed)
     }
 
@@ -63,7 +63,7 @@ impl RefusalCache {
 
     /// The identity of a request's checks: a randomly keyed 128-bit hash of every key,
     /// algorithm parameter and cost.
-    pub fn identity(&self, checks: &[LimitCheck]) -> u128 {
+    pub(crate) fn identity(&self, checks: &[LimitCheck]) -> u128 {
         let mut state = self.hash.hasher();
         for check in checks {
             state.write(check.key.as_bytes());
@@ -90,7 +90,7 @@ impl RefusalCache {
     }
 
     /// The remembered refusal of these checks, if it still holds at `now`.
-    pub fn get(&self, identity: u128, now: Instant) -> Option<Decisions> {
+    pub(crate) fn get(&self, identity: u128, now: Instant) -> Option<Decisions> {
         let shard = self.shard(identity).lock().unwrap_or_else(|p| p.into_inner());
         let refusal = shard.get(&identity).filter(|r| r.until > now)?;
         let elapsed = now.saturating_duration_since(refusal.decided_at);
@@ -108,7 +108,7 @@ impl RefusalCache {
     }
 
     /// Remembers a refusal decided at `now` that holds for `holds_for`.
-    pub fn insert(&self, identity: u128, decisions: Decisions, now: Instant, holds_for: Duration) {
+    pub(crate) fn insert(&self, identity: u128, decisions: Decisions, now: Instant, holds_for: Duration) {
         if holds_for.is_zero() {
             return;
         }

@@ -1,4 +1,4 @@
-//! Keep-alive HTTP/1.1 connections to one upstream, over hyper's `client::conn::http1`.
+//! Keep-alive HTTP/1.1 connections to one upstream server, over hyper's `client::conn::http1`.
 //!
 //! A connection goes back to the pool when the response body it carried has been read
 //! to its end (the client got all of it); a response abandoned half-way takes its
@@ -142,12 +142,21 @@ where
     }
 
     /// Sends `request` (its target in origin form, its `Host` set) and waits for the
-    /// response headers.
-    pub(crate) async fn send(&self, mut request: Request<B>) -> Result<Response<UpstreamBody<B>>, SendError> {
+    /// response headers. A request that was not sent (no connection could be made)
+    /// comes back with the error.
+    pub(crate) async fn send(&self, mut request: Request<B>) -> Result<Response<UpstreamBody<B>>, Unsent<B>> {
         loop {
             let (mut sender, reused) = match self.endpoint.checkout() {
                 Some(sender) => (sender, true),
-                None => (self.endpoint.connect().await?, false),
+                None => match self.endpoint.connect().await {
+                    Ok(sender) => (sender, false),
+                    Err(error) => {
+                        return Err(Unsent {
+                            error,
+                            request: Some(request),
+                        });
+                    }
+                },
             };
             // A pooled connection has finished its last exchange: this waits at most for
             // its connection task to notice.
@@ -167,16 +176,36 @@ where
                 }
                 Err(mut error) => match error.take_message() {
                     Some(unsent) if reused => request = unsent,
-                    _ => return Err(SendError::Exchange(error.into_error())),
+                    unsent => {
+                        return Err(Unsent {
+                            error: SendError::Exchange(error.into_error()),
+                            request: unsent,
+                        });
+                    }
                 },
             }
         }
     }
 }
 
+/// Why a request failed, and the request itself when none of it was sent.
+pub(crate) struct Unsent<B> {
+    pub(crate) error: SendError,
+    pub(crate) request: Option<Request<B>>,
+}
+
+impl<B> std::fmt::Debug for Unsent<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unsent")
+            .field("error", &self.error)
+            .field("unsent", &self.request.is_some())
+            .finish()
+    }
+}
+
 /// A response body from the upstream; once read to its end, its connection goes back
 /// to the pool.
-pub struct UpstreamBody<B: Send + 'static> {
+pub(crate) struct UpstreamBody<B: Send + 'static> {
     inner: Incoming,
     finished: bool,
     reuse: Option<(SendRequest<B>, Arc<Endpoint<B>>)>,

@@ -1,0 +1,409 @@
+//! Validation of `[upstreams.NAME]` (docs/configuration.md#upstreamsname): one `url` or
+//! several `servers`, how requests are spread over them, when a server is taken out of
+//! rotation, retries, and the concurrency cap with its queue.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Uri;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use toml::Spanned;
+
+use super::error::ErrorSink;
+use super::file::{HealthCheckFile, UpstreamFile};
+use super::limits::{KeyPart, key_part};
+use super::{parse_or, parse_spanned, values};
+
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_MAX_FAILS: u32 = 1;
+const DEFAULT_FAIL_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_RETRIES: u32 = 1;
+const DEFAULT_QUEUE: u32 = 100;
+const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+/// The largest `weight`: enough to express any practical ratio.
+const MAX_WEIGHT: i64 = 1000;
+/// The largest count a count key (`max_fails`, `retries`, `max_requests`, `queue`) takes.
+const MAX_COUNT: i64 = 1_000_000;
+
+/// `[upstreams.NAME]`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    pub name: String,
+    /// At least one; in file order.
+    pub servers: Vec<UpstreamServer>,
+    /// Path prefixed to every forwarded path (the servers' URLs share it); empty, or
+    /// starting with `/` and without a trailing `/`.
+    pub base_path: String,
+    pub balance: Balance,
+    /// Failures within `fail_timeout` that take a server out of rotation (0: never).
+    pub max_fails: u32,
+    pub fail_timeout: Duration,
+    /// Tries on other servers after a failure.
+    pub retries: u32,
+    pub health_check: Option<HealthCheck>,
+    /// Requests in flight to one server at most (0: no cap).
+    pub max_requests: u32,
+    /// Requests that may wait for a free slot, per upstream.
+    pub queue: u32,
+    pub queue_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Time allowed until the upstream's response headers arrive.
+    pub timeout: Duration,
+}
+
+/// One server of an upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamServer {
+    /// `host:port`, the port explicit: also the server's metric label.
+    pub authority: Authority,
+    pub weight: u32,
+}
+
+/// How requests are spread over an upstream's servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Balance {
+    /// In proportion to weight, evenly interleaved.
+    RoundRobin,
+    /// To the server with the fewest requests in flight.
+    LeastRequests,
+    /// One key tuple to one server, by consistent hashing.
+    Hash(Vec<KeyPart>),
+}
+
+/// `health_check = { path, interval, timeout }`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub path: PathAndQuery,
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+pub(super) fn validate_upstreams(
+    raw: BTreeMap<String, Spanned<UpstreamFile>>,
+    sink: &mut ErrorSink,
+) -> BTreeMap<String, Arc<UpstreamConfig>> {
+    let mut upstreams = BTreeMap::new();
+    for (name, upstream) in raw {
+        let span = upstream.span();
+        if let Some(config) = validate_upstream(&name, span, upstream.into_inner(), sink) {
+            upstreams.insert(name, Arc::new(config));
+        }
+    }
+    upstreams
+}
+
+fn validate_upstream(
+    name: &str,
+    span: std::ops::Range<usize>,
+    raw: UpstreamFile,
+    sink: &mut ErrorSink,
+) -> Option<UpstreamConfig> {
+    let key = format!("upstreams.{name}");
+    let servers = servers(&key, span, &raw, sink);
+    let balance = balance(&key, &raw, sink);
+    let count = |value: &Option<Spanned<i64>>, what: &str, default: u32, sink: &mut ErrorSink| {
+        let Some(value) = value else {
+            return Some(default);
+        };
+        match u32::try_from(*value.get_ref()) {
+            Ok(n) if i64::from(n) <= MAX_COUNT => Some(n),
+            _ => {
+                sink.push(
+                    Some(value.span()),
+                    format!("{key}.{what}"),
+                    format!(
+                        "expected a whole number from 0 to {MAX_COUNT}, got {}",
+                        value.get_ref()
+                    ),
+                );
+                None
+            }
+        }
+    };
+    let max_fails = count(&raw.max_fails, "max_fails", DEFAULT_MAX_FAILS, sink);
+    let retries = count(&raw.retries, "retries", DEFAULT_RETRIES, sink);
+    let max_requests = count(&raw.max_requests, "max_requests", 0, sink);
+    let queue = count(&raw.queue, "queue", DEFAULT_QUEUE, sink);
+    let duration = |value: &Option<Spanned<String>>, what: &str, default, sink: &mut ErrorSink| {
+        parse_or(
+            value,
+            &format!("{key}.{what}"),
+            default,
+            sink,
+            values::positive_duration,
+        )
+    };
+    let fail_timeout = duration(&raw.fail_timeout, "fail_timeout", DEFAULT_FAIL_TIMEOUT, sink);
+    let queue_timeout = duration(&raw.queue_timeout, "queue_timeout", DEFAULT_QUEUE_TIMEOUT, sink);
+    let connect_timeout = duration(
+        &raw.connect_timeout,
+        "connect_timeout",
+        DEFAULT_CONNECT_TIMEOUT,
+        sink,
+    );
+    let timeout = duration(&raw.timeout, "timeout", DEFAULT_TIMEOUT, sink);
+    let health_check = match &raw.health_check {
+        None => Some(None),
+        Some(check) => health_check(&format!("{key}.health_check"), check.get_ref(), sink).map(Some),
+    };
+    let (servers, base_path) = servers?;
+    Some(UpstreamConfig {
+        name: name.to_owned(),
+        servers,
+        base_path,
+        balance: balance?,
+        max_fails: max_fails?,
+        fail_timeout,
+        retries: retries?,
+        health_check: health_check?,
+        max_requests: max_requests?,
+        queue: queue?,
+        queue_timeout,
+        connect_timeout,
+        timeout,
+    })
+}
+
+fn servers(
+    key: &str,
+    span: std::ops::Range<usize>,
+    raw: &UpstreamFile,
+    sink: &mut ErrorSink,
+) -> Option<(Vec<UpstreamServer>, String)> {
+    let server = |url: &Spanned<String>, key: String, weight: u32, sink: &mut ErrorSink| {
+        parse_spanned(url, key, sink, upstream_url)
+            .map(|(authority, base_path)| (UpstreamServer { authority, weight }, base_path))
+    };
+    match (&raw.url, &raw.servers) {
+        (Some(url), None) => {
+            let (server, base_path) = server(url, format!("{key}.url"), 1, sink)?;
+            Some((vec![server], base_path))
+        }
+        (None, Some(list)) if list.get_ref().is_empty() => {
+            sink.push(
+                Some(list.span()),
+                format!("{key}.servers"),
+                "expected at least one server, e.g. [\"http://10.0.0.5:9000\"]",
+            );
+            None
+        }
+        (None, Some(list)) => {
+            let mut servers = Vec::with_capacity(list.get_ref().len());
+            let mut base_path: Option<String> = None;
+            let mut seen = HashSet::new();
+            let mut valid = true;
+            for (i, entry) in list.get_ref().iter().enumerate() {
+                let at = format!("{key}.servers[{i}]");
+                let Some((url, weight)) = server_entry(&at, entry, sink) else {
+                    valid = false;
+                    continue;
+                };
+                match (
+                    server(&url, format!("{at}.url"), weight.unwrap_or(1), sink),
+                    weight,
+                ) {
+                    (Some((server, path)), Some(_)) => {
+                        if base_path.get_or_insert_with(|| path.clone()) != &path {
+                            sink.push(
+                                Some(url.span()),
+                                format!("{at}.url"),
+                                format!(
+                                    "every server of an upstream must have the same path; expected {:?}, got {path:?}",
+                                    base_path.as_deref().unwrap_or_default()
+                                ),
+                            );
+                            valid = false;
+                        }
+                        if !seen.insert(server.authority.clone()) {
+                            sink.push(
+                                Some(entry.span()),
+                                at,
+                                format!(
+                                    "{} is listed twice; give one entry a weight instead",
+                                    server.authority
+                                ),
+                            );
+                            valid = false;
+                        }
+                        servers.push(server);
+                    }
+                    _ => valid = false,
+                }
+            }
+            valid.then(|| (servers, base_path.unwrap_or_default()))
+        }
+        (Some(url), Some(_)) => {
+            sink.push(
+                Some(url.span()),
+                format!("{key}.url"),
+                "expected either url or servers, not both",
+            );
+            None
+        }
+        (None, None) => {
+            sink.push(
+                Some(span),
+                key.to_owned(),
+                "expected url = \"http://host:port\" or servers = [...]",
+            );
+            None
+        }
+    }
+}
+
+/// One entry of `servers`, `"url"` or `{ url, weight }`: the URL (spanned as the entry)
+/// and the weight, `None` when invalid.
+fn server_entry(
+    key: &str,
+    entry: &Spanned<toml::Value>,
+    sink: &mut ErrorSink,
+) -> Option<(Spanned<String>, Option<u32>)> {
+    let spanned = |text: &str| Spanned::new(entry.span(), text.to_owned());
+    let mut fail = |key: String, message: String| {
+        sink.push(Some(entry.span()), key, message);
+        None
+    };
+    match entry.get_ref() {
+        toml::Value::String(url) => Some((spanned(url), Some(1))),
+        toml::Value::Table(table) => {
+            if let Some(unknown) = table.keys().find(|k| !matches!(k.as_str(), "url" | "weight")) {
+                return fail(
+                    format!("{key}.{unknown}"),
+                    "unknown field; expected url or weight".into(),
+                );
+            }
+            let Some(toml::Value::String(url)) = table.get("url") else {
+                return fail(
+                    format!("{key}.url"),
+                    "expected a URL string such as \"http://10.0.0.5:9000\"".into(),
+                );
+            };
+            let weight = match table.get("weight") {
+                None => Some(1),
+                Some(toml::Value::Integer(w @ 1..=MAX_WEIGHT)) => Some(*w as u32),
+                Some(other) => {
+                    sink.push(
+                        Some(entry.span()),
+                        format!("{key}.weight"),
+                        format!("expected a weight from 1 to {MAX_WEIGHT}, got {other}"),
+                    );
+                    None
+                }
+            };
+            Some((spanned(url), weight))
+        }
+        other => fail(
+            key.to_owned(),
+            format!("expected a URL or {{ url = \"...\", weight = N }}, got {other}"),
+        ),
+    }
+}
+
+fn balance(key: &str, raw: &UpstreamFile, sink: &mut ErrorSink) -> Option<Balance> {
+    let hashed = match raw.balance.as_ref().map(|b| (b, b.get_ref().as_str())) {
+        None | Some((_, "round_robin")) => Balance::RoundRobin,
+        Some((_, "least_requests")) => Balance::LeastRequests,
+        Some((_, "hash")) => Balance::Hash(vec![KeyPart::ClientIp]),
+        Some((balance, other)) => {
+            sink.push(
+                Some(balance.span()),
+                format!("{key}.balance"),
+                format!("expected \"round_robin\", \"least_requests\" or \"hash\", got {other:?}"),
+            );
+            return None;
+        }
+    };
+    let Some(parts) = &raw.hash_key else {
+        return Some(hashed);
+    };
+    if !matches!(hashed, Balance::Hash(_)) {
+        sink.push(
+            Some(parts.span()),
+            format!("{key}.hash_key"),
+            "hash_key applies only with balance = \"hash\"",
+        );
+        return None;
+    }
+    if parts.get_ref().is_empty() {
+        sink.push(
+            Some(parts.span()),
+            format!("{key}.hash_key"),
+            "expected at least one key part, e.g. [\"cookie:PHPSESSID\"]",
+        );
+        return None;
+    }
+    parts
+        .get_ref()
+        .iter()
+        .enumerate()
+        .map(|(i, part)| parse_spanned(part, format!("{key}.hash_key[{i}]"), sink, key_part))
+        .collect::<Option<Vec<_>>>()
+        .map(Balance::Hash)
+}
+
+fn health_check(key: &str, raw: &HealthCheckFile, sink: &mut ErrorSink) -> Option<HealthCheck> {
+    let path = parse_spanned(
+        &raw.path,
+        format!("{key}.path"),
+        sink,
+        |text| match text.parse::<PathAndQuery>() {
+            Ok(path) if text.starts_with('/') => Ok(path),
+            _ => Err(format!("expected a path such as \"/health\", got {text:?}")),
+        },
+    );
+    let interval = parse_or(
+        &raw.interval,
+        &format!("{key}.interval"),
+        DEFAULT_CHECK_INTERVAL,
+        sink,
+        values::positive_duration,
+    );
+    let timeout = parse_or(
+        &raw.timeout,
+        &format!("{key}.timeout"),
+        DEFAULT_CHECK_TIMEOUT,
+        sink,
+        values::positive_duration,
+    );
+    Some(HealthCheck {
+        path: path?,
+        interval,
+        timeout,
+    })
+}
+
+/// `http://host:port/optional/base` → (authority with an explicit port, base path).
+fn upstream_url(text: &str) -> Result<(Authority, String), String> {
+    let expected = || format!("expected an upstream URL such as \"http://127.0.0.1:9000\", got {text:?}");
+    let uri: Uri = text.trim().parse().map_err(|_| expected())?;
+    match uri.scheme() {
+        Some(scheme) if *scheme == Scheme::HTTP => {}
+        Some(scheme) if *scheme == Scheme::HTTPS => {
+            return Err(format!(
+                "https:// upstreams are not supported yet; expected an http:// URL, got {text:?}"
+            ));
+        }
+        _ => return Err(expected()),
+    }
+    let authority = uri.authority().ok_or_else(expected)?;
+    if authority.host().is_empty() || authority.as_str().contains('@') {
+        return Err(expected());
+    }
+    if uri.query().is_some() {
+        return Err(format!(
+            "expected an upstream URL without a query string, got {text:?}"
+        ));
+    }
+    let authority: Authority = match authority.port_u16() {
+        Some(_) => authority.clone(),
+        None => format!("{}:80", authority.host())
+            .parse()
+            .map_err(|_| expected())?,
+    };
+    let base_path = uri.path().trim_end_matches('/').to_owned();
+    Ok((authority, base_path))
+}

@@ -1,0 +1,61 @@
+//! Active health checks: every `interval`, each server of the upstream is sent
+//! `GET path` on a connection of its own; a 2xx or 3xx within `timeout` is healthy.
+//! The task ends when the upstream it checks is gone (replaced by a reload).
+
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+use http::{Request, header};
+use http_body_util::Empty;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::MissedTickBehavior;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::Rotation;
+use crate::config::HealthCheck;
+
+/// Starts checking `rotation`'s servers; the checks stop when the handle is dropped.
+pub(super) fn start(rotation: &Arc<Rotation>, check: HealthCheck) -> AbortOnDropHandle<()> {
+    AbortOnDropHandle::new(tokio::spawn(run(Arc::downgrade(rotation), check)))
+}
+
+async fn run(rotation: Weak<Rotation>, check: HealthCheck) {
+    let mut every = tokio::time::interval(check.interval);
+    every.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(rotation) = rotation.upgrade() else {
+            return;
+        };
+        let results = futures_util::future::join_all(
+            rotation.servers.iter().map(|server| probe(&server.label, &check)),
+        )
+        .await;
+        for (server, healthy) in rotation.servers.iter().zip(results) {
+            server.checked(healthy);
+        }
+    }
+}
+
+/// One check of the server at `authority` (`host:port`).
+async fn probe(authority: &str, check: &HealthCheck) -> bool {
+    let exchange = async {
+        let stream = TcpStream::connect(authority).await.ok()?;
+        let (mut sender, connection) = http1::handshake(TokioIo::new(stream)).await.ok()?;
+        let _connection = AbortOnDropHandle::new(tokio::spawn(connection));
+        let request = Request::get(check.path.as_str())
+            .header(header::HOST, authority)
+            .header(header::CONNECTION, "close")
+            .header(header::USER_AGENT, "floodgate-health-check")
+            .body(Empty::<Bytes>::new())
+            .ok()?;
+        let status = sender.send_request(request).await.ok()?.status();
+        Some(status.is_success() || status.is_redirection())
+    };
+    matches!(
+        tokio::time::timeout(check.timeout, exchange).await,
+        Ok(Some(true))
+    )
+}

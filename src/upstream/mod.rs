@@ -1,0 +1,570 @@
+//! Forwarding to an upstream: its servers and their connection pools, which server a
+//! request goes to, when a server is out of rotation, trying another server after a
+//! failure, and the concurrency cap with its queue (docs/configuration.md#upstreamsname).
+//!
+//! A request takes a [`Slot`] on one server before it is sent and holds it until its
+//! response body is done. With `max_requests`, slots are counted under the queue's lock:
+//! a request that finds every server at its cap waits in the queue (no polling: the
+//! request that frees a slot hands it to the first waiter that can use it), and leaves
+//! it when its client goes or `queue_timeout` passes.
+
+mod balance;
+mod health;
+pub(crate) mod pool;
+mod server;
+
+use std::collections::VecDeque;
+use std::error::Error as _;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body::{Body, Frame, SizeHint};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use smallvec::SmallVec;
+use tokio::sync::oneshot;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::config::{Balance, KeyPart, UpstreamConfig};
+use crate::error::{GatewayError, UpstreamFailure};
+use crate::metrics::Metrics;
+use crate::proxy::request_body::{RequestBody, RequestBodyError};
+use balance::Balancer;
+use pool::{Pool, SendError, Unsent};
+use server::Server;
+
+/// The servers a request has tried, by index.
+type Tried = SmallVec<[usize; 4]>;
+
+/// Forwards requests to one upstream's servers.
+pub(crate) struct Upstream {
+    pub(crate) config: Arc<UpstreamConfig>,
+    name: Arc<str>,
+    rotation: Arc<Rotation>,
+    retries: Counter,
+    failures: Failures,
+    _checks: Option<AbortOnDropHandle<()>>,
+}
+
+impl Upstream {
+    /// The runtime of `config`, counting in `metrics`; must run inside the runtime when
+    /// the upstream has active health checks.
+    pub(crate) fn new(config: Arc<UpstreamConfig>, metrics: &Metrics) -> Self {
+        let name: Arc<str> = Arc::from(config.name.as_str());
+        let single = config.servers.len() == 1;
+        let servers: Vec<Server> = config
+            .servers
+            .iter()
+            .map(|server| {
+                let label: Arc<str> = Arc::from(server.authority.as_str());
+                Server::new(
+                    label.clone(),
+                    server.weight,
+                    Pool::new(label.to_string(), config.connect_timeout),
+                    metrics.upstream_server(&name, &label),
+                    // One server is never taken out: there would be nowhere else to go.
+                    (config.max_fails > 0 && !single).then_some((config.max_fails, config.fail_timeout)),
+                )
+            })
+            .collect();
+        let gate = (config.max_requests > 0).then(|| Gate {
+            max_requests: u64::from(config.max_requests),
+            limit: config.queue as usize,
+            timeout: config.queue_timeout,
+            cap: AtomicU64::new(u64::from(config.max_requests)),
+            waiting: Mutex::default(),
+            depth: metrics.upstream_queue_depth(&name),
+        });
+        let rotation = Arc::new(Rotation {
+            balancer: Balancer::new(&config.balance, &servers),
+            servers,
+            gate,
+        });
+        let checks = config
+            .health_check
+            .clone()
+            .map(|check| health::start(&rotation, check));
+        Upstream {
+            retries: metrics.upstream_retries(&name),
+            failures: Failures::new(metrics, &name),
+            name,
+            rotation,
+            config,
+            _checks: checks,
+        }
+    }
+
+    pub(crate) fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The key parts that pick a server (`balance = "hash"`), if any.
+    pub(crate) fn hash_key(&self) -> Option<&[KeyPart]> {
+        match &self.config.balance {
+            Balance::Hash(parts) => Some(parts),
+            Balance::RoundRobin | Balance::LeastRequests => None,
+        }
+    }
+
+    /// The request target (origin form) for `path` (already normalized) and `query` on
+    /// this upstream.
+    pub(crate) fn uri_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+        let base = &self.config.base_path;
+        let mut target = String::with_capacity(base.len() + path.len() + query.map_or(0, |q| q.len() + 1));
+        target.push_str(base);
+        target.push_str(path);
+        if let Some(query) = query {
+            target.push('?');
+            target.push_str(query);
+        }
+        Ok(Uri::from(PathAndQuery::try_from(target)?))
+    }
+
+    /// Sends `request` to a server and waits for the response headers, at most the
+    /// upstream's `timeout` per try; after a failure, tries other servers as `retries`
+    /// allows. `hash_tuple` is the request's `hash_key` tuple (with `balance = "hash"`);
+    /// `instances` the live gateway instances that share `max_requests`.
+    pub(crate) async fn send(
+        &self,
+        mut request: Request<RequestBody>,
+        hash_tuple: Option<&str>,
+        instances: u64,
+    ) -> Result<Response<UpstreamBody>, GatewayError> {
+        let affinity = hash_tuple.map(balance::affinity);
+        let tries = 1 + (self.config.retries as usize).min(self.rotation.servers.len() - 1);
+        // A request that reached a server may go to another only when repeating it is
+        // harmless: an idempotent method without a body, which is rebuilt from a copy.
+        let copy = (tries > 1 && idempotent(request.method()) && request.body().is_end_stream()).then(|| {
+            (
+                request.method().clone(),
+                request.uri().clone(),
+                request.version(),
+                request.headers().clone(),
+            )
+        });
+        let mut tried = Tried::new();
+        let mut last_failure = None;
+        for _ in 0..tries {
+            let slot = match self.rotation.acquire(affinity, &tried, instances).await {
+                Ok(slot) => slot,
+                // Nowhere left to try: the last failure is the answer.
+                Err(UpstreamFailure::NoServer) if last_failure.is_some() => break,
+                Err(kind) => {
+                    self.failures.get(kind).inc();
+                    return Err(self.failure(kind, "no server could take the request".into()));
+                }
+            };
+            if !tried.is_empty() {
+                self.retries.inc();
+            }
+            tried.push(slot.index);
+            let server = &self.rotation.servers[slot.index];
+            let (kind, detail, unsent) =
+                match tokio::time::timeout(self.config.timeout, server.pool.send(request)).await {
+                    Ok(Ok(response)) => {
+                        server.succeeded();
+                        return Ok(response.map(|inner| UpstreamBody { inner, _slot: slot }));
+                    }
+                    Ok(Err(Unsent { error, request })) => match classify(error) {
+                        Ok((kind, detail)) => (kind, detail, request),
+                        Err(client_error) => return Err(client_error),
+                    },
+                    Err(_elapsed) => (
+                        UpstreamFailure::Timeout,
+                        "no response headers in time".to_owned(),
+                        None,
+                    ),
+                };
+            server.failed(Instant::now());
+            self.failures.get(kind).inc();
+            last_failure = Some(self.failure(kind, format!("{}: {detail}", server.label)));
+            request = match (unsent, &copy) {
+                (Some(unsent), _) => unsent,
+                (None, Some((method, uri, version, headers))) => {
+                    let mut again = Request::new(RequestBody::empty());
+                    *again.method_mut() = method.clone();
+                    *again.uri_mut() = uri.clone();
+                    *again.version_mut() = *version;
+                    *again.headers_mut() = headers.clone();
+                    again
+                }
+                (None, None) => break,
+            };
+        }
+        Err(last_failure.unwrap_or_else(|| self.failure(UpstreamFailure::NoServer, "no server tried".into())))
+    }
+
+    fn failure(&self, kind: UpstreamFailure, detail: String) -> GatewayError {
+        GatewayError::Upstream {
+            upstream: self.name.clone(),
+            kind,
+            detail,
+        }
+    }
+}
+
+/// Methods whose repetition has the effect of one request (RFC 9110 §9.2.2).
+fn idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
+}
+
+/// A failure of the server (`Ok`), or of the client's request body (`Err`, answered
+/// as it is: no other server would do better).
+fn classify(error: SendError) -> Result<(UpstreamFailure, String), GatewayError> {
+    if matches!(error, SendError::Connect { .. } | SendError::ConnectTimeout(_)) {
+        return Ok((UpstreamFailure::Connect, detail(&error)));
+    }
+    let mut source = error.source();
+    while let Some(cause) = source {
+        if let Some(body_error) = cause.downcast_ref::<RequestBodyError>() {
+            return Err(match body_error {
+                RequestBodyError::TooLarge => GatewayError::BodyTooLarge,
+                RequestBodyError::TimedOut => GatewayError::BodyTimeout,
+                RequestBodyError::Client(_) => GatewayError::BadRequestBody(detail(&error)),
+            });
+        }
+        source = cause.source();
+    }
+    Ok((UpstreamFailure::Reset, detail(&error)))
+}
+
+/// The error and its causes on one line, for the log; a cause whose text an error
+/// already ends with (as `thiserror` messages with `{source}` do) is not repeated.
+fn detail(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// `floodgate_upstream_errors_total` of one upstream, by kind.
+struct Failures([Counter; 6]);
+
+impl Failures {
+    const KINDS: [UpstreamFailure; 6] = [
+        UpstreamFailure::Connect,
+        UpstreamFailure::Timeout,
+        UpstreamFailure::Reset,
+        UpstreamFailure::QueueFull,
+        UpstreamFailure::QueueTimeout,
+        UpstreamFailure::NoServer,
+    ];
+
+    fn new(metrics: &Metrics, upstream: &Arc<str>) -> Self {
+        Failures(Self::KINDS.map(|kind| metrics.upstream_errors(upstream, kind.label())))
+    }
+
+    fn get(&self, kind: UpstreamFailure) -> &Counter {
+        let index = Self::KINDS.iter().position(|k| *k == kind).unwrap_or(0);
+        &self.0[index]
+    }
+}
+
+/// An upstream's servers, how one is picked, and the queue for them: what the requests
+/// in flight share, and what a reload keeps when the upstream did not change.
+struct Rotation {
+    servers: Vec<Server>,
+    balancer: Balancer,
+    /// With `max_requests`.
+    gate: Option<Gate>,
+}
+
+/// The concurrency cap and its queue.
+struct Gate {
+    max_requests: u64,
+    /// Requests that may wait.
+    limit: usize,
+    timeout: Duration,
+    /// `max_requests` for this instance: divided by the live instance count.
+    cap: AtomicU64,
+    waiting: Mutex<Waiting>,
+    /// `floodgate_upstream_queue_depth`.
+    depth: Gauge,
+}
+
+impl Gate {
+    fn lock(&self) -> MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Default)]
+struct Waiting {
+    queue: VecDeque<Waiter>,
+    next_id: u64,
+}
+
+/// A request waiting for a slot.
+struct Waiter {
+    id: u64,
+    affinity: Option<u64>,
+    tried: Tried,
+    /// Where the index of the server whose slot it gets is sent.
+    handoff: oneshot::Sender<usize>,
+}
+
+impl Rotation {
+    /// A slot on a server that `tried` does not name: at once when one is free, else
+    /// after waiting in the queue (with a cap).
+    async fn acquire(
+        self: &Arc<Self>,
+        affinity: Option<u64>,
+        tried: &Tried,
+        instances: u64,
+    ) -> Result<Slot, UpstreamFailure> {
+        let now = Instant::now();
+        let Some(gate) = &self.gate else {
+            let index = self.take(affinity, tried, now, u64::MAX)?;
+            return Ok(Slot {
+                rotation: self.clone(),
+                index,
+            });
+        };
+        let cap = gate.max_requests.div_ceil(instances.max(1));
+        gate.cap.store(cap, Ordering::Relaxed);
+        let (id, handoff) = {
+            let mut waiting = gate.lock();
+            match self.take(affinity, tried, now, cap) {
+                Ok(index) => {
+                    return Ok(Slot {
+                        rotation: self.clone(),
+                        index,
+                    });
+                }
+                Err(UpstreamFailure::QueueFull) => {}
+                Err(other) => return Err(other),
+            }
+            if waiting.queue.len() >= gate.limit {
+                return Err(UpstreamFailure::QueueFull);
+            }
+            let (sender, receiver) = oneshot::channel();
+            let id = waiting.next_id;
+            waiting.next_id += 1;
+            waiting.queue.push_back(Waiter {
+                id,
+                affinity,
+                tried: tried.clone(),
+                handoff: sender,
+            });
+            gate.depth.set(waiting.queue.len() as i64);
+            (id, receiver)
+        };
+        let mut queued = Queued {
+            rotation: self.clone(),
+            id,
+            handoff: Some(handoff),
+        };
+        let waited = tokio::time::timeout(gate.timeout, queued.handoff.as_mut().expect("set above")).await;
+        match waited {
+            Ok(Ok(index)) => {
+                queued.handoff = None;
+                Ok(Slot {
+                    rotation: self.clone(),
+                    index,
+                })
+            }
+            Ok(Err(_)) | Err(_) => Err(UpstreamFailure::QueueTimeout),
+        }
+    }
+
+    /// Counts a request in flight on an available server below `cap`: `NoServer` when
+    /// none is available, `QueueFull` when every available one is at its cap.
+    fn take(
+        &self,
+        affinity: Option<u64>,
+        tried: &Tried,
+        now: Instant,
+        cap: u64,
+    ) -> Result<usize, UpstreamFailure> {
+        let mut skip = tried.clone();
+        loop {
+            let picked = self.balancer.pick(&self.servers, affinity, |i| {
+                !skip.contains(&i) && self.servers[i].load() < cap && self.servers[i].available(now)
+            });
+            match picked {
+                Some(index) if self.servers[index].claim(now) => {
+                    self.servers[index].in_flight.inc();
+                    return Ok(index);
+                }
+                // Its one trial request went to another request meanwhile.
+                Some(index) => skip.push(index),
+                None => {
+                    let any = (0..self.servers.len())
+                        .any(|i| !tried.contains(&i) && self.servers[i].available(now));
+                    return Err(if any {
+                        UpstreamFailure::QueueFull
+                    } else {
+                        UpstreamFailure::NoServer
+                    });
+                }
+            }
+        }
+    }
+
+    /// Gives back a slot on server `index`: to the first waiter that can use it, or to
+    /// the server.
+    fn release(&self, index: usize) {
+        let server = &self.servers[index];
+        let Some(gate) = &self.gate else {
+            server.in_flight.dec();
+            return;
+        };
+        let mut waiting = gate.lock();
+        let now = Instant::now();
+        if server.load() <= gate.cap.load(Ordering::Relaxed) && server.in_rotation(now) {
+            while let Some(position) = waiting.queue.iter().position(|w| self.accepts(w, index, now)) {
+                let Some(waiter) = waiting.queue.remove(position) else {
+                    break;
+                };
+                gate.depth.set(waiting.queue.len() as i64);
+                if waiter.handoff.send(index).is_ok() {
+                    return;
+                }
+            }
+        }
+        server.in_flight.dec();
+    }
+
+    /// Whether `waiter` would go to server `index`: one it has not tried, and for a
+    /// hashed request, its key's server.
+    fn accepts(&self, waiter: &Waiter, index: usize, now: Instant) -> bool {
+        if waiter.tried.contains(&index) {
+            return false;
+        }
+        match waiter.affinity {
+            None => true,
+            Some(affinity) => {
+                let own = self.balancer.pick(&self.servers, Some(affinity), |i| {
+                    !waiter.tried.contains(&i) && self.servers[i].in_rotation(now)
+                });
+                own == Some(index)
+            }
+        }
+    }
+}
+
+/// A request in the queue; dropped (its client left, or it timed out) before it got a
+/// slot, it leaves the queue, and a slot handed to it meanwhile goes back.
+struct Queued {
+    rotation: Arc<Rotation>,
+    id: u64,
+    /// `None` once the slot is taken.
+    handoff: Option<oneshot::Receiver<usize>>,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        let Some(mut handoff) = self.handoff.take() else {
+            return;
+        };
+        let Some(gate) = &self.rotation.gate else {
+            return;
+        };
+        {
+            let mut waiting = gate.lock();
+            if let Some(position) = waiting.queue.iter().position(|w| w.id == self.id) {
+                waiting.queue.remove(position);
+                gate.depth.set(waiting.queue.len() as i64);
+                return;
+            }
+        }
+        // Out of the queue: a slot was handed over before the wait ended.
+        if let Ok(index) = handoff.try_recv() {
+            self.rotation.release(index);
+        }
+    }
+}
+
+/// A request's place on one server, held until its response body is done.
+pub(crate) struct Slot {
+    rotation: Arc<Rotation>,
+    index: usize,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.rotation.release(self.index);
+    }
+}
+
+/// A response body from an upstream server; dropped, its connection goes back to the
+/// pool (when read to its end) and its slot to the next request.
+pub(crate) struct UpstreamBody {
+    inner: pool::UpstreamBody<RequestBody>,
+    _slot: Slot,
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// When the upstream accepted a protocol switch, joins the client's and the upstream's
+/// upgraded connections and copies bytes both ways until either side closes.
+pub(crate) fn tunnel(client: OnUpgrade, response: &mut Response<UpstreamBody>, upstream: Arc<str>) {
+    if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+        return;
+    }
+    let upstream_side = hyper::upgrade::on(response);
+    tokio::spawn(async move {
+        match tokio::try_join!(client, upstream_side) {
+            Ok((client, upstream_io)) => {
+                let mut client = TokioIo::new(client);
+                let mut upstream_io = TokioIo::new(upstream_io);
+                if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream_io).await {
+                    tracing::debug!(%upstream, error = %e, "upgraded connection ended with an error");
+                }
+            }
+            Err(e) => tracing::warn!(%upstream, error = %e, "protocol upgrade failed"),
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_is_written_once() {
+        let refused = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let error = SendError::Connect {
+            address: "127.0.0.1:9".into(),
+            source: refused(),
+        };
+        let text = detail(&error);
+        assert_eq!(text, format!("cannot connect to 127.0.0.1:9: {}", refused()));
+    }
+}
