@@ -378,7 +378,7 @@ async fn a_full_queue_or_a_long_wait_is_503_with_retry_after_and_nothing_is_sent
 async fn a_client_that_leaves_the_queue_is_never_forwarded() {
     let app = Upstream::start().await;
     let gw = gateway(&format!("url = \"{}\"\nmax_requests = 1\nqueue = 5", app.url())).await;
-    let holding = spawn_get(gw.url("/holding/slow?ms=800"));
+    let holding = spawn_get(gw.url("/holding/slow?ms=2000"));
     until("the slot is taken", || app.requests() == 1).await;
     let mut leaving = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     leaving
@@ -387,13 +387,14 @@ async fn a_client_that_leaves_the_queue_is_never_forwarded() {
         .unwrap();
     metric_becomes(&gw, QUEUE_DEPTH, 1.0, Duration::from_secs(1)).await;
     drop(leaving);
-    metric_becomes(&gw, QUEUE_DEPTH, 0.0, Duration::from_secs(1)).await;
+    // It leaves the queue when it leaves, not when a slot frees.
+    metric_becomes(&gw, QUEUE_DEPTH, 0.0, Duration::from_millis(500)).await;
     assert_eq!(holding.await.unwrap().0, StatusCode::OK);
     // The slot it would have had serves the next request at once.
     let started = Instant::now();
     assert_eq!(get(&gw.url("/next")).await.0, StatusCode::OK);
     assert!(started.elapsed() < Duration::from_millis(500));
-    assert_eq!(app.targets(), ["/holding/slow?ms=800", "/next"]);
+    assert_eq!(app.targets(), ["/holding/slow?ms=2000", "/next"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -475,4 +476,41 @@ async fn with_redis_the_cap_is_shared_by_the_live_instances() {
         assert_eq!(request.await.unwrap().0, StatusCode::OK);
     }
     assert_eq!(app.most_in_flight(), 1);
+}
+
+#[tokio::test]
+async fn with_every_server_out_of_rotation_requests_are_502_without_a_try() {
+    let dead: Vec<String> = (0..2)
+        .map(|_| format!("http://127.0.0.1:{}", closed_port()))
+        .collect();
+    let gw = gateway(&format!("{}\nfail_timeout = \"30s\"", servers(&dead))).await;
+    // The first request tries both (one retry) and takes both out.
+    assert_eq!(get(&gw.url("/first")).await.0, StatusCode::BAD_GATEWAY);
+    let errors = |kind: &str| format!("floodgate_upstream_errors_total{{upstream=\"app\",kind=\"{kind}\"}}");
+    assert_eq!(gw.metric(&errors("connect")).await, 2.0);
+    assert_eq!(get(&gw.url("/second")).await.0, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        gw.metric(&errors("connect")).await,
+        2.0,
+        "a server out of rotation was tried"
+    );
+    assert_eq!(gw.metric(&errors("no_server")).await, 1.0);
+}
+
+#[tokio::test]
+async fn a_single_server_is_never_taken_out() {
+    let port = closed_port();
+    let gw = gateway(&format!("url = \"http://127.0.0.1:{port}\"\nmax_fails = 1")).await;
+    for _ in 0..3 {
+        assert_eq!(get(&gw.url("/")).await.0, StatusCode::BAD_GATEWAY);
+    }
+    assert_eq!(
+        gw.metric("floodgate_upstream_errors_total{upstream=\"app\",kind=\"connect\"}")
+            .await,
+        3.0
+    );
+    // It comes back the moment it listens again.
+    let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let _app = Upstream::start_on(listener);
+    assert_eq!(get(&gw.url("/")).await.0, StatusCode::OK);
 }
