@@ -8,7 +8,8 @@
 #                    old=/tmp/old/floodgate:../shared/bench/conf/floodgate/passthrough.toml.tmpl
 #
 # TEMPLATE is a gateway.toml with the placeholders of ../shared/bench/conf/floodgate
-# (@LISTEN_ADDR@, @UPSTREAM_URL@, @REDIS_URL@); `-` instead runs BINARY with the listen
+# (@LISTEN_ADDR@, @UPSTREAM_URL@, @UPSTREAM_PORT@, @REDIS_URL@; bench/conf has floodgate's own);
+# `-` instead runs BINARY with the listen
 # address and the upstream's address as its arguments (examples/bare_hyper,
 # examples/bare_proxy). Besides the named gateways it runs the
 # nginx anchors listed in NGINX (default "nginx nginx-low"; empty: none): `nginx`, a keep-alive reverse
@@ -78,7 +79,7 @@ for spec in "$@"; do
     taskset -c 0 "$binary" "127.0.0.1:$next_port" "127.0.0.1:$UPSTREAM_PORT" >"$run_dir/$name.log" 2>&1 &
   else
     [ -x "$binary" ] && [ -f "$template" ] || { echo "$spec: no such binary or template" >&2; exit 1; }
-    sed -e "s#@LISTEN_ADDR@#127.0.0.1:$next_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$UPSTREAM_PORT#" \
+    sed -e "s#@LISTEN_ADDR@#127.0.0.1:$next_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$UPSTREAM_PORT#" -e "s#@UPSTREAM_PORT@#$UPSTREAM_PORT#" \
       -e "s#@REDIS_URL@#redis://127.0.0.1:$REDIS_PORT#" "$template" >"$run_dir/$name.toml"
     FLOODGATE_LOG=warn taskset -c 0 "$binary" --config "$run_dir/$name.toml" >"$run_dir/$name.log" 2>&1 &
   fi

@@ -30,7 +30,8 @@ http {
   client_body_temp_path $1; proxy_temp_path $1; fastcgi_temp_path $1; uwsgi_temp_path $1; scgi_temp_path $1;
   keepalive_requests 10000000;
   $3
-  server { listen 127.0.0.1:$2; location / { $4 } }
+  # Three loopback addresses, so that a gateway can list one upstream as three servers.
+  server { listen 127.0.0.1:$2; listen 127.0.0.2:$2; listen 127.0.0.3:$2; location / { $4 } }
 }
 CONF
 }
