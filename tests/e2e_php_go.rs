@@ -11,7 +11,11 @@
 //! X-Forwarded-For and never a client-planted value; that `X_Forwarded_For`, which PHP reads
 //! as `HTTP_X_FORWARDED_FOR`, never reaches PHP (while the same request sent to PHP directly
 //! does plant it); that a POST form and a multipart upload reach PHP intact (MD5 and
-//! SHA-256); that a slow PHP page is cut off with 504 at the route's timeout.
+//! SHA-256); that a slow PHP page is cut off with 504 at the route's timeout. Those tests
+//! run one PHP server; the sticky-session tests run the example's two (`php-a`, `php-b`,
+//! each a `php -S` of its own) and pin that a PHP session (session.php, its PHPSESSID
+//! cookie) stays on one server, that sessions spread over both, and that killing one server
+//! loses no request: its sessions move to the other, whose own sessions keep their data.
 //!
 //! `php`, `go` and `redis-server` are required: without them these tests fail, they do not
 //! skip (`.ci/run` installs them).
@@ -140,6 +144,11 @@ struct Php {
 
 impl Php {
     fn start() -> Php {
+        Php::start_with(&[], &[])
+    }
+
+    /// With `-d` settings `ini` (`name=value`) and extra environment variables `envs`.
+    fn start_with(ini: &[String], envs: &[(&str, &str)]) -> Php {
         require("php", &["--version"], "php-cli");
         let logs = tempfile::tempdir().unwrap();
         let docroot = repo().join(EXAMPLE).join("php");
@@ -150,11 +159,13 @@ impl Php {
             let log = logs.path().join(format!("php-{}.log", addr.port()));
             let mut process = Group::spawn(
                 Command::new("php")
+                    .args(ini.iter().flat_map(|setting| ["-d", setting]))
                     .arg("-S")
                     .arg(addr.to_string())
                     .arg("-t")
                     .arg(&docroot)
                     .env("PHP_CLI_SERVER_WORKERS", "4")
+                    .envs(envs.iter().copied())
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(std::fs::File::create(&log).unwrap()),
@@ -242,37 +253,51 @@ fn replace_once(text: &str, from: &str, to: &str) -> String {
     text.replacen(from, to, 1)
 }
 
+/// The example's PHP servers line (two containers, `php-a` and `php-b`).
+const EXAMPLE_PHP_SERVERS: &str = "servers = [\"http://php-a:80\", \"http://php-b:80\"]";
+
+/// The example's `gateway.toml` with local listeners, Redis at `redis_url`, and `rewrites`.
+fn example_config(redis_url: &str, rewrites: Vec<(&str, String)>) -> String {
+    let example = std::fs::read_to_string(repo().join(EXAMPLE).join("gateway.toml")).unwrap();
+    let mut config = example;
+    let local = [
+        ("listen = \"0.0.0.0:8080\"", "listen = \"127.0.0.1:0\"".to_owned()),
+        (
+            "admin_listen = \"0.0.0.0:9901\"",
+            "admin_listen = \"127.0.0.1:0\"".to_owned(),
+        ),
+        ("url = \"redis://redis:6379/0\"", format!("url = \"{redis_url}\"")),
+    ];
+    for (from, to) in local.into_iter().chain(rewrites) {
+        config = replace_once(&config, from, &to);
+    }
+    config
+}
+
 impl Topology {
     fn start() -> Topology {
         let redis = RedisServer::start();
         let php = Php::start();
         let go = GoApp::start();
-        let example = std::fs::read_to_string(repo().join(EXAMPLE).join("gateway.toml")).unwrap();
-        let mut config = example;
-        for (from, to) in [
-            ("listen = \"0.0.0.0:8080\"", "listen = \"127.0.0.1:0\"".to_owned()),
-            (
-                "admin_listen = \"0.0.0.0:9901\"",
-                "admin_listen = \"127.0.0.1:0\"".to_owned(),
-            ),
-            (
-                "url = \"redis://redis:6379/0\"",
-                format!("url = \"{}\"", redis.url()),
-            ),
-            ("url = \"http://php:80\"", format!("url = \"{}\"", php.url())),
-            (
-                "url = \"http://go:8080\"",
-                format!("url = \"http://{}\"", go.addr),
-            ),
-            ("timeout = \"30s\"", format!("timeout = \"{PHP_TIMEOUT}\"")),
-            // These tests pin exact counts in Redis: a script call that took over the
-            // example's 50 ms on a starved machine would be decided locally instead
-            // (`on_error = "local"`, as it should) and be missing from Redis's count.
-            // tests/redis_failure.rs pins what a slow Redis does.
-            ("timeout = \"50ms\"", "timeout = \"5s\"".to_owned()),
-        ] {
-            config = replace_once(&config, from, &to);
-        }
+        let config = example_config(
+            &redis.url(),
+            vec![
+                // One PHP server: these tests pin what one app server does (a slow page's
+                // 504 would be tried again on the other server, and the pages would be
+                // spread over two logs). The sessions tests below run both.
+                (EXAMPLE_PHP_SERVERS, format!("servers = [\"{}\"]", php.url())),
+                (
+                    "url = \"http://go:8080\"",
+                    format!("url = \"http://{}\"", go.addr),
+                ),
+                ("timeout = \"30s\"", format!("timeout = \"{PHP_TIMEOUT}\"")),
+                // These tests pin exact counts in Redis: a script call that took over the
+                // example's 50 ms on a starved machine would be decided locally instead
+                // (`on_error = "local"`, as it should) and be missing from Redis's count.
+                // tests/redis_failure.rs pins what a slow Redis does.
+                ("timeout = \"50ms\"", "timeout = \"5s\"".to_owned()),
+            ],
+        );
         let gateway = FloodgateProcess::start(&config, &[]);
         let topology = Topology {
             gateway,
@@ -711,4 +736,407 @@ async fn a_slow_php_page_hits_the_route_timeout_with_504() {
 async fn admin_metrics(topology: &Topology) -> String {
     let (_, _, body) = common::get(&topology.gateway.admin_url("/metrics")).await;
     body
+}
+
+// Sticky sessions: the example's two PHP servers (`php-a`, `php-b`) under `php -S`, each
+// told its name in APP_SERVER, behind the example's `[upstreams.php]` (`balance = "hash"`
+// on the PHPSESSID cookie, its health check, `max_requests` and queue), with
+// examples/compose/php/session.php counting each session's requests.
+
+/// Where the PHP servers keep their session files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SessionStore {
+    /// A directory of each server's own, as the compose example's containers have (PHP's
+    /// default, files): a session's data lives on the server that wrote it, which is why
+    /// the balancing must be sticky, and a session that moves to the other server starts
+    /// afresh there.
+    PerServer,
+    /// One directory for both, standing for a shared session store (a common volume,
+    /// Redis sessions): the stickiness is then a preference only, and a session that moves
+    /// keeps its data.
+    Shared,
+}
+
+/// Two PHP servers and the example's gateway in front of them.
+struct Sessions {
+    gateway: FloodgateProcess,
+    /// Name (`php-a`, `php-b`) and server; a killed server is removed.
+    php: Vec<(&'static str, Php)>,
+    store: SessionStore,
+    _redis: RedisServer,
+    _session_dirs: tempfile::TempDir,
+}
+
+impl Sessions {
+    async fn start(store: SessionStore) -> Sessions {
+        let redis = RedisServer::start();
+        let dirs = tempfile::tempdir().unwrap();
+        let php: Vec<(&'static str, Php)> = ["php-a", "php-b"]
+            .into_iter()
+            .map(|name| {
+                let dir = match store {
+                    SessionStore::PerServer => dirs.path().join(name),
+                    SessionStore::Shared => dirs.path().join("shared"),
+                };
+                std::fs::create_dir_all(&dir).unwrap();
+                let ini = [
+                    format!("session.save_path={}", dir.display()),
+                    // PHP's default, explicit: a session id a server does not know is
+                    // taken as it is (not replaced by a new one with a new cookie, which
+                    // would move the session on the ring).
+                    "session.use_strict_mode=0".to_owned(),
+                ];
+                (name, Php::start_with(&ini, &[("APP_SERVER", name)]))
+            })
+            .collect();
+        let servers: Vec<String> = php.iter().map(|(_, p)| format!("\"{}\"", p.url())).collect();
+        let config = example_config(
+            &redis.url(),
+            vec![
+                (EXAMPLE_PHP_SERVERS, format!("servers = [{}]", servers.join(", "))),
+                // Nothing listens there: these tests stay off /api/.
+                (
+                    "url = \"http://go:8080\"",
+                    format!("url = \"http://127.0.0.1:{}\"", closed_port()),
+                ),
+            ],
+        );
+        // The example's health page answers on both (the checks run every 5 s: too slowly
+        // for these tests to see one fail).
+        let example: toml::Table = config.parse().expect("the example's TOML");
+        let health = example["upstreams"]["php"]["health_check"]["path"]
+            .as_str()
+            .expect("a health_check path");
+        for (name, server) in &php {
+            let (status, _, body) = common::get(&format!("{}{health}", server.url())).await;
+            assert_eq!((status, body.as_str()), (StatusCode::OK, "ok\n"), "{name}");
+        }
+        let gateway = FloodgateProcess::start(&config, &[]);
+        Sessions {
+            gateway,
+            php,
+            store,
+            _redis: redis,
+            _session_dirs: dirs,
+        }
+    }
+
+    /// The `server` label of the PHP server called `name` (its `host:port`).
+    fn label(&self, name: &str) -> String {
+        let (_, php) = self
+            .php
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("a running server");
+        php.addr.to_string()
+    }
+
+    /// Kills the PHP server called `name`, workers and all (SIGKILL to its process group):
+    /// its port refuses connections from now on.
+    fn kill(&mut self, name: &str) {
+        let index = self
+            .php
+            .iter()
+            .position(|(n, _)| *n == name)
+            .expect("a running server");
+        drop(self.php.remove(index));
+    }
+
+    async fn metrics(&self) -> String {
+        common::get(&self.gateway.admin_url("/metrics")).await.2
+    }
+}
+
+/// The value of the series `series` (`name{labels}`) in `metrics`; 0 when absent.
+fn metric(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |value| value.trim().parse().unwrap())
+}
+
+/// A browser's session: its own client address and a cookie jar holding PHPSESSID.
+struct Session {
+    client: Client<HttpConnector, Full<Bytes>>,
+    source: String,
+    id: Option<String>,
+    /// The server of each request so far.
+    served: Vec<String>,
+    /// PHP's count (`n`) of each request so far.
+    counts: Vec<u64>,
+}
+
+impl Session {
+    fn new(source: &str) -> Session {
+        Session {
+            client: client_from(source),
+            source: source.to_owned(),
+            id: None,
+            served: Vec::new(),
+            counts: Vec::new(),
+        }
+    }
+
+    /// One request of the session to session.php, checked: a 200 from PHP, a cookie on the
+    /// first response only and the same session from then on, and the count `n` the store
+    /// implies: with a shared store every earlier request counts, with one per server
+    /// only the earlier requests that server answered. Returns the server and `n`.
+    async fn request(&mut self, topology: &Sessions) -> (String, u64) {
+        let mut request = get(&topology.gateway.url("/session.php"));
+        if let Some(id) = &self.id {
+            request = request.header("cookie", format!("PHPSESSID={id}"));
+        }
+        let answer = send(&self.client, request.body(empty()).unwrap()).await;
+        let context = format!("{} after {:?}: {}", self.source, self.served, answer.body);
+        assert_eq!(answer.status, StatusCode::OK, "{context}");
+        let cookies: Vec<String> = answer
+            .headers
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|value| value.to_str().ok()?.strip_prefix("PHPSESSID="))
+            .map(|rest| rest.split(';').next().unwrap().to_owned())
+            .collect();
+        match &self.id {
+            None => {
+                assert_eq!(cookies.len(), 1, "a new session sets its cookie: {context}");
+                self.id = Some(cookies[0].clone());
+            }
+            Some(_) => assert_eq!(cookies, Vec::<String>::new(), "{context}"),
+        }
+        let php = answer.json();
+        assert_eq!(php["session"].as_str(), self.id.as_deref(), "{context}");
+        assert_eq!(php["HTTP_X_REAL_IP"], self.source.as_str(), "{context}");
+        let server = php["server"].as_str().expect("server").to_owned();
+        let earlier = match topology.store {
+            SessionStore::Shared => self.served.len(),
+            SessionStore::PerServer => self.served.iter().filter(|s| **s == server).count(),
+        };
+        let n = php["n"].as_u64().expect("n");
+        assert_eq!(n, earlier as u64 + 1, "{:?} store: {context}", topology.store);
+        self.served.push(server.clone());
+        self.counts.push(n);
+        (server, n)
+    }
+
+    /// The server its cookie sent it to while both servers were up: that of its second
+    /// request (the first had no cookie yet, and went by the client address).
+    fn home(&self) -> &str {
+        &self.served[1]
+    }
+
+    /// Makes `requests` more requests, then checks that every request of the session
+    /// after its first went to one server.
+    async fn requests(&mut self, topology: &Sessions, requests: usize) {
+        for _ in 0..requests {
+            self.request(topology).await;
+        }
+        let home = self.home();
+        assert!(
+            self.served[1..].iter().all(|s| s == home),
+            "{} moved between servers: {:?}",
+            self.source,
+            self.served
+        );
+    }
+}
+
+/// The sessions of [`sticky_sessions_fail_over`], and which server it killed.
+struct Failover {
+    _topology: Sessions,
+    /// 20 requests, then 3 after the kill.
+    first: Session,
+    /// 3 requests each, then 2 after the kill.
+    others: Vec<Session>,
+    /// Started after the kill: 3 requests.
+    late: Session,
+    victim: &'static str,
+    survivor: &'static str,
+}
+
+/// What both stores share: a session sticks to its server for 20 requests, sessions spread
+/// over both servers, and when one server is killed every request still succeeds, the
+/// killed server's sessions are served by the other one and the other's stay where they
+/// are. Every count is checked against the store in [`Session::request`].
+async fn sticky_sessions_fail_over(store: SessionStore) -> Failover {
+    let mut topology = Sessions::start(store).await;
+
+    let mut first = Session::new("127.0.0.20");
+    first.requests(&topology, 20).await;
+    let (victim, survivor) = if first.home() == "php-a" {
+        ("php-a", "php-b")
+    } else {
+        ("php-b", "php-a")
+    };
+
+    // Other sessions, each from a client of its own, until both servers have three: the
+    // ring spreads them (the chance that 40 sessions all land on one server is 2^-39).
+    let mut others: Vec<Session> = Vec::new();
+    let homes = |others: &[Session], name: &str| others.iter().filter(|s| s.home() == name).count();
+    while homes(&others, "php-a") < 3 || homes(&others, "php-b") < 3 {
+        assert!(
+            others.len() < 40,
+            "40 sessions and not three on each server: {:?}",
+            others.iter().map(Session::home).collect::<Vec<_>>()
+        );
+        let mut session = Session::new(&format!("127.0.1.{}", others.len() + 1));
+        session.requests(&topology, 3).await;
+        others.push(session);
+    }
+
+    let up = |metrics: &str, label: &str| {
+        metric(
+            metrics,
+            &format!("floodgate_upstream_server_up{{upstream=\"php\",server=\"{label}\"}}"),
+        )
+    };
+    let (victim_label, survivor_label) = (topology.label(victim), topology.label(survivor));
+    let metrics = topology.metrics().await;
+    assert_eq!(up(&metrics, &victim_label), 1.0, "{metrics}");
+    assert_eq!(up(&metrics, &survivor_label), 1.0, "{metrics}");
+
+    topology.kill(victim);
+
+    // The first session's next request finds its server refusing and is tried on the
+    // other one (nothing was sent, so any request may be); from then on its server is out
+    // of rotation and its sessions go to the next server on the ring: the survivor.
+    for _ in 0..3 {
+        assert_eq!(first.request(&topology).await.0, survivor);
+    }
+    for session in &mut others {
+        for _ in 0..2 {
+            assert_eq!(session.request(&topology).await.0, survivor, "{}", session.source);
+        }
+    }
+    let mut late = Session::new("127.0.2.1");
+    for _ in 0..3 {
+        assert_eq!(late.request(&topology).await.0, survivor);
+    }
+
+    // Every request was answered 200 by PHP: the killed server's refusals were retried.
+    let requests: usize = std::iter::once(&first)
+        .chain(&others)
+        .chain([&late])
+        .map(|s| s.served.len())
+        .sum();
+    let metrics = topology.metrics().await;
+    assert_eq!(
+        metric(&metrics, "floodgate_requests_total{route=\"php\",status=\"200\"}"),
+        requests as f64,
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("status=\"502\"") && !metrics.contains("status=\"503\""),
+        "{metrics}"
+    );
+    assert_eq!(up(&metrics, &victim_label), 0.0, "{metrics}");
+    assert_eq!(up(&metrics, &survivor_label), 1.0, "{metrics}");
+    let failures: f64 = ["connect", "reset", "timeout"]
+        .iter()
+        .map(|kind| {
+            metric(
+                &metrics,
+                &format!("floodgate_upstream_errors_total{{upstream=\"php\",kind=\"{kind}\"}}"),
+            )
+        })
+        .sum();
+    let retries = metric(&metrics, "floodgate_upstream_retries_total{upstream=\"php\"}");
+    assert!(failures >= 1.0, "{metrics}");
+    assert_eq!(retries, failures, "each failed try was tried again: {metrics}");
+
+    // Every slot came back (a response's slot is released once its body is done).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let metrics = topology.metrics().await;
+        let in_flight = |label: &str| {
+            metric(
+                &metrics,
+                &format!("floodgate_upstream_in_flight{{upstream=\"php\",server=\"{label}\"}}"),
+            )
+        };
+        if in_flight(&victim_label) == 0.0 && in_flight(&survivor_label) == 0.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "requests still in flight: {metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    Failover {
+        _topology: topology,
+        first,
+        others,
+        late,
+        victim,
+        survivor,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_stick_to_their_server_and_start_afresh_on_the_other_when_it_dies() {
+    let Failover {
+        first,
+        others,
+        late,
+        victim,
+        survivor,
+        ..
+    } = sticky_sessions_fail_over(SessionStore::PerServer).await;
+    let on = |session: &Session, server: &str, requests: std::ops::Range<usize>| {
+        session.served[requests].iter().filter(|s| *s == server).count() as u64
+    };
+
+    // Requests 2 to 20 counted on from request 1 when the cookie-less first request went
+    // to the session's server; when it went to the other one (by the client address),
+    // what it stored stayed there and request 2 started afresh.
+    let start = if first.served[0] == victim { 1 } else { 0 };
+    assert_eq!(
+        first.counts[1..20],
+        (start + 1..start + 20).collect::<Vec<u64>>()[..]
+    );
+    // After the kill: the session's data stayed on the dead server; on the survivor it
+    // counts afresh (from what its first request may have left there).
+    let left = on(&first, survivor, 0..20);
+    assert_eq!(first.counts[20..], [left + 1, left + 2, left + 3]);
+
+    // The survivor's sessions kept their counts; the victim's started afresh.
+    for session in &others {
+        let counted = on(session, session.home(), 0..3);
+        let expected = if session.home() == survivor {
+            [counted + 1, counted + 2]
+        } else {
+            let left = on(session, survivor, 0..3);
+            [left + 1, left + 2]
+        };
+        assert_eq!(
+            session.counts[3..],
+            expected,
+            "{}: {:?}",
+            session.source,
+            session.served
+        );
+    }
+    assert_eq!(late.counts, [1, 2, 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_shared_session_store_a_session_keeps_its_count_when_its_server_dies() {
+    let Failover {
+        first,
+        others,
+        late,
+        victim,
+        ..
+    } = sticky_sessions_fail_over(SessionStore::Shared).await;
+    // 1 to 20 on its server (the cookie-less first request possibly on the other), then
+    // 21 to 23 on the survivor: the data followed the session.
+    assert_eq!(first.counts, (1..=23).collect::<Vec<u64>>());
+    assert!(first.served[1..20].iter().all(|s| s == victim));
+    for session in others.iter().chain([&late]) {
+        let n = session.counts.len() as u64;
+        assert_eq!(
+            session.counts,
+            (1..=n).collect::<Vec<u64>>(),
+            "{}",
+            session.source
+        );
+    }
 }
