@@ -34,6 +34,10 @@ impl TrustedProxies {
 /// connection (the forwarding headers, and the rate-limit key of a client that is the peer).
 #[derive(Debug)]
 pub(crate) struct Peer {
+    /// The TCP peer's address and port.
+    pub address: SocketAddr,
+    /// Whether the connection is TLS (the HTTPS listener).
+    pub tls: bool,
     /// The address, IPv4-mapped IPv6 as IPv4.
     pub ip: IpAddr,
     /// `ip` as text.
@@ -43,11 +47,17 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    pub(crate) fn new(address: SocketAddr) -> Self {
+    pub(crate) fn new(address: SocketAddr, tls: bool) -> Self {
         let ip = address.ip().to_canonical();
         let text = ip_text(ip);
         let value = HeaderValue::try_from(text.as_str()).expect("an IP address is a valid header value");
-        Peer { ip, text, value }
+        Peer {
+            address,
+            tls,
+            ip,
+            text,
+            value,
+        }
     }
 }
 

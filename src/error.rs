@@ -27,6 +27,8 @@ pub(crate) enum UpstreamFailure {
     QueueTimeout,
     /// No server in rotation.
     NoServer,
+    /// The TLS handshake with the server failed (its certificate, say).
+    Tls,
 }
 
 impl UpstreamFailure {
@@ -38,6 +40,7 @@ impl UpstreamFailure {
             UpstreamFailure::QueueFull => "queue_full",
             UpstreamFailure::QueueTimeout => "queue_timeout",
             UpstreamFailure::NoServer => "no_server",
+            UpstreamFailure::Tls => "tls",
         }
     }
 }
@@ -93,9 +96,10 @@ impl GatewayError {
             GatewayError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             GatewayError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Upstream { kind, .. } => match kind {
-                UpstreamFailure::Connect | UpstreamFailure::Reset | UpstreamFailure::NoServer => {
-                    StatusCode::BAD_GATEWAY
-                }
+                UpstreamFailure::Connect
+                | UpstreamFailure::Reset
+                | UpstreamFailure::NoServer
+                | UpstreamFailure::Tls => StatusCode::BAD_GATEWAY,
                 UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
                 UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout => StatusCode::SERVICE_UNAVAILABLE,
             },

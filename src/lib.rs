@@ -39,6 +39,7 @@ pub mod reload;
 pub mod router;
 pub mod server;
 pub mod service;
+mod tls;
 mod upstream;
 
 pub use config::{Config, ConfigErrors};

@@ -83,6 +83,17 @@ fn check(path: &Path) -> ExitCode {
                 config.server.listen,
                 config.server.admin_listen,
             );
+            if let Some(tls) = &config.server.tls {
+                println!(
+                    "{}: https on {}: {} certificate(s)",
+                    path.display(),
+                    tls.listen,
+                    tls.certificates.len()
+                );
+            }
+            for warning in config.warnings() {
+                println!("{}: warning: {warning}", path.display());
+            }
             ExitCode::SUCCESS
         }
         Err(errors) => {
@@ -149,8 +160,12 @@ fn serve(config: Config, path: PathBuf) -> anyhow::Result<()> {
     runtime.block_on(async {
         let workers = config.server.workers;
         let config_path = config.path.clone();
+        for warning in config.warnings() {
+            tracing::warn!("{warning}");
+        }
         let gateway = Gateway::bind(config).await?;
         tracing::info!(
+            https = ?gateway.tls_addr(),
             listen = %gateway.local_addr(),
             admin = %gateway.admin_addr(),
             workers,

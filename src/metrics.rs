@@ -47,6 +47,11 @@ struct ServerLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CertificateLabels {
+    certificate: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RouteLabels {
     route: Name,
 }
@@ -184,6 +189,8 @@ pub(crate) struct Metrics {
     upstream_queue_depth: Family<UpstreamLabels, Gauge>,
     server_up: Family<ServerLabels, Gauge>,
     server_in_flight: Family<ServerLabels, Gauge>,
+    tls_handshake_errors: Counter,
+    certificate_expiry: Family<CertificateLabels, Gauge>,
     decisions: Family<DecisionLabels, Counter>,
     store_duration: HistogramFamily<StoreLabels>,
     store_errors: Family<StoreLabels, Counter>,
@@ -242,6 +249,18 @@ impl Metrics {
             "Requests in flight to a server, by upstream and server (host:port)",
             server_in_flight.clone(),
         );
+        let tls_handshake_errors = Counter::default();
+        registry.register(
+            "floodgate_tls_handshake_errors",
+            "TLS handshakes on the HTTPS listener that failed or did not finish in time",
+            tls_handshake_errors.clone(),
+        );
+        let certificate_expiry = Family::<CertificateLabels, Gauge>::default();
+        registry.register(
+            "floodgate_tls_certificate_expiry_timestamp_seconds",
+            "Each served certificate's notAfter as a Unix time, by its first DNS name",
+            certificate_expiry.clone(),
+        );
         let decisions = Family::<DecisionLabels, Counter>::default();
         let store_duration: HistogramFamily<StoreLabels> = Family::new_with_constructor(duration_histogram);
         let store_errors = Family::<StoreLabels, Counter>::default();
@@ -283,6 +302,8 @@ impl Metrics {
             upstream_queue_depth,
             server_up,
             server_in_flight,
+            tls_handshake_errors,
+            certificate_expiry,
             decisions,
             store_duration,
             store_errors,
@@ -342,6 +363,34 @@ impl Metrics {
                 upstream: Name(upstream.clone()),
             })
             .clone()
+    }
+
+    pub(crate) fn record_tls_handshake_error(&self) {
+        self.tls_handshake_errors.inc();
+    }
+
+    /// Publishes the served certificates' expiry (replacing those of an earlier
+    /// configuration).
+    pub(crate) fn set_certificate_expiry(&self, certificates: &[(String, i64)]) {
+        self.certificate_expiry.clear();
+        for (certificate, not_after) in certificates {
+            self.certificate_expiry
+                .get_or_create(&CertificateLabels {
+                    certificate: certificate.clone(),
+                })
+                .set(*not_after);
+        }
+    }
+
+    /// Drops the series of a server no longer configured (after a reload), so that its
+    /// last `server_up` does not stay behind.
+    pub(crate) fn forget_upstream_server(&self, upstream: &str, server: &str) {
+        let labels = ServerLabels {
+            upstream: Name(Arc::from(upstream)),
+            server: Name(Arc::from(server)),
+        };
+        self.server_up.remove(&labels);
+        self.server_in_flight.remove(&labels);
     }
 
     /// The in-rotation and in-flight gauges of `server` of `upstream`.

@@ -7,7 +7,7 @@
 //! (and Kubernetes ConfigMap symlink swaps) are seen; bursts of writes are debounced, and a
 //! reload whose file content did not change is skipped.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -56,11 +56,19 @@ impl Reloader {
         };
         let current = self.shared.state.load_full();
         let (old, new) = (&current.config.server, &config.server);
-        if old.listen != new.listen || old.admin_listen != new.admin_listen || old.workers != new.workers {
+        let tls_listen = |server: &crate::config::ServerConfig| server.tls.as_ref().map(|tls| tls.listen);
+        if old.listen != new.listen
+            || old.admin_listen != new.admin_listen
+            || old.workers != new.workers
+            || tls_listen(old) != tls_listen(new)
+        {
             tracing::warn!(
                 trigger,
-                "server.listen, server.admin_listen and server.workers changes take effect only after a restart"
+                "server.listen, server.admin_listen, server.workers and server.tls.listen changes take effect only after a restart"
             );
+        }
+        for warning in config.warnings() {
+            tracing::warn!(trigger, "{warning}");
         }
         match GatewayState::rebuild(config, &current, &self.shared.metrics) {
             Ok(state) => {
@@ -80,46 +88,72 @@ impl Reloader {
     }
 }
 
-/// Watches `path` and reloads when its content changes, until the returned handle is
+/// Watches `path`, and the certificate and key files the running configuration names,
+/// and reloads when the content of any of them changes, until the returned handle is
 /// dropped. Must be called inside the runtime.
 ///
-/// The file is polled (its metadata once per [`POLL_EVERY`], following symlinks) rather
-/// than watched with inotify: a directory watch wakes a thread for every write to any file
-/// beside the config (such as a log file), and a file watch is lost when an editor renames
-/// a new file over the old one. A change is reloaded once the file has stopped changing
-/// for [`DEBOUNCE`], so a file caught half-written is not reported as invalid.
+/// The files are polled (their metadata once per [`POLL_EVERY`], following symlinks)
+/// rather than watched with inotify: a directory watch wakes a thread for every write to
+/// any file beside the config (such as a log file), and a file watch is lost when an
+/// editor renames a new file over the old one. A change is reloaded once the files have
+/// stopped changing for [`DEBOUNCE`], so a file caught half-written is not reported as
+/// invalid.
 pub fn watch_file(reloader: Arc<Reloader>, path: &Path) -> WatchHandle {
-    let path = path.to_path_buf();
+    let config = path.to_path_buf();
+    let files = {
+        let reloader = reloader.clone();
+        move || {
+            let mut files = vec![config.clone()];
+            files.extend(reloader.shared.state.load().config.tls_files());
+            files
+        }
+    };
     // Taken now, not in the task: a change made right after this call must be seen.
-    let mut seen = fingerprint(&path);
-    let mut content = std::fs::read(&path).ok();
+    let mut seen = fingerprints(&files());
+    let mut content = contents(&files());
     let task = tokio::spawn(async move {
         loop {
             tokio::time::sleep(POLL_EVERY).await;
-            let now = fingerprint(&path);
+            let watched = files();
+            let now = fingerprints(&watched);
             if now == seen {
                 continue;
             }
-            // Wait until the file stops changing.
+            // Wait until the files stop changing.
             let mut settled = now;
             loop {
                 tokio::time::sleep(DEBOUNCE).await;
-                let again = fingerprint(&path);
+                let again = fingerprints(&watched);
                 if again == settled {
                     break;
                 }
                 settled = again;
             }
             seen = settled;
-            let new_content = std::fs::read(&path).ok();
-            if new_content.is_some() && new_content != content {
-                content = new_content;
+            let now_content = contents(&watched);
+            // The configuration caught between an editor's write and rename: wait.
+            if now_content.first().is_some_and(Option::is_none) {
+                continue;
+            }
+            if now_content != content {
                 let reloader = reloader.clone();
                 let _ = tokio::task::spawn_blocking(move || reloader.reload("file change")).await;
+                // A reload may name other certificate files.
+                seen = fingerprints(&files());
+                content = contents(&files());
             }
         }
     });
     WatchHandle(task)
+}
+
+fn fingerprints(files: &[PathBuf]) -> Vec<Option<(std::time::SystemTime, u64, u64)>> {
+    files.iter().map(|file| fingerprint(file)).collect()
+}
+
+/// The files' contents (`None` for one that cannot be read).
+fn contents(files: &[PathBuf]) -> Vec<Option<Vec<u8>>> {
+    files.iter().map(|file| std::fs::read(file).ok()).collect()
 }
 
 /// How often the configuration file's metadata is looked at.

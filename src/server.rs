@@ -1,4 +1,5 @@
-//! Listeners and connections: accepts clients (HTTP/1.1 and h2c on one port), applies
+//! Listeners and connections: accepts clients (HTTP/1.1 and h2c on one port; HTTPS with
+//! HTTP/2 or HTTP/1.1 by ALPN on `server.tls.listen`), applies
 //! connection-level limits (a connection with no request in flight for
 //! `server.header_timeout` is closed, see `connection`; head sizes), serves the
 //! admin listener, and shuts down gracefully: stop accepting, let in-flight requests
@@ -14,6 +15,7 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -22,7 +24,7 @@ use crate::admin;
 use crate::client_ip::Peer;
 use crate::config::Config;
 use crate::connection::ConnectionState;
-use crate::connection::disconnect::Watched;
+use crate::connection::disconnect::{ClientSocket, Watched};
 use crate::connection::framing::{FramingGuard, HeadLimits};
 use crate::metrics::Metrics;
 use crate::service::request_head::MAX_HEADER_BYTES;
@@ -55,6 +57,7 @@ const STORE_STARTUP_WAIT: Duration = Duration::from_secs(1);
 pub struct Gateway {
     shared: Arc<Instance>,
     listener: TcpListener,
+    tls_listener: Option<TcpListener>,
     admin_listener: TcpListener,
 }
 
@@ -63,15 +66,34 @@ impl Gateway {
     pub async fn bind(config: Config) -> io::Result<Gateway> {
         let listener = bind(config.server.listen, "server.listen").await?;
         let admin_listener = bind(config.server.admin_listen, "server.admin_listen").await?;
+        let tls_listener = match &config.server.tls {
+            Some(tls) => Some(bind(tls.listen, "server.tls.listen").await?),
+            None => None,
+        };
         let metrics = Arc::new(Metrics::new());
         let state = GatewayState::new(config, &metrics)
             .map_err(|e| io::Error::other(format!("cannot set up the rate-limit store: {e}")))?;
         state.store.wait_ready(STORE_STARTUP_WAIT).await;
         Ok(Gateway {
-            shared: Arc::new(Instance::new(state, metrics)),
+            shared: Arc::new(Instance::new(
+                state,
+                metrics,
+                tls_listener
+                    .as_ref()
+                    .and_then(|listener| listener.local_addr().ok())
+                    .map(|addr| addr.port()),
+            )),
             listener,
+            tls_listener,
             admin_listener,
         })
+    }
+
+    /// The HTTPS listener's address, with `[server.tls]`.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_listener
+            .as_ref()
+            .map(|listener| listener.local_addr().expect("a bound listener has an address"))
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -95,15 +117,32 @@ impl Gateway {
         let Gateway {
             shared,
             listener,
+            tls_listener,
             admin_listener,
         } = self;
         let connections = TaskTracker::new();
         let closing = CancellationToken::new();
         let admin = tokio::spawn(admin::serve(admin_listener, shared.clone()));
 
+        let secure = async {
+            match tls_listener {
+                Some(listener) => {
+                    accept_loop(
+                        listener,
+                        true,
+                        shared.clone(),
+                        connections.clone(),
+                        closing.clone(),
+                    )
+                    .await
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = shutdown => {}
-            () = accept_loop(listener, shared.clone(), connections.clone(), closing.clone()) => {}
+            () = accept_loop(listener, false, shared.clone(), connections.clone(), closing.clone()) => {}
+            () = secure => {}
         }
         shared.draining.store(true, Ordering::SeqCst);
         // Read now, so that a reload's shutdown_grace applies.
@@ -144,8 +183,10 @@ fn connection_builder() -> auto::Builder<TokioExecutor> {
     builder
 }
 
+/// Accepts connections on `listener` (the HTTPS one when `secure`) until dropped.
 async fn accept_loop(
     listener: TcpListener,
+    secure: bool,
     shared: Arc<Instance>,
     connections: TaskTracker,
     closing: CancellationToken,
@@ -165,7 +206,7 @@ async fn accept_loop(
         let header_timeout = shared.state.load().config.server.header_timeout;
         connections.spawn(serve_connection(
             stream,
-            peer,
+            Arc::new(Peer::new(peer, secure)),
             shared.clone(),
             builder.clone(),
             closing.clone(),
@@ -176,7 +217,7 @@ async fn accept_loop(
 
 async fn serve_connection(
     stream: TcpStream,
-    peer: SocketAddr,
+    peer: Arc<Peer>,
     shared: Arc<Instance>,
     builder: Arc<auto::Builder<TokioExecutor>>,
     closing: CancellationToken,
@@ -184,9 +225,47 @@ async fn serve_connection(
 ) {
     let _ = stream.set_nodelay(true);
     let (stream, socket) = Watched::new(stream);
+    if !peer.tls {
+        return serve_http(stream, peer, socket, shared, &builder, closing, idle_limit).await;
+    }
+    // A reload that removed [server.tls] leaves the listener (restart-only) without
+    // certificates: its connections are closed.
+    let Some(acceptor) = shared.state.load().tls.clone() else {
+        return;
+    };
+    // A handshake is bounded like a request head.
+    match tokio::time::timeout(idle_limit, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => serve_http(stream, peer, socket, shared, &builder, closing, idle_limit).await,
+        Ok(Err(error)) => {
+            shared.metrics.record_tls_handshake_error();
+            crate::tls::log_handshake_failure(peer.address, &error);
+        }
+        Err(_elapsed) => {
+            shared.metrics.record_tls_handshake_error();
+            let error = io::Error::new(
+                io::ErrorKind::TimedOut,
+                "not finished within server.header_timeout",
+            );
+            crate::tls::log_handshake_failure(peer.address, &error);
+        }
+    }
+}
+
+/// Serves HTTP/1.1 or HTTP/2 on `stream` until the connection ends.
+async fn serve_http<S>(
+    stream: S,
+    tcp_peer: Arc<Peer>,
+    socket: Arc<ClientSocket>,
+    shared: Arc<Instance>,
+    builder: &auto::Builder<TokioExecutor>,
+    closing: CancellationToken,
+    idle_limit: Duration,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = tcp_peer.address;
     let connection_state = ConnectionState::new();
     let io = TokioIo::new(FramingGuard::new(stream, HTTP1_LIMITS, connection_state.clone()));
-    let tcp_peer = Arc::new(Peer::new(peer));
     let requests = connection_state.clone();
     let service = service_fn(move |request| {
         handle(

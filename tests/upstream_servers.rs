@@ -514,3 +514,67 @@ async fn a_single_server_is_never_taken_out() {
     let _app = Upstream::start_on(listener);
     assert_eq!(get(&gw.url("/")).await.0, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hashed_request_waits_for_its_own_server_at_the_cap() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let gw = gateway(&format!(
+        "{}\nbalance = \"hash\"\nhash_key = [\"cookie:sid\"]\nmax_requests = 2\nqueue = 10",
+        servers(&[a.url(), b.url()])
+    ))
+    .await;
+    let requests: Vec<_> = (0..6)
+        .map(|i| {
+            let request = with_cookie(&gw, &format!("/same{i}/slow?ms=100"), "sid=busy");
+            tokio::spawn(send(request))
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.unwrap().0, StatusCode::OK);
+    }
+    // All six on one server, two at a time: none spilled over to the other.
+    let counts = (a.requests(), b.requests());
+    assert!(counts == (6, 0) || counts == (0, 6), "{counts:?}");
+    assert_eq!(a.most_in_flight().max(b.most_in_flight()), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_removed_by_a_reload_leaves_no_series_behind() {
+    use floodgate::Config;
+    use floodgate::reload::Reloader;
+
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let text = |urls: &[String]| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n[upstreams.app]\n{}\n\n\
+             [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+            servers(urls)
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, text(&[a.url(), b.url()])).unwrap();
+    let gw = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    let up = |u: &Upstream| {
+        format!(
+            "floodgate_upstream_server_up{{upstream=\"app\",server=\"{}\"}}",
+            u.addr
+        )
+    };
+    let series = |body: &str, u: &Upstream| body.lines().any(|line| line.starts_with(&up(u)));
+    let metrics = get(&gw.admin_url("/metrics")).await.2;
+    assert!(series(&metrics, &a) && series(&metrics, &b));
+    std::fs::write(&path, text(&[a.url()])).unwrap();
+    let reloader = Arc::new(Reloader::new(
+        gw.shared.clone(),
+        Box::new(move || Config::load(&path)),
+    ));
+    assert!(
+        tokio::task::spawn_blocking(move || reloader.reload("test"))
+            .await
+            .unwrap()
+    );
+    let metrics = get(&gw.admin_url("/metrics")).await.2;
+    assert!(series(&metrics, &a), "the kept server's series went");
+    assert!(!series(&metrics, &b), "the removed server's series stayed");
+}

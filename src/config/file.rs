@@ -38,6 +38,26 @@ pub(crate) struct ServerFile {
     pub workers: Option<Spanned<i64>>,
     pub ratelimit_headers: Option<Spanned<String>>,
     pub max_body: Option<Spanned<String>>,
+    pub tls: Option<Spanned<TlsFile>>,
+}
+
+/// `[server.tls]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TlsFile {
+    pub listen: Spanned<String>,
+    pub certificates: Spanned<Vec<Spanned<CertificateFile>>>,
+    pub min_version: Option<Spanned<String>>,
+    pub redirect_http: Option<bool>,
+    pub hsts: Option<Spanned<String>>,
+}
+
+/// `{ cert = "...", key = "..." }`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CertificateFile {
+    pub cert: Spanned<String>,
+    pub key: Spanned<String>,
 }
 
 /// `[upstreams.NAME]`: `url` or `servers`.
@@ -59,6 +79,8 @@ pub(crate) struct UpstreamFile {
     pub queue_timeout: Option<Spanned<String>>,
     pub connect_timeout: Option<Spanned<String>>,
     pub timeout: Option<Spanned<String>>,
+    pub tls_ca: Option<Spanned<String>>,
+    pub tls_server_name: Option<Spanned<String>>,
 }
 
 /// `health_check = { path, interval, timeout }`

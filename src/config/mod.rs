@@ -7,6 +7,7 @@
 mod error;
 mod file;
 mod limits;
+mod tls;
 mod upstreams;
 mod values;
 
@@ -26,7 +27,10 @@ pub use error::{ConfigError, ConfigErrors};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile};
 pub(crate) use limits::DEFAULT_PREFIX;
 pub use limits::{KeyPart, LimitConfig, Mode, RedisConfig};
-pub use upstreams::{Balance, HealthCheck, UpstreamConfig, UpstreamServer};
+pub(crate) use tls::provider as tls_provider;
+pub use tls::{Certificate, TlsConfig, TlsVersion};
+pub(crate) use upstreams::server_name;
+pub use upstreams::{Balance, HealthCheck, UpstreamConfig, UpstreamServer, UpstreamTls};
 
 use crate::limit::MAX_LIMITS_PER_ROUTE;
 use crate::path::normalize_path;
@@ -71,6 +75,8 @@ pub struct ServerConfig {
     pub ratelimit_headers: RateLimitHeaders,
     /// Largest accepted request body; `None` = unlimited.
     pub max_body: Option<u64>,
+    /// The HTTPS listener, when `[server.tls]` is present.
+    pub tls: Option<TlsConfig>,
 }
 
 /// Which rate-limit response headers are sent (`server.ratelimit_headers`).
@@ -138,9 +144,11 @@ impl Config {
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
         let raw = deserialize(path, text)?;
         let mut sink = ErrorSink::new(text);
-        let server = validate_server(raw.server, &mut sink);
+        // Files the configuration names are relative to its directory.
+        let base = path.parent().unwrap_or(Path::new(""));
+        let server = validate_server(raw.server, base, &mut sink);
         let redis = limits::validate_redis(raw.redis, &mut sink);
-        let upstreams = upstreams::validate_upstreams(raw.upstreams, &mut sink);
+        let upstreams = upstreams::validate_upstreams(raw.upstreams, base, &mut sink);
         let limits = limits::validate_limits(raw.limits, &mut sink);
         let routes = validate_routes(raw.routes, &upstreams, &limits, &mut sink);
         sink.finish(path)?;
@@ -152,6 +160,35 @@ impl Config {
             limits,
             routes,
         })
+    }
+
+    /// The certificate and key files `[server.tls]` names (watched for changes).
+    pub fn tls_files(&self) -> Vec<PathBuf> {
+        self.server
+            .tls
+            .iter()
+            .flat_map(|tls| &tls.certificates)
+            .flat_map(|c| [c.cert_path.clone(), c.key_path.clone()])
+            .collect()
+    }
+
+    /// What is valid but deserves a look: certificates past their notAfter.
+    pub fn warnings(&self) -> Vec<String> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        self.server
+            .tls
+            .iter()
+            .flat_map(|tls| tls.certificates.iter().enumerate())
+            .filter(|(_, c)| c.not_after < now)
+            .map(|(i, c)| {
+                format!(
+                    "server.tls.certificates[{i}].cert: {}: the certificate has expired",
+                    c.cert_path.display()
+                )
+            })
+            .collect()
     }
 
     /// Applies `FLOODGATE_REDIS_URL`: overrides `[redis].url`, or enables Redis with
@@ -231,7 +268,7 @@ fn socket_addr(text: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("expected an address such as \"0.0.0.0:8080\" or \"[::]:8080\", got {text:?}"))
 }
 
-fn validate_server(raw: ServerFile, sink: &mut ErrorSink) -> ServerConfig {
+fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> ServerConfig {
     let default_listen = DEFAULT_LISTEN.parse().expect("valid default");
     let default_admin = DEFAULT_ADMIN_LISTEN;
     let trusted_proxies = raw
@@ -307,6 +344,10 @@ fn validate_server(raw: ServerFile, sink: &mut ErrorSink) -> ServerConfig {
             .max_body
             .as_ref()
             .and_then(|v| parse_spanned(v, "server.max_body", sink, values::size)),
+        tls: raw
+            .tls
+            .as_ref()
+            .and_then(|tls| tls::validate_tls(tls, base, sink)),
     }
 }
 

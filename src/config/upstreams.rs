@@ -3,8 +3,11 @@
 //! rotation, retries, and the concurrency cap with its queue.
 
 use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::pki_types::{CertificateDer, ServerName};
 
 use http::Uri;
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -53,6 +56,17 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     /// Time allowed until the upstream's response headers arrive.
     pub timeout: Duration,
+    /// For `https://` servers.
+    pub tls: Option<UpstreamTls>,
+}
+
+/// How `https://` servers are checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTls {
+    /// `tls_ca`'s certificates; `None`: the system's roots.
+    pub roots: Option<Vec<CertificateDer<'static>>>,
+    /// `tls_server_name`; `None`: each server's host.
+    pub server_name: Option<ServerName<'static>>,
 }
 
 /// One server of an upstream.
@@ -84,12 +98,13 @@ pub struct HealthCheck {
 
 pub(super) fn validate_upstreams(
     raw: BTreeMap<String, Spanned<UpstreamFile>>,
+    base: &Path,
     sink: &mut ErrorSink,
 ) -> BTreeMap<String, Arc<UpstreamConfig>> {
     let mut upstreams = BTreeMap::new();
     for (name, upstream) in raw {
         let span = upstream.span();
-        if let Some(config) = validate_upstream(&name, span, upstream.into_inner(), sink) {
+        if let Some(config) = validate_upstream(&name, span, upstream.into_inner(), base, sink) {
             upstreams.insert(name, Arc::new(config));
         }
     }
@@ -100,10 +115,26 @@ fn validate_upstream(
     name: &str,
     span: std::ops::Range<usize>,
     raw: UpstreamFile,
+    base: &Path,
     sink: &mut ErrorSink,
 ) -> Option<UpstreamConfig> {
     let key = format!("upstreams.{name}");
-    let servers = servers(&key, span, &raw, sink);
+    let servers = servers(&key, span.clone(), &raw, sink);
+    let tls = match &servers {
+        Some((_, _, true)) => upstream_tls(&key, &raw, base, sink),
+        _ => {
+            for (what, value) in [("tls_ca", &raw.tls_ca), ("tls_server_name", &raw.tls_server_name)] {
+                if let Some(value) = value {
+                    sink.push(
+                        Some(value.span()),
+                        format!("{key}.{what}"),
+                        format!("{what} applies only to https:// servers"),
+                    );
+                }
+            }
+            Some(None)
+        }
+    };
     let balance = balance(&key, &raw, sink);
     let count = |value: &Option<Spanned<i64>>, what: &str, default: u32, sink: &mut ErrorSink| {
         let Some(value) = value else {
@@ -150,7 +181,23 @@ fn validate_upstream(
         None => Some(None),
         Some(check) => health_check(&format!("{key}.health_check"), check.get_ref(), sink).map(Some),
     };
-    let (servers, base_path) = servers?;
+    let (servers, base_path, _) = servers?;
+    let tls = tls?;
+    if let Some(UpstreamTls {
+        server_name: None, ..
+    }) = &tls
+        && let Some(server) = servers.iter().find(|s| server_name(&s.authority).is_none())
+    {
+        sink.push(
+            Some(span),
+            format!("{key}.tls_server_name"),
+            format!(
+                "{} is not a name a certificate can have; set tls_server_name",
+                server.authority.host()
+            ),
+        );
+        return None;
+    }
     Some(UpstreamConfig {
         name: name.to_owned(),
         servers,
@@ -165,7 +212,41 @@ fn validate_upstream(
         queue_timeout,
         connect_timeout,
         timeout,
+        tls,
     })
+}
+
+/// The name a server's certificate must have by default: its host.
+pub(crate) fn server_name(authority: &Authority) -> Option<ServerName<'static>> {
+    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+    ServerName::try_from(host.to_owned()).ok()
+}
+
+fn upstream_tls(
+    key: &str,
+    raw: &UpstreamFile,
+    base: &Path,
+    sink: &mut ErrorSink,
+) -> Option<Option<UpstreamTls>> {
+    let roots = match &raw.tls_ca {
+        None => Some(None),
+        Some(path) => parse_spanned(path, format!("{key}.tls_ca"), sink, |text| {
+            super::tls::load_roots(&base.join(text))
+        })
+        .map(Some),
+    };
+    let server_name = match &raw.tls_server_name {
+        None => Some(None),
+        Some(name) => parse_spanned(name, format!("{key}.tls_server_name"), sink, |text| {
+            ServerName::try_from(text.to_owned())
+                .map_err(|_| format!("expected a DNS name or IP address, got {text:?}"))
+        })
+        .map(Some),
+    };
+    Some(Some(UpstreamTls {
+        roots: roots?,
+        server_name: server_name?,
+    }))
 }
 
 fn servers(
@@ -173,15 +254,15 @@ fn servers(
     span: std::ops::Range<usize>,
     raw: &UpstreamFile,
     sink: &mut ErrorSink,
-) -> Option<(Vec<UpstreamServer>, String)> {
+) -> Option<(Vec<UpstreamServer>, String, bool)> {
     let server = |url: &Spanned<String>, key: String, weight: u32, sink: &mut ErrorSink| {
         parse_spanned(url, key, sink, upstream_url)
-            .map(|(authority, base_path)| (UpstreamServer { authority, weight }, base_path))
+            .map(|(tls, authority, base_path)| (UpstreamServer { authority, weight }, (base_path, tls)))
     };
     match (&raw.url, &raw.servers) {
         (Some(url), None) => {
-            let (server, base_path) = server(url, format!("{key}.url"), 1, sink)?;
-            Some((vec![server], base_path))
+            let (server, (base_path, tls)) = server(url, format!("{key}.url"), 1, sink)?;
+            Some((vec![server], base_path, tls))
         }
         (None, Some(list)) if list.get_ref().is_empty() => {
             sink.push(
@@ -193,7 +274,7 @@ fn servers(
         }
         (None, Some(list)) => {
             let mut servers = Vec::with_capacity(list.get_ref().len());
-            let mut base_path: Option<String> = None;
+            let mut base: Option<(String, bool)> = None;
             let mut seen = HashSet::new();
             let mut valid = true;
             for (i, entry) in list.get_ref().iter().enumerate() {
@@ -206,14 +287,18 @@ fn servers(
                     server(&url, format!("{at}.url"), weight.unwrap_or(1), sink),
                     weight,
                 ) {
-                    (Some((server, path)), Some(_)) => {
-                        if base_path.get_or_insert_with(|| path.clone()) != &path {
+                    (Some((server, here)), Some(_)) => {
+                        let first = base.get_or_insert_with(|| here.clone());
+                        if *first != here {
                             sink.push(
                                 Some(url.span()),
                                 format!("{at}.url"),
                                 format!(
-                                    "every server of an upstream must have the same path; expected {:?}, got {path:?}",
-                                    base_path.as_deref().unwrap_or_default()
+                                    "every server of an upstream must have the same scheme and path; expected {}{:?}, got {}{:?}",
+                                    if first.1 { "https " } else { "http " },
+                                    first.0,
+                                    if here.1 { "https " } else { "http " },
+                                    here.0
                                 ),
                             );
                             valid = false;
@@ -234,7 +319,8 @@ fn servers(
                     _ => valid = false,
                 }
             }
-            valid.then(|| (servers, base_path.unwrap_or_default()))
+            let (base_path, tls) = base.unwrap_or_default();
+            valid.then_some((servers, base_path, tls))
         }
         (Some(url), Some(_)) => {
             sink.push(
@@ -376,19 +462,16 @@ fn health_check(key: &str, raw: &HealthCheckFile, sink: &mut ErrorSink) -> Optio
     })
 }
 
-/// `http://host:port/optional/base` → (authority with an explicit port, base path).
-fn upstream_url(text: &str) -> Result<(Authority, String), String> {
+/// `http[s]://host[:port]/optional/base` → (TLS, authority with an explicit port, base
+/// path).
+fn upstream_url(text: &str) -> Result<(bool, Authority, String), String> {
     let expected = || format!("expected an upstream URL such as \"http://127.0.0.1:9000\", got {text:?}");
     let uri: Uri = text.trim().parse().map_err(|_| expected())?;
-    match uri.scheme() {
-        Some(scheme) if *scheme == Scheme::HTTP => {}
-        Some(scheme) if *scheme == Scheme::HTTPS => {
-            return Err(format!(
-                "https:// upstreams are not supported yet; expected an http:// URL, got {text:?}"
-            ));
-        }
+    let (tls, default_port) = match uri.scheme() {
+        Some(scheme) if *scheme == Scheme::HTTP => (false, 80),
+        Some(scheme) if *scheme == Scheme::HTTPS => (true, 443),
         _ => return Err(expected()),
-    }
+    };
     let authority = uri.authority().ok_or_else(expected)?;
     if authority.host().is_empty() || authority.as_str().contains('@') {
         return Err(expected());
@@ -400,10 +483,10 @@ fn upstream_url(text: &str) -> Result<(Authority, String), String> {
     }
     let authority: Authority = match authority.port_u16() {
         Some(_) => authority.clone(),
-        None => format!("{}:80", authority.host())
+        None => format!("{}:{default_port}", authority.host())
             .parse()
             .map_err(|_| expected())?,
     };
     let base_path = uri.path().trim_end_matches('/').to_owned();
-    Ok((authority, base_path))
+    Ok((tls, authority, base_path))
 }

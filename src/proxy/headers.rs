@@ -110,6 +110,8 @@ pub(crate) struct ForwardingContext<'a> {
     /// The peer is inside `server.trusted_proxies`: its forwarding headers are believed.
     pub peer_trusted: bool,
     pub version: Version,
+    /// The client connection is TLS: `X-Forwarded-Proto: https`.
+    pub tls: bool,
     /// Headers rate limits key on: their underscore spellings are dropped too.
     pub key_headers: &'a [HeaderName],
 }
@@ -153,7 +155,8 @@ pub(crate) fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingCo
     headers.insert(X_REAL_IP.clone(), client_value);
 
     if !(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+        let proto = if ctx.tls { "https" } else { "http" };
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
     }
     if !(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
         // The same bytes, shared (a host that is not visible ASCII is not repeated).
@@ -238,12 +241,13 @@ mod tests {
             client_ip: "198.51.100.7".parse().unwrap(),
             peer_trusted: trusted,
             version: Version::HTTP_11,
+            tls: peer.tls,
             key_headers: &[],
         }
     }
 
     fn peer() -> Peer {
-        Peer::new("10.0.0.1:40000".parse().unwrap())
+        Peer::new("10.0.0.1:40000".parse().unwrap(), false)
     }
 
     fn all(headers: &HeaderMap, name: &str) -> Vec<String> {

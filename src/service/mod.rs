@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Request, Response, StatusCode, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
@@ -61,16 +61,19 @@ pub struct Instance {
     pub(crate) draining: AtomicBool,
     /// The route label of requests no route matched.
     no_route: Arc<str>,
+    /// The HTTPS listener's port, for `redirect_http`.
+    https_port: Option<u16>,
 }
 
 impl Instance {
     /// `state` was built counting in `metrics`.
-    pub(crate) fn new(state: GatewayState, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(state: GatewayState, metrics: Arc<Metrics>, https_port: Option<u16>) -> Self {
         Instance {
             state: ArcSwap::from_pointee(state),
             metrics,
             draining: AtomicBool::new(false),
             no_route: Arc::from(""),
+            https_port,
         }
     }
 }
@@ -120,6 +123,18 @@ pub(crate) async fn handle(
     };
     for (name, value) in limit_headers {
         response.headers_mut().append(name, value);
+    }
+    if peer.tls
+        && let Some(hsts) = state
+            .config
+            .server
+            .tls
+            .as_ref()
+            .and_then(|tls| tls.hsts_value.clone())
+    {
+        response
+            .headers_mut()
+            .insert(header::STRICT_TRANSPORT_SECURITY, hsts);
     }
     record.status = response.status().as_u16();
     Ok(response.map(|body| ResponseBody::new(body, record, in_flight)))
@@ -199,6 +214,12 @@ async fn serve(
         }
     };
     let path = record.path.as_str();
+    if !client.peer.tls
+        && let Some(tls) = state.config.server.tls.as_ref().filter(|tls| tls.redirect_http)
+    {
+        let port = shared.https_port.unwrap_or(tls.listen.port());
+        return to_https(host, port, request.uri());
+    }
     let route_host = normalize_host(host);
     let index = state
         .router
@@ -251,6 +272,7 @@ async fn serve(
                 peer: client.peer,
                 client_ip: client.ip,
                 peer_trusted: state.trusted_proxies.contains(client.peer.ip),
+                tls: client.peer.tls,
                 version: request.version(),
                 key_headers: &state.key_headers,
             };
@@ -304,6 +326,27 @@ struct Destination<'a> {
     hash_tuple: Option<&'a str>,
     /// Live gateway instances sharing the upstream's `max_requests`.
     instances: u64,
+}
+
+/// `redirect_http`: a 308 to the same host and target over HTTPS on `port`.
+fn to_https(host: &str, port: u16, target: &Uri) -> Result<Response<Payload>, GatewayError> {
+    // The name without the plain listener's port (an IPv6 literal keeps its brackets).
+    let name = match host.rfind(':') {
+        Some(colon) if !host[colon..].contains(']') => &host[..colon],
+        _ => host,
+    };
+    let path = target.path_and_query().map_or("/", |p| p.as_str());
+    let location = if port == 443 {
+        format!("https://{name}{path}")
+    } else {
+        format!("https://{name}:{port}{path}")
+    };
+    let location = HeaderValue::try_from(location)
+        .map_err(|_| GatewayError::MalformedRequest("the request target cannot be redirected"))?;
+    let mut response = Response::new(full(Bytes::new()));
+    *response.status_mut() = StatusCode::PERMANENT_REDIRECT;
+    response.headers_mut().insert(header::LOCATION, location);
+    Ok(response)
 }
 
 /// A request refused by its limits (or by a failed store under `on_error = "deny"`).

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::HeaderName;
+use tokio_rustls::TlsAcceptor;
 
 use super::limits::RouteLimits;
 use crate::client_ip::TrustedProxies;
@@ -33,6 +34,8 @@ pub(crate) struct GatewayState {
     /// Refusals remembered until they could pass (new with every configuration), in
     /// front of Redis only: the in-process store decides as fast as the cache answers.
     pub(crate) refusals: Option<RefusalCache>,
+    /// The HTTPS listener's handshakes, with this configuration's certificates.
+    pub(crate) tls: Option<TlsAcceptor>,
 }
 
 impl GatewayState {
@@ -137,7 +140,29 @@ impl GatewayState {
             Some(redis) => (redis.prefix.clone(), redis.on_error),
             None => (DEFAULT_PREFIX.to_owned(), OnError::Allow),
         };
+        if let Some(previous) = previous {
+            for (name, upstream) in &previous.config.upstreams {
+                for server in &upstream.servers {
+                    let kept = config
+                        .upstreams
+                        .get(name)
+                        .is_some_and(|u| u.servers.iter().any(|s| s.authority == server.authority));
+                    if !kept {
+                        metrics.forget_upstream_server(name, server.authority.as_str());
+                    }
+                }
+            }
+        }
         let refusals = matches!(store, LimitStore::Redis(_)).then(RefusalCache::default);
+        let tls = config.server.tls.as_ref().map(|tls| {
+            let expiry: Vec<(String, i64)> = tls
+                .certificates
+                .iter()
+                .map(|c| (c.label(), c.not_after))
+                .collect();
+            metrics.set_certificate_expiry(&expiry);
+            crate::tls::acceptor(tls)
+        });
         Ok(GatewayState {
             router: Router::new(config.routes.clone()),
             trusted_proxies: TrustedProxies::new(config.server.trusted_proxies.clone()),
@@ -148,6 +173,7 @@ impl GatewayState {
             on_error,
             key_headers,
             refusals,
+            tls,
         })
     }
 }

@@ -179,7 +179,7 @@ mod tests {
             .enumerate()
             .map(|(i, &weight)| {
                 let label = format!("10.0.0.{i}:80");
-                let pool = Pool::new(label.clone(), Duration::from_secs(1));
+                let pool = Pool::new(label.clone(), Duration::from_secs(1), None);
                 Server::new(
                     label.into(),
                     weight,

@@ -29,11 +29,13 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use rustls::RootCertStore;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
+use tokio_rustls::TlsConnector;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::config::{Balance, KeyPart, UpstreamConfig};
+use crate::config::{Balance, KeyPart, UpstreamConfig, UpstreamTls, server_name, tls_provider};
 use crate::error::{GatewayError, UpstreamFailure};
 use crate::metrics::Metrics;
 use crate::proxy::request_body::{RequestBody, RequestBodyError};
@@ -60,15 +62,26 @@ impl Upstream {
     pub(crate) fn new(config: Arc<UpstreamConfig>, metrics: &Metrics) -> Self {
         let name: Arc<str> = Arc::from(config.name.as_str());
         let single = config.servers.len() == 1;
+        let client_tls = config.tls.as_ref().map(client_tls);
         let servers: Vec<Server> = config
             .servers
             .iter()
             .map(|server| {
                 let label: Arc<str> = Arc::from(server.authority.as_str());
+                let tls = client_tls.as_ref().map(|connector| pool::Tls {
+                    connector: connector.clone(),
+                    // Validation made sure one of the two is there.
+                    server_name: config
+                        .tls
+                        .as_ref()
+                        .and_then(|tls| tls.server_name.clone())
+                        .or_else(|| server_name(&server.authority))
+                        .expect("an https server has a name to check"),
+                });
                 Server::new(
                     label.clone(),
                     server.weight,
-                    Pool::new(label.to_string(), config.connect_timeout),
+                    Pool::new(label.to_string(), config.connect_timeout, tls),
                     metrics.upstream_server(&name, &label),
                     // One server is never taken out: there would be nowhere else to go.
                     (config.max_fails > 0 && !single).then_some((config.max_fails, config.fail_timeout)),
@@ -211,6 +224,31 @@ impl Upstream {
     }
 }
 
+/// The TLS client for an upstream's `https://` servers: its `tls_ca` or the system's
+/// roots, HTTP/1.1 by ALPN. Certificate checking cannot be turned off.
+fn client_tls(tls: &UpstreamTls) -> TlsConnector {
+    let mut roots = RootCertStore::empty();
+    match &tls.roots {
+        Some(certificates) => {
+            roots.add_parsable_certificates(certificates.iter().cloned());
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            for error in &native.errors {
+                tracing::warn!(%error, "a system root certificate could not be loaded");
+            }
+            roots.add_parsable_certificates(native.certs);
+        }
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(tls_provider())
+        .with_safe_default_protocol_versions()
+        .expect("the provider supports TLS 1.2 and 1.3")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    TlsConnector::from(Arc::new(config))
+}
+
 /// Methods whose repetition has the effect of one request (RFC 9110 §9.2.2).
 fn idempotent(method: &Method) -> bool {
     matches!(
@@ -222,8 +260,12 @@ fn idempotent(method: &Method) -> bool {
 /// A failure of the server (`Ok`), or of the client's request body (`Err`, answered
 /// as it is: no other server would do better).
 fn classify(error: SendError) -> Result<(UpstreamFailure, String), GatewayError> {
-    if matches!(error, SendError::Connect { .. } | SendError::ConnectTimeout(_)) {
-        return Ok((UpstreamFailure::Connect, detail(&error)));
+    match error {
+        SendError::Connect { .. } | SendError::ConnectTimeout(_) => {
+            return Ok((UpstreamFailure::Connect, detail(&error)));
+        }
+        SendError::Tls { .. } => return Ok((UpstreamFailure::Tls, detail(&error))),
+        SendError::Exchange(_) => {}
     }
     let mut source = error.source();
     while let Some(cause) = source {
@@ -256,16 +298,17 @@ fn detail(error: &dyn std::error::Error) -> String {
 }
 
 /// `floodgate_upstream_errors_total` of one upstream, by kind.
-struct Failures([Counter; 6]);
+struct Failures([Counter; 7]);
 
 impl Failures {
-    const KINDS: [UpstreamFailure; 6] = [
+    const KINDS: [UpstreamFailure; 7] = [
         UpstreamFailure::Connect,
         UpstreamFailure::Timeout,
         UpstreamFailure::Reset,
         UpstreamFailure::QueueFull,
         UpstreamFailure::QueueTimeout,
         UpstreamFailure::NoServer,
+        UpstreamFailure::Tls,
     ];
 
     fn new(metrics: &Metrics, upstream: &Arc<str>) -> Self {
@@ -386,7 +429,9 @@ impl Rotation {
     }
 
     /// Counts a request in flight on an available server below `cap`: `NoServer` when
-    /// none is available, `QueueFull` when every available one is at its cap.
+    /// none is available, `QueueFull` when every available one is at its cap. A keyed
+    /// request (`hash`) goes to its key's server or waits for it, so that a session stays
+    /// on its server when that server is busiest too.
     fn take(
         &self,
         affinity: Option<u64>,
@@ -396,9 +441,17 @@ impl Rotation {
     ) -> Result<usize, UpstreamFailure> {
         let mut skip = tried.clone();
         loop {
-            let picked = self.balancer.pick(&self.servers, affinity, |i| {
-                !skip.contains(&i) && self.servers[i].load() < cap && self.servers[i].available(now)
-            });
+            let picked = match affinity {
+                Some(_) => self
+                    .balancer
+                    .pick(&self.servers, affinity, |i| {
+                        !skip.contains(&i) && self.servers[i].available(now)
+                    })
+                    .filter(|&i| self.servers[i].load() < cap),
+                None => self.balancer.pick(&self.servers, affinity, |i| {
+                    !skip.contains(&i) && self.servers[i].load() < cap && self.servers[i].available(now)
+                }),
+            };
             match picked {
                 Some(index) if self.servers[index].claim(now) => {
                     self.servers[index].in_flight.inc();

@@ -25,7 +25,9 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 
 /// How long an idle connection is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -39,6 +41,8 @@ pub(crate) enum SendError {
     Connect { address: String, source: std::io::Error },
     #[error("cannot connect to {0}: no answer within the connect timeout")]
     ConnectTimeout(String),
+    #[error("TLS with {address} failed: {source}")]
+    Tls { address: String, source: std::io::Error },
     #[error(transparent)]
     Exchange(#[from] hyper::Error),
 }
@@ -48,11 +52,18 @@ struct Idle<B> {
     since: Instant,
 }
 
+/// TLS to a server: the client configuration and the name its certificate must have.
+pub(crate) struct Tls {
+    pub(crate) connector: TlsConnector,
+    pub(crate) server_name: ServerName<'static>,
+}
+
 /// One upstream address and its idle connections.
 struct Endpoint<B> {
     /// `host:port`, as configured.
     address: String,
     connect_timeout: Duration,
+    tls: Option<Tls>,
     /// Most recently used last.
     idle: Mutex<Vec<Idle<B>>>,
 }
@@ -95,28 +106,53 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    /// A new connection, its TLS handshake included, within `connect_timeout`.
     async fn connect(&self) -> Result<SendRequest<B>, SendError> {
-        let stream = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address)).await
-        {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(source)) => {
-                return Err(SendError::Connect {
-                    address: self.address.clone(),
-                    source,
-                });
-            }
-            Err(_) => return Err(SendError::ConnectTimeout(self.address.clone())),
-        };
+        match tokio::time::timeout(self.connect_timeout, self.open()).await {
+            Ok(connected) => connected,
+            Err(_) => Err(SendError::ConnectTimeout(self.address.clone())),
+        }
+    }
+
+    async fn open(&self) -> Result<SendRequest<B>, SendError> {
+        let stream = TcpStream::connect(&self.address)
+            .await
+            .map_err(|source| SendError::Connect {
+                address: self.address.clone(),
+                source,
+            })?;
         // Requests and responses are written whole; never wait to coalesce them.
         let _ = stream.set_nodelay(true);
-        let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            if let Err(error) = connection.with_upgrades().await {
-                tracing::debug!(%error, "upstream connection ended with an error");
-            }
-        });
-        Ok(sender)
+        let Some(tls) = &self.tls else {
+            return handshake(stream).await;
+        };
+        let stream = tls
+            .connector
+            .connect(tls.server_name.clone(), stream)
+            .await
+            .map_err(|source| SendError::Tls {
+                address: self.address.clone(),
+                source,
+            })?;
+        handshake(stream).await
     }
+}
+
+/// An HTTP/1.1 connection over `stream`, driven by a task of its own.
+async fn handshake<B, S>(stream: S) -> Result<SendRequest<B>, SendError>
+where
+    B: Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.with_upgrades().await {
+            tracing::debug!(%error, "upstream connection ended with an error");
+        }
+    });
+    Ok(sender)
 }
 
 /// The connections to one upstream, for requests with bodies of type `B`.
@@ -130,12 +166,13 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    /// A pool for `address` (`host:port`).
-    pub(crate) fn new(address: String, connect_timeout: Duration) -> Self {
+    /// A pool for `address` (`host:port`), over TLS with `tls`.
+    pub(crate) fn new(address: String, connect_timeout: Duration, tls: Option<Tls>) -> Self {
         Pool {
             endpoint: Arc::new(Endpoint {
                 address,
                 connect_timeout,
+                tls,
                 idle: Mutex::new(Vec::new()),
             }),
         }
@@ -318,7 +355,7 @@ mod tests {
                 .unwrap();
         });
 
-        let pool = Pool::new(address, Duration::from_secs(1));
+        let pool = Pool::new(address, Duration::from_secs(1), None);
         let response = pool.send(request()).await.unwrap();
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "first");
         closed_tx.send(()).unwrap();

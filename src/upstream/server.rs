@@ -210,7 +210,7 @@ mod tests {
     use super::*;
 
     fn server(passive: Option<(u32, Duration)>) -> Server {
-        let pool = Pool::new("127.0.0.1:9".into(), Duration::from_secs(1));
+        let pool = Pool::new("127.0.0.1:9".into(), Duration::from_secs(1), None);
         Server::new(
             "127.0.0.1:9".into(),
             1,

@@ -6,6 +6,8 @@ pub(crate) mod redis_server;
 
 pub(crate) mod process;
 
+pub(crate) mod tls;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -31,6 +33,8 @@ use tokio::task::JoinHandle;
 pub(crate) struct TestGateway {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
+    /// The HTTPS listener, with `[server.tls]`.
+    pub tls: Option<SocketAddr>,
     /// The running gateway's state, for reloads.
     pub shared: std::sync::Arc<floodgate::service::Instance>,
     stop: Option<oneshot::Sender<()>>,
@@ -66,6 +70,7 @@ impl TestGateway {
         let shared = gateway.shared().clone();
         let addr = gateway.local_addr();
         let admin = gateway.admin_addr();
+        let tls = gateway.tls_addr();
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(gateway.serve(async {
             let _ = stopped.await;
@@ -73,6 +78,7 @@ impl TestGateway {
         TestGateway {
             addr,
             admin,
+            tls,
             shared,
             stop: Some(stop),
             task: Some(task),

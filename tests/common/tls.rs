@@ -1,0 +1,95 @@
+//! Certificates made in the tests: a private CA that issues leaf certificates (ECDSA
+//! P-256) for the names a test needs, written as PEM files.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+/// A certificate authority of the test's own.
+pub(crate) struct TestCa {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A leaf certificate and its key, as PEM.
+pub(crate) struct Issued {
+    pub cert: String,
+    pub key: String,
+    pub der: CertificateDer<'static>,
+}
+
+impl TestCa {
+    pub(crate) fn new(name: &str) -> TestCa {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        TestCa {
+            issuer: CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap(),
+        }
+    }
+
+    /// The CA certificate, as PEM.
+    pub(crate) fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A leaf certificate for `names` (DNS names or IP addresses).
+    pub(crate) fn issue(&self, names: &[&str]) -> Issued {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let params = CertificateParams::new(names).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Issued {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+            der: cert.der().clone(),
+        }
+    }
+
+    /// A client that trusts this CA, offering `alpn`.
+    pub(crate) fn client(&self, alpn: &[&[u8]]) -> TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.issuer.der().clone()).unwrap();
+        let mut config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        TlsConnector::from(Arc::new(config))
+    }
+}
+
+impl Issued {
+    /// Writes `NAME.crt` and `NAME.key` into `dir`; returns their paths.
+    pub(crate) fn write(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+        let cert = dir.join(format!("{name}.crt"));
+        let key = dir.join(format!("{name}.key"));
+        std::fs::write(&cert, &self.cert).unwrap();
+        std::fs::write(&key, &self.key).unwrap();
+        (cert, key)
+    }
+}
+
+/// A TLS connection to `addr` asking for `server_name`.
+pub(crate) async fn connect(
+    connector: &TlsConnector,
+    addr: std::net::SocketAddr,
+    server_name: &str,
+) -> TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from(server_name.to_owned()).unwrap();
+    connector.connect(name, tcp).await.unwrap()
+}
+
+/// The certificate the server presented on `stream`.
+pub(crate) fn presented(stream: &TlsStream<TcpStream>) -> CertificateDer<'static> {
+    stream.get_ref().1.peer_certificates().unwrap()[0]
+        .clone()
+        .into_owned()
+}

@@ -1,0 +1,484 @@
+//! TLS both ways (docs/configuration.md#servertls): the HTTPS listener (certificates by
+//! SNI, ALPN h2 and http/1.1, reload of certificate files in place, redirect, HSTS,
+//! X-Forwarded-Proto, handshakes that fail or never finish) and https upstreams checked
+//! against their CA. Certificates come from a CA made in each test.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::tls::{TestCa, connect, presented};
+use common::{TestGateway, Upstream, get, header_lines};
+use floodgate::Config;
+use floodgate::reload::{Reloader, watch_file};
+use http::{Request, StatusCode, Version};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A gateway with `[server.tls]` (`tls_keys` added to it) in front of `upstream`, its
+/// configuration in `dir/gateway.toml` with the certificate files named relative to it.
+async fn gateway(dir: &Path, upstream: &Upstream, certificates: &[&str], tls_keys: &str) -> TestGateway {
+    let pairs: Vec<String> = certificates
+        .iter()
+        .map(|name| format!("{{ cert = \"{name}.crt\", key = \"{name}.key\" }}"))
+        .collect();
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nheader_timeout = \"500ms\"\n\n\
+         [server.tls]\nlisten = \"127.0.0.1:0\"\ncertificates = [{}]\n{tls_keys}\n\n\
+         [upstreams.app]\nurl = \"{}\"\n\n\
+         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+        pairs.join(", "),
+        upstream.url()
+    );
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, text).unwrap();
+    TestGateway::start_config(Config::load(&path).unwrap()).await
+}
+
+/// One HTTP request over a TLS connection offering `alpn`: the version used, the status
+/// and the body.
+async fn request_over_tls(
+    ca: &TestCa,
+    gw: &TestGateway,
+    alpn: &[&[u8]],
+    path: &str,
+) -> (Version, StatusCode, http::HeaderMap, String) {
+    let stream = connect(&ca.client(alpn), gw.tls.unwrap(), "a.test").await;
+    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    let request = Request::get(path)
+        .header("host", "a.test")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let response = if h2 {
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        let mut request = request;
+        *request.uri_mut() = format!("https://a.test{path}").parse().unwrap();
+        sender.send_request(request).await.unwrap()
+    } else {
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        sender.send_request(request).await.unwrap()
+    };
+    let version = response.version();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (
+        version,
+        status,
+        headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_certificate_is_chosen_by_sni_and_the_first_is_the_default() {
+    let ca = TestCa::new("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    let first = ca.issue(&["a.test"]);
+    let second = ca.issue(&["*.b.test"]);
+    first.write(dir.path(), "first");
+    second.write(dir.path(), "second");
+    let upstream = Upstream::start().await;
+    let gw = gateway(dir.path(), &upstream, &["first", "second"], "").await;
+    let client = ca.client(&[b"http/1.1"]);
+    let addr = gw.tls.unwrap();
+    assert_eq!(presented(&connect(&client, addr, "a.test").await), first.der);
+    assert_eq!(
+        presented(&connect(&client, addr, "shop.b.test").await),
+        second.der
+    );
+    // No match, and no SNI at all (an IP address): the first certificate. The client
+    // would refuse it for these names, so look at what was presented without checking.
+    for name in ["other.test", "127.0.0.1"] {
+        let seen = presented_unchecked(addr, name).await;
+        assert_eq!(seen, first.der, "{name}");
+    }
+}
+
+/// The certificate presented to a client asking for `name`, without verifying it.
+async fn presented_unchecked(
+    addr: std::net::SocketAddr,
+    name: &str,
+) -> rustls::pki_types::CertificateDer<'static> {
+    #[derive(Debug)]
+    struct AcceptAnything(Arc<rustls::crypto::CryptoProvider>);
+    impl rustls::client::danger::ServerCertVerifier for AcceptAnything {
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &rustls::pki_types::CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &rustls::pki_types::CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnything(provider)))
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    presented(&connect(&connector, addr, name).await)
+}
+
+#[tokio::test]
+async fn alpn_serves_http2_and_http1_and_requests_are_forwarded_as_https() {
+    let ca = TestCa::new("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    ca.issue(&["a.test"]).write(dir.path(), "a");
+    let upstream = Upstream::start().await;
+    let gw = gateway(dir.path(), &upstream, &["a"], "").await;
+    for (alpn, version) in [
+        (&b"h2"[..], Version::HTTP_2),
+        (&b"http/1.1"[..], Version::HTTP_11),
+    ] {
+        let (seen, status, _, body) = request_over_tls(&ca, &gw, &[alpn], "/hello").await;
+        assert_eq!((seen, status), (version, StatusCode::OK), "{body}");
+        assert_eq!(header_lines(&body, "x-forwarded-proto"), ["https"], "{body}");
+    }
+    // Over the plain listener, still http.
+    let (_, _, body) = get(&gw.url("/plain")).await;
+    assert_eq!(header_lines(&body, "x-forwarded-proto"), ["http"]);
+}
+
+#[tokio::test]
+async fn curl_speaks_http2_over_tls() {
+    let ca = TestCa::new("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    ca.issue(&["a.test"]).write(dir.path(), "a");
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    let upstream = Upstream::start().await;
+    let gw = gateway(dir.path(), &upstream, &["a"], "").await;
+    let port = gw.tls.unwrap().port();
+    let output = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--http2",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_version} %{http_code}",
+        ])
+        .arg("--cacert")
+        .arg(dir.path().join("ca.pem"))
+        .args(["--resolve", &format!("a.test:{port}:127.0.0.1")])
+        .arg(format!("https://a.test:{port}/curl"))
+        .output()
+        .await
+        .expect("curl runs");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "2 200",
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test]
+async fn hsts_and_the_redirect_to_https() {
+    let ca = TestCa::new("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    ca.issue(&["a.test"]).write(dir.path(), "a");
+    let upstream = Upstream::start().await;
+    let gw = gateway(
+        dir.path(),
+        &upstream,
+        &["a"],
+        "redirect_http = true\nhsts = \"1d\"",
+    )
+    .await;
+    let (_, status, headers, _) = request_over_tls(&ca, &gw, &[b"http/1.1"], "/x").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["strict-transport-security"], "max-age=86400");
+    let port = gw.tls.unwrap().port();
+    let response = common::send(
+        Request::get(gw.url("/some/path?q=1"))
+            .header("host", "a.test:8080")
+            .body(http_body_util::Full::default())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(response.0, StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(
+        response.1["location"],
+        format!("https://a.test:{port}/some/path?q=1").as_str()
+    );
+    assert!(!response.1.contains_key("strict-transport-security"));
+    assert_eq!(upstream.requests(), 1, "the redirected request was forwarded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_files_replaced_in_place_serve_new_handshakes_and_a_broken_one_keeps_the_old() {
+    let ca = TestCa::new("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    let old = ca.issue(&["a.test"]);
+    old.write(dir.path(), "a");
+    let upstream = Upstream::start().await;
+    let gw = gateway(dir.path(), &upstream, &["a"], "").await;
+    let path = dir.path().join("gateway.toml");
+    let reloader = Arc::new(Reloader::new(
+        gw.shared.clone(),
+        Box::new(move || Config::load(&path)),
+    ));
+    let _watcher = watch_file(reloader, &dir.path().join("gateway.toml"));
+
+    // A keep-alive connection made with the old certificate.
+    let stream = connect(&ca.client(&[b"http/1.1"]), gw.tls.unwrap(), "a.test").await;
+    assert_eq!(presented(&stream), old.der);
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let ask = |path: &str| {
+        Request::get(path)
+            .header("host", "a.test")
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+    assert_eq!(
+        sender.send_request(ask("/before")).await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    let new = ca.issue(&["a.test"]);
+    new.write(dir.path(), "a");
+    let started = Instant::now();
+    loop {
+        let seen = presented(&connect(&ca.client(&[b"http/1.1"]), gw.tls.unwrap(), "a.test").await);
+        if seen == new.der {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the new certificate was not picked up"
+        );
+        // The established connection keeps working throughout (and, busy, is not idle).
+        sender.ready().await.unwrap();
+        assert_eq!(
+            sender.send_request(ask("/during")).await.unwrap().status(),
+            StatusCode::OK
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sender.ready().await.unwrap();
+    assert_eq!(
+        sender.send_request(ask("/after")).await.unwrap().status(),
+        StatusCode::OK,
+        "the established connection was cut"
+    );
+
+    // A key that does not load: the reload fails, the certificate in use stays.
+    std::fs::write(dir.path().join("a.key"), "not a key").unwrap();
+    let started = Instant::now();
+    while gw
+        .metric("floodgate_config_reloads_total{result=\"error\"}")
+        .await
+        < 1.0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the broken key was not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seen = presented(&connect(&ca.client(&[b"http/1.1"]), gw.tls.unwrap(), "a.test").await);
+    assert_eq!(seen, new.der);
+}
+
+#[tokio::test]
+async fn a_failed_or_unfinished_handshake_closes_that_connection_only_and_is_counted() {
+    let ca = TestCa::new("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    let issued = ca.issue(&["a.test"]);
+    issued.write(dir.path(), "a");
+    let upstream = Upstream::start().await;
+    let gw = gateway(dir.path(), &upstream, &["a"], "").await;
+    let expiry = "floodgate_tls_certificate_expiry_timestamp_seconds{certificate=\"a.test\"}";
+    assert!(gw.metric(expiry).await > 1.7e9);
+
+    // Plain HTTP to the TLS port.
+    let mut plain = tokio::net::TcpStream::connect(gw.tls.unwrap()).await.unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), plain.read_to_end(&mut received)).await;
+    assert!(!String::from_utf8_lossy(&received).contains("200"));
+    // A client that never starts its handshake is cut at header_timeout (500 ms).
+    let mut silent = tokio::net::TcpStream::connect(gw.tls.unwrap()).await.unwrap();
+    let started = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(3), silent.read_to_end(&mut Vec::new())).await;
+    assert!(closed.is_ok(), "still open after 3 s");
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert_eq!(gw.metric("floodgate_tls_handshake_errors_total").await, 2.0);
+    // Others are served meanwhile.
+    let (_, status, _, _) = request_over_tls(&ca, &gw, &[b"http/1.1"], "/fine").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn check_names_a_key_that_does_not_match_its_certificate() {
+    let ca = TestCa::new("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    let a = ca.issue(&["a.test"]);
+    let b = ca.issue(&["b.test"]);
+    a.write(dir.path(), "a");
+    std::fs::write(dir.path().join("b.crt"), &b.cert).unwrap();
+    std::fs::write(dir.path().join("b.key"), &a.key).unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        "[server.tls]\nlisten = \"127.0.0.1:0\"\ncertificates = [\n  { cert = \"a.crt\", key = \"a.key\" },\n  { cert = \"b.crt\", key = \"b.key\" },\n]\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(common::process::BIN)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains(":5:27: server.tls.certificates[1].key: "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("b.key: the key does not match the certificate in"),
+        "{stderr}"
+    );
+    // Fixed, the same file passes and summarizes the listener.
+    std::fs::write(dir.path().join("b.key"), &b.key).unwrap();
+    let output = std::process::Command::new(common::process::BIN)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("2 certificate(s)"));
+}
+
+/// An HTTPS upstream with a certificate for `localhost` from `ca`: answers 200 "secure".
+async fn https_upstream(ca: &TestCa) -> std::net::SocketAddr {
+    let issued = ca.issue(&["localhost"]);
+    let chain = vec![issued.der.clone()];
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(issued.key.as_bytes()).unwrap();
+    let config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(stream) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(|_request| async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                        Bytes::from("secure"),
+                    )))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_https_upstream_is_used_with_its_ca_and_refused_without() {
+    let ca = TestCa::new("upstream ca");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    let addr = https_upstream(&ca).await;
+    let config = |tls_ca: &str| {
+        let text = format!(
+            "[upstreams.app]\nurl = \"https://localhost:{}\"\n{tls_ca}\n\n\
+             [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+            addr.port()
+        );
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(
+            &path,
+            format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{text}"),
+        )
+        .unwrap();
+        Config::load(&path).unwrap()
+    };
+    let trusted = TestGateway::start_config(config("tls_ca = \"ca.pem\"")).await;
+    for _ in 0..3 {
+        let (status, _, body) = get(&trusted.url("/")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "secure"));
+    }
+    // The system's roots do not know this CA.
+    let untrusted = TestGateway::start_config(config("")).await;
+    assert_eq!(get(&untrusted.url("/")).await.0, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        untrusted
+            .metric("floodgate_upstream_errors_total{upstream=\"app\",kind=\"tls\"}")
+            .await,
+        1.0
+    );
+    // The right CA but the wrong name.
+    let wrong_name =
+        TestGateway::start_config(config("tls_ca = \"ca.pem\"\ntls_server_name = \"other.test\"")).await;
+    assert_eq!(get(&wrong_name.url("/")).await.0, StatusCode::BAD_GATEWAY);
+}
