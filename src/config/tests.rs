@@ -167,7 +167,12 @@ fn bad_workers_and_header_mode() {
 
 #[test]
 fn bad_upstream_url() {
-    for url in ["127.0.0.1:9000", "ftp://host", "http://host/?q=1", "https://host"] {
+    for url in [
+        "127.0.0.1:9000",
+        "ftp://host",
+        "http://host/?q=1",
+        "https://user@host",
+    ] {
         let (_, _, key, _) = error(&format!("[upstreams.app]\nurl = \"{url}\"\n"));
         assert_eq!(key, "upstreams.app.url", "{url}");
     }
@@ -564,7 +569,7 @@ fn bad_upstream_keys_name_their_place() {
         (
             "servers = [\"http://a:1/x\", \"http://b:1/y\"]",
             (2, 28, "upstreams.app.servers[1].url"),
-            "the same path",
+            "the same scheme and path",
         ),
         (
             "url = \"http://a:1\"\nbalance = \"random\"",
