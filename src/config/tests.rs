@@ -614,3 +614,27 @@ fn bad_upstream_keys_name_their_place() {
         "{message}"
     );
 }
+
+#[test]
+fn tls_ca_applies_only_to_https_upstreams_and_must_load() {
+    let (line, column, key, message) = error("[upstreams.app]\nurl = \"http://a:1\"\ntls_ca = \"ca.pem\"\n");
+    assert_eq!((line, column, key.as_str()), (3, 10, "upstreams.app.tls_ca"));
+    assert!(message.contains("only to https://"), "{message}");
+    let (_, _, key, message) = error("[upstreams.app]\nurl = \"https://a:1\"\ntls_ca = \"missing.pem\"\n");
+    assert_eq!(key, "upstreams.app.tls_ca");
+    assert!(message.contains("missing.pem"), "{message}");
+}
+
+#[test]
+fn an_https_upstream_defaults_to_port_443_and_the_system_roots() {
+    let config =
+        parse("[upstreams.app]\nurl = \"https://app.internal\"\ntls_server_name = \"app\"\n").unwrap();
+    let app = &config.upstreams["app"];
+    assert_eq!(app.servers[0].authority.as_str(), "app.internal:443");
+    let tls = app.tls.as_ref().unwrap();
+    assert_eq!(tls.roots, None);
+    assert_eq!(
+        tls.server_name.as_ref().map(|n| n.to_str().into_owned()),
+        Some("app".to_owned())
+    );
+}
