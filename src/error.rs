@@ -50,6 +50,8 @@ impl UpstreamFailure {
 pub(crate) enum GatewayError {
     #[error("no route matches the request")]
     NoRoute,
+    #[error("the client's address is denied by {0}")]
+    Forbidden(&'static str),
     #[error("bad request path: {0}")]
     BadPath(#[from] PathError),
     #[error("the rate-limit key {0} occurs more than once")]
@@ -85,6 +87,7 @@ impl GatewayError {
     pub(crate) fn status(&self) -> StatusCode {
         match self {
             GatewayError::NoRoute => StatusCode::NOT_FOUND,
+            GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
             GatewayError::BadPath(_)
             | GatewayError::AmbiguousKey(_)
             | GatewayError::MalformedRequest(_)
@@ -117,6 +120,7 @@ impl GatewayError {
             | GatewayError::UnsupportedTransferCoding
             | GatewayError::BodyTimeout => true,
             GatewayError::NoRoute
+            | GatewayError::Forbidden(_)
             | GatewayError::BadPath(_)
             | GatewayError::AmbiguousKey(_)
             | GatewayError::MalformedRequest(_)
@@ -163,6 +167,7 @@ mod tests {
     #[test]
     fn every_error_has_its_status() {
         assert_eq!(GatewayError::NoRoute.status(), StatusCode::NOT_FOUND);
+        assert_eq!(GatewayError::Forbidden("x").status(), StatusCode::FORBIDDEN);
         assert_eq!(
             GatewayError::BadPath(PathError::AboveRoot).status(),
             StatusCode::BAD_REQUEST

@@ -97,6 +97,8 @@ mod tests {
             }),
             limits: Vec::new(),
             cost: 1,
+            allow: None,
+            deny: Vec::new(),
         }
     }
 

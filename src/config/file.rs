@@ -32,6 +32,7 @@ pub(crate) struct ServerFile {
     pub listen: Option<Spanned<String>>,
     pub admin_listen: Option<Spanned<String>>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
+    pub deny: Option<Vec<Spanned<String>>>,
     pub shutdown_grace: Option<Spanned<String>>,
     pub header_timeout: Option<Spanned<String>>,
     pub body_timeout: Option<Spanned<String>>,
@@ -105,6 +106,8 @@ pub(crate) struct RouteFile {
     pub respond: Option<Spanned<RespondFile>>,
     pub limits: Option<Vec<Spanned<String>>>,
     pub cost: Option<Spanned<i64>>,
+    pub allow: Option<Vec<Spanned<String>>>,
+    pub deny: Option<Vec<Spanned<String>>>,
 }
 
 /// A route's inline `respond = { ... }` table.

@@ -64,6 +64,8 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub trusted_proxies: Vec<IpNet>,
+    /// Clients refused with 403 before routing.
+    pub deny: Vec<IpNet>,
     pub shutdown_grace: Duration,
     /// How long a client may take to send a request's headers, and how long a connection
     /// may stay open without a request in flight (slowloris guard).
@@ -100,6 +102,20 @@ pub struct RouteConfig {
     pub limits: Vec<Arc<LimitConfig>>,
     /// Units one request consumes from each limit.
     pub cost: u64,
+    /// Only these clients may use the route (`None`: everyone); 403 before its limits.
+    pub allow: Option<Vec<IpNet>>,
+    /// Clients refused on the route (403, before its limits).
+    pub deny: Vec<IpNet>,
+}
+
+impl RouteConfig {
+    /// Whether the route's access lists let `client` in.
+    pub fn admits(&self, client: std::net::IpAddr) -> bool {
+        self.allow
+            .as_ref()
+            .is_none_or(|allow| allow.iter().any(|net| net.contains(&client)))
+            && !self.deny.iter().any(|net| net.contains(&client))
+    }
 }
 
 /// How a route matches the request's host (lower-case, port and trailing dot removed).
@@ -303,6 +319,7 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
             socket_addr,
         ),
         trusted_proxies,
+        deny: cidrs(&raw.deny, "server.deny", sink),
         shutdown_grace: parse_or(
             &raw.shutdown_grace,
             "server.shutdown_grace",
@@ -493,7 +510,21 @@ fn validate_route(
         target: target?,
         limits: route_limits?,
         cost: cost?,
+        allow: raw
+            .allow
+            .is_some()
+            .then(|| cidrs(&raw.allow, &format!("{key}.allow"), sink)),
+        deny: cidrs(&raw.deny, &format!("{key}.deny"), sink),
     })
+}
+
+/// A list of CIDRs (or addresses), each error at its place.
+fn cidrs(raw: &Option<Vec<Spanned<String>>>, key: &str, sink: &mut ErrorSink) -> Vec<IpNet> {
+    raw.iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, v)| parse_spanned(v, format!("{key}[{i}]"), sink, values::cidr))
+        .collect()
 }
 
 /// A route's `limits = [...]`, each resolved to a defined limit, none twice.

@@ -638,3 +638,19 @@ fn an_https_upstream_defaults_to_port_443_and_the_system_roots() {
         Some("app".to_owned())
     );
 }
+
+#[test]
+fn access_lists_are_cidrs() {
+    let config = parse(&format!(
+        "[server]\ndeny = [\"10.0.0.0/8\"]\n\n{UPSTREAM}[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\nallow = [\"192.0.2.1\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(config.server.deny.len(), 1);
+    let route = &config.routes[0];
+    assert!(route.admits("192.0.2.1".parse().unwrap()));
+    assert!(!route.admits("192.0.2.2".parse().unwrap()));
+    let (line, column, key, _) = error(&format!(
+        "{UPSTREAM}[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"app\"\ndeny = [\"10.0.0.0/33\"]\n"
+    ));
+    assert_eq!((line, column, key.as_str()), (7, 9, "routes[0].deny[0]"));
+}

@@ -220,12 +220,25 @@ async fn serve(
         let port = shared.https_port.unwrap_or(tls.listen.port());
         return to_https(host, port, request.uri());
     }
+    if state
+        .config
+        .server
+        .deny
+        .iter()
+        .any(|net| net.contains(&client.ip))
+    {
+        return Err(GatewayError::Forbidden("server.deny"));
+    }
     let route_host = normalize_host(host);
     let index = state
         .router
         .lookup(route_host.as_deref(), path, request.method())
         .ok_or(GatewayError::NoRoute)?;
-    record.route = state.router.routes()[index].name.clone();
+    let route_config = &state.router.routes()[index];
+    record.route = route_config.name.clone();
+    if !route_config.admits(client.ip) {
+        return Err(GatewayError::Forbidden("the route's allow or deny"));
+    }
     let route = &state.routes[index];
     if !route.limits.is_empty() {
         let client_ip = client.ip_text();
