@@ -58,9 +58,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// Loads `path` and applies `FLOODGATE_REDIS_URL`.
+/// Loads `path` and applies `FLOODGATE_ADMIN_TOKEN` and `FLOODGATE_REDIS_URL`.
 fn load(path: &Path) -> Result<Config, floodgate::ConfigErrors> {
-    let config = Config::load(path)?;
+    let mut config = Config::load(path)?;
+    if let Ok(token) = std::env::var("FLOODGATE_ADMIN_TOKEN")
+        && !token.is_empty()
+    {
+        config = config.with_admin_token(&token)?;
+    }
     match std::env::var("FLOODGATE_REDIS_URL") {
         Ok(url) if !url.is_empty() => config.with_redis_url(&url),
         _ => Ok(config),

@@ -33,6 +33,7 @@ pub(crate) struct ServerFile {
     pub admin_listen: Option<Spanned<String>>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
     pub deny: Option<Vec<Spanned<String>>>,
+    pub admin_token: Option<Spanned<String>>,
     pub shutdown_grace: Option<Spanned<String>>,
     pub header_timeout: Option<Spanned<String>>,
     pub body_timeout: Option<Spanned<String>>,

@@ -97,6 +97,22 @@ pub enum KeyPart {
     Route,
 }
 
+impl KeyPart {
+    /// The part as `key` names it: `client_ip`, `header:x-api-key`, ...
+    pub fn name(&self) -> String {
+        match self {
+            KeyPart::ClientIp => "client_ip".into(),
+            KeyPart::Header(name) => format!("header:{name}"),
+            KeyPart::Query(name) => format!("query:{name}"),
+            KeyPart::Cookie(name) => format!("cookie:{name}"),
+            KeyPart::Method => "method".into(),
+            KeyPart::Path => "path".into(),
+            KeyPart::Host => "host".into(),
+            KeyPart::Route => "route".into(),
+        }
+    }
+}
+
 pub(super) fn validate_redis(raw: Option<Spanned<RedisFile>>, sink: &mut ErrorSink) -> Option<RedisConfig> {
     let raw = raw?;
     let span = raw.span();

@@ -66,6 +66,8 @@ pub struct ServerConfig {
     pub trusted_proxies: Vec<IpNet>,
     /// Clients refused with 403 before routing.
     pub deny: Vec<IpNet>,
+    /// Enables the admin API for limit state (`/limits`); every call must carry it.
+    pub admin_token: Option<String>,
     pub shutdown_grace: Duration,
     /// How long a client may take to send a request's headers, and how long a connection
     /// may stay open without a request in flight (slowloris guard).
@@ -207,6 +209,14 @@ impl Config {
             .collect()
     }
 
+    /// Applies `FLOODGATE_ADMIN_TOKEN`: sets `server.admin_token`.
+    pub fn with_admin_token(mut self, token: &str) -> Result<Config, ConfigErrors> {
+        let token = admin_token(token)
+            .map_err(|message| ConfigErrors::single(&self.path, "FLOODGATE_ADMIN_TOKEN", message))?;
+        self.server.admin_token = Some(token);
+        Ok(self)
+    }
+
     /// Applies `FLOODGATE_REDIS_URL`: overrides `[redis].url`, or enables Redis with
     /// defaults when the file has no `[redis]`.
     pub fn with_redis_url(mut self, url: &str) -> Result<Config, ConfigErrors> {
@@ -278,6 +288,14 @@ fn parse_or<T>(
         .unwrap_or(default)
 }
 
+/// The admin API's bearer token: long enough not to be guessed, and sendable in a header.
+fn admin_token(text: &str) -> Result<String, String> {
+    if text.len() < 16 || !text.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("expected a token of at least 16 visible ASCII characters".into());
+    }
+    Ok(text.to_owned())
+}
+
 fn socket_addr(text: &str) -> Result<SocketAddr, String> {
     text.trim()
         .parse()
@@ -320,6 +338,10 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
         ),
         trusted_proxies,
         deny: cidrs(&raw.deny, "server.deny", sink),
+        admin_token: raw
+            .admin_token
+            .as_ref()
+            .and_then(|token| parse_spanned(token, "server.admin_token", sink, admin_token)),
         shutdown_grace: parse_or(
             &raw.shutdown_grace,
             "server.shutdown_grace",

@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 use super::algorithm::{State, refund};
 use super::clock::Clock;
 use super::key::identity::{IdentityMap, KeyedHash};
-use super::{Decisions, LimitCheck, Used, Write, decide_all};
+use super::{Decisions, LimitCheck, Peeked, Used, Write, decide_all};
 
 /// Keys the gateway's in-process stores (the store, and Redis's local fallback) keep at
 /// most: about 150 bytes each.
@@ -213,6 +213,39 @@ impl MemoryStore {
                     used: existing.used,
                 },
             );
+        }
+    }
+
+    /// One key's live state and its lock's time left, without changing either.
+    pub fn peek(&self, key: &str, lock: Option<&str>) -> Peeked {
+        let now = self.clock.now_micros();
+        let live = |key: &str| {
+            let slot = self.slot(key);
+            let guard = self.shards[MemoryStore::shard_of(slot)]
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            guard
+                .entries
+                .get(&slot)
+                .copied()
+                .filter(|entry| entry.expires_at > now)
+        };
+        Peeked {
+            state: live(key).and_then(|entry| entry.state),
+            lock_left: lock.and_then(live).map(|entry| entry.expires_at - now),
+            now,
+        }
+    }
+
+    /// Forgets one key and its lock: the next request finds them fresh.
+    pub fn clear(&self, key: &str, lock: Option<&str>) {
+        for key in std::iter::once(key).chain(lock) {
+            let slot = self.slot(key);
+            self.shards[MemoryStore::shard_of(slot)]
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .entries
+                .remove(&slot);
         }
     }
 

@@ -164,6 +164,44 @@ pub(crate) fn decide_all<'a>(
     (decisions, writes)
 }
 
+/// One key's stored state as a store holds it, read without changing it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Peeked {
+    /// The counter's live state (`None`: a fresh key).
+    pub state: Option<algorithm::State>,
+    /// Microseconds left in the key's lock, when locked.
+    pub lock_left: Option<u64>,
+    /// The store's clock, in microseconds.
+    pub now: u64,
+}
+
+/// What a key's state means for its next request (of cost 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyState {
+    pub remaining: u64,
+    /// Time until the limit is fully reset.
+    pub reset: Duration,
+    /// Time left in a lock-out (zero when not locked).
+    pub locked: Duration,
+}
+
+impl Peeked {
+    /// The state as `algorithm` reads it.
+    pub fn key_state(&self, algorithm: &Algorithm) -> KeyState {
+        let evaluation = algorithm::evaluate(algorithm, self.state, 1, self.now);
+        let locked = Duration::from_micros(self.lock_left.unwrap_or(0));
+        KeyState {
+            remaining: if locked.is_zero() {
+                evaluation.remaining_before
+            } else {
+                0
+            },
+            reset: Duration::from_micros(evaluation.reset).max(locked),
+            locked,
+        }
+    }
+}
+
 /// How much of its limit a key's state has used, for a bounded store to forget first
 /// what is closest to a fresh key's state: from 0 (a fresh key's) up to [`Used::ALL`], a
 /// key with nothing left, which the next request would be refused (a lock counts as

@@ -10,7 +10,7 @@ use super::clock::MonotonicClock;
 use super::memory::{self, MemoryStore};
 use super::redis::fallback::ResilientRedis;
 use super::redis::{RedisTarget, StoreError};
-use super::{Decisions, LimitCheck};
+use super::{Decisions, LimitCheck, Peeked};
 
 /// One of the two stores, chosen by the configuration.
 #[derive(Clone)]
@@ -75,6 +75,27 @@ impl LimitStore {
             prefix,
             local_not_kept,
         )?))
+    }
+
+    /// `check`'s key as stored, changing nothing.
+    pub async fn peek(&self, check: &LimitCheck) -> Result<Peeked, StoreError> {
+        let lock = check.lockout.as_ref().map(|(lock, _)| lock.as_str());
+        match self {
+            LimitStore::Memory(store) => Ok(store.peek(&check.key, lock)),
+            LimitStore::Redis(store) => store.redis().peek(&check.algorithm, &check.key, lock).await,
+        }
+    }
+
+    /// Resets `check`'s key and lifts its lock-out (in Redis, for every instance).
+    pub async fn clear(&self, check: &LimitCheck) -> Result<(), StoreError> {
+        let lock = check.lockout.as_ref().map(|(lock, _)| lock.as_str());
+        match self {
+            LimitStore::Memory(store) => {
+                store.clear(&check.key, lock);
+                Ok(())
+            }
+            LimitStore::Redis(store) => store.redis().clear(&check.key, lock).await,
+        }
     }
 
     /// Live gateway instances sharing the store's limits (1 for the in-process store).

@@ -73,6 +73,53 @@ pub fn key_tuple(parts: &[KeyPart], source: &KeySource<'_>) -> Result<String, Am
     Ok(tuple.finish())
 }
 
+/// The tuple of `parts` for values named in `query` as the parts are named in `key`
+/// (`client_ip=203.0.113.7&header:x-api-key=abc`): the key the request path builds for a
+/// request carrying those values. Returns the values by part name, or the name of a part
+/// that is missing or that the limit does not have.
+pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<(String, Vec<(String, String)>), String> {
+    let given: Vec<(String, Vec<u8>)> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (
+                String::from_utf8_lossy(&form_decode(name)).into_owned(),
+                form_decode(value),
+            )
+        })
+        .collect();
+    let names: Vec<String> = parts.iter().map(KeyPart::name).collect();
+    if let Some((unknown, _)) = given.iter().find(|(name, _)| !names.contains(name)) {
+        return Err(format!(
+            "the limit has no key part {unknown:?} (its key: {names:?})"
+        ));
+    }
+    let mut tuple = TupleEncoder::default();
+    let mut named = Vec::with_capacity(parts.len());
+    for (part, name) in parts.iter().zip(names) {
+        let Some((_, value)) = given.iter().find(|(given, _)| *given == name) else {
+            return Err(format!("missing key part {name:?}"));
+        };
+        // An address as the request path writes it (`::ffff:1.2.3.4` is 1.2.3.4, say).
+        let canonical = (*part == KeyPart::ClientIp)
+            .then(|| std::str::from_utf8(value).ok()?.parse::<std::net::IpAddr>().ok())
+            .flatten()
+            .map(|ip| crate::client_ip::ip_text(ip.to_canonical()).into_bytes());
+        let value = canonical.as_deref().unwrap_or(value);
+        let tag = if *part == KeyPart::ClientIp {
+            CLIENT_IP
+        } else {
+            VALUE
+        };
+        tuple.next_part();
+        tuple.push(&[tag]);
+        tuple.push(value);
+        named.push((name, String::from_utf8_lossy(value).into_owned()));
+    }
+    Ok((tuple.finish(), named))
+}
+
 /// The tag that starts a part: the client's address, or any other value.
 const CLIENT_IP: u8 = b'i';
 const VALUE: u8 = b'v';

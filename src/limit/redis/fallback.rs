@@ -149,6 +149,12 @@ impl ResilientRedis {
         self.redis.refund(check).await
     }
 
+    /// The Redis store itself, for what has no fallback (the admin API's reads and
+    /// resets).
+    pub fn redis(&self) -> &RedisStore {
+        &self.redis
+    }
+
     /// Whether decisions can currently go to Redis.
     pub fn usable(&self) -> bool {
         self.redis.connected() && !self.breaker.is_open()

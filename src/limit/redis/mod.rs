@@ -27,7 +27,8 @@ pub(crate) mod fallback;
 pub(crate) mod refusals;
 mod wire;
 
-use super::{Decisions, LimitCheck, LimitDecision, Outcome};
+use super::algorithm::{Algorithm, State};
+use super::{Decisions, LimitCheck, LimitDecision, Outcome, Peeked};
 use batch::{GroupCommit, Pending};
 pub use connection::RedisTarget;
 use connection::{Connection, Source};
@@ -35,6 +36,7 @@ use connection::{Connection, Source};
 const DECIDE_LUA: &str = include_str!("scripts/decide.lua");
 const REFUND_LUA: &str = include_str!("scripts/refund.lua");
 const HEARTBEAT_LUA: &str = include_str!("scripts/heartbeat.lua");
+const PEEK_LUA: &str = include_str!("scripts/peek.lua");
 /// Longest pause between two connection attempts.
 const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
 /// At most one "cannot connect" log line per this period.
@@ -74,7 +76,51 @@ struct Link {
     decide: Script,
     refund: Script,
     heartbeat: Script,
+    peek: Script,
     timeout: Duration,
+}
+
+/// A counter's stored value as `scripts/decide.lua` writes it: a fixed window's plain
+/// count (its window ends with the key), or `:` and the state's numbers as little-endian
+/// doubles. `None` for anything else (read as a fresh key).
+fn stored_state(algorithm: &Algorithm, value: &[u8], pttl: i64, now: u64) -> Option<State> {
+    let numbers = |count: usize| -> Option<Vec<f64>> {
+        let packed = value.strip_prefix(b":")?;
+        (packed.len() == 8 * count).then(|| {
+            packed
+                .chunks_exact(8)
+                .map(|bytes| f64::from_le_bytes(bytes.try_into().unwrap_or_default()))
+                .collect()
+        })
+    };
+    Some(match algorithm {
+        Algorithm::FixedWindow { .. } => State::Fixed {
+            count: std::str::from_utf8(value).ok()?.parse().ok()?,
+            window_end: now + u64::try_from(pttl).ok()? * 1000,
+        },
+        Algorithm::SlidingWindow { .. } => match numbers(3)?[..] {
+            [index, current, previous] => State::Sliding {
+                window_index: index as u64,
+                current: current as u64,
+                previous: previous as u64,
+            },
+            _ => return None,
+        },
+        Algorithm::TokenBucket { .. } => match numbers(2)?[..] {
+            [tokens, updated] => State::Bucket {
+                tokens,
+                updated: updated as u64,
+            },
+            _ => return None,
+        },
+        Algorithm::LeakyBucket { .. } => match numbers(2)?[..] {
+            [tat, step] => State::Gcra {
+                tat: tat as u64,
+                step,
+            },
+            _ => return None,
+        },
+    })
 }
 
 /// A rate-limit store in Redis.
@@ -96,6 +142,7 @@ impl RedisStore {
             decide: Script::new(DECIDE_LUA),
             refund: Script::new(REFUND_LUA),
             heartbeat: Script::new(HEARTBEAT_LUA),
+            peek: Script::new(PEEK_LUA),
             timeout,
         });
         tokio::spawn(connect_in_background(target.describe(), Arc::downgrade(&link)));
@@ -223,6 +270,43 @@ impl RedisStore {
             .arg(c)
             .arg(check.cost);
         self.within_deadline(invocation.invoke_async::<()>(&mut connection))
+            .await
+    }
+
+    /// One key's state and its lock's time left, as `algorithm` stores it, changing
+    /// nothing.
+    pub async fn peek(
+        &self,
+        algorithm: &Algorithm,
+        key: &str,
+        lock: Option<&str>,
+    ) -> Result<Peeked, StoreError> {
+        let mut connection = self.connection()?;
+        let mut invocation = self.link.peek.prepare_invoke();
+        invocation.key(key);
+        if let Some(lock) = lock {
+            invocation.key(lock);
+        }
+        let (seconds, micros, value, pttl, lock_pttl): (u64, u64, Option<Vec<u8>>, i64, i64) = self
+            .within_deadline(invocation.invoke_async(&mut connection))
+            .await?;
+        let now = seconds * 1_000_000 + micros;
+        Ok(Peeked {
+            state: value.and_then(|value| stored_state(algorithm, &value, pttl, now)),
+            lock_left: (lock_pttl > 0).then(|| lock_pttl as u64 * 1000),
+            now,
+        })
+    }
+
+    /// Deletes one key and its lock.
+    pub async fn clear(&self, key: &str, lock: Option<&str>) -> Result<(), StoreError> {
+        let mut connection = self.connection()?;
+        let mut delete = redis::cmd("DEL");
+        delete.arg(key);
+        if let Some(lock) = lock {
+            delete.arg(lock);
+        }
+        self.within_deadline(delete.query_async::<()>(&mut connection))
             .await
     }
 

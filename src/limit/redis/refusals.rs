@@ -2,13 +2,14 @@
 //! exhausted (or a locked-out key) is answered without asking the store again, so a flood
 //! of refused requests costs no Redis round trip and no Redis CPU.
 //!
-//! This is exact, not an approximation: a refusal names when the refusing limit could
-//! admit again at the earliest (`retry_after`: the window's end, the lock's expiry, the
-//! time for the bucket to hold enough tokens, the queue to have room), and other requests
-//! can only consume, never give, before then. So the same checks are refused until the
-//! latest of those times, whatever any gateway instance does meanwhile. Decisions served
-//! from here report their times shortened by the time elapsed; the remaining counts of
-//! limits that did not refuse are as of the refusal. A reload starts a new cache.
+//! A refusal is remembered until the refusing limit could admit again at the earliest
+//! (`retry_after`: the window's end, the lock's expiry, the time for the bucket to hold
+//! enough tokens, the queue to have room), other requests being able only to consume
+//! before then, but at most [`REMEMBERED_AT_MOST`]: an operator may reset a key through
+//! the admin API on any instance, and every instance must see that soon. Decisions
+//! served from here report their times shortened by the time elapsed; the remaining
+//! counts of limits that did not refuse are as of the refusal. A reload starts a new
+//! cache.
 
 use std::hash::Hasher;
 use std::sync::Mutex;
@@ -19,6 +20,9 @@ use crate::limit::key::identity::{IdentityMap, KeyedHash};
 use crate::limit::{Algorithm, Decisions, LimitCheck, LimitDecision};
 
 const SHARDS: usize = 16;
+/// The longest a refusal is remembered: how soon every instance sees a key reset through
+/// the admin API, and at most one store call per refused key per this period.
+pub(crate) const REMEMBERED_AT_MOST: Duration = Duration::from_secs(1);
 /// Refusals remembered at most (about 150 bytes each).
 const MAX_ENTRIES: usize = 65_536;
 
@@ -107,12 +111,19 @@ impl RefusalCache {
         )
     }
 
+    /// Forgets every refusal (a key was reset).
+    pub(crate) fn clear(&self) {
+        for shard in &self.shards {
+            shard.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+    }
+
     /// Remembers a refusal decided at `now` that holds for `holds_for`.
     pub(crate) fn insert(&self, identity: u128, decisions: Decisions, now: Instant, holds_for: Duration) {
         if holds_for.is_zero() {
             return;
         }
-        let until = now + holds_for;
+        let until = now + holds_for.min(REMEMBERED_AT_MOST);
         self.holds_until.fetch_max(
             self.micros_since_epoch(until).saturating_add(1),
             Ordering::Relaxed,

@@ -1,5 +1,7 @@
-//! The admin listener (docs/operations.md#admin-listener): `/healthz`, `/readyz` and `/metrics`, on its own address
-//! so that it is never exposed with the proxy port by accident.
+//! The admin listener (docs/operations.md#admin-listener): `/healthz`, `/readyz` and
+//! `/metrics`, and with `server.admin_token` the limit-state API (`/limits`, to see a
+//! key's state and lift a lock-out), on its own address so that it is never exposed with
+//! the proxy port by accident.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -16,6 +18,8 @@ use tokio::net::TcpListener;
 
 use crate::service::Instance;
 
+mod limits;
+
 /// Serves admin requests until the task is aborted.
 pub(crate) async fn serve(listener: TcpListener, shared: Arc<Instance>) {
     loop {
@@ -31,7 +35,7 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Instance>) {
         tokio::spawn(async move {
             let service = service_fn(move |request| {
                 let shared = shared.clone();
-                async move { Ok::<_, Infallible>(answer(&shared, &request)) }
+                async move { Ok::<_, Infallible>(answer(&shared, &request).await) }
             });
             if let Err(e) = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -43,7 +47,10 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Instance>) {
     }
 }
 
-fn answer(shared: &Instance, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+async fn answer(shared: &Instance, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    if request.uri().path() == "/limits" || request.uri().path().starts_with("/limits/") {
+        return limits::answer(shared, request).await;
+    }
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }

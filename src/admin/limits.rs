@@ -1,0 +1,172 @@
+//! The limit-state API (docs/operations.md#limit-state-api): `GET /limits` lists the
+//! limits, `GET /limits/NAME/state?PART=VALUE...` reads one key's state without consuming
+//! anything, and `DELETE` on it resets the key and lifts its lock-out in the store (so
+//! every instance sees it). Enabled by `server.admin_token`; every call carries it as a
+//! bearer token, compared in constant time. Without a token the paths do not exist (404).
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+
+use crate::config::{LimitConfig, Mode};
+use crate::limit::algorithm::Algorithm;
+use crate::limit::key::{lock_key, store_key};
+use crate::limit::{LimitCheck, algorithm};
+use crate::service::Instance;
+use crate::service::request_key::named_tuple;
+
+pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let state = shared.state.load_full();
+    let Some(token) = &state.config.server.admin_token else {
+        return json_answer(StatusCode::NOT_FOUND, json!({ "error": "not found" }));
+    };
+    if !authorized(request, token) {
+        let mut response = json_answer(
+            StatusCode::UNAUTHORIZED,
+            json!({ "error": "a valid bearer token is required" }),
+        );
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return response;
+    }
+    let path = request.uri().path();
+    if path == "/limits" {
+        if request.method() != Method::GET {
+            return json_answer(StatusCode::METHOD_NOT_ALLOWED, json!({ "error": "GET only" }));
+        }
+        let limits: Vec<Value> = state
+            .config
+            .limits
+            .values()
+            .map(|limit| describe(limit))
+            .collect();
+        return json_answer(StatusCode::OK, json!({ "limits": limits }));
+    }
+    let Some(name) = path
+        .strip_prefix("/limits/")
+        .and_then(|rest| rest.strip_suffix("/state"))
+    else {
+        return json_answer(StatusCode::NOT_FOUND, json!({ "error": "not found" }));
+    };
+    let Some(limit) = state.config.limits.get(name) else {
+        return json_answer(
+            StatusCode::NOT_FOUND,
+            json!({ "error": format!("no limit named {name:?}") }),
+        );
+    };
+    let (tuple, named) = match named_tuple(&limit.key, request.uri().query().unwrap_or("")) {
+        Ok(found) => found,
+        Err(message) => return json_answer(StatusCode::BAD_REQUEST, json!({ "error": message })),
+    };
+    let prefix = &state.key_prefix;
+    let check = LimitCheck {
+        key: store_key(prefix, &tuple, &limit.name, &limit.algorithm),
+        algorithm: limit.algorithm,
+        lockout: limit
+            .lockout
+            .map(|penalty| (lock_key(prefix, &tuple, &limit.name), algorithm::micros(penalty))),
+        cost: 1,
+        shadow: false,
+    };
+    let key: serde_json::Map<String, Value> = named.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+    match *request.method() {
+        Method::GET => match state.store.peek(&check).await {
+            Ok(peeked) => {
+                let now = peeked.key_state(&limit.algorithm);
+                json_answer(
+                    StatusCode::OK,
+                    json!({
+                        "limit": limit.name.as_ref(),
+                        "key": key,
+                        "remaining": now.remaining,
+                        "reset_seconds": now.reset.as_secs_f64().ceil() as u64,
+                        "locked_seconds": now.locked.as_secs_f64().ceil() as u64,
+                    }),
+                )
+            }
+            Err(error) => store_failed(&error),
+        },
+        Method::DELETE => match state.store.clear(&check).await {
+            Ok(()) => {
+                // This instance's remembered refusals go now; the others' within
+                // REMEMBERED_AT_MOST.
+                if let Some(refusals) = &state.refusals {
+                    refusals.clear();
+                }
+                let key = Value::Object(key);
+                tracing::info!(limit = %limit.name, %key, "admin: a key's limit state was reset and its lock-out lifted");
+                let mut response = Response::new(Full::new(Bytes::new()));
+                *response.status_mut() = StatusCode::NO_CONTENT;
+                response
+            }
+            Err(error) => store_failed(&error),
+        },
+        _ => json_answer(
+            StatusCode::METHOD_NOT_ALLOWED,
+            json!({ "error": "GET or DELETE" }),
+        ),
+    }
+}
+
+/// Whether `request` carries `Authorization: Bearer TOKEN`, compared in constant time.
+fn authorized(request: &Request<Incoming>, token: &str) -> bool {
+    let Some(given) = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+    else {
+        return false;
+    };
+    given.ct_eq(token.as_bytes()).into()
+}
+
+/// A limit as `GET /limits` lists it.
+fn describe(limit: &LimitConfig) -> Value {
+    let seconds = |micros: u64| micros as f64 / 1e6;
+    let parameters = match limit.algorithm {
+        Algorithm::FixedWindow { limit, window } | Algorithm::SlidingWindow { limit, window } => {
+            json!({ "limit": limit, "window_seconds": seconds(window) })
+        }
+        Algorithm::TokenBucket { rate, per, burst } | Algorithm::LeakyBucket { rate, per, burst } => {
+            json!({ "rate": rate, "per_seconds": seconds(per), "burst": burst })
+        }
+    };
+    json!({
+        "name": limit.name.as_ref(),
+        "algorithm": algorithm_name(&limit.algorithm),
+        "parameters": parameters,
+        "key": limit.key.iter().map(|part| part.name()).collect::<Vec<_>>(),
+        "mode": match limit.mode { Mode::Enforce => "enforce", Mode::Shadow => "shadow" },
+        "lockout_seconds": limit.lockout.map(|d| d.as_secs_f64()),
+    })
+}
+
+fn algorithm_name(algorithm: &Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::FixedWindow { .. } => "fixed_window",
+        Algorithm::SlidingWindow { .. } => "sliding_window",
+        Algorithm::TokenBucket { .. } => "token_bucket",
+        Algorithm::LeakyBucket { .. } => "leaky_bucket",
+    }
+}
+
+fn store_failed(error: &crate::limit::redis::StoreError) -> Response<Full<Bytes>> {
+    tracing::warn!(%error, "admin: the rate-limit store failed");
+    json_answer(
+        StatusCode::SERVICE_UNAVAILABLE,
+        json!({ "error": "the rate-limit store is unavailable" }),
+    )
+}
+
+fn json_answer(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(format!("{body}\n"))));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}

@@ -1,0 +1,191 @@
+//! The limit-state API on the admin listener (docs/operations.md#limit-state-api): list
+//! the limits, read one key's state without consuming, reset it and lift its lock-out,
+//! with both stores (in Redis for every instance at once); the bearer token guards it.
+
+mod common;
+
+use bytes::Bytes;
+use common::redis_server::RedisServer;
+use common::{TestGateway, Upstream, get, send};
+use http::{Method, Request, StatusCode};
+use http_body_util::Full;
+use serde_json::Value;
+
+const TOKEN: &str = "an-admin-token-0123456789";
+
+fn config(upstream: &Upstream, redis: Option<&RedisServer>, token: bool) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+{token}
+{redis}
+[upstreams.app]
+url = "{}"
+
+[limits.login]
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+key = ["client_ip", "header:x-user"]
+lockout = "1h"
+
+[[routes]]
+name = "login"
+path_prefix = "/"
+upstream = "app"
+limits = ["login"]
+"#,
+        upstream.url(),
+        token = if token {
+            format!("admin_token = \"{TOKEN}\"")
+        } else {
+            String::new()
+        },
+        redis = redis.map_or(String::new(), |r| format!("[redis]\nurl = \"{}\"\n", r.url())),
+    )
+}
+
+async fn admin(gw: &TestGateway, method: Method, path: &str, token: Option<&str>) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(gw.admin_url(path));
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let (status, _, body) = send(request.body(Full::<Bytes>::default()).unwrap()).await;
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+async fn login(gw: &TestGateway, user: &str) -> StatusCode {
+    let request = Request::get(gw.url("/login"))
+        .header("x-user", user)
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    send(request).await.0
+}
+
+const ALICE: &str = "/limits/login/state?client_ip=127.0.0.1&header:x-user=alice";
+
+#[tokio::test]
+async fn without_a_token_the_api_does_not_exist_and_with_one_it_must_be_sent() {
+    let upstream = Upstream::start().await;
+    let closed = TestGateway::start(&config(&upstream, None, false)).await;
+    assert_eq!(get(&closed.admin_url("/limits")).await.0, StatusCode::NOT_FOUND);
+    let open = TestGateway::start(&config(&upstream, None, true)).await;
+    assert_eq!(
+        admin(&open, Method::GET, "/limits", None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let wrong = format!("{TOKEN}x");
+    assert_eq!(
+        admin(&open, Method::GET, "/limits", Some(&wrong)).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        admin(&open, Method::DELETE, ALICE, Some("short")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let (status, body) = admin(&open, Method::GET, "/limits", Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::OK);
+    let limit = &body["limits"][0];
+    assert_eq!(limit["name"], "login");
+    assert_eq!(limit["algorithm"], "fixed_window");
+    assert_eq!(limit["parameters"]["limit"], 2);
+    assert_eq!(limit["key"], serde_json::json!(["client_ip", "header:x-user"]));
+    assert_eq!(limit["lockout_seconds"], 3600.0);
+}
+
+#[tokio::test]
+async fn bad_requests_name_the_part() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&config(&upstream, None, true)).await;
+    let (status, body) = admin(
+        &gw,
+        Method::GET,
+        "/limits/login/state?client_ip=127.0.0.1",
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        body["error"].as_str().unwrap().contains("header:x-user"),
+        "{body}"
+    );
+    let (status, body) = admin(&gw, Method::GET, &format!("{ALICE}&cookie:sid=1"), Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"].as_str().unwrap().contains("cookie:sid"), "{body}");
+    let (status, _) = admin(
+        &gw,
+        Method::GET,
+        "/limits/nope/state?client_ip=1.2.3.4",
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// Reading consumes nothing; a lock-out shows, and DELETE lifts it (`gateways[0]` is asked,
+/// every one of them sees it).
+async fn read_and_lift(gateways: &[&TestGateway]) {
+    let gw = gateways[0];
+    let (status, state) = admin(gw, Method::GET, ALICE, Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::OK, "{state}");
+    assert_eq!(state["remaining"], 2);
+    assert_eq!(state["locked_seconds"], 0);
+    assert_eq!(state["key"]["header:x-user"], "alice");
+    assert_eq!(
+        admin(gw, Method::GET, ALICE, Some(TOKEN)).await.1["remaining"],
+        2,
+        "a read consumed"
+    );
+    assert_eq!(login(gw, "alice").await, StatusCode::OK);
+    assert_eq!(admin(gw, Method::GET, ALICE, Some(TOKEN)).await.1["remaining"], 1);
+    assert_eq!(login(gw, "alice").await, StatusCode::OK);
+    assert_eq!(login(gw, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    let (_, state) = admin(gw, Method::GET, ALICE, Some(TOKEN)).await;
+    assert_eq!(state["remaining"], 0);
+    let locked = state["locked_seconds"].as_u64().unwrap();
+    assert!((3590..=3600).contains(&locked), "{state}");
+    // Every instance refuses her (and may remember that).
+    for gw in gateways {
+        assert_eq!(login(gw, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    }
+    // Bob, another key, is not affected.
+    assert_eq!(login(gw, "bob").await, StatusCode::OK);
+
+    let (status, _) = admin(gw, Method::DELETE, ALICE, Some(TOKEN)).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        login(gw, "alice").await,
+        StatusCode::OK,
+        "the lock-out was not lifted"
+    );
+    // The other instances may have remembered the refusal: for a second at most.
+    for other in &gateways[1..] {
+        let started = std::time::Instant::now();
+        while login(other, "alice").await != StatusCode::OK {
+            assert!(
+                started.elapsed() < std::time::Duration::from_millis(1500),
+                "another instance still refuses"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    let (_, state) = admin(gw, Method::GET, ALICE, Some(TOKEN)).await;
+    assert_eq!(state["locked_seconds"], 0);
+}
+
+#[tokio::test]
+async fn the_in_process_store_reads_and_lifts_a_lock_out() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&config(&upstream, None, true)).await;
+    read_and_lift(&[&gw]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lifts_a_lock_out_for_every_instance() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
+    let upstream = Upstream::start().await;
+    let first = TestGateway::start(&config(&upstream, Some(&redis), true)).await;
+    let second = TestGateway::start(&config(&upstream, Some(&redis), true)).await;
+    read_and_lift(&[&first, &second]).await;
+}
