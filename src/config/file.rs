@@ -135,7 +135,7 @@ pub(crate) struct RedisFile {
 
 /// `[limits.NAME]`: every key of every algorithm; validation rejects those that do not
 /// belong to the chosen one.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct LimitFile {
     pub algorithm: Spanned<String>,
@@ -150,4 +150,18 @@ pub(crate) struct LimitFile {
     pub mode: Option<Spanned<String>>,
     pub status: Option<Spanned<i64>>,
     pub message: Option<Spanned<String>>,
+    pub overrides: Option<Vec<Spanned<OverrideFile>>>,
+}
+
+/// One entry of a limit's `overrides`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OverrideFile {
+    pub key: Vec<Spanned<String>>,
+    pub exempt: Option<bool>,
+    pub limit: Option<Spanned<i64>>,
+    pub window: Option<Spanned<String>>,
+    pub rate: Option<Spanned<f64>>,
+    pub per: Option<Spanned<String>>,
+    pub burst: Option<Spanned<i64>>,
 }

@@ -1,7 +1,8 @@
 //! Validation of `[redis]` and `[limits.NAME]` (docs/configuration.md#redis, #limitsname): each algorithm accepts only its
 //! own keys, every value is range-checked, and key parts are parsed once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +15,9 @@ use toml::Spanned;
 use super::error::ErrorSink;
 use super::file::{LimitFile, RedisFile};
 use super::{parse_or, parse_spanned, values};
+use crate::client_ip::ip_text;
 use crate::limit::algorithm::{interval, micros};
-use crate::limit::key::{MAX_LIMIT_NAME_LEN, MAX_PREFIX_LEN};
+use crate::limit::key::{MAX_LIMIT_NAME_LEN, MAX_PREFIX_LEN, PartKind, TupleEncoder};
 use crate::limit::redis::RedisTarget;
 use crate::limit::store::OnError;
 use crate::limit::{Algorithm, MAX_TIME_MICROS};
@@ -59,6 +61,61 @@ pub struct LimitConfig {
     pub mode: Mode,
     pub status: StatusCode,
     pub message: Bytes,
+    /// Other parameters, or an exemption, for some keys.
+    pub overrides: Overrides,
+}
+
+/// A limit's `overrides`: found by the request's key tuple in one lookup; entries with a
+/// CIDR for a `client_ip` part are tried one by one (first match in file order wins).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Overrides {
+    /// Entries by the tuple their values make (entries with addresses only).
+    exact: HashMap<String, usize>,
+    /// Entries with a network, in file order: per key part, what matches.
+    networks: Vec<(usize, Vec<PartMatch>)>,
+    /// What each entry does, in file order.
+    entries: Vec<Override>,
+}
+
+/// What an override does to its keys.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Override {
+    Exempt,
+    /// The limit with the entry's parameters (and no overrides of its own).
+    Limit(Arc<LimitConfig>),
+}
+
+/// How one key part of a network entry matches.
+#[derive(Debug, Clone, PartialEq)]
+enum PartMatch {
+    /// The client's address is in it.
+    Network(IpNet),
+    /// The part, encoded as a one-part tuple, is this.
+    Encoded(String),
+}
+
+impl Overrides {
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The first entry matching a request whose key tuple is `tuple`; `part(i)` encodes
+    /// the request's key part `i` alone (asked only for network entries).
+    pub fn find(&self, tuple: &str, client_ip: IpAddr, part: impl Fn(usize) -> String) -> Option<&Override> {
+        let exact = self.exact.get(tuple).copied();
+        let network = self
+            .networks
+            .iter()
+            .take_while(|(index, _)| exact.is_none_or(|exact| *index < exact))
+            .find(|(_, matches)| {
+                matches.iter().enumerate().all(|(i, matcher)| match matcher {
+                    PartMatch::Network(net) => net.contains(&client_ip),
+                    PartMatch::Encoded(encoded) => part(i) == *encoded,
+                })
+            })
+            .map(|(index, _)| *index);
+        network.or(exact).map(|index| &self.entries[index])
+    }
 }
 
 impl LimitConfig {
@@ -354,9 +411,9 @@ fn validate_limit(
             }
         },
     };
-    let message = raw.message.map_or_else(
+    let message = raw.message.as_ref().map_or_else(
         || Bytes::from_static(DEFAULT_MESSAGE.as_bytes()),
-        |m| Bytes::from(m.into_inner()),
+        |m| Bytes::from(m.get_ref().clone()),
     );
     Some(LimitConfig {
         name: Arc::from(name),
@@ -367,7 +424,122 @@ fn validate_limit(
         mode,
         status: status?,
         message,
+        overrides: Overrides::default(),
     })
+    .and_then(|limit| {
+        let overrides = validate_overrides(&key, &raw, &limit, sink)?;
+        Some(LimitConfig { overrides, ..limit })
+    })
+}
+
+fn validate_overrides(
+    key: &str,
+    raw: &LimitFile,
+    limit: &LimitConfig,
+    sink: &mut ErrorSink,
+) -> Option<Overrides> {
+    let mut overrides = Overrides::default();
+    let mut valid = true;
+    for (index, entry) in raw.overrides.iter().flatten().enumerate() {
+        let at = format!("{key}.overrides[{index}]");
+        let span = entry.span();
+        let entry = entry.get_ref();
+        if entry.key.len() != limit.key.len() {
+            sink.push(
+                Some(span.clone()),
+                format!("{at}.key"),
+                format!(
+                    "expected {} value(s), one per key part {:?}",
+                    limit.key.len(),
+                    limit.key.iter().map(KeyPart::name).collect::<Vec<_>>()
+                ),
+            );
+            valid = false;
+            continue;
+        }
+        let mut matches = Vec::with_capacity(entry.key.len());
+        for (i, (value, part)) in entry.key.iter().zip(&limit.key).enumerate() {
+            let matcher = if *part == KeyPart::ClientIp {
+                match parse_spanned(value, format!("{at}.key[{i}]"), sink, values::cidr) {
+                    Some(net) if net.prefix_len() == net.max_prefix_len() => PartMatch::Encoded(one_part(
+                        PartKind::ClientIp,
+                        ip_text(net.addr().to_canonical()).as_bytes(),
+                    )),
+                    Some(net) => PartMatch::Network(net),
+                    None => {
+                        valid = false;
+                        continue;
+                    }
+                }
+            } else {
+                PartMatch::Encoded(one_part(PartKind::Value, value.get_ref().as_bytes()))
+            };
+            matches.push(matcher);
+        }
+        let action = if entry.exempt == Some(true) {
+            let named = [
+                entry.limit.as_ref().map(Spanned::span),
+                entry.window.as_ref().map(Spanned::span),
+                entry.rate.as_ref().map(|s| s.span()),
+                entry.per.as_ref().map(Spanned::span),
+                entry.burst.as_ref().map(Spanned::span),
+            ];
+            if let Some(span) = named.into_iter().flatten().next() {
+                sink.push(Some(span), at.clone(), "an exempt entry takes no parameters");
+                valid = false;
+            }
+            Override::Exempt
+        } else {
+            let mut merged = raw.clone();
+            merged.limit = entry.limit.clone().or(merged.limit);
+            merged.window = entry.window.clone().or(merged.window);
+            merged.rate = entry.rate.clone().or(merged.rate);
+            merged.per = entry.per.clone().or(merged.per);
+            merged.burst = entry.burst.clone().or(merged.burst);
+            let Some(algorithm) = validate_algorithm(&at, span.clone(), &merged, sink) else {
+                valid = false;
+                continue;
+            };
+            Override::Limit(Arc::new(LimitConfig {
+                algorithm,
+                overrides: Overrides::default(),
+                ..limit.clone()
+            }))
+        };
+        if matches.len() != limit.key.len() {
+            continue;
+        }
+        let index = overrides.entries.len();
+        overrides.entries.push(action);
+        if matches.iter().all(|m| matches!(m, PartMatch::Encoded(_))) {
+            let mut tuple = TupleEncoder::default();
+            for (value, part) in entry.key.iter().zip(&limit.key) {
+                let (kind, bytes) = match part {
+                    KeyPart::ClientIp => match values::cidr(value.get_ref()) {
+                        Ok(net) => (
+                            PartKind::ClientIp,
+                            ip_text(net.addr().to_canonical()).into_bytes(),
+                        ),
+                        Err(_) => continue,
+                    },
+                    _ => (PartKind::Value, value.get_ref().as_bytes().to_vec()),
+                };
+                tuple.part(kind, &bytes);
+            }
+            // The first entry for a tuple wins.
+            overrides.exact.entry(tuple.finish()).or_insert(index);
+        } else {
+            overrides.networks.push((index, matches));
+        }
+    }
+    valid.then_some(overrides)
+}
+
+/// `value` as a one-part tuple.
+fn one_part(kind: PartKind, value: &[u8]) -> String {
+    let mut tuple = TupleEncoder::default();
+    tuple.part(kind, value);
+    tuple.finish()
 }
 
 fn validate_algorithm(

@@ -654,3 +654,52 @@ fn access_lists_are_cidrs() {
     ));
     assert_eq!((line, column, key.as_str()), (7, 9, "routes[0].deny[0]"));
 }
+
+#[test]
+fn overrides_are_validated_as_the_limit_itself() {
+    let limit = |overrides: &str| {
+        format!(
+            "[limits.api]\nalgorithm = \"token_bucket\"\nrate = 1\nburst = 2\nkey = [\"header:x-key\", \"client_ip\"]\noverrides = [{overrides}]\n"
+        )
+    };
+    assert!(
+        parse(&limit(
+            "{ key = [\"gold\", \"10.0.0.0/8\"], burst = 5 }, { key = [\"x\", \"10.0.0.1\"], exempt = true }"
+        ))
+        .is_ok()
+    );
+    let cases = [
+        (
+            "{ key = [\"gold\"], burst = 5 }",
+            "limits.api.overrides[0].key",
+            "2 value(s)",
+        ),
+        (
+            "{ key = [\"gold\", \"10.0.0.1\"], burst = 0 }",
+            "limits.api.overrides[0].burst",
+            "≥ 1",
+        ),
+        (
+            "{ key = [\"gold\", \"10.0.0.1\"], limit = 5 }",
+            "limits.api.overrides[0].limit",
+            "does not apply",
+        ),
+        (
+            "{ key = [\"gold\", \"not-an-ip\"], burst = 5 }",
+            "limits.api.overrides[0].key[1]",
+            "",
+        ),
+        (
+            "{ key = [\"gold\", \"10.0.0.1\"], exempt = true, burst = 5 }",
+            "limits.api.overrides[0]",
+            "no parameters",
+        ),
+    ];
+    for (entry, key, needle) in cases {
+        let errors = parse(&limit(entry)).unwrap_err().errors;
+        assert!(
+            errors.iter().any(|e| e.key == key && e.message.contains(needle)),
+            "{entry}: {errors:?}"
+        );
+    }
+}

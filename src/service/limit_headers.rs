@@ -109,6 +109,7 @@ mod tests {
             mode: Mode::Enforce,
             status: StatusCode::TOO_MANY_REQUESTS,
             message: Bytes::new(),
+            overrides: Default::default(),
         }
     }
 

@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 
 use super::limit_headers::{LimitHeaders, ceil_seconds, policy_value, render};
 use super::request_key::{AmbiguousKey, KeySource, key_tuple};
-use crate::config::{LimitConfig, Mode, RateLimitHeaders};
+use crate::config::{LimitConfig, Mode, Override, RateLimitHeaders};
 use crate::limit::key::{lock_key, store_key};
 use crate::limit::redis::refusals::RefusalCache;
 use crate::limit::store::{Answer, Fallback, LimitStore, OnError};
@@ -82,11 +82,32 @@ impl RouteLimits {
     ) -> Result<Verdict, AmbiguousKey> {
         let mut applied: SmallVec<[&LimitConfig; 2]> = SmallVec::new();
         let mut checks: Checks = SmallVec::new();
+        // Whether every limit applies as configured (no exemption, no override): then the
+        // route's RateLimit-Policy, computed at load, describes the request.
+        let mut as_configured = true;
         for limit in &self.limits {
             if limit.exempt.iter().any(|net| net.contains(&client_ip)) {
+                as_configured = false;
                 continue;
             }
             let tuple = key_tuple(&limit.key, source)?;
+            let limit: &LimitConfig = if limit.overrides.is_empty() {
+                limit
+            } else {
+                let part =
+                    |i: usize| key_tuple(std::slice::from_ref(&limit.key[i]), source).unwrap_or_default();
+                match limit.overrides.find(&tuple, client_ip, part) {
+                    None => limit,
+                    Some(Override::Exempt) => {
+                        as_configured = false;
+                        continue;
+                    }
+                    Some(Override::Limit(overridden)) => {
+                        as_configured = false;
+                        overridden
+                    }
+                }
+            };
             checks.push(LimitCheck {
                 key: store_key(settings.prefix, &tuple, &limit.name, &limit.algorithm),
                 algorithm: limit.algorithm,
@@ -112,7 +133,7 @@ impl RouteLimits {
         {
             let id = *identity.insert(cache.identity(&checks));
             if let Some(decisions) = cache.get(id, started) {
-                return Ok(self.verdict(settings, &applied, checks, &decisions));
+                return Ok(self.verdict(settings, &applied, as_configured, checks, &decisions));
             }
         }
         let answer = settings.store.decide(&checks, settings.on_error).await;
@@ -129,7 +150,7 @@ impl RouteLimits {
                     // Counted as what the local store decided; the failure itself is in
                     // floodgate_store_errors_total.
                     Fallback::Local(decisions) => {
-                        return Ok(self.verdict(settings, &applied, checks, &decisions));
+                        return Ok(self.verdict(settings, &applied, as_configured, checks, &decisions));
                     }
                     Fallback::Admit => false,
                     Fallback::Refuse => true,
@@ -156,13 +177,14 @@ impl RouteLimits {
         if let Some(cache) = refusals {
             remember_refusal(cache, identity, &checks, &decisions, started);
         }
-        Ok(self.verdict(settings, &applied, checks, &decisions))
+        Ok(self.verdict(settings, &applied, as_configured, checks, &decisions))
     }
 
     fn verdict(
         &self,
         settings: &LimitSettings<'_>,
         applied: &[&LimitConfig],
+        as_configured: bool,
         checks: Checks,
         decisions: &[LimitDecision],
     ) -> Verdict {
@@ -203,7 +225,7 @@ impl RouteLimits {
         // A limit the client is exempt from was skipped: the policy computed at load
         // would still name it, so describe only the limits that were decided.
         let partial;
-        let policy = if applied.len() == self.limits.len() {
+        let policy = if as_configured {
             self.policy.as_ref()
         } else {
             partial = policy_value(enforced.iter().map(|(limit, _)| *limit));

@@ -12,7 +12,7 @@ use http::{HeaderMap, Method, header};
 
 use crate::config::KeyPart;
 use crate::error::GatewayError;
-use crate::limit::key::TupleEncoder;
+use crate::limit::key::{PartKind, TupleEncoder};
 
 /// A key part occurred more than once in the request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,11 +41,14 @@ pub fn key_tuple(parts: &[KeyPart], source: &KeySource<'_>) -> Result<String, Am
     let mut tuple = TupleEncoder::default();
     for part in parts {
         let (tag, value) = match part {
-            KeyPart::ClientIp => (CLIENT_IP, Cow::Borrowed(source.client_ip.as_bytes())),
-            KeyPart::Method => (VALUE, Cow::Borrowed(source.method.as_str().as_bytes())),
-            KeyPart::Path => (VALUE, Cow::Borrowed(source.path.as_bytes())),
-            KeyPart::Host => (VALUE, Cow::Borrowed(source.host.unwrap_or("").as_bytes())),
-            KeyPart::Route => (VALUE, Cow::Borrowed(source.route.as_bytes())),
+            KeyPart::ClientIp => (PartKind::ClientIp, Cow::Borrowed(source.client_ip.as_bytes())),
+            KeyPart::Method => (PartKind::Value, Cow::Borrowed(source.method.as_str().as_bytes())),
+            KeyPart::Path => (PartKind::Value, Cow::Borrowed(source.path.as_bytes())),
+            KeyPart::Host => (
+                PartKind::Value,
+                Cow::Borrowed(source.host.unwrap_or("").as_bytes()),
+            ),
+            KeyPart::Route => (PartKind::Value, Cow::Borrowed(source.route.as_bytes())),
             KeyPart::Header(name) => client_value(
                 single(
                     source.headers.get_all(name).iter().map(|v| v.as_bytes().into()),
@@ -66,9 +69,7 @@ pub fn key_tuple(parts: &[KeyPart], source: &KeySource<'_>) -> Result<String, Am
                 source.client_ip,
             ),
         };
-        tuple.next_part();
-        tuple.push(&[tag]);
-        tuple.push(&value);
+        tuple.part(tag, &value);
     }
     Ok(tuple.finish())
 }
@@ -107,28 +108,22 @@ pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<(String, Vec
             .flatten()
             .map(|ip| crate::client_ip::ip_text(ip.to_canonical()).into_bytes());
         let value = canonical.as_deref().unwrap_or(value);
-        let tag = if *part == KeyPart::ClientIp {
-            CLIENT_IP
+        let kind = if *part == KeyPart::ClientIp {
+            PartKind::ClientIp
         } else {
-            VALUE
+            PartKind::Value
         };
-        tuple.next_part();
-        tuple.push(&[tag]);
-        tuple.push(value);
+        tuple.part(kind, value);
         named.push((name, String::from_utf8_lossy(value).into_owned()));
     }
     Ok((tuple.finish(), named))
 }
 
-/// The tag that starts a part: the client's address, or any other value.
-const CLIENT_IP: u8 = b'i';
-const VALUE: u8 = b'v';
-
 /// A client-supplied value, or the client IP when it is absent or empty, with its tag.
-fn client_value<'a>(value: Option<Cow<'a, [u8]>>, client_ip: &'a str) -> (u8, Cow<'a, [u8]>) {
+fn client_value<'a>(value: Option<Cow<'a, [u8]>>, client_ip: &'a str) -> (PartKind, Cow<'a, [u8]>) {
     match value {
-        Some(value) if !value.is_empty() => (VALUE, value),
-        _ => (CLIENT_IP, Cow::Borrowed(client_ip.as_bytes())),
+        Some(value) if !value.is_empty() => (PartKind::Value, value),
+        _ => (PartKind::ClientIp, Cow::Borrowed(client_ip.as_bytes())),
     }
 }
 

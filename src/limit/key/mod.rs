@@ -37,6 +37,15 @@ pub fn encode_tuple<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
     tuple.finish()
 }
 
+/// What a key part's value is, written as its first byte: the client's address, or any
+/// other value (a header's, say), so that no client can send a value that equals someone's
+/// address and share that key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartKind {
+    ClientIp,
+    Value,
+}
+
 /// Builds a key tuple part by part, escaping as it goes (no copy of a part is made).
 pub struct TupleEncoder {
     /// ASCII only: every byte outside `A-Z a-z 0-9 . - _` is escaped.
@@ -62,6 +71,16 @@ impl TupleEncoder {
             self.escaped.push(b':');
         }
         self.parts += 1;
+    }
+
+    /// Appends a whole part: its kind, then `value`.
+    pub fn part(&mut self, kind: PartKind, value: &[u8]) {
+        self.next_part();
+        self.push(match kind {
+            PartKind::ClientIp => b"i",
+            PartKind::Value => b"v",
+        });
+        self.push(value);
     }
 
     /// Appends bytes to the current part, escaped.
