@@ -151,6 +151,8 @@ pub(crate) struct LimitFile {
     pub status: Option<Spanned<i64>>,
     pub message: Option<Spanned<String>>,
     pub overrides: Option<Vec<Spanned<OverrideFile>>>,
+    pub count: Option<Spanned<String>>,
+    pub failure_status: Option<Spanned<Vec<Spanned<i64>>>>,
 }
 
 /// One entry of a limit's `overrides`.

@@ -63,6 +63,9 @@ pub struct LimitConfig {
     pub message: Bytes,
     /// Other parameters, or an exemption, for some keys.
     pub overrides: Overrides,
+    /// With `count = "failures"`: the response statuses that consume (`None`: every
+    /// admitted request consumes).
+    pub failures: Option<Vec<StatusCode>>,
 }
 
 /// A limit's `overrides`: found by the request's key tuple in one lookup; entries with a
@@ -411,6 +414,7 @@ fn validate_limit(
             }
         },
     };
+    let failures = validate_count(&key, &raw, sink);
     let message = raw.message.as_ref().map_or_else(
         || Bytes::from_static(DEFAULT_MESSAGE.as_bytes()),
         |m| Bytes::from(m.get_ref().clone()),
@@ -425,6 +429,7 @@ fn validate_limit(
         status: status?,
         message,
         overrides: Overrides::default(),
+        failures: failures?,
     })
     .and_then(|limit| {
         let overrides = validate_overrides(&key, &raw, &limit, sink)?;
@@ -533,6 +538,71 @@ fn validate_overrides(
         }
     }
     valid.then_some(overrides)
+}
+
+/// `count` and `failure_status`: `Some(None)` when every request counts.
+fn validate_count(key: &str, raw: &LimitFile, sink: &mut ErrorSink) -> Option<Option<Vec<StatusCode>>> {
+    let failures = match raw.count.as_ref().map(|c| (c, c.get_ref().as_str())) {
+        None | Some((_, "requests")) => false,
+        Some((count, "failures")) => {
+            if !matches!(
+                raw.algorithm.get_ref().as_str(),
+                "fixed_window" | "sliding_window" | "token_bucket"
+            ) {
+                sink.push(
+                    Some(count.span()),
+                    format!("{key}.count"),
+                    "count = \"failures\" applies to fixed_window, sliding_window and token_bucket",
+                );
+                return None;
+            }
+            true
+        }
+        Some((count, other)) => {
+            sink.push(
+                Some(count.span()),
+                format!("{key}.count"),
+                format!("expected \"requests\" or \"failures\", got {other:?}"),
+            );
+            return None;
+        }
+    };
+    let Some(statuses) = &raw.failure_status else {
+        return Some(failures.then(|| vec![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN]));
+    };
+    if !failures {
+        sink.push(
+            Some(statuses.span()),
+            format!("{key}.failure_status"),
+            "failure_status applies only with count = \"failures\"",
+        );
+        return None;
+    }
+    statuses
+        .get_ref()
+        .iter()
+        .enumerate()
+        .map(|(i, status)| {
+            match u16::try_from(*status.get_ref())
+                .ok()
+                .and_then(|s| StatusCode::from_u16(s).ok())
+            {
+                Some(code) if (100..=599).contains(&code.as_u16()) => Some(code),
+                _ => {
+                    sink.push(
+                        Some(status.span()),
+                        format!("{key}.failure_status[{i}]"),
+                        format!(
+                            "expected an HTTP status from 100 to 599, got {}",
+                            status.get_ref()
+                        ),
+                    );
+                    None
+                }
+            }
+        })
+        .collect::<Option<Vec<_>>>()
+        .map(Some)
 }
 
 /// `value` as a one-part tuple.

@@ -703,3 +703,31 @@ fn overrides_are_validated_as_the_limit_itself() {
         );
     }
 }
+
+#[test]
+fn counting_failures() {
+    let limit = |extra: &str| {
+        format!("[limits.l]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"15m\"\n{extra}\n")
+    };
+    let config = parse(&limit("count = \"failures\"")).unwrap();
+    assert_eq!(
+        config.limits["l"].failures,
+        Some(vec![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN])
+    );
+    let config = parse(&limit("count = \"failures\"\nfailure_status = [401, 429]")).unwrap();
+    assert_eq!(
+        config.limits["l"].failures,
+        Some(vec![StatusCode::UNAUTHORIZED, StatusCode::TOO_MANY_REQUESTS])
+    );
+    assert_eq!(parse(&limit("")).unwrap().limits["l"].failures, None);
+    let (_, _, key, _) = error(&limit("failure_status = [401]"));
+    assert_eq!(key, "limits.l.failure_status");
+    let (_, _, key, _) = error(&limit("count = \"errors\""));
+    assert_eq!(key, "limits.l.count");
+    let (_, _, key, _) = error(&limit("count = \"failures\"\nfailure_status = [99]"));
+    assert_eq!(key, "limits.l.failure_status[0]");
+    let (_, _, key, message) =
+        error("[limits.l]\nalgorithm = \"leaky_bucket\"\nrate = 1\nburst = 1\ncount = \"failures\"\n");
+    assert_eq!(key, "limits.l.count");
+    assert!(message.contains("token_bucket"), "{message}");
+}

@@ -237,6 +237,29 @@ impl MemoryStore {
         }
     }
 
+    /// Locks `key` for `ttl` microseconds, unless it is locked already.
+    pub fn lock(&self, key: &str, ttl: u64) {
+        let now = self.clock.now_micros();
+        let slot = self.slot(key);
+        let mut guard = self.shards[MemoryStore::shard_of(slot)]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let live = guard
+            .entries
+            .get(&slot)
+            .is_some_and(|entry| entry.expires_at > now);
+        if !live {
+            guard.entries.insert(
+                slot,
+                Entry {
+                    state: None,
+                    expires_at: now + ttl,
+                    used: Used::ALL,
+                },
+            );
+        }
+    }
+
     /// Forgets one key and its lock: the next request finds them fresh.
     pub fn clear(&self, key: &str, lock: Option<&str>) {
         for key in std::iter::once(key).chain(lock) {

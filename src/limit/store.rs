@@ -86,6 +86,20 @@ impl LimitStore {
         }
     }
 
+    /// Starts `check`'s lock-out (its key exhausted by a counted failure), unless it runs.
+    pub async fn lock(&self, check: &LimitCheck) -> Result<(), StoreError> {
+        let Some((lock, ttl)) = &check.lockout else {
+            return Ok(());
+        };
+        match self {
+            LimitStore::Memory(store) => {
+                store.lock(lock, *ttl);
+                Ok(())
+            }
+            LimitStore::Redis(store) => store.redis().lock(lock, *ttl).await,
+        }
+    }
+
     /// Resets `check`'s key and lifts its lock-out (in Redis, for every instance).
     pub async fn clear(&self, check: &LimitCheck) -> Result<(), StoreError> {
         let lock = check.lockout.as_ref().map(|(lock, _)| lock.as_str());

@@ -110,6 +110,7 @@ mod tests {
             status: StatusCode::TOO_MANY_REQUESTS,
             message: Bytes::new(),
             overrides: Default::default(),
+            failures: None,
         }
     }
 

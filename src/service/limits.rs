@@ -17,7 +17,7 @@ use crate::config::{LimitConfig, Mode, Override, RateLimitHeaders};
 use crate::limit::key::{lock_key, store_key};
 use crate::limit::redis::refusals::RefusalCache;
 use crate::limit::store::{Answer, Fallback, LimitStore, OnError};
-use crate::limit::{Decisions, LimitCheck, LimitDecision, Outcome};
+use crate::limit::{Decisions, LimitCheck, LimitDecision, Outcome, Peeked};
 use crate::metrics::{LimitOutcome, Metrics};
 
 /// What a route's limits need at request time, computed once at load.
@@ -53,8 +53,14 @@ pub(crate) struct Verdict {
 
 pub(crate) enum Action {
     /// Forward, after holding the request this long (leaky bucket); `held` are the checks
-    /// whose slots to give back if the client leaves before then.
-    Pass { delay: Duration, held: Vec<LimitCheck> },
+    /// whose slots to give back if the client leaves before then; `counted` the checks
+    /// of limits that count failures, to consume if the response has one of their
+    /// statuses.
+    Pass {
+        delay: Duration,
+        held: Vec<LimitCheck>,
+        counted: Vec<(LimitCheck, Vec<StatusCode>)>,
+    },
     /// Answer with this status, body and `Retry-After` seconds.
     Reject {
         status: StatusCode,
@@ -82,6 +88,7 @@ impl RouteLimits {
     ) -> Result<Verdict, AmbiguousKey> {
         let mut applied: SmallVec<[&LimitConfig; 2]> = SmallVec::new();
         let mut checks: Checks = SmallVec::new();
+        let mut counted: SmallVec<[(&LimitConfig, LimitCheck); 1]> = SmallVec::new();
         // Whether every limit applies as configured (no exemption, no override): then the
         // route's RateLimit-Policy, computed at load, describes the request.
         let mut as_configured = true;
@@ -108,7 +115,7 @@ impl RouteLimits {
                     }
                 }
             };
-            checks.push(LimitCheck {
+            let check = LimitCheck {
                 key: store_key(settings.prefix, &tuple, &limit.name, &limit.algorithm),
                 algorithm: limit.algorithm,
                 lockout: limit
@@ -116,11 +123,48 @@ impl RouteLimits {
                     .map(|penalty| (lock_key(settings.prefix, &tuple, &limit.name), micros(penalty))),
                 cost: self.cost,
                 shadow: limit.mode == Mode::Shadow,
-            });
+            };
+            if limit.failures.is_some() {
+                counted.push((limit, check));
+                continue;
+            }
+            checks.push(check);
             applied.push(limit);
         }
-        if checks.is_empty() {
+        if checks.is_empty() && counted.is_empty() {
             return Ok(pass(LimitOutcome::Exempt));
+        }
+        // Limits that count failures are read, not consumed: a key with no room left, or
+        // locked, is refused before anything else is decided (so nothing is consumed).
+        let mut read: Counted<'_> = SmallVec::new();
+        for (limit, check) in counted {
+            let decision = match settings.store.peek(&check).await {
+                Ok(peeked) => failure_room(&peeked, &check),
+                Err(error) => {
+                    settings.metrics.record_store_error(settings.store.label());
+                    tracing::debug!(%error, "rate-limit store failed reading a failure count");
+                    if settings.on_error == OnError::Deny {
+                        return Ok(store_refused());
+                    }
+                    continue;
+                }
+            };
+            read.push((limit, check, decision));
+        }
+        if read
+            .iter()
+            .any(|(limit, _, d)| limit.mode == Mode::Enforce && !d.outcome.admits())
+        {
+            let limits: SmallVec<[&LimitConfig; 2]> = read.iter().map(|(l, _, _)| *l).collect();
+            let decisions: Decisions = read.iter().map(|(_, _, d)| *d).collect();
+            let checks: Checks = read.into_iter().map(|(_, c, _)| c).collect();
+            return Ok(self.verdict(settings, &limits, false, checks, &decisions));
+        }
+        if checks.is_empty() {
+            return Ok(self.with_counted(settings, applied, false, checks, &[], read));
+        }
+        if !read.is_empty() {
+            as_configured = false;
         }
         // Shadow limits must be evaluated every time, so their requests are never served
         // from remembered refusals.
@@ -133,7 +177,7 @@ impl RouteLimits {
         {
             let id = *identity.insert(cache.identity(&checks));
             if let Some(decisions) = cache.get(id, started) {
-                return Ok(self.verdict(settings, &applied, as_configured, checks, &decisions));
+                return Ok(self.with_counted(settings, applied, as_configured, checks, &decisions, read));
             }
         }
         let answer = settings.store.decide(&checks, settings.on_error).await;
@@ -150,7 +194,14 @@ impl RouteLimits {
                     // Counted as what the local store decided; the failure itself is in
                     // floodgate_store_errors_total.
                     Fallback::Local(decisions) => {
-                        return Ok(self.verdict(settings, &applied, as_configured, checks, &decisions));
+                        return Ok(self.with_counted(
+                            settings,
+                            applied,
+                            as_configured,
+                            checks,
+                            &decisions,
+                            read,
+                        ));
                     }
                     Fallback::Admit => false,
                     Fallback::Refuse => true,
@@ -163,21 +214,47 @@ impl RouteLimits {
                 if !refused {
                     return Ok(pass(LimitOutcome::StoreError));
                 }
-                return Ok(Verdict {
-                    action: Action::Reject {
-                        status: StatusCode::SERVICE_UNAVAILABLE,
-                        message: Bytes::from_static(b"Service Unavailable\n"),
-                        retry_after: 1,
-                    },
-                    outcome: LimitOutcome::StoreError,
-                    headers: LimitHeaders::new(),
-                });
+                return Ok(store_refused());
             }
         };
         if let Some(cache) = refusals {
             remember_refusal(cache, identity, &checks, &decisions, started);
         }
-        Ok(self.verdict(settings, &applied, as_configured, checks, &decisions))
+        Ok(self.with_counted(settings, applied, as_configured, checks, &decisions, read))
+    }
+
+    /// The verdict on the store's `decisions`, with the limits that count failures (read,
+    /// all admitting) added: their room goes into the headers, and their checks into the
+    /// verdict, to be consumed if the response is a failure.
+    fn with_counted<'a>(
+        &'a self,
+        settings: &LimitSettings<'_>,
+        mut applied: SmallVec<[&'a LimitConfig; 2]>,
+        as_configured: bool,
+        mut checks: Checks,
+        decisions: &[LimitDecision],
+        read: Counted<'a>,
+    ) -> Verdict {
+        if read.is_empty() {
+            return self.verdict(settings, &applied, as_configured, checks, decisions);
+        }
+        let mut all: Decisions = decisions.iter().copied().collect();
+        let mut failures = Vec::with_capacity(read.len());
+        for (limit, check, decision) in read {
+            applied.push(limit);
+            all.push(decision);
+            if limit.mode == Mode::Enforce
+                && let Some(statuses) = &limit.failures
+            {
+                failures.push((check.clone(), statuses.clone()));
+            }
+            checks.push(check);
+        }
+        let mut verdict = self.verdict(settings, &applied, as_configured, checks, &all);
+        if let Action::Pass { counted, .. } = &mut verdict.action {
+            *counted = failures;
+        }
+        verdict
     }
 
     fn verdict(
@@ -265,10 +342,86 @@ impl RouteLimits {
                 .collect()
         };
         Verdict {
-            action: Action::Pass { delay, held },
+            action: Action::Pass {
+                delay,
+                held,
+                counted: Vec::new(),
+            },
             outcome,
             headers,
         }
+    }
+}
+
+/// The limits of a request that count failures: each with its check and what its stored
+/// room says.
+type Counted<'a> = SmallVec<[(&'a LimitConfig, LimitCheck, LimitDecision); 1]>;
+
+/// What a failure-counting limit's stored state says of the next request: allowed with
+/// the room left for failures, or refused (no room, or locked).
+fn failure_room(peeked: &Peeked, check: &LimitCheck) -> LimitDecision {
+    let micros = Duration::from_micros;
+    if let Some(left) = peeked.lock_left {
+        return LimitDecision {
+            outcome: Outcome::Locked,
+            remaining: 0,
+            reset: micros(left),
+            retry_after: micros(left),
+        };
+    }
+    let evaluation =
+        crate::limit::algorithm::evaluate(&check.algorithm, peeked.state, check.cost, peeked.now);
+    LimitDecision {
+        outcome: if evaluation.admitted {
+            Outcome::Allowed
+        } else {
+            Outcome::Rejected
+        },
+        remaining: evaluation.remaining_before,
+        reset: micros(evaluation.reset),
+        retry_after: micros(evaluation.retry_after),
+    }
+}
+
+/// Consumes, for each limit that counts failures, what a response of `status` costs: a
+/// failure takes `cost`, and the failure that takes the last of the room starts the
+/// lock-out. A store that fails here loses that count (logged).
+pub(crate) async fn count_failures(
+    store: &LimitStore,
+    on_error: OnError,
+    counted: &[(LimitCheck, Vec<StatusCode>)],
+    status: StatusCode,
+) {
+    for (check, statuses) in counted {
+        if !statuses.contains(&status) {
+            continue;
+        }
+        match store.decide(std::slice::from_ref(check), on_error).await {
+            Answer::Decided(decisions) => {
+                let exhausted = decisions
+                    .first()
+                    .is_some_and(|d| d.outcome.admits() && d.remaining == 0);
+                if exhausted && let Err(error) = store.lock(check).await {
+                    tracing::warn!(%error, key = %check.key, "a lock-out could not be started");
+                }
+            }
+            Answer::Failed { error, .. } => {
+                tracing::warn!(%error, key = %check.key, "a failure could not be counted");
+            }
+        }
+    }
+}
+
+/// `on_error = "deny"` with a failing store.
+fn store_refused() -> Verdict {
+    Verdict {
+        action: Action::Reject {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: Bytes::from_static(b"Service Unavailable\n"),
+            retry_after: 1,
+        },
+        outcome: LimitOutcome::StoreError,
+        headers: LimitHeaders::new(),
     }
 }
 
@@ -313,6 +466,7 @@ fn pass(outcome: LimitOutcome) -> Verdict {
         action: Action::Pass {
             delay: Duration::ZERO,
             held: Vec::new(),
+            counted: Vec::new(),
         },
         outcome,
         headers: LimitHeaders::new(),

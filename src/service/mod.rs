@@ -48,7 +48,7 @@ use crate::proxy::request_body::RequestBody;
 use crate::router::normalize_host;
 use crate::upstream::{Upstream, tunnel};
 use limit_headers::LimitHeaders;
-use limits::{Action, LimitSettings};
+use limits::{Action, LimitSettings, count_failures};
 use request_key::{KeySource, key_tuple};
 use response_body::{Payload, ResponseBody, full};
 use state::{GatewayState, Target};
@@ -240,6 +240,7 @@ async fn serve(
         return Err(GatewayError::Forbidden("the route's allow or deny"));
     }
     let route = &state.routes[index];
+    let mut counted = Vec::new();
     if !route.limits.is_empty() {
         let client_ip = client.ip_text();
         let source = key_source(&request, &client_ip, path, route_host.as_deref(), &record.route);
@@ -260,13 +261,19 @@ async fn serve(
                 message,
                 retry_after,
             } => return Ok(rejection(status, message, retry_after)),
-            Action::Pass { delay, held } if !delay.is_zero() => {
-                hold(&state.store, delay, held, client.socket).await?;
+            Action::Pass {
+                delay,
+                held,
+                counted: failures,
+            } => {
+                counted = failures;
+                if !delay.is_zero() {
+                    hold(&state.store, delay, held, client.socket).await?;
+                }
             }
-            Action::Pass { .. } => {}
         }
     }
-    match &route.target {
+    let response = match &route.target {
         Target::Respond(respond) => Ok(respond_with(respond)),
         Target::Upstream(upstream) => {
             // The key that picks the server, with `balance = "hash"`: a key part the
@@ -299,7 +306,13 @@ async fn serve(
             )
             .await
         }
+    };
+    if !counted.is_empty()
+        && let Ok(response) = &response
+    {
+        count_failures(&state.store, state.on_error, &counted, response.status()).await;
     }
+    response
 }
 
 impl Client<'_> {

@@ -298,6 +298,19 @@ impl RedisStore {
         })
     }
 
+    /// Locks `key` for `ttl` microseconds (rounded up to the millisecond), unless it is
+    /// locked already.
+    pub async fn lock(&self, key: &str, ttl: u64) -> Result<(), StoreError> {
+        let mut connection = self.connection()?;
+        let mut set = redis::cmd("SET");
+        set.arg(key)
+            .arg(1)
+            .arg("PX")
+            .arg(ttl.div_ceil(1000).max(1))
+            .arg("NX");
+        self.within_deadline(set.query_async::<()>(&mut connection)).await
+    }
+
     /// Deletes one key and its lock.
     pub async fn clear(&self, key: &str, lock: Option<&str>) -> Result<(), StoreError> {
         let mut connection = self.connection()?;
