@@ -482,3 +482,32 @@ async fn an_https_upstream_is_used_with_its_ca_and_refused_without() {
         TestGateway::start_config(config("tls_ca = \"ca.pem\"\ntls_server_name = \"other.test\"")).await;
     assert_eq!(get(&wrong_name.url("/")).await.0, StatusCode::BAD_GATEWAY);
 }
+
+#[tokio::test]
+async fn active_checks_of_an_https_upstream_speak_tls() {
+    let ca = TestCa::new("upstream ca");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    let addr = https_upstream(&ca).await;
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
+             [upstreams.app]\nurl = \"https://localhost:{}\"\ntls_ca = \"ca.pem\"\n\
+             health_check = {{ path = \"/health\", interval = \"50ms\", timeout = \"500ms\" }}\n\n\
+             [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+            addr.port()
+        ),
+    )
+    .unwrap();
+    let gw = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    // Several check rounds: two failures in a row would have taken it out.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let up = format!(
+        "floodgate_upstream_server_up{{upstream=\"app\",server=\"localhost:{}\"}}",
+        addr.port()
+    );
+    assert_eq!(gw.metric(&up).await, 1.0);
+    assert_eq!(get(&gw.url("/")).await.0, StatusCode::OK);
+}

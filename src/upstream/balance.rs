@@ -183,7 +183,7 @@ mod tests {
                 Server::new(
                     label.into(),
                     weight,
-                    pool,
+                    (pool, None),
                     (Gauge::default(), Gauge::default()),
                     None,
                 )

@@ -14,6 +14,7 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::Rotation;
+use super::server::Server;
 use crate::config::HealthCheck;
 
 /// Starts checking `rotation`'s servers; the checks stop when the handle is dropped.
@@ -29,22 +30,30 @@ async fn run(rotation: Weak<Rotation>, check: HealthCheck) {
         let Some(rotation) = rotation.upgrade() else {
             return;
         };
-        let results = futures_util::future::join_all(
-            rotation.servers.iter().map(|server| probe(&server.label, &check)),
-        )
-        .await;
+        let results =
+            futures_util::future::join_all(rotation.servers.iter().map(|server| probe(server, &check))).await;
         for (server, healthy) in rotation.servers.iter().zip(results) {
             server.checked(healthy);
         }
     }
 }
 
-/// One check of the server at `authority` (`host:port`).
-async fn probe(authority: &str, check: &HealthCheck) -> bool {
+/// One check of `server`, over TLS for an `https://` one.
+async fn probe(server: &Server, check: &HealthCheck) -> bool {
+    let authority: &str = &server.label;
     let exchange = async {
         let stream = TcpStream::connect(authority).await.ok()?;
-        let (mut sender, connection) = http1::handshake(TokioIo::new(stream)).await.ok()?;
-        let _connection = AbortOnDropHandle::new(tokio::spawn(connection));
+        let (mut sender, _connection) = match &server.tls {
+            None => handshake(stream).await?,
+            Some(tls) => {
+                let stream = tls
+                    .connector
+                    .connect(tls.server_name.clone(), stream)
+                    .await
+                    .ok()?;
+                handshake(stream).await?
+            }
+        };
         let request = Request::get(check.path.as_str())
             .header(header::HOST, authority)
             .header(header::CONNECTION, "close")
@@ -58,4 +67,17 @@ async fn probe(authority: &str, check: &HealthCheck) -> bool {
         tokio::time::timeout(check.timeout, exchange).await,
         Ok(Some(true))
     )
+}
+
+/// An HTTP/1.1 client connection over `stream`, driven by a task that ends with the
+/// returned handle.
+async fn handshake<S>(stream: S) -> Option<(http1::SendRequest<Empty<Bytes>>, AbortOnDropHandle<()>)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::handshake(TokioIo::new(stream)).await.ok()?;
+    let driven = AbortOnDropHandle::new(tokio::spawn(async move {
+        let _ = connection.await;
+    }));
+    Some((sender, driven))
 }

@@ -81,7 +81,10 @@ impl Upstream {
                 Server::new(
                     label.clone(),
                     server.weight,
-                    Pool::new(label.to_string(), config.connect_timeout, tls),
+                    (
+                        Pool::new(label.to_string(), config.connect_timeout, tls.clone()),
+                        tls,
+                    ),
                     metrics.upstream_server(&name, &label),
                     // One server is never taken out: there would be nowhere else to go.
                     (config.max_fails > 0 && !single).then_some((config.max_fails, config.fail_timeout)),

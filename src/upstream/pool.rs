@@ -53,6 +53,7 @@ struct Idle<B> {
 }
 
 /// TLS to a server: the client configuration and the name its certificate must have.
+#[derive(Clone)]
 pub(crate) struct Tls {
     pub(crate) connector: TlsConnector,
     pub(crate) server_name: ServerName<'static>,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
 
-use super::pool::Pool;
+use super::pool::{Pool, Tls};
 use crate::proxy::request_body::RequestBody;
 
 /// Checks in a row that change what active health says.
@@ -26,6 +26,8 @@ pub(super) struct Server {
     pub(super) label: Arc<str>,
     pub(super) weight: u32,
     pub(super) pool: Pool<RequestBody>,
+    /// TLS for active checks of an `https://` server (the pool's own).
+    pub(super) tls: Option<Tls>,
     /// Requests in flight to the server (also its `floodgate_upstream_in_flight`).
     pub(super) in_flight: Gauge,
     health: Health,
@@ -35,7 +37,7 @@ impl Server {
     pub(super) fn new(
         label: Arc<str>,
         weight: u32,
-        pool: Pool<RequestBody>,
+        (pool, tls): (Pool<RequestBody>, Option<Tls>),
         (up, in_flight): (Gauge, Gauge),
         passive: Option<(u32, Duration)>,
     ) -> Self {
@@ -44,6 +46,7 @@ impl Server {
             label,
             weight,
             pool,
+            tls,
             in_flight,
             health: Health {
                 troubled: AtomicBool::new(false),
@@ -214,7 +217,7 @@ mod tests {
         Server::new(
             "127.0.0.1:9".into(),
             1,
-            pool,
+            (pool, None),
             (Gauge::default(), Gauge::default()),
             passive,
         )
