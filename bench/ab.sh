@@ -79,7 +79,7 @@ for spec in "$@"; do
     taskset -c 0 "$binary" "127.0.0.1:$next_port" "127.0.0.1:$UPSTREAM_PORT" >"$run_dir/$name.log" 2>&1 &
   else
     [ -x "$binary" ] && [ -f "$template" ] || { echo "$spec: no such binary or template" >&2; exit 1; }
-    sed -e "s#@LISTEN_ADDR@#127.0.0.1:$next_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$UPSTREAM_PORT#" -e "s#@UPSTREAM_PORT@#$UPSTREAM_PORT#" \
+    sed -e "s#@LISTEN_ADDR@#127.0.0.1:$next_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$UPSTREAM_PORT#" -e "s#@UPSTREAM_PORT@#$UPSTREAM_PORT#g" \
       -e "s#@REDIS_URL@#redis://127.0.0.1:$REDIS_PORT#" "$template" >"$run_dir/$name.toml"
     FLOODGATE_LOG=warn taskset -c 0 "$binary" --config "$run_dir/$name.toml" >"$run_dir/$name.log" 2>&1 &
   fi

@@ -46,7 +46,7 @@ if [ "$TEMPLATE" = - ]; then
   arguments=("127.0.0.1:$gateway_port" "127.0.0.1:$upstream_port")
   name=$(basename "$BINARY")
 else
-  sed -e "s#@LISTEN_ADDR@#127.0.0.1:$gateway_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$upstream_port#" -e "s#@UPSTREAM_PORT@#$upstream_port#" \
+  sed -e "s#@LISTEN_ADDR@#127.0.0.1:$gateway_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$upstream_port#" -e "s#@UPSTREAM_PORT@#$upstream_port#g" \
     -e "s#@REDIS_URL@#redis://127.0.0.1:$redis_port#" "$TEMPLATE" >"$dir/gateway.toml"
   arguments=(--config "$dir/gateway.toml")
   name=$(basename "$TEMPLATE" .toml.tmpl)

@@ -155,6 +155,29 @@ pub(crate) struct LimitFile {
     pub failure_status: Option<Spanned<Vec<Spanned<i64>>>>,
 }
 
+impl LimitFile {
+    /// A copy of everything but `overrides` (which may be large).
+    pub(crate) fn clone_without_overrides(&self) -> LimitFile {
+        LimitFile {
+            algorithm: self.algorithm.clone(),
+            limit: self.limit.clone(),
+            window: self.window.clone(),
+            rate: self.rate.clone(),
+            per: self.per.clone(),
+            burst: self.burst.clone(),
+            key: self.key.clone(),
+            lockout: self.lockout.clone(),
+            exempt: self.exempt.clone(),
+            mode: self.mode.clone(),
+            status: self.status.clone(),
+            message: self.message.clone(),
+            overrides: None,
+            count: self.count.clone(),
+            failure_status: self.failure_status.clone(),
+        }
+    }
+}
+
 /// One entry of a limit's `overrides`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

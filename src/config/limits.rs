@@ -445,6 +445,14 @@ fn validate_overrides(
 ) -> Option<Overrides> {
     let mut overrides = Overrides::default();
     let mut valid = true;
+    // The limit's own keys, which an entry's parameters replace (without the table itself,
+    // so that a large table is not copied for each of its entries).
+    let base = LimitFile {
+        overrides: None,
+        key: None,
+        exempt: None,
+        ..raw.clone_without_overrides()
+    };
     for (index, entry) in raw.overrides.iter().flatten().enumerate() {
         let at = format!("{key}.overrides[{index}]");
         let span = entry.span();
@@ -495,7 +503,7 @@ fn validate_overrides(
             }
             Override::Exempt
         } else {
-            let mut merged = raw.clone();
+            let mut merged = base.clone();
             merged.limit = entry.limit.clone().or(merged.limit);
             merged.window = entry.window.clone().or(merged.window);
             merged.rate = entry.rate.clone().or(merged.rate);
