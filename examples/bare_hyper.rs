@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 
 /// The allocator floodgate itself uses.
 #[global_allocator]
-static ALLOCATOR: floodgate::allocator::Mimalloc = floodgate::allocator::Mimalloc;
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::io::Result<()> {
     let address = std::env::args()

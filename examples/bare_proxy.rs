@@ -20,7 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// The allocator floodgate itself uses.
 #[global_allocator]
-static ALLOCATOR: floodgate::allocator::Mimalloc = floodgate::allocator::Mimalloc;
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);

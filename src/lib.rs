@@ -23,8 +23,6 @@
 
 mod access_log;
 mod admin;
-#[allow(unsafe_code)] // a GlobalAlloc is unsafe by definition
-pub mod allocator;
 mod client_ip;
 pub mod config;
 mod connection;

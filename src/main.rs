@@ -16,7 +16,7 @@ use floodgate::{Config, Gateway, healthcheck, logging};
 /// mimalloc instead of glibc's malloc: allocation and freeing were about a sixth of the
 /// gateway's user CPU per request under glibc (docs/performance.md, "Choices measured").
 #[global_allocator]
-static ALLOCATOR: floodgate::allocator::Mimalloc = floodgate::allocator::Mimalloc;
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(name = "floodgate", version, about = "A rate-limiting HTTP reverse proxy")]
