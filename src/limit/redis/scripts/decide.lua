@@ -55,16 +55,13 @@
 -- index, current, previous (sliding_window, 25 bytes); tokens, updated (token_bucket, 17
 -- bytes); tat, step (leaky_bucket, 17 bytes). struct.unpack reads them in one call where
 -- text took a pattern match and a strtod per number, about 5k instructions a decision
--- (callgrind, bench/script_cost.sh with RATE=1). Earlier versions wrote text, which is
--- still read: "index:current:previous", "tokens:updated", "tat:step", each at least 18
--- bytes long and never starting with ':'. An earlier version reading a packed state finds
--- no match and starts the key afresh, so a rolling upgrade never fails a decision (its
--- refund.lua does fail on packed state: that give-back is lost, and logged).
+-- (callgrind, bench/script_cost.sh with RATE=1). Any other value (none is written) reads
+-- as no state: the key starts afresh.
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
-local byte, match, pack_bytes, unpack_bytes = string.byte, string.match, struct.pack, struct.unpack
+local byte, pack_bytes, unpack_bytes = string.byte, struct.pack, struct.unpack
 
 -- The live state of counters used by more than one check of the batch, once a check has
 -- changed them: up to three numbers per key index (made only when the batch has such keys).
@@ -107,10 +104,8 @@ end
 -- Sliding window: the window's index, its count, and the previous window's count.
 local function read_sliding(k, text)
   if text == true then return s1[k], s2[k], s3[k] end
-  if not text then return nil end
-  if byte(text) == 58 then return unpack_bytes('<ddd', text, 2) end
-  local a, b, c = match(text, '^([^:]+):([^:]+):(.+)$')
-  return tonumber(a), tonumber(b), tonumber(c)
+  if text and byte(text) == 58 then return unpack_bytes('<ddd', text, 2) end
+  return nil -- no state, or none this script wrote
 end
 
 local function sliding_window(i, current, previous, limit, window, _, cost)
@@ -150,10 +145,8 @@ end
 -- Buckets: tokens and updated (token bucket), or tat and step (leaky bucket).
 local function read_bucket(k, text)
   if text == true then return s1[k], s2[k] end
-  if not text then return nil end
-  if #text == 17 then return unpack_bytes('<dd', text, 2) end
-  local x, y = match(text, '^([^:]+):(.+)$')
-  return tonumber(x), tonumber(y)
+  if text and #text == 17 then return unpack_bytes('<dd', text, 2) end
+  return nil -- no state, or none this script wrote
 end
 
 local function token_bucket(saved, updated, _, rate, per, burst, cost)

@@ -2,7 +2,8 @@
 -- leaky-bucket request that left before its turn, or, on Redis Cluster, a limit decided in
 -- one slot when a limit in another slot refused the request.
 -- Mirrors algorithm::refund() in src/limit/algorithm.rs; the state encodings are those of
--- decide.lua (packed doubles after ':', or the text of earlier versions).
+-- decide.lua (a plain counter, or packed doubles after ':'): any other value has nothing
+-- to give back.
 -- KEYS[1]: the counter key. ARGV: algorithm (1 fixed, 2 sliding, 3 token, 4 leaky), a, b, c
 -- (as in decide.lua), cost.
 local time = redis.call('TIME')
@@ -16,14 +17,11 @@ if not stored then return 0 end
 local pttl = redis.call('PTTL', key)
 if pttl <= 0 then return 0 end
 
+if algorithm ~= 1 and string.byte(stored) ~= 58 then return 0 end
+
 -- The numbers of a sliding window (three) or a bucket (two).
 local function state(count)
-  if string.byte(stored) == 58 then
-    return struct.unpack(count == 3 and '<ddd' or '<dd', stored, 2)
-  end
-  local pattern = count == 3 and '^([^:]+):([^:]+):(.+)$' or '^([^:]+):(.+)$'
-  local x, y, z = string.match(stored, pattern)
-  return tonumber(x), tonumber(y), tonumber(z)
+  return struct.unpack(count == 3 and '<ddd' or '<dd', stored, 2)
 end
 
 if algorithm == 1 then
