@@ -7,9 +7,8 @@
 //! and writes each distinct key once per call, so a batch full of one busy client costs
 //! about what one request does. One binary argument matters because Redis turns every
 //! argument into a string object and then a Lua string, and the script would parse each
-//! back into a number with strtod: as decimal arguments, a one-spec call spent about 10k
-//! instructions in Redis on that alone, and a one-check request three arguments more
-//! (callgrind, `bench/script_cost.sh`).
+//! back into a number with strtod: as decimal arguments, that parsing was a large part
+//! of what a call cost Redis.
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -17,8 +17,8 @@
 --     index, the key index, R. The script decides them in order with the key's state in
 --     locals (a busy client's requests come in runs).
 --   One binary string, not decimal arguments: Redis turns every argument into a string
---   object and a Lua string, and tonumber() parses each with strtod, about 0.8k
---   instructions a number: more than the decision itself (callgrind, bench/script_cost.sh).
+--   object and a Lua string, and tonumber() would parse each with strtod, which costs
+--   more than the decision itself.
 -- Returns one string of little-endian doubles, per check in order: remaining (the gateway
 --   truncates it to a whole count), 4 × reset_us + outcome, and then, unless the outcome is
 --   0 (allowed), the time: delay_us (1 delayed) or retry_after_us (2 rejected, 3 locked).
@@ -26,10 +26,9 @@
 --   length, what its first request sees (tokens, or room left in the window) and how many
 --   of its requests are admitted (the first ones), and for a window a third, its reset.
 --   Times are capped at 2^50 µs (35 years), so that 4 × reset + outcome stays exact in a
---   double. One string, not an array of integers: the gateway's RESP parser costs about
---   600 instructions an element, while Redis writes either at the same cost (callgrind,
---   bench/request_cost.sh and bench/script_cost.sh). Two numbers for an admitted check,
---   not three, for the same reason.
+--   double. One string, not an array of integers: the gateway's RESP parser pays for
+--   every element, while Redis writes either at the same cost. Two numbers for an
+--   admitted check, not three, for the same reason.
 -- Time comes from Redis TIME only, in microseconds (exact in a Lua double).
 --
 -- Each key is read once per call (one MGET for every counter key; PTTL where a window or
@@ -53,10 +52,9 @@
 -- Stored state: fixed_window is a plain counter (written when its window starts, INCRBY
 -- after); the others are ':' and then their numbers as little-endian doubles, exact:
 -- index, current, previous (sliding_window, 25 bytes); tokens, updated (token_bucket, 17
--- bytes); tat, step (leaky_bucket, 17 bytes). struct.unpack reads them in one call where
--- text took a pattern match and a strtod per number, about 5k instructions a decision
--- (callgrind, bench/script_cost.sh with RATE=1). Any other value (none is written) reads
--- as no state: the key starts afresh.
+-- bytes); tat, step (leaky_bucket, 17 bytes). struct.unpack reads them in one call, where
+-- text would take a pattern match and a strtod per number. Any other value (none is
+-- written) reads as no state: the key starts afresh.
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -319,8 +317,8 @@ while p < plan_end do
   elseif n == 0 then
     -- A run of such requests on one key (used by more than this run, so never written at
     -- once): decided in turn with the key's state in locals, kept once at the end. The
-    -- same steps as a lone request's above, which stays apart: a loop of one costs every
-    -- lone request about 1k instructions (callgrind, bench/script_cost.sh).
+    -- same steps as a lone request's above, which stays apart: taken through this loop as
+    -- a run of one, a lone request would cost more.
     local k, r_hi, r_lo = k_hi * 256 + k_lo, byte(call, p + 6, p + 7)
     p = p + 8
     local x1, x2, x3 = read(k, stored[k])
