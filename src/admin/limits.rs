@@ -13,7 +13,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::{LimitConfig, Mode};
 use crate::limit::algorithm::Algorithm;
-use crate::limit::key::{lock_key, store_key};
+use crate::limit::key::{lock_key, slots_key, store_key};
 use crate::limit::{LimitCheck, algorithm};
 use crate::service::Instance;
 use crate::service::request_key::named_tuple;
@@ -63,6 +63,26 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
         Err(message) => return json_answer(StatusCode::BAD_REQUEST, json!({ "error": message })),
     };
     let prefix = &state.key_prefix;
+    let key: serde_json::Map<String, Value> = named.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+    if limit.concurrency.is_some() {
+        if request.method() != Method::GET {
+            return json_answer(
+                StatusCode::METHOD_NOT_ALLOWED,
+                json!({ "error": "a concurrency limit's slots are held by requests in flight; GET only" }),
+            );
+        }
+        return match state
+            .store
+            .in_flight(&slots_key(prefix, &tuple, &limit.name))
+            .await
+        {
+            Ok(in_flight) => json_answer(
+                StatusCode::OK,
+                json!({ "limit": limit.name.as_ref(), "key": key, "in_flight": in_flight }),
+            ),
+            Err(error) => store_failed(&error),
+        };
+    }
     let check = LimitCheck {
         key: store_key(prefix, &tuple, &limit.name, &limit.algorithm),
         algorithm: limit.algorithm,
@@ -72,7 +92,6 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
         cost: 1,
         shadow: false,
     };
-    let key: serde_json::Map<String, Value> = named.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
     match *request.method() {
         Method::GET => match state.store.peek(&check).await {
             Ok(peeked) => {
@@ -127,6 +146,15 @@ fn authorized(request: &Request<Incoming>, token: &str) -> bool {
 /// A limit as `GET /limits` lists it.
 fn describe(limit: &LimitConfig) -> Value {
     let seconds = |micros: u64| micros as f64 / 1e6;
+    if let Some(concurrency) = limit.concurrency {
+        return json!({
+            "name": limit.name.as_ref(),
+            "algorithm": "concurrency",
+            "parameters": { "limit": concurrency.limit, "lease_seconds": concurrency.lease.as_secs_f64() },
+            "key": limit.key.iter().map(|part| part.name()).collect::<Vec<_>>(),
+            "mode": match limit.mode { Mode::Enforce => "enforce", Mode::Shadow => "shadow" },
+        });
+    }
     let parameters = match limit.algorithm {
         Algorithm::FixedWindow { limit, window } | Algorithm::SlidingWindow { limit, window } => {
             json!({ "limit": limit, "window_seconds": seconds(window) })

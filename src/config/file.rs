@@ -153,6 +153,7 @@ pub(crate) struct LimitFile {
     pub overrides: Option<Vec<Spanned<OverrideFile>>>,
     pub count: Option<Spanned<String>>,
     pub failure_status: Option<Spanned<Vec<Spanned<i64>>>>,
+    pub lease: Option<Spanned<String>>,
 }
 
 impl LimitFile {
@@ -174,6 +175,7 @@ impl LimitFile {
             overrides: None,
             count: self.count.clone(),
             failure_status: self.failure_status.clone(),
+            lease: self.lease.clone(),
         }
     }
 }

@@ -26,6 +26,9 @@ use crate::limit::{Algorithm, MAX_TIME_MICROS};
 pub(crate) const DEFAULT_PREFIX: &str = "floodgate";
 const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_MESSAGE: &str = "Too Many Requests\n";
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The shortest `lease`: renewals go out every second.
+const MIN_LEASE: Duration = Duration::from_secs(3);
 
 /// `[redis]`: present means the shared Redis store decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +69,17 @@ pub struct LimitConfig {
     /// With `count = "failures"`: the response statuses that consume (`None`: every
     /// admitted request consumes).
     pub failures: Option<Vec<StatusCode>>,
+    /// `algorithm = "concurrency"`: requests in flight per key (then `algorithm` is
+    /// unused, and the limit has no RateLimit header items).
+    pub concurrency: Option<Concurrency>,
+}
+
+/// `algorithm = "concurrency"`: at most `limit` requests of one key in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Concurrency {
+    pub limit: u64,
+    /// In Redis, how long a slot whose instance stopped renewing it stays taken.
+    pub lease: Duration,
 }
 
 /// A limit's `overrides`: found by the request's key tuple in one lookup; entries with a
@@ -344,6 +358,16 @@ fn validate_limit(
     sink: &mut ErrorSink,
 ) -> Option<LimitConfig> {
     let key = format!("limits.{name}");
+    if raw.algorithm.get_ref() == "concurrency" {
+        return validate_concurrency(name, &key, span, &raw, sink);
+    }
+    if let Some(lease) = &raw.lease {
+        sink.push(
+            Some(lease.span()),
+            format!("{key}.lease"),
+            "lease applies only to algorithm = \"concurrency\"",
+        );
+    }
     if name.len() > MAX_LIMIT_NAME_LEN
         || !name
             .bytes()
@@ -430,6 +454,7 @@ fn validate_limit(
         message,
         overrides: Overrides::default(),
         failures: failures?,
+        concurrency: None,
     })
     .and_then(|limit| {
         let overrides = validate_overrides(&key, &raw, &limit, sink)?;
@@ -546,6 +571,86 @@ fn validate_overrides(
         }
     }
     valid.then_some(overrides)
+}
+
+/// A concurrency limit: `limit` and `lease`; what only rate limits have is an error.
+fn validate_concurrency(
+    name: &str,
+    key: &str,
+    span: std::ops::Range<usize>,
+    raw: &LimitFile,
+    sink: &mut ErrorSink,
+) -> Option<LimitConfig> {
+    let foreign = [
+        ("window", raw.window.as_ref().map(Spanned::span)),
+        ("rate", raw.rate.as_ref().map(|r| r.span())),
+        ("per", raw.per.as_ref().map(Spanned::span)),
+        ("burst", raw.burst.as_ref().map(|b| b.span())),
+        ("lockout", raw.lockout.as_ref().map(Spanned::span)),
+        ("count", raw.count.as_ref().map(Spanned::span)),
+        ("failure_status", raw.failure_status.as_ref().map(Spanned::span)),
+        (
+            "overrides",
+            raw.overrides.as_ref().and_then(|o| o.first()).map(Spanned::span),
+        ),
+    ];
+    let mut valid = true;
+    for (field, at) in foreign {
+        if let Some(at) = at {
+            sink.push(
+                Some(at),
+                format!("{key}.{field}"),
+                "does not apply to algorithm \"concurrency\"; remove it",
+            );
+            valid = false;
+        }
+    }
+    let limit = match &raw.limit {
+        Some(limit) if *limit.get_ref() >= 1 => Some(*limit.get_ref() as u64),
+        Some(limit) => {
+            sink.push(
+                Some(limit.span()),
+                format!("{key}.limit"),
+                "expected a whole number ≥ 1",
+            );
+            None
+        }
+        None => {
+            sink.push(
+                Some(span),
+                format!("{key}.limit"),
+                "is required for this algorithm",
+            );
+            None
+        }
+    };
+    let lease =
+        parse_or(
+            &raw.lease,
+            &format!("{key}.lease"),
+            DEFAULT_LEASE,
+            sink,
+            |text| match values::duration(text)? {
+                d if d < MIN_LEASE => Err(format!("expected a lease of at least 3s, got {text:?}")),
+                d => Ok(d),
+            },
+        );
+    // Everything else a limit has (key, exempt, mode, status, message) as for any limit.
+    let mut rate = raw.clone_without_overrides();
+    rate.algorithm = Spanned::new(raw.algorithm.span(), "fixed_window".to_owned());
+    rate.limit = raw.limit.clone().filter(|l| *l.get_ref() >= 1);
+    rate.window = Some(Spanned::new(raw.algorithm.span(), "1s".to_owned()));
+    rate.lockout = None;
+    rate.count = None;
+    rate.failure_status = None;
+    rate.lease = None;
+    rate.limit.as_ref()?;
+    let base = validate_limit(name, raw.algorithm.span(), rate, sink)?;
+    let concurrency = Concurrency { limit: limit?, lease };
+    valid.then_some(LimitConfig {
+        concurrency: Some(concurrency),
+        ..base
+    })
 }
 
 /// `count` and `failure_status`: `Some(None)` when every request counts.

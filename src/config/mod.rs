@@ -26,7 +26,7 @@ use error::ErrorSink;
 pub use error::{ConfigError, ConfigErrors};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile};
 pub(crate) use limits::DEFAULT_PREFIX;
-pub use limits::{KeyPart, LimitConfig, Mode, Override, Overrides, RedisConfig};
+pub use limits::{Concurrency, KeyPart, LimitConfig, Mode, Override, Overrides, RedisConfig};
 pub(crate) use tls::provider as tls_provider;
 pub use tls::{Certificate, TlsConfig, TlsVersion};
 pub(crate) use upstreams::server_name;

@@ -731,3 +731,35 @@ fn counting_failures() {
     assert_eq!(key, "limits.l.count");
     assert!(message.contains("token_bucket"), "{message}");
 }
+
+#[test]
+fn concurrency_limits() {
+    let config =
+        parse("[limits.c]\nalgorithm = \"concurrency\"\nlimit = 4\nkey = [\"client_ip\"]\nlease = \"10s\"\n")
+            .unwrap();
+    let c = config.limits["c"].concurrency.unwrap();
+    assert_eq!((c.limit, c.lease), (4, Duration::from_secs(10)));
+    let default = parse("[limits.c]\nalgorithm = \"concurrency\"\nlimit = 1\n").unwrap();
+    assert_eq!(
+        default.limits["c"].concurrency.unwrap().lease,
+        Duration::from_secs(30)
+    );
+    for (extra, key) in [
+        ("lockout = \"1h\"", "limits.c.lockout"),
+        ("window = \"1s\"", "limits.c.window"),
+        ("lease = \"1s\"", "limits.c.lease"),
+        ("count = \"failures\"", "limits.c.count"),
+    ] {
+        let errors = parse(&format!(
+            "[limits.c]\nalgorithm = \"concurrency\"\nlimit = 1\n{extra}\n"
+        ))
+        .unwrap_err()
+        .errors;
+        assert!(errors.iter().any(|e| e.key == key), "{extra}: {errors:?}");
+    }
+    let (_, _, key, _) = error("[limits.c]\nalgorithm = \"concurrency\"\nlimit = 0\n");
+    assert_eq!(key, "limits.c.limit");
+    let (_, _, key, _) =
+        error("[limits.r]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\nlease = \"5s\"\n");
+    assert_eq!(key, "limits.r.lease");
+}

@@ -20,6 +20,7 @@ use smallvec::SmallVec;
 
 use super::algorithm::{State, refund};
 use super::clock::Clock;
+use super::inflight::InFlightCounts;
 use super::key::identity::{IdentityMap, KeyedHash};
 use super::{Decisions, LimitCheck, Peeked, Used, Write, decide_all};
 
@@ -65,6 +66,8 @@ pub struct MemoryStore {
     max_per_shard: usize,
     /// Decisions whose new key a full store did not keep.
     not_kept: Counter,
+    /// Concurrency limits' slots.
+    pub in_flight: InFlightCounts,
 }
 
 impl MemoryStore {
@@ -77,6 +80,7 @@ impl MemoryStore {
             clock,
             max_per_shard: max_keys.div_ceil(SHARDS).max(1),
             not_kept,
+            in_flight: InFlightCounts::default(),
         }
     }
 

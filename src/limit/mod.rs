@@ -8,6 +8,7 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod inflight;
 pub mod key;
 pub mod memory;
 pub mod redis;

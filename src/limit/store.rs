@@ -30,6 +30,30 @@ pub enum OnError {
     Local,
 }
 
+/// A concurrency slot held by a request: given back when dropped (its response done, its
+/// client gone, or the request refused by another limit).
+pub struct Slot(Held);
+
+enum Held {
+    /// Not held anywhere: Redis failed and `on_error = "allow"` let the request through.
+    Nothing,
+    Counted(Arc<MemoryStore>, String),
+    /// In the local fallback's counts (Redis failed, `on_error = "local"`).
+    Fallback(Arc<ResilientRedis>, String),
+    Lease(Arc<ResilientRedis>, String, String),
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.0, Held::Nothing) {
+            Held::Nothing => {}
+            Held::Counted(store, key) => store.in_flight.release(&key),
+            Held::Fallback(store, key) => store.local_in_flight().0.release(&key),
+            Held::Lease(store, key, id) => store.release(key, id),
+        }
+    }
+}
+
 /// The store's answer for one request, with `on_error` applied.
 #[derive(Debug)]
 pub enum Answer {
@@ -144,6 +168,52 @@ impl LimitStore {
             (OnError::Local, LimitStore::Memory(store)) => Fallback::Local(store.decide(checks)),
         };
         Answer::Failed { error, fallback }
+    }
+
+    /// Takes one of `limit` slots of `key` for a request, a lease of `lease` in Redis:
+    /// `Ok(None)` when every slot is taken; when the store fails, `on_error` decides
+    /// (`Err(())`: refuse with 503).
+    pub async fn acquire(
+        &self,
+        key: &str,
+        limit: u64,
+        lease: Duration,
+        on_error: OnError,
+    ) -> Result<Option<Slot>, ()> {
+        let store = match self {
+            LimitStore::Memory(store) => {
+                return Ok(store
+                    .in_flight
+                    .acquire(key, limit)
+                    .then(|| Slot(Held::Counted(store.clone(), key.to_owned()))));
+            }
+            LimitStore::Redis(store) => store,
+        };
+        match store.acquire(key, limit, lease).await {
+            Ok(lease) => Ok(lease.map(|id| Slot(Held::Lease(store.clone(), key.to_owned(), id)))),
+            Err(error) => {
+                tracing::debug!(%error, key, "rate-limit store failed taking a concurrency slot");
+                match on_error {
+                    OnError::Allow => Ok(Some(Slot(Held::Nothing))),
+                    OnError::Deny => Err(()),
+                    OnError::Local => {
+                        let (counts, instances) = store.local_in_flight();
+                        let share = limit.div_ceil(instances).max(1);
+                        Ok(counts
+                            .acquire(key, share)
+                            .then(|| Slot(Held::Fallback(store.clone(), key.to_owned()))))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Concurrency slots of `key` taken now.
+    pub async fn in_flight(&self, key: &str) -> Result<u64, StoreError> {
+        match self {
+            LimitStore::Memory(store) => Ok(store.in_flight.count(key)),
+            LimitStore::Redis(store) => store.redis().leases(key).await,
+        }
     }
 
     /// Whether a gateway deciding with this store under `on_error` is ready for traffic:

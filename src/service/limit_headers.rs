@@ -111,6 +111,7 @@ mod tests {
             message: Bytes::new(),
             overrides: Default::default(),
             failures: None,
+            concurrency: None,
         }
     }
 

@@ -13,10 +13,10 @@ use smallvec::SmallVec;
 
 use super::limit_headers::{LimitHeaders, ceil_seconds, policy_value, render};
 use super::request_key::{AmbiguousKey, KeySource, key_tuple};
-use crate::config::{LimitConfig, Mode, Override, RateLimitHeaders};
-use crate::limit::key::{lock_key, store_key};
+use crate::config::{Concurrency, LimitConfig, Mode, Override, RateLimitHeaders};
+use crate::limit::key::{lock_key, slots_key, store_key};
 use crate::limit::redis::refusals::RefusalCache;
-use crate::limit::store::{Answer, Fallback, LimitStore, OnError};
+use crate::limit::store::{Answer, Fallback, LimitStore, OnError, Slot};
 use crate::limit::{Decisions, LimitCheck, LimitDecision, Outcome, Peeked};
 use crate::metrics::{LimitOutcome, Metrics};
 
@@ -45,6 +45,8 @@ pub(crate) struct LimitSettings<'a> {
 /// What the limits decided for one request.
 pub(crate) struct Verdict {
     pub action: Action,
+    /// Concurrency slots the request holds until its response is done.
+    pub slots: Vec<Slot>,
     /// The access log's `limit` field.
     pub outcome: LimitOutcome,
     /// Rate-limit headers for the response, whatever it turns out to be.
@@ -71,7 +73,12 @@ pub(crate) enum Action {
 
 impl RouteLimits {
     pub(crate) fn new(limits: Vec<Arc<LimitConfig>>, cost: u64) -> Self {
-        let policy = policy_value(limits.iter().filter(|l| l.mode == Mode::Enforce).map(|l| &**l));
+        let policy = policy_value(
+            limits
+                .iter()
+                .filter(|l| l.mode == Mode::Enforce && l.concurrency.is_none())
+                .map(|l| &**l),
+        );
         RouteLimits { limits, cost, policy }
     }
 
@@ -89,6 +96,7 @@ impl RouteLimits {
         let mut applied: SmallVec<[&LimitConfig; 2]> = SmallVec::new();
         let mut checks: Checks = SmallVec::new();
         let mut counted: SmallVec<[(&LimitConfig, LimitCheck); 1]> = SmallVec::new();
+        let mut concurrent: SmallVec<[(&LimitConfig, String, Concurrency); 1]> = SmallVec::new();
         // Whether every limit applies as configured (no exemption, no override): then the
         // route's RateLimit-Policy, computed at load, describes the request.
         let mut as_configured = true;
@@ -98,6 +106,14 @@ impl RouteLimits {
                 continue;
             }
             let tuple = key_tuple(&limit.key, source)?;
+            if let Some(concurrency) = limit.concurrency {
+                concurrent.push((
+                    limit,
+                    slots_key(settings.prefix, &tuple, &limit.name),
+                    concurrency,
+                ));
+                continue;
+            }
             let limit: &LimitConfig = if limit.overrides.is_empty() {
                 limit
             } else {
@@ -131,8 +147,67 @@ impl RouteLimits {
             checks.push(check);
             applied.push(limit);
         }
+        // Concurrency limits take their slots first: one that has none free refuses the
+        // request before anything is consumed; the slots taken go back if another limit
+        // refuses (they are dropped with the verdict).
+        let mut slots = Vec::with_capacity(concurrent.len());
+        for (limit, key, concurrency) in concurrent {
+            match settings
+                .store
+                .acquire(&key, concurrency.limit, concurrency.lease, settings.on_error)
+                .await
+            {
+                Ok(Some(slot)) => {
+                    settings
+                        .metrics
+                        .record_decision(&limit.name, LimitOutcome::Allowed);
+                    slots.push(slot);
+                }
+                Ok(None) if limit.mode == Mode::Shadow => {
+                    tracing::info!(limit = %limit.name, "shadow limit would have rejected the request");
+                    settings
+                        .metrics
+                        .record_decision(&limit.name, LimitOutcome::ShadowRejected);
+                }
+                Ok(None) => {
+                    settings
+                        .metrics
+                        .record_decision(&limit.name, LimitOutcome::Rejected);
+                    return Ok(Verdict {
+                        action: Action::Reject {
+                            status: limit.status,
+                            message: limit.message.clone(),
+                            retry_after: 1,
+                        },
+                        slots: Vec::new(),
+                        outcome: LimitOutcome::Rejected,
+                        headers: LimitHeaders::new(),
+                    });
+                }
+                Err(()) => {
+                    settings.metrics.record_store_error(settings.store.label());
+                    return Ok(store_refused());
+                }
+            }
+        }
+        let verdict = self
+            .decide_rates(settings, applied, as_configured, checks, counted)
+            .await;
+        Ok(Verdict { slots, ..verdict })
+    }
+
+    /// Decides the rate limits (`checks` in one store call; `counted`, those that count
+    /// failures, read) after the concurrency slots were taken.
+    async fn decide_rates<'a>(
+        &'a self,
+        settings: &LimitSettings<'_>,
+        applied: SmallVec<[&'a LimitConfig; 2]>,
+        mut as_configured: bool,
+        checks: Checks,
+        counted: SmallVec<[(&'a LimitConfig, LimitCheck); 1]>,
+    ) -> Verdict {
         if checks.is_empty() && counted.is_empty() {
-            return Ok(pass(LimitOutcome::Exempt));
+            return pass(LimitOutcome::Exempt);
         }
         // Limits that count failures are read, not consumed: a key with no room left, or
         // locked, is refused before anything else is decided (so nothing is consumed).
@@ -144,7 +219,7 @@ impl RouteLimits {
                     settings.metrics.record_store_error(settings.store.label());
                     tracing::debug!(%error, "rate-limit store failed reading a failure count");
                     if settings.on_error == OnError::Deny {
-                        return Ok(store_refused());
+                        return store_refused();
                     }
                     continue;
                 }
@@ -158,10 +233,10 @@ impl RouteLimits {
             let limits: SmallVec<[&LimitConfig; 2]> = read.iter().map(|(l, _, _)| *l).collect();
             let decisions: Decisions = read.iter().map(|(_, _, d)| *d).collect();
             let checks: Checks = read.into_iter().map(|(_, c, _)| c).collect();
-            return Ok(self.verdict(settings, &limits, false, checks, &decisions));
+            return self.verdict(settings, &limits, false, checks, &decisions);
         }
         if checks.is_empty() {
-            return Ok(self.with_counted(settings, applied, false, checks, &[], read));
+            return self.with_counted(settings, applied, false, checks, &[], read);
         }
         if !read.is_empty() {
             as_configured = false;
@@ -177,7 +252,7 @@ impl RouteLimits {
         {
             let id = *identity.insert(cache.identity(&checks));
             if let Some(decisions) = cache.get(id, started) {
-                return Ok(self.with_counted(settings, applied, as_configured, checks, &decisions, read));
+                return self.with_counted(settings, applied, as_configured, checks, &decisions, read);
             }
         }
         let answer = settings.store.decide(&checks, settings.on_error).await;
@@ -194,14 +269,7 @@ impl RouteLimits {
                     // Counted as what the local store decided; the failure itself is in
                     // floodgate_store_errors_total.
                     Fallback::Local(decisions) => {
-                        return Ok(self.with_counted(
-                            settings,
-                            applied,
-                            as_configured,
-                            checks,
-                            &decisions,
-                            read,
-                        ));
+                        return self.with_counted(settings, applied, as_configured, checks, &decisions, read);
                     }
                     Fallback::Admit => false,
                     Fallback::Refuse => true,
@@ -212,15 +280,15 @@ impl RouteLimits {
                         .record_decision(&limit.name, LimitOutcome::StoreError);
                 }
                 if !refused {
-                    return Ok(pass(LimitOutcome::StoreError));
+                    return pass(LimitOutcome::StoreError);
                 }
-                return Ok(store_refused());
+                return store_refused();
             }
         };
         if let Some(cache) = refusals {
             remember_refusal(cache, identity, &checks, &decisions, started);
         }
-        Ok(self.with_counted(settings, applied, as_configured, checks, &decisions, read))
+        self.with_counted(settings, applied, as_configured, checks, &decisions, read)
     }
 
     /// The verdict on the store's `decisions`, with the limits that count failures (read,
@@ -320,6 +388,7 @@ impl RouteLimits {
                     message: limit.message.clone(),
                     retry_after: ceil_seconds(retry).max(1),
                 },
+                slots: Vec::new(),
                 outcome: if locked {
                     LimitOutcome::Locked
                 } else {
@@ -347,6 +416,7 @@ impl RouteLimits {
                 held,
                 counted: Vec::new(),
             },
+            slots: Vec::new(),
             outcome,
             headers,
         }
@@ -420,6 +490,7 @@ fn store_refused() -> Verdict {
             message: Bytes::from_static(b"Service Unavailable\n"),
             retry_after: 1,
         },
+        slots: Vec::new(),
         outcome: LimitOutcome::StoreError,
         headers: LimitHeaders::new(),
     }
@@ -468,6 +539,7 @@ fn pass(outcome: LimitOutcome) -> Verdict {
             held: Vec::new(),
             counted: Vec::new(),
         },
+        slots: Vec::new(),
         outcome,
         headers: LimitHeaders::new(),
     }

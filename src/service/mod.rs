@@ -38,7 +38,7 @@ use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
 use crate::limit::LimitCheck;
-use crate::limit::store::LimitStore;
+use crate::limit::store::{LimitStore, Slot};
 use crate::metrics::{LimitOutcome, Metrics};
 use crate::path::normalize_path;
 use crate::proxy::headers::{
@@ -101,6 +101,7 @@ pub(crate) async fn handle(
         limit_outcome: LimitOutcome::None,
     }));
     let mut limit_headers = LimitHeaders::new();
+    let mut slots = Vec::new();
     let version = request.version();
     let served = serve(
         &shared,
@@ -114,6 +115,7 @@ pub(crate) async fn handle(
         request,
         record.0.as_mut().expect("answered only below"),
         &mut limit_headers,
+        &mut slots,
     )
     .await;
     let mut record = record.0.take().expect("answered once");
@@ -137,7 +139,7 @@ pub(crate) async fn handle(
             .insert(header::STRICT_TRANSPORT_SECURITY, hsts);
     }
     record.status = response.status().as_u16();
-    Ok(response.map(|body| ResponseBody::new(body, record, in_flight)))
+    Ok(response.map(|body| ResponseBody::new(body, record, in_flight, slots)))
 }
 
 /// The access record of a request not answered yet. hyper drops the request's future when
@@ -199,6 +201,7 @@ async fn serve(
     request: Request<Incoming>,
     record: &mut AccessRecord,
     limit_headers: &mut LimitHeaders,
+    slots: &mut Vec<Slot>,
 ) -> Result<Response<Payload>, GatewayError> {
     // The access record owns the normalized path; the request path borrows it from there.
     let checked =
@@ -255,6 +258,7 @@ async fn serve(
         let verdict = route.limits.decide(&settings, client.ip, &source).await?;
         record.limit_outcome = verdict.outcome;
         *limit_headers = verdict.headers;
+        *slots = verdict.slots;
         match verdict.action {
             Action::Reject {
                 status,

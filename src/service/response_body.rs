@@ -12,6 +12,7 @@ use pin_project_lite::pin_project;
 
 use crate::access_log::AccessRecord;
 use crate::connection::InFlight;
+use crate::limit::store::Slot;
 use crate::upstream::UpstreamBody;
 
 /// What a response carries: the upstream's streamed body, or floodgate's own bytes.
@@ -31,6 +32,8 @@ pin_project! {
         bytes: u64,
         // Dropped with the body: the connection carries this request until then.
         in_flight: InFlight,
+        // Concurrency slots the request holds until its response is done.
+        slots: Vec<Slot>,
     }
 
     impl PinnedDrop for ResponseBody {
@@ -44,12 +47,13 @@ pin_project! {
 }
 
 impl ResponseBody {
-    pub(crate) fn new(inner: Payload, record: AccessRecord, in_flight: InFlight) -> Self {
+    pub(crate) fn new(inner: Payload, record: AccessRecord, in_flight: InFlight, slots: Vec<Slot>) -> Self {
         ResponseBody {
             inner,
             record: Some(record),
             bytes: 0,
             in_flight,
+            slots,
         }
     }
 }

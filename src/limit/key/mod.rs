@@ -129,6 +129,11 @@ pub fn store_key(prefix: &str, tuple: &str, limit: &str, algorithm: &Algorithm) 
 }
 
 /// The store key of `limit`'s lock-out marker for `tuple`.
+/// The store key of concurrency limit `limit`'s slots for `tuple`.
+pub fn slots_key(prefix: &str, tuple: &str, limit: &str) -> String {
+    joined_key(prefix, tuple, limit, "cc")
+}
+
 pub fn lock_key(prefix: &str, tuple: &str, limit: &str) -> String {
     joined_key(prefix, tuple, limit, "lock")
 }

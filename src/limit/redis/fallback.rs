@@ -5,8 +5,9 @@
 //! and the in-process store that `on_error = "local"` falls back to with each limit
 //! divided by that count.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -14,6 +15,7 @@ use prometheus_client::metrics::counter::Counter;
 use super::{RedisStore, RedisTarget, StoreError};
 use crate::limit::algorithm::Algorithm;
 use crate::limit::clock::MonotonicClock;
+use crate::limit::inflight::InFlightCounts;
 use crate::limit::memory::{self, MemoryStore};
 use crate::limit::{Decisions, LimitCheck};
 
@@ -26,6 +28,8 @@ const PROBE_EVERY: Duration = Duration::from_millis(250);
 /// How often this instance announces itself, and how long an announcement lives.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 const HEARTBEAT_TTL: Duration = Duration::from_secs(5);
+/// How often held concurrency leases are renewed (a lease lasts at least 3 s).
+const LEASE_RENEWAL: Duration = Duration::from_secs(1);
 
 /// Counts consecutive failures; open means "do not ask Redis".
 #[derive(Debug, Default)]
@@ -65,6 +69,15 @@ pub struct ResilientRedis {
     instances: AtomicU64,
     /// Whether a decision was answered since the last probe.
     answered: AtomicBool,
+    /// Concurrency leases this instance holds in Redis, renewed while held: by lease id,
+    /// the key and the lease's length.
+    leases: Mutex<HashMap<String, (String, Duration)>>,
+    /// Makes lease ids unique within the instance.
+    next_lease: AtomicU64,
+    /// This instance's id (the heartbeat's), the prefix of its lease ids.
+    id: String,
+    /// The local fallback's concurrency slots.
+    local_in_flight: InFlightCounts,
     address: String,
 }
 
@@ -87,11 +100,16 @@ impl ResilientRedis {
             ),
             instances: AtomicU64::new(1),
             answered: AtomicBool::new(false),
+            leases: Mutex::default(),
+            next_lease: AtomicU64::new(0),
+            id: instance_id(),
+            local_in_flight: InFlightCounts::default(),
             address: target.describe(),
         });
         let instance_key = format!("{prefix}:instances");
         tokio::spawn(probe(Arc::downgrade(&store)));
-        tokio::spawn(heartbeat(Arc::downgrade(&store), instance_key, instance_id()));
+        tokio::spawn(heartbeat(Arc::downgrade(&store), instance_key, store.id.clone()));
+        tokio::spawn(renew_leases(Arc::downgrade(&store)));
         Ok(store)
     }
 
@@ -147,6 +165,54 @@ impl ResilientRedis {
             return Err(StoreError::BreakerOpen);
         }
         self.redis.refund(check).await
+    }
+
+    /// Takes a concurrency slot of `key` (one of `limit`) as a lease of `lease` that this
+    /// instance renews while it holds it: the lease's id, or `None` when every slot is
+    /// taken.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        limit: u64,
+        lease: Duration,
+    ) -> Result<Option<String>, StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::BreakerOpen);
+        }
+        let id = format!("{}:{}", self.id, self.next_lease.fetch_add(1, Ordering::Relaxed));
+        // Registered first, so that a renewal never misses a lease being taken.
+        self.lock_leases().insert(id.clone(), (key.to_owned(), lease));
+        match self.redis.acquire(key, &id, limit, lease).await {
+            Ok(true) => Ok(Some(id)),
+            taken_or_failed => {
+                self.lock_leases().remove(&id);
+                taken_or_failed.map(|_| None)
+            }
+        }
+    }
+
+    /// Gives back lease `id` of `key` (in the background: nothing waits for it).
+    pub fn release(self: &Arc<Self>, key: String, id: String) {
+        self.lock_leases().remove(&id);
+        let store = self.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = store.redis.release(&key, &id).await {
+                    tracing::debug!(%error, key, "a concurrency lease could not be given back; it expires");
+                }
+            });
+        }
+    }
+
+    /// The local fallback's concurrency slots, each limit divided by the live instances.
+    pub fn local_in_flight(&self) -> (&InFlightCounts, u64) {
+        (&self.local_in_flight, self.instances())
+    }
+
+    fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Duration)>> {
+        self.leases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The Redis store itself, for what has no fallback (the admin API's reads and
@@ -219,6 +285,23 @@ async fn probe(store: Weak<ResilientRedis>) {
 }
 
 /// Announces this instance and reads the live instance count until the store is dropped.
+/// Renews the leases this instance holds, every second, until the store is gone.
+async fn renew_leases(store: Weak<ResilientRedis>) {
+    loop {
+        tokio::time::sleep(LEASE_RENEWAL).await;
+        let Some(live) = store.upgrade() else { return };
+        let mut by_key: HashMap<(String, Duration), Vec<String>> = HashMap::new();
+        for (id, (key, lease)) in live.lock_leases().iter() {
+            by_key.entry((key.clone(), *lease)).or_default().push(id.clone());
+        }
+        for ((key, lease), ids) in by_key {
+            if let Err(error) = live.redis.renew(&key, &ids, lease).await {
+                tracing::debug!(%error, key, "concurrency leases could not be renewed");
+            }
+        }
+    }
+}
+
 async fn heartbeat(store: Weak<ResilientRedis>, instance_key: String, id: String) {
     loop {
         let Some(live) = store.upgrade() else { return };

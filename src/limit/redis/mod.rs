@@ -37,6 +37,8 @@ const DECIDE_LUA: &str = include_str!("scripts/decide.lua");
 const REFUND_LUA: &str = include_str!("scripts/refund.lua");
 const HEARTBEAT_LUA: &str = include_str!("scripts/heartbeat.lua");
 const PEEK_LUA: &str = include_str!("scripts/peek.lua");
+const ACQUIRE_LUA: &str = include_str!("scripts/acquire.lua");
+const RENEW_LUA: &str = include_str!("scripts/renew.lua");
 /// Longest pause between two connection attempts.
 const MAX_RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
 /// At most one "cannot connect" log line per this period.
@@ -77,6 +79,8 @@ struct Link {
     refund: Script,
     heartbeat: Script,
     peek: Script,
+    acquire: Script,
+    renew: Script,
     timeout: Duration,
 }
 
@@ -143,6 +147,8 @@ impl RedisStore {
             refund: Script::new(REFUND_LUA),
             heartbeat: Script::new(HEARTBEAT_LUA),
             peek: Script::new(PEEK_LUA),
+            acquire: Script::new(ACQUIRE_LUA),
+            renew: Script::new(RENEW_LUA),
             timeout,
         });
         tokio::spawn(connect_in_background(target.describe(), Arc::downgrade(&link)));
@@ -309,6 +315,59 @@ impl RedisStore {
             .arg(ttl.div_ceil(1000).max(1))
             .arg("NX");
         self.within_deadline(set.query_async::<()>(&mut connection)).await
+    }
+
+    /// Takes one of `limit` slots of `key` as lease `id` for `lease`: false when every
+    /// slot is taken.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        id: &str,
+        limit: u64,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut connection = self.connection()?;
+        let mut invocation = self.link.acquire.prepare_invoke();
+        invocation
+            .key(key)
+            .arg(id)
+            .arg(limit)
+            .arg(lease.as_millis() as u64);
+        let taken: u8 = self
+            .within_deadline(invocation.invoke_async(&mut connection))
+            .await?;
+        Ok(taken == 1)
+    }
+
+    /// Renews the leases `ids` of `key` for another `lease`.
+    pub async fn renew(&self, key: &str, ids: &[String], lease: Duration) -> Result<(), StoreError> {
+        let mut connection = self.connection()?;
+        let mut invocation = self.link.renew.prepare_invoke();
+        invocation.key(key).arg(lease.as_millis() as u64);
+        for id in ids {
+            invocation.arg(id);
+        }
+        self.within_deadline(invocation.invoke_async::<()>(&mut connection))
+            .await
+    }
+
+    /// Leases of `key` held now (those of a crashed instance until they expire).
+    pub async fn leases(&self, key: &str) -> Result<u64, StoreError> {
+        let mut connection = self.connection()?;
+        self.within_deadline(redis::cmd("ZCARD").arg(key).query_async::<u64>(&mut connection))
+            .await
+    }
+
+    /// Gives back lease `id` of `key`.
+    pub async fn release(&self, key: &str, id: &str) -> Result<(), StoreError> {
+        let mut connection = self.connection()?;
+        self.within_deadline(
+            redis::cmd("ZREM")
+                .arg(key)
+                .arg(id)
+                .query_async::<()>(&mut connection),
+        )
+        .await
     }
 
     /// Deletes one key and its lock.
