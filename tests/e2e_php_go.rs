@@ -11,7 +11,11 @@
 //! X-Forwarded-For and never a client-planted value; that `X_Forwarded_For`, which PHP reads
 //! as `HTTP_X_FORWARDED_FOR`, never reaches PHP (while the same request sent to PHP directly
 //! does plant it); that a POST form and a multipart upload reach PHP intact (MD5 and
-//! SHA-256); that a slow PHP page is cut off with 504 at the route's timeout. Those tests
+//! SHA-256); that a slow PHP page is cut off with 504 at the route's timeout; that failed
+//! logins on login.php (the `login_failures` limit, `count = "failures"`) lock a client out
+//! after the fifth, its next attempts refused without reaching PHP (counted in `php -S`'s
+//! own log) while another client logs in, and that the limit-state API, with the example's
+//! `admin_token`, shows the lock-out and lifts it. Those tests
 //! run one PHP server; the sticky-session tests run the example's two (`php-a`, `php-b`,
 //! each a `php -S` of its own) and pin that a PHP session (session.php, its PHPSESSID
 //! cookie) stays on one server, that sessions spread over both, and that killing one server
@@ -33,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt as _;
-use http::{HeaderMap, Request, StatusCode};
+use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -138,6 +142,8 @@ impl Drop for Group {
 /// others).
 struct Php {
     addr: SocketAddr,
+    /// Its standard error: the server's log, a line per request answered.
+    log: PathBuf,
     _process: Group,
     _logs: tempfile::TempDir,
 }
@@ -175,6 +181,7 @@ impl Php {
                 if TcpStream::connect(addr).is_ok() {
                     return Php {
                         addr,
+                        log,
                         _process: process,
                         _logs: logs,
                     };
@@ -194,6 +201,42 @@ impl Php {
 
     fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// How many requests the server logged as `request` (`POST /login.php`) answered with
+    /// `status`: its log has a line `... 127.0.0.1:PORT [401]: POST /login.php` for each.
+    fn logged(&self, status: u16, request: &str) -> usize {
+        let line_end = format!("[{status}]: {request}");
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.ends_with(&line_end))
+            .count()
+    }
+
+    /// Waits until the server has logged `expected` requests `request` answered with
+    /// `status` (it logs a request once it has answered it, so a moment after the client
+    /// has the response), and checks that it has not logged more.
+    async fn wait_for_logged(&self, status: u16, request: &str, expected: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let logged = self.logged(status, request);
+            if logged >= expected {
+                assert_eq!(
+                    logged,
+                    expected,
+                    "`{request}` answered {status}:\n{}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "PHP logged {logged} of {expected} `{request}` answered {status}:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
@@ -298,7 +341,9 @@ impl Topology {
                 ("timeout = \"50ms\"", "timeout = \"5s\"".to_owned()),
             ],
         );
-        let gateway = FloodgateProcess::start(&config, &[]);
+        // The example's own admin_token, whatever the shell running the tests has (an empty
+        // FLOODGATE_ADMIN_TOKEN is ignored).
+        let gateway = FloodgateProcess::start(&config, &[("FLOODGATE_ADMIN_TOKEN", "")]);
         let topology = Topology {
             gateway,
             php,
@@ -736,6 +781,266 @@ async fn a_slow_php_page_hits_the_route_timeout_with_504() {
 async fn admin_metrics(topology: &Topology) -> String {
     let (_, _, body) = common::get(&topology.gateway.admin_url("/metrics")).await;
     body
+}
+
+// Login protection: examples/compose/php/login.php (401 for a wrong password, 200 for the
+// demo credentials) on the example's `login` route, whose `login_failures` limit counts
+// failures only (5 in 15 minutes per client address, then locked out for an hour), and the
+// limit-state API on the admin listener with the example's `admin_token`.
+
+/// The demo credentials in login.php.
+const LOGIN_USER: &str = "demo";
+const LOGIN_PASSWORD: &str = "floodgate-demo";
+/// What `php -S` logs for a login attempt.
+const LOGIN: &str = "POST /login.php";
+
+/// `server.admin_token` of the example's gateway.toml.
+fn example_admin_token() -> String {
+    let example = std::fs::read_to_string(repo().join(EXAMPLE).join("gateway.toml")).unwrap();
+    let example: toml::Table = example.parse().expect("the example's TOML");
+    example["server"]["admin_token"]
+        .as_str()
+        .expect("the example sets server.admin_token")
+        .to_owned()
+}
+
+/// A login form posted to the gateway.
+fn login(topology: &Topology, password: &str) -> Request<Full<Bytes>> {
+    Request::post(topology.url("/login.php"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Full::new(Bytes::from(format!(
+            "user={LOGIN_USER}&password={password}"
+        ))))
+        .unwrap()
+}
+
+/// A call of the limit-state API, with `Authorization: Bearer TOKEN` when `token` is given.
+fn admin_call(topology: &Topology, method: Method, path: &str, token: Option<&str>) -> Request<Full<Bytes>> {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(topology.gateway.admin_url(path));
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    request.body(empty()).unwrap()
+}
+
+/// One item of a `RateLimit` header, `"NAME";r=R;t=T`, as (name, r, t).
+fn ratelimit_item(item: &str) -> (String, u64, u64) {
+    let mut fields = item.split(';');
+    let name = fields.next().unwrap().trim_matches('"').to_owned();
+    let mut value = |prefix: &str| -> u64 {
+        fields
+            .next()
+            .and_then(|field| field.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in {item:?}"))
+            .parse()
+            .unwrap()
+    };
+    let r = value("r=");
+    let t = value("t=");
+    (name, r, t)
+}
+
+/// The `RateLimit` header of a login answer admitted by both limits: the per-IP minute,
+/// `minute_left` remaining, and the room left for failures, `failures_left`. `t` of a
+/// window counts down from its length (60 s, 900 s) as the test runs.
+fn assert_login_items(answer: &Answer, minute_left: u64, failures_left: u64) {
+    assert_eq!(
+        answer.header("ratelimit-policy"),
+        "\"per_ip_minute\";q=300;w=60, \"login_failures\";q=5;w=900"
+    );
+    let ratelimit = answer.header("ratelimit");
+    let (minute, failures) = ratelimit.split_once(", ").expect("two items");
+    let (name, r, t) = ratelimit_item(minute);
+    assert_eq!((name.as_str(), r), ("per_ip_minute", minute_left), "{ratelimit}");
+    assert!((45..=60).contains(&t), "{ratelimit}");
+    let (name, r, t) = ratelimit_item(failures);
+    assert_eq!(
+        (name.as_str(), r),
+        ("login_failures", failures_left),
+        "{ratelimit}"
+    );
+    assert!((885..=900).contains(&t), "{ratelimit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_lock_a_client_out_before_php_and_the_admin_api_lifts_the_lock() {
+    let topology = Topology::start();
+    let token = example_admin_token();
+    let attacker = client_from("127.0.0.9");
+    let user = client_from("127.0.0.10");
+    let admin = client_from("127.0.0.1");
+
+    // Five wrong passwords: each reaches PHP, which answers 401; the login_failures item
+    // shows the room left for failures before each one.
+    for i in 0..5u64 {
+        let failed = send(&attacker, login(&topology, "guess")).await;
+        assert_eq!(failed.status, StatusCode::UNAUTHORIZED, "{}", failed.body);
+        let php = failed.json();
+        assert_eq!(php["login"], "failed");
+        assert_eq!(php["HTTP_X_REAL_IP"], "127.0.0.9");
+        assert_login_items(&failed, 299 - i, 5 - i);
+    }
+    topology.php.wait_for_logged(401, LOGIN, 5).await;
+
+    // The fifth failure locked the address out for an hour: every attempt is now refused
+    // by floodgate, the right password included, and consumes nothing.
+    for password in ["guess", LOGIN_PASSWORD] {
+        let refused = send(&attacker, login(&topology, password)).await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.body);
+        assert_eq!(refused.body, "Too Many Requests\n");
+        let retry: u64 = refused.header("retry-after").parse().unwrap();
+        assert!((3590..=3600).contains(&retry), "Retry-After {retry}");
+        assert_eq!(refused.header("ratelimit-policy"), "\"login_failures\";q=5;w=900");
+        assert_eq!(
+            refused.header("ratelimit"),
+            format!("\"login_failures\";r=0;t={retry}")
+        );
+    }
+
+    // Another client logs in meanwhile.
+    let welcome = send(&user, login(&topology, LOGIN_PASSWORD)).await;
+    assert_eq!(welcome.status, StatusCode::OK, "{}", welcome.body);
+    let php = welcome.json();
+    assert_eq!(php["login"], "ok");
+    assert_eq!(php["user"], LOGIN_USER);
+    assert_eq!(php["HTTP_X_REAL_IP"], "127.0.0.10");
+    assert_login_items(&welcome, 299, 5);
+    // PHP answered the five failures and that login, and never saw the refused attempts
+    // (the second of which had the right password: PHP would have logged a 200).
+    topology.php.wait_for_logged(200, LOGIN, 1).await;
+    assert_eq!(topology.php.logged(401, LOGIN), 5);
+
+    // The lock and the failures' counter live in Redis.
+    let keys = topology
+        .redis
+        .cli(&["--scan", "--pattern", "floodgate:*:login_failures:*"]);
+    let mut kinds: Vec<&str> = keys.lines().map(|key| key.rsplit(':').next().unwrap()).collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds, ["fw", "lock"], "the attacker's counter and lock: {keys}");
+
+    // The limit-state API: without the token, or with another one, 401.
+    let state_path = "/limits/login_failures/state?client_ip=127.0.0.9";
+    for wrong in [None, Some("not-the-example-admin-token")] {
+        let refused = send(&admin, admin_call(&topology, Method::GET, state_path, wrong)).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::UNAUTHORIZED,
+            "{wrong:?}: {}",
+            refused.body
+        );
+        assert_eq!(refused.header("www-authenticate"), "Bearer");
+        let refused = send(&admin, admin_call(&topology, Method::DELETE, state_path, wrong)).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::UNAUTHORIZED,
+            "{wrong:?}: {}",
+            refused.body
+        );
+    }
+    let state = |client: &'static str| {
+        let request = admin_call(
+            &topology,
+            Method::GET,
+            &format!("/limits/login_failures/state?client_ip={client}"),
+            Some(&token),
+        );
+        let admin = admin.clone();
+        async move {
+            let answer = send(&admin, request).await;
+            assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+            assert_eq!(answer.header("content-type"), "application/json");
+            let state = answer.json();
+            assert_eq!(state["limit"], "login_failures", "{state}");
+            assert_eq!(
+                state["key"],
+                serde_json::json!({ "client_ip": client }),
+                "{state}"
+            );
+            state
+        }
+    };
+
+    // The attacker: no room, locked out for the hour; reading consumed nothing.
+    let locked = state("127.0.0.9").await;
+    assert_eq!(locked["remaining"], 0, "{locked}");
+    let locked_seconds = locked["locked_seconds"].as_u64().unwrap();
+    assert!((3590..=3600).contains(&locked_seconds), "{locked}");
+    assert_eq!(locked["reset_seconds"], locked_seconds, "{locked}");
+    // The user never failed: a fresh key.
+    let fresh = state("127.0.0.10").await;
+    assert_eq!(
+        (
+            &fresh["remaining"],
+            &fresh["reset_seconds"],
+            &fresh["locked_seconds"]
+        ),
+        (&Value::from(5), &Value::from(900), &Value::from(0)),
+        "{fresh}"
+    );
+    let refused = send(&attacker, login(&topology, LOGIN_PASSWORD)).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "still locked");
+
+    // DELETE lifts the lock and resets the counter, in Redis.
+    let lifted = send(
+        &admin,
+        admin_call(&topology, Method::DELETE, state_path, Some(&token)),
+    )
+    .await;
+    assert_eq!(lifted.status, StatusCode::NO_CONTENT, "{}", lifted.body);
+    assert_eq!(lifted.body, "");
+    let reset = state("127.0.0.9").await;
+    assert_eq!(
+        (
+            &reset["remaining"],
+            &reset["reset_seconds"],
+            &reset["locked_seconds"]
+        ),
+        (&Value::from(5), &Value::from(900), &Value::from(0)),
+        "{reset}"
+    );
+    let keys = topology
+        .redis
+        .cli(&["--scan", "--pattern", "floodgate:*:login_failures:*"]);
+    assert_eq!(keys.lines().count(), 0, "{keys}");
+
+    // The attacker's next login reaches PHP and succeeds. Its refused attempts consumed
+    // nothing from the per-IP minute either: 5 of 300 used before this one.
+    let back = send(&attacker, login(&topology, LOGIN_PASSWORD)).await;
+    assert_eq!(back.status, StatusCode::OK, "{}", back.body);
+    assert_eq!(back.json()["login"], "ok");
+    assert_eq!(back.json()["HTTP_X_REAL_IP"], "127.0.0.9");
+    assert_login_items(&back, 294, 5);
+    topology.php.wait_for_logged(200, LOGIN, 2).await;
+    assert_eq!(topology.php.logged(401, LOGIN), 5);
+
+    let metrics = admin_metrics(&topology).await;
+    for (status, count) in [(200, 2.0), (401, 5.0), (429, 3.0)] {
+        assert_eq!(
+            metric(
+                &metrics,
+                &format!("floodgate_requests_total{{route=\"login\",status=\"{status}\"}}")
+            ),
+            count,
+            "{status}: {metrics}"
+        );
+    }
+    assert_eq!(
+        metric(
+            &metrics,
+            "floodgate_ratelimit_decisions_total{limit=\"login_failures\",outcome=\"locked\"}"
+        ),
+        3.0,
+        "{metrics}"
+    );
+    // Every read and count was Redis's.
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("floodgate_store_errors_total")),
+        "{metrics}"
+    );
 }
 
 // Sticky sessions: the example's two PHP servers (`php-a`, `php-b`) under `php -S`, each
