@@ -189,3 +189,52 @@ async fn redis_lifts_a_lock_out_for_every_instance() {
     let second = TestGateway::start(&config(&upstream, Some(&redis), true)).await;
     read_and_lift(&[&first, &second]).await;
 }
+
+#[tokio::test]
+async fn a_key_with_an_override_reads_with_its_parameters_and_the_scheme_is_case_insensitive() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+admin_token = "{TOKEN}"
+
+[upstreams.app]
+url = "{}"
+
+[limits.api]
+algorithm = "token_bucket"
+rate = 1
+per = "1h"
+burst = 2
+key = ["header:x-key"]
+overrides = [{{ key = ["gold"], burst = 5 }}, {{ key = ["free"], exempt = true }}]
+
+[[routes]]
+name = "api"
+path_prefix = "/"
+upstream = "app"
+limits = ["api"]
+"#,
+        upstream.url()
+    ))
+    .await;
+    let read = |key: &str| format!("/limits/api/state?header:x-key={key}");
+    assert_eq!(
+        admin(&gw, Method::GET, &read("plain"), Some(TOKEN)).await.1["remaining"],
+        2
+    );
+    assert_eq!(
+        admin(&gw, Method::GET, &read("gold"), Some(TOKEN)).await.1["remaining"],
+        5
+    );
+    assert_eq!(
+        admin(&gw, Method::GET, &read("free"), Some(TOKEN)).await.1["exempt"],
+        true
+    );
+    let request = Request::get(gw.admin_url("/limits"))
+        .header("authorization", format!("bearer {TOKEN}"))
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    assert_eq!(send(request).await.0, StatusCode::OK);
+}

@@ -11,12 +11,14 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 
-use crate::config::{LimitConfig, Mode};
+use std::net::IpAddr;
+
+use crate::config::{LimitConfig, Mode, Override};
 use crate::limit::algorithm::Algorithm;
 use crate::limit::key::{lock_key, slots_key, store_key};
 use crate::limit::{LimitCheck, algorithm};
 use crate::service::Instance;
-use crate::service::request_key::named_tuple;
+use crate::service::request_key::{NamedTuple, named_tuple};
 
 pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Response<Full<Bytes>> {
     let state = shared.state.load_full();
@@ -58,9 +60,28 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
             json!({ "error": format!("no limit named {name:?}") }),
         );
     };
-    let (tuple, named) = match named_tuple(&limit.key, request.uri().query().unwrap_or("")) {
-        Ok(found) => found,
-        Err(message) => return json_answer(StatusCode::BAD_REQUEST, json!({ "error": message })),
+    let NamedTuple { tuple, named, parts } =
+        match named_tuple(&limit.key, request.uri().query().unwrap_or("")) {
+            Ok(found) => found,
+            Err(message) => return json_answer(StatusCode::BAD_REQUEST, json!({ "error": message })),
+        };
+    // The parameters that apply to this key: an override's, when one matches.
+    let client_ip = named
+        .iter()
+        .find(|(name, _)| name == "client_ip")
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    let limit: &LimitConfig = match limit.overrides.find(&tuple, client_ip, |i| parts[i].clone()) {
+        None => limit,
+        Some(Override::Limit(overridden)) => overridden,
+        Some(Override::Exempt) => {
+            let key: serde_json::Map<String, Value> =
+                named.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+            return json_answer(
+                StatusCode::OK,
+                json!({ "limit": limit.name.as_ref(), "key": key, "exempt": true }),
+            );
+        }
     };
     let prefix = &state.key_prefix;
     let key: serde_json::Map<String, Value> = named.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
@@ -133,10 +154,13 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
 
 /// Whether `request` carries `Authorization: Bearer TOKEN`, compared in constant time.
 fn authorized(request: &Request<Incoming>, token: &str) -> bool {
+    // The scheme is case-insensitive (RFC 9110 §11.1).
     let Some(given) = request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+        .map(|value| value.as_bytes())
+        .filter(|value| value.len() > 7 && value[..7].eq_ignore_ascii_case(b"bearer "))
+        .map(|value| &value[7..])
     else {
         return false;
     };

@@ -311,9 +311,9 @@ impl RouteLimits {
         for (limit, check, decision) in read {
             applied.push(limit);
             all.push(decision);
-            if limit.mode == Mode::Enforce
-                && let Some(statuses) = &limit.failures
-            {
+            // A shadow limit counts failures too: it never refuses, but says when it
+            // would have.
+            if let Some(statuses) = &limit.failures {
                 failures.push((check.clone(), statuses.clone()));
             }
             checks.push(check);

@@ -74,11 +74,20 @@ pub fn key_tuple(parts: &[KeyPart], source: &KeySource<'_>) -> Result<String, Am
     Ok(tuple.finish())
 }
 
+/// A key tuple built from named values (the admin API's).
+pub(crate) struct NamedTuple {
+    pub tuple: String,
+    /// The values by part name, as given.
+    pub named: Vec<(String, String)>,
+    /// Each part encoded alone (for overrides with a network).
+    pub parts: Vec<String>,
+}
+
 /// The tuple of `parts` for values named in `query` as the parts are named in `key`
 /// (`client_ip=203.0.113.7&header:x-api-key=abc`): the key the request path builds for a
 /// request carrying those values. Returns the values by part name, or the name of a part
 /// that is missing or that the limit does not have.
-pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<(String, Vec<(String, String)>), String> {
+pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<NamedTuple, String> {
     let given: Vec<(String, Vec<u8>)> = query
         .split('&')
         .filter(|pair| !pair.is_empty())
@@ -98,6 +107,7 @@ pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<(String, Vec
     }
     let mut tuple = TupleEncoder::default();
     let mut named = Vec::with_capacity(parts.len());
+    let mut alone = Vec::with_capacity(parts.len());
     for (part, name) in parts.iter().zip(names) {
         let Some((_, value)) = given.iter().find(|(given, _)| *given == name) else {
             return Err(format!("missing key part {name:?}"));
@@ -114,9 +124,16 @@ pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<(String, Vec
             PartKind::Value
         };
         tuple.part(kind, value);
+        let mut one = TupleEncoder::default();
+        one.part(kind, value);
+        alone.push(one.finish());
         named.push((name, String::from_utf8_lossy(value).into_owned()));
     }
-    Ok((tuple.finish(), named))
+    Ok(NamedTuple {
+        tuple: tuple.finish(),
+        named,
+        parts: alone,
+    })
 }
 
 /// A client-supplied value, or the client IP when it is absent or empty, with its tag.

@@ -16,7 +16,8 @@ use tempfile::TempDir;
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
 
 /// Environment variables the binary reads; cleared so that the caller's shell cannot leak in.
-const FLOODGATE_ENV: [&str; 4] = [
+const FLOODGATE_ENV: [&str; 5] = [
+    "FLOODGATE_ADMIN_TOKEN",
     "FLOODGATE_CONFIG",
     "FLOODGATE_LOG",
     "FLOODGATE_LOG_FORMAT",
