@@ -13,7 +13,7 @@ use floodgate::limit::key::{MAX_KEY_LEN, encode_tuple, lock_key, store_key};
 use floodgate::limit::memory::MemoryStore;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::redis::RedisTarget;
-use floodgate::limit::{Algorithm, LimitCheck, LimitDecision, Outcome};
+use floodgate::limit::{Algorithm, LimitCheck, LimitDecision, Outcome, Peeked};
 
 const MS: u64 = 1_000;
 
@@ -34,6 +34,33 @@ impl Store {
         match self {
             Store::Memory(store) => store.refund(check),
             Store::Redis(store, _) => store.refund(check).await.expect("redis refunds"),
+        }
+    }
+
+    async fn peek(&self, check: &LimitCheck) -> Peeked {
+        let lock = check.lockout.as_ref().map(|(lock, _)| lock.as_str());
+        match self {
+            Store::Memory(store) => store.peek(&check.key, lock),
+            Store::Redis(store, _) => store
+                .peek(&check.algorithm, &check.key, lock)
+                .await
+                .expect("redis reads"),
+        }
+    }
+
+    async fn clear(&self, check: &LimitCheck) {
+        let lock = check.lockout.as_ref().map(|(lock, _)| lock.as_str());
+        match self {
+            Store::Memory(store) => store.clear(&check.key, lock),
+            Store::Redis(store, _) => store.clear(&check.key, lock).await.expect("redis clears"),
+        }
+    }
+
+    async fn lock(&self, check: &LimitCheck) {
+        let (lock, ttl) = check.lockout.clone().expect("a check with a lock-out");
+        match self {
+            Store::Memory(store) => store.lock(&lock, ttl),
+            Store::Redis(store, _) => store.lock(&lock, ttl).await.expect("redis locks"),
         }
     }
 
@@ -471,6 +498,60 @@ async fn an_edited_limit_applies_at_once(store: Store) {
     assert_eq!(admitted_count(&store, &as_token_bucket, 3).await, 2);
 }
 
+/// Reading a key's state consumes nothing, and tells what the next request would get,
+/// for every algorithm; clearing a key makes it fresh and lifts its lock.
+async fn a_key_is_read_without_consuming_and_cleared(store: Store) {
+    for (i, algorithm) in [
+        fixed(3, 60_000),
+        sliding(3, 60_000),
+        bucket(1.0, 60_000, 3),
+        Algorithm::LeakyBucket {
+            rate: 1.0,
+            per: 60_000 * MS,
+            burst: 2,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // One limit name per algorithm: each starts fresh.
+        let name = format!("peek-{i}");
+        let mut limit = check(&name, algorithm);
+        let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
+        limit.lockout = Some((lock_key("fg", &tuple, &name), 3_600_000 * MS));
+        let fresh = store.peek(&limit).await.key_state(&algorithm);
+        assert_eq!(fresh.remaining, algorithm.capacity(), "{algorithm:?}");
+        assert_eq!(
+            store.peek(&limit).await.key_state(&algorithm).remaining,
+            algorithm.capacity()
+        );
+        let decided = store.one(&limit).await;
+        assert!(decided.outcome.admits(), "{algorithm:?}");
+        let read = store.peek(&limit).await.key_state(&algorithm);
+        assert_eq!(
+            read.remaining, decided.remaining,
+            "{algorithm:?}: the read disagrees with the decision"
+        );
+        assert_eq!(read.locked, Duration::ZERO);
+        // A lock shows, and clearing lifts it and the count.
+        store.lock(&limit).await;
+        let locked = store.peek(&limit).await.key_state(&algorithm);
+        assert!(
+            locked.locked > Duration::from_secs(3590),
+            "{algorithm:?}: {locked:?}"
+        );
+        assert_eq!(locked.remaining, 0);
+        assert_eq!(store.one(&limit).await.outcome, Outcome::Locked);
+        store.clear(&limit).await;
+        let cleared = store.peek(&limit).await.key_state(&algorithm);
+        assert_eq!(
+            (cleared.remaining, cleared.locked),
+            (algorithm.capacity(), Duration::ZERO)
+        );
+        assert!(store.one(&limit).await.outcome.admits());
+    }
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod memory_store {
@@ -509,6 +590,7 @@ conformance!(
     a_leaky_bucket_slot_can_be_given_back,
     tokens_and_window_counts_can_be_given_back,
     an_edited_limit_applies_at_once,
+    a_key_is_read_without_consuming_and_cleared,
 );
 
 /// Redis `TIME` in microseconds.
