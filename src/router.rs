@@ -94,11 +94,15 @@ mod tests {
                 status: http::StatusCode::OK,
                 body: bytes::Bytes::new(),
                 content_type: http::HeaderValue::from_static("text/plain"),
+                headers: Vec::new(),
             }),
             limits: Vec::new(),
             cost: 1,
             allow: None,
             deny: Vec::new(),
+            strip_prefix: None,
+            request_headers: Default::default(),
+            response_headers: Default::default(),
         }
     }
 

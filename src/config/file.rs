@@ -41,6 +41,24 @@ pub(crate) struct ServerFile {
     pub ratelimit_headers: Option<Spanned<String>>,
     pub max_body: Option<Spanned<String>>,
     pub tls: Option<Spanned<TlsFile>>,
+    pub errors: Option<BTreeMap<String, Spanned<ErrorPageFile>>>,
+}
+
+/// One entry of `[server.errors]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ErrorPageFile {
+    pub body: Option<String>,
+    pub body_file: Option<Spanned<String>>,
+    pub content_type: Option<Spanned<String>>,
+}
+
+/// A route's `request_headers` or `response_headers`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HeaderRulesFile {
+    pub set: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    pub remove: Option<Vec<Spanned<String>>>,
 }
 
 /// `[server.tls]`
@@ -109,6 +127,9 @@ pub(crate) struct RouteFile {
     pub cost: Option<Spanned<i64>>,
     pub allow: Option<Vec<Spanned<String>>>,
     pub deny: Option<Vec<Spanned<String>>>,
+    pub strip_prefix: Option<Spanned<String>>,
+    pub request_headers: Option<Spanned<HeaderRulesFile>>,
+    pub response_headers: Option<Spanned<HeaderRulesFile>>,
 }
 
 /// A route's inline `respond = { ... }` table.
@@ -118,6 +139,7 @@ pub(crate) struct RespondFile {
     pub status: Option<Spanned<i64>>,
     pub body: Option<String>,
     pub content_type: Option<Spanned<String>>,
+    pub headers: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
 }
 
 /// `[redis]`
@@ -154,6 +176,7 @@ pub(crate) struct LimitFile {
     pub count: Option<Spanned<String>>,
     pub failure_status: Option<Spanned<Vec<Spanned<i64>>>>,
     pub lease: Option<Spanned<String>>,
+    pub content_type: Option<Spanned<String>>,
 }
 
 impl LimitFile {
@@ -176,6 +199,7 @@ impl LimitFile {
             count: self.count.clone(),
             failure_status: self.failure_status.clone(),
             lease: self.lease.clone(),
+            content_type: self.content_type.clone(),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
-use http::header::HeaderName;
+use http::header::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 use toml::Spanned;
 
@@ -72,6 +72,8 @@ pub struct LimitConfig {
     /// `algorithm = "concurrency"`: requests in flight per key (then `algorithm` is
     /// unused, and the limit has no RateLimit header items).
     pub concurrency: Option<Concurrency>,
+    /// The `Content-Type` of `message`.
+    pub content_type: HeaderValue,
 }
 
 /// `algorithm = "concurrency"`: at most `limit` requests of one key in flight.
@@ -439,6 +441,13 @@ fn validate_limit(
         },
     };
     let failures = validate_count(&key, &raw, sink);
+    let content_type = match &raw.content_type {
+        None => Some(HeaderValue::from_static("text/plain; charset=utf-8")),
+        Some(ct) => parse_spanned(ct, format!("{key}.content_type"), sink, |text| {
+            HeaderValue::from_str(text)
+                .map_err(|_| format!("expected a valid Content-Type value, got {text:?}"))
+        }),
+    };
     let message = raw.message.as_ref().map_or_else(
         || Bytes::from_static(DEFAULT_MESSAGE.as_bytes()),
         |m| Bytes::from(m.get_ref().clone()),
@@ -455,6 +464,7 @@ fn validate_limit(
         overrides: Overrides::default(),
         failures: failures?,
         concurrency: None,
+        content_type: content_type?,
     })
     .and_then(|limit| {
         let overrides = validate_overrides(&key, &raw, &limit, sink)?;

@@ -7,6 +7,7 @@
 mod error;
 mod file;
 mod limits;
+mod shaping;
 mod tls;
 mod upstreams;
 mod values;
@@ -27,6 +28,7 @@ pub use error::{ConfigError, ConfigErrors};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile};
 pub(crate) use limits::DEFAULT_PREFIX;
 pub use limits::{Concurrency, KeyPart, LimitConfig, Mode, Override, Overrides, RedisConfig};
+pub use shaping::{ErrorPage, HeaderRules};
 pub(crate) use tls::provider as tls_provider;
 pub use tls::{Certificate, TlsConfig, TlsVersion};
 pub(crate) use upstreams::server_name;
@@ -81,6 +83,8 @@ pub struct ServerConfig {
     pub max_body: Option<u64>,
     /// The HTTPS listener, when `[server.tls]` is present.
     pub tls: Option<TlsConfig>,
+    /// `[server.errors]`: bodies of floodgate's own error responses, by status.
+    pub errors: std::collections::HashMap<u16, ErrorPage>,
 }
 
 /// Which rate-limit response headers are sent (`server.ratelimit_headers`).
@@ -108,6 +112,10 @@ pub struct RouteConfig {
     pub allow: Option<Vec<IpNet>>,
     /// Clients refused on the route (403, before its limits).
     pub deny: Vec<IpNet>,
+    /// Removed from the forwarded path, after matching.
+    pub strip_prefix: Option<String>,
+    pub request_headers: HeaderRules,
+    pub response_headers: HeaderRules,
 }
 
 impl RouteConfig {
@@ -148,6 +156,8 @@ pub struct RespondConfig {
     pub status: StatusCode,
     pub body: Bytes,
     pub content_type: HeaderValue,
+    /// `headers`: set on the response.
+    pub headers: Vec<(http::HeaderName, HeaderValue)>,
 }
 
 impl Config {
@@ -387,6 +397,7 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
             .tls
             .as_ref()
             .and_then(|tls| tls::validate_tls(tls, base, sink)),
+        errors: shaping::error_pages(raw.errors.as_ref(), base, sink),
     }
 }
 
@@ -500,7 +511,9 @@ fn validate_route(
             }
         },
         (None, Some(respond)) => {
-            validate_respond(&format!("{key}.respond"), respond.into_inner(), sink).map(RouteTarget::Respond)
+            let span = respond.span();
+            validate_respond(&format!("{key}.respond"), span, respond.into_inner(), sink)
+                .map(RouteTarget::Respond)
         }
         (None, None) => {
             sink.push(
@@ -512,6 +525,33 @@ fn validate_route(
         }
     };
     let route_limits = route_limits(key, &raw.limits, limits, sink);
+    let strip_prefix = match (&raw.strip_prefix, &path) {
+        (None, _) => Some(None),
+        (Some(strip), Some(PathMatch::Exact(p) | PathMatch::Prefix(p))) => {
+            parse_spanned(strip, format!("{key}.strip_prefix"), sink, |text| {
+                if text.starts_with('/') && p.starts_with(text) {
+                    Ok(Some(text.trim_end_matches('/').to_owned()))
+                } else {
+                    Err(format!(
+                        "expected a prefix of the route's path {p:?}, got {text:?}"
+                    ))
+                }
+            })
+        }
+        (Some(_), None) => None,
+    };
+    let request_headers = shaping::header_rules(
+        &format!("{key}.request_headers"),
+        raw.request_headers.as_ref(),
+        shaping::Direction::Request,
+        sink,
+    );
+    let response_headers = shaping::header_rules(
+        &format!("{key}.response_headers"),
+        raw.response_headers.as_ref(),
+        shaping::Direction::Response,
+        sink,
+    );
     let cost = match &raw.cost {
         None => Some(1),
         Some(cost) if *cost.get_ref() >= 1 => Some(*cost.get_ref() as u64),
@@ -537,6 +577,9 @@ fn validate_route(
             .is_some()
             .then(|| cidrs(&raw.allow, &format!("{key}.allow"), sink)),
         deny: cidrs(&raw.deny, &format!("{key}.deny"), sink),
+        strip_prefix: strip_prefix?,
+        request_headers: request_headers?,
+        response_headers: response_headers?,
     })
 }
 
@@ -600,7 +643,12 @@ fn route_limits(
     ok.then_some(resolved)
 }
 
-fn validate_respond(key: &str, raw: RespondFile, sink: &mut ErrorSink) -> Option<RespondConfig> {
+fn validate_respond(
+    key: &str,
+    span: std::ops::Range<usize>,
+    raw: RespondFile,
+    sink: &mut ErrorSink,
+) -> Option<RespondConfig> {
     let status = match raw.status {
         None => Some(StatusCode::OK),
         Some(status) => match u16::try_from(*status.get_ref())
@@ -628,10 +676,12 @@ fn validate_respond(key: &str, raw: RespondFile, sink: &mut ErrorSink) -> Option
                 .map_err(|_| format!("expected a valid Content-Type value, got {text:?}"))
         }),
     };
+    let headers = shaping::respond_headers(key, raw.headers.as_ref(), status, span, sink);
     Some(RespondConfig {
         status: status?,
         body: Bytes::from(raw.body.unwrap_or_default()),
         content_type: content_type?,
+        headers: headers?,
     })
 }
 

@@ -112,6 +112,7 @@ mod tests {
             overrides: Default::default(),
             failures: None,
             concurrency: None,
+            content_type: http::HeaderValue::from_static("text/plain"),
         }
     }
 

@@ -63,10 +63,11 @@ pub(crate) enum Action {
         held: Vec<LimitCheck>,
         counted: Vec<(LimitCheck, Vec<StatusCode>)>,
     },
-    /// Answer with this status, body and `Retry-After` seconds.
+    /// Answer with this status, body (of this type) and `Retry-After` seconds.
     Reject {
         status: StatusCode,
         message: Bytes,
+        content_type: HeaderValue,
         retry_after: u64,
     },
 }
@@ -177,6 +178,7 @@ impl RouteLimits {
                         action: Action::Reject {
                             status: limit.status,
                             message: limit.message.clone(),
+                            content_type: limit.content_type.clone(),
                             retry_after: 1,
                         },
                         slots: Vec::new(),
@@ -386,6 +388,7 @@ impl RouteLimits {
                 action: Action::Reject {
                     status: limit.status,
                     message: limit.message.clone(),
+                    content_type: limit.content_type.clone(),
                     retry_after: ceil_seconds(retry).max(1),
                 },
                 slots: Vec::new(),
@@ -488,6 +491,7 @@ fn store_refused() -> Verdict {
         action: Action::Reject {
             status: StatusCode::SERVICE_UNAVAILABLE,
             message: Bytes::from_static(b"Service Unavailable\n"),
+            content_type: HeaderValue::from_static("text/plain; charset=utf-8"),
             retry_after: 1,
         },
         slots: Vec::new(),

@@ -33,7 +33,9 @@ pub(crate) mod state;
 
 use crate::access_log::AccessRecord;
 use crate::client_ip::{Peer, client_ip};
-use crate::config::{RespondConfig, ServerConfig};
+use std::collections::HashMap;
+
+use crate::config::{ErrorPage, RespondConfig, RouteConfig, ServerConfig};
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
@@ -100,8 +102,7 @@ pub(crate) async fn handle(
         client_ip,
         limit_outcome: LimitOutcome::None,
     }));
-    let mut limit_headers = LimitHeaders::new();
-    let mut slots = Vec::new();
+    let mut answer = Answer::default();
     let version = request.version();
     let served = serve(
         &shared,
@@ -114,18 +115,24 @@ pub(crate) async fn handle(
         },
         request,
         record.0.as_mut().expect("answered only below"),
-        &mut limit_headers,
-        &mut slots,
+        &mut answer,
     )
     .await;
     let mut record = record.0.take().expect("answered once");
     let mut response = match served {
         Ok(response) => response,
-        Err(error) => render_error(&record, error, version),
+        Err(error) => render_error(&record, error, version, &state.config.server.errors),
     };
-    for (name, value) in limit_headers {
+    // The route's response rules first: they may not touch what follows.
+    if let Some(route) = answer.route {
+        state.router.routes()[route]
+            .response_headers
+            .apply(response.headers_mut());
+    }
+    for (name, value) in answer.limit_headers {
         response.headers_mut().append(name, value);
     }
+    let slots = answer.slots;
     if peer.tls
         && let Some(hsts) = state
             .config
@@ -140,6 +147,16 @@ pub(crate) async fn handle(
     }
     record.status = response.status().as_u16();
     Ok(response.map(|body| ResponseBody::new(body, record, in_flight, slots)))
+}
+
+/// What the inner handler leaves for the outer one besides the response: the rate-limit
+/// headers for whatever response follows, the concurrency slots to hold until it is done,
+/// and the route that matched (whose response rules apply).
+#[derive(Default)]
+struct Answer {
+    limit_headers: LimitHeaders,
+    slots: Vec<Slot>,
+    route: Option<usize>,
 }
 
 /// The access record of a request not answered yet. hyper drops the request's future when
@@ -168,20 +185,30 @@ struct Client<'a> {
 }
 
 /// Turns a [`GatewayError`] into the client's response, counting and logging it once.
-fn render_error(record: &AccessRecord, error: GatewayError, version: Version) -> Response<Payload> {
+fn render_error(
+    record: &AccessRecord,
+    error: GatewayError,
+    version: Version,
+    pages: &HashMap<u16, ErrorPage>,
+) -> Response<Payload> {
     let status = error.status();
     if status.is_server_error() {
         tracing::warn!(route = %record.route, path = %record.path, client_ip = %record.client_ip, %error, "request failed");
     } else {
         tracing::debug!(route = %record.route, path = %record.path, client_ip = %record.client_ip, %error, "request refused");
     }
-    let mut response = Response::new(full(error.body()));
+    // `[server.errors]` may give the status a body of its own.
+    let (body, content_type) = match pages.get(&status.as_u16()) {
+        Some(page) => (page.body.clone(), page.content_type.clone()),
+        None => (
+            Bytes::from(error.body()),
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        ),
+    };
+    let mut response = Response::new(full(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    headers.insert(header::CONTENT_TYPE, content_type);
     if let Some(seconds) = error.retry_after() {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
@@ -193,15 +220,14 @@ fn render_error(record: &AccessRecord, error: GatewayError, version: Version) ->
 }
 
 /// The inner handler: route the request, apply its limits, and answer it or forward it.
-/// `limit_headers` receives the rate-limit headers for whatever response follows.
+/// `answer` receives what the outer handler needs besides the response.
 async fn serve(
     shared: &Instance,
     state: &GatewayState,
     client: Client<'_>,
     request: Request<Incoming>,
     record: &mut AccessRecord,
-    limit_headers: &mut LimitHeaders,
-    slots: &mut Vec<Slot>,
+    answer: &mut Answer,
 ) -> Result<Response<Payload>, GatewayError> {
     // The access record owns the normalized path; the request path borrows it from there.
     let checked =
@@ -239,6 +265,7 @@ async fn serve(
         .ok_or(GatewayError::NoRoute)?;
     let route_config = &state.router.routes()[index];
     record.route = route_config.name.clone();
+    answer.route = Some(index);
     if !route_config.admits(client.ip) {
         return Err(GatewayError::Forbidden("the route's allow or deny"));
     }
@@ -257,14 +284,15 @@ async fn serve(
         };
         let verdict = route.limits.decide(&settings, client.ip, &source).await?;
         record.limit_outcome = verdict.outcome;
-        *limit_headers = verdict.headers;
-        *slots = verdict.slots;
+        answer.limit_headers = verdict.headers;
+        answer.slots = verdict.slots;
         match verdict.action {
             Action::Reject {
                 status,
                 message,
+                content_type,
                 retry_after,
-            } => return Ok(rejection(status, message, retry_after)),
+            } => return Ok(rejection(status, message, content_type, retry_after)),
             Action::Pass {
                 delay,
                 held,
@@ -289,6 +317,7 @@ async fn serve(
             });
             let destination = Destination {
                 upstream,
+                route: route_config,
                 hash_tuple: hash_tuple.as_deref(),
                 instances: state.store.instances(),
             };
@@ -352,6 +381,8 @@ fn key_source<'a>(
 /// Where a forwarded request goes.
 struct Destination<'a> {
     upstream: &'a Upstream,
+    /// The route that matched: its `strip_prefix` and request rules.
+    route: &'a RouteConfig,
     /// The request's `hash_key` tuple, with `balance = "hash"`.
     hash_tuple: Option<&'a str>,
     /// Live gateway instances sharing the upstream's `max_requests`.
@@ -380,14 +411,16 @@ fn to_https(host: &str, port: u16, target: &Uri) -> Result<Response<Payload>, Ga
 }
 
 /// A request refused by its limits (or by a failed store under `on_error = "deny"`).
-fn rejection(status: StatusCode, message: Bytes, retry_after: u64) -> Response<Payload> {
+fn rejection(
+    status: StatusCode,
+    message: Bytes,
+    content_type: HeaderValue,
+    retry_after: u64,
+) -> Response<Payload> {
     let mut response = Response::new(full(message));
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    headers.insert(header::CONTENT_TYPE, content_type);
     headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
     response
 }
@@ -438,9 +471,11 @@ async fn hold(
 fn respond_with(respond: &RespondConfig) -> Response<Payload> {
     let mut response = Response::new(full(respond.body.clone()));
     *response.status_mut() = respond.status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, respond.content_type.clone());
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, respond.content_type.clone());
+    for (name, value) in &respond.headers {
+        headers.insert(name.clone(), value.clone());
+    }
     response
 }
 
@@ -472,6 +507,19 @@ async fn forward(
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
 
     let (mut parts, body) = request.into_parts();
+    let stripped;
+    let path = match &destination.route.strip_prefix {
+        Some(prefix) => {
+            let rest = path.strip_prefix(prefix.as_str()).unwrap_or(path);
+            stripped = if rest.starts_with('/') {
+                rest.to_owned()
+            } else {
+                format!("/{rest}")
+            };
+            stripped.as_str()
+        }
+        None => path,
+    };
     let uri = upstream
         .uri_for(path, parts.uri.query())
         .map_err(|_| GatewayError::MalformedRequest("the request target cannot be forwarded"))?;
@@ -482,6 +530,7 @@ async fn forward(
         parts.headers.insert(header::HOST, host);
     }
     set_forwarding_headers(&mut parts.headers, context);
+    destination.route.request_headers.apply(&mut parts.headers);
     if let Some(protocol) = upgrade {
         parts
             .headers

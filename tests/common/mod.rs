@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use floodgate::{Config, Gateway};
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
@@ -120,7 +120,7 @@ impl Drop for TestGateway {
 
 /// A real upstream that answers with a description of the request it received:
 /// a path ending in `/slow` with `?ms=N` waits N ms; `/big?bytes=N` streams N bytes;
-/// `/echo` streams the body back; `/status?code=N` answers N; `/health` answers 200 or
+/// `/echo` streams the body back; `/powered` answers with `X-Powered-By` and `Server`; `/status?code=N` answers N; `/health` answers 200 or
 /// what [`Upstream::set_health`] set; anything else describes the request as text.
 /// It counts the connections it accepted and the request heads it received, keeps the
 /// targets in the order received, and the most requests it ever had in flight at once.
@@ -305,6 +305,17 @@ async fn upstream_answer(mut request: Request<Incoming>) -> Result<Response<Upst
         let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
         let stream = futures_stream(total, chunk);
         return Ok(Response::new(StreamBody::new(stream).boxed()));
+    }
+    if path == "/powered" {
+        // What legacy apps add: headers a gateway is asked to hide.
+        let mut response = Response::new(boxed(Full::new(Bytes::from("powered\n"))));
+        response
+            .headers_mut()
+            .insert("x-powered-by", HeaderValue::from_static("PHP/5.6.40"));
+        response
+            .headers_mut()
+            .insert("server", HeaderValue::from_static("Apache/2.2"));
+        return Ok(response);
     }
     if path == "/echo" {
         return Ok(Response::new(request.into_body().boxed()));

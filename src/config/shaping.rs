@@ -1,0 +1,242 @@
+//! Validation of what shapes requests and responses (docs/configuration.md#header-rules):
+//! a route's `request_headers` and `response_headers` rules, compiled here into header
+//! names and values so that applying them parses nothing; `respond`'s `headers`; and
+//! `[server.errors]`, the bodies of floodgate's own error responses, read at load.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, StatusCode};
+use toml::Spanned;
+
+use super::error::ErrorSink;
+use super::file::{ErrorPageFile, HeaderRulesFile};
+use super::parse_spanned;
+
+/// `set` and `remove` rules for one direction of one route.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderRules {
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    pub remove: Vec<HeaderName>,
+}
+
+impl HeaderRules {
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.remove.is_empty()
+    }
+
+    /// Applies the rules: each `set` header replaces every value of its name, then the
+    /// `remove` ones go.
+    pub fn apply(&self, headers: &mut http::HeaderMap) {
+        for (name, value) in &self.set {
+            headers.insert(name.clone(), value.clone());
+        }
+        for name in &self.remove {
+            headers.remove(name);
+        }
+    }
+}
+
+/// A body for one of floodgate's own error statuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorPage {
+    pub body: Bytes,
+    pub content_type: HeaderValue,
+}
+
+/// Which direction rules are for: what they may not touch differs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Direction {
+    Request,
+    Response,
+}
+
+/// Headers that describe the message itself: no rule may set or remove them.
+const FRAMING: [&str; 10] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "proxy-authenticate",
+    "proxy-authorization",
+];
+/// What floodgate tells the upstream about the client: request rules may not change it.
+const FORWARDING: [&str; 6] = [
+    "x-forwarded-for",
+    "x-real-ip",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "via",
+    "host",
+];
+/// What floodgate tells the client about its limits: response rules may not change it.
+const LIMITING: [&str; 6] = [
+    "ratelimit",
+    "ratelimit-policy",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "retry-after",
+];
+
+/// Why `name` may not be touched by a rule in `direction`, if it may not.
+fn forbidden(name: &HeaderName, direction: Direction) -> Option<&'static str> {
+    let name = name.as_str();
+    if FRAMING.contains(&name) {
+        return Some("it frames the message (hop-by-hop or Content-Length)");
+    }
+    match direction {
+        Direction::Request if FORWARDING.contains(&name) => Some("floodgate sets it for the upstream"),
+        Direction::Response if LIMITING.contains(&name) => Some("floodgate sets it with the rate limits"),
+        _ => None,
+    }
+}
+
+pub(super) fn header_rules(
+    key: &str,
+    raw: Option<&Spanned<HeaderRulesFile>>,
+    direction: Direction,
+    sink: &mut ErrorSink,
+) -> Option<HeaderRules> {
+    let Some(raw) = raw else {
+        return Some(HeaderRules::default());
+    };
+    let raw = raw.get_ref();
+    let mut valid = true;
+    let mut rules = HeaderRules::default();
+    for (name, value) in raw.set.as_ref().map(Spanned::get_ref).into_iter().flatten() {
+        let at = format!("{key}.set.{name}");
+        match header(name, value, &at, direction, sink) {
+            Some(pair) => rules.set.push(pair),
+            None => valid = false,
+        }
+    }
+    for (i, name) in raw.remove.iter().flatten().enumerate() {
+        let parsed = parse_spanned(name, format!("{key}.remove[{i}]"), sink, |text| {
+            let name = HeaderName::from_bytes(text.as_bytes())
+                .map_err(|_| format!("expected a header name, got {text:?}"))?;
+            match forbidden(&name, direction) {
+                Some(why) => Err(format!("{name} cannot be removed: {why}")),
+                None => Ok(name),
+            }
+        });
+        match parsed {
+            Some(name) => rules.remove.push(name),
+            None => valid = false,
+        }
+    }
+    valid.then_some(rules)
+}
+
+/// One `"Name" = "value"` of a `set` or of `respond.headers`.
+fn header(
+    name: &str,
+    value: &Spanned<String>,
+    at: &str,
+    direction: Direction,
+    sink: &mut ErrorSink,
+) -> Option<(HeaderName, HeaderValue)> {
+    parse_spanned(value, at, sink, |text| {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("expected a header name, got {name:?}"))?;
+        if let Some(why) = forbidden(&name, direction) {
+            return Err(format!("{name} cannot be set: {why}"));
+        }
+        let value =
+            HeaderValue::from_str(text).map_err(|_| format!("expected a header value, got {text:?}"))?;
+        Ok((name, value))
+    })
+}
+
+/// `respond.headers`; a 3xx status needs `Location`.
+pub(super) fn respond_headers(
+    key: &str,
+    raw: Option<&Spanned<BTreeMap<String, Spanned<String>>>>,
+    status: Option<StatusCode>,
+    span: std::ops::Range<usize>,
+    sink: &mut ErrorSink,
+) -> Option<Vec<(HeaderName, HeaderValue)>> {
+    let mut headers = Vec::new();
+    let mut valid = true;
+    for (name, value) in raw.map(Spanned::get_ref).into_iter().flatten() {
+        match header(
+            name,
+            value,
+            &format!("{key}.headers.{name}"),
+            Direction::Response,
+            sink,
+        ) {
+            Some(pair) => headers.push(pair),
+            None => valid = false,
+        }
+    }
+    if status.is_some_and(|s| s.is_redirection())
+        && !headers.iter().any(|(name, _)| name == http::header::LOCATION)
+    {
+        sink.push(
+            Some(raw.map_or(span, Spanned::span)),
+            format!("{key}.headers"),
+            "a 3xx response needs headers = { \"Location\" = \"...\" }",
+        );
+        valid = false;
+    }
+    valid.then_some(headers)
+}
+
+/// The statuses `[server.errors]` may give a body for.
+const ERROR_STATUSES: [u16; 8] = [400, 403, 404, 413, 431, 502, 503, 504];
+
+/// `[server.errors]`: bodies read now (a `body_file` relative to the configuration's
+/// directory).
+pub(super) fn error_pages(
+    raw: Option<&BTreeMap<String, Spanned<ErrorPageFile>>>,
+    base: &Path,
+    sink: &mut ErrorSink,
+) -> HashMap<u16, ErrorPage> {
+    let mut pages = HashMap::new();
+    for (status, page) in raw.into_iter().flatten() {
+        let key = format!("server.errors.{status}");
+        let Some(code) = status.parse::<u16>().ok().filter(|s| ERROR_STATUSES.contains(s)) else {
+            sink.push(
+                Some(page.span()),
+                key,
+                format!("expected one of {ERROR_STATUSES:?}, got {status:?}"),
+            );
+            continue;
+        };
+        let raw = page.get_ref();
+        let body = match (&raw.body, &raw.body_file) {
+            (Some(body), None) => Some(Bytes::from(body.clone())),
+            (None, Some(file)) => parse_spanned(file, format!("{key}.body_file"), sink, |path| {
+                let path = base.join(path);
+                std::fs::read(&path)
+                    .map(Bytes::from)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))
+            }),
+            _ => {
+                sink.push(
+                    Some(page.span()),
+                    key.clone(),
+                    "expected body = \"...\" or body_file = \"...\"",
+                );
+                None
+            }
+        };
+        let content_type = match &raw.content_type {
+            None => Some(HeaderValue::from_static("text/plain; charset=utf-8")),
+            Some(ct) => parse_spanned(ct, format!("{key}.content_type"), sink, |text| {
+                HeaderValue::from_str(text)
+                    .map_err(|_| format!("expected a valid Content-Type value, got {text:?}"))
+            }),
+        };
+        if let (Some(body), Some(content_type)) = (body, content_type) {
+            pages.insert(code, ErrorPage { body, content_type });
+        }
+    }
+    pages
+}

@@ -1,0 +1,237 @@
+//! Shaping requests and responses (docs/configuration.md#header-rules): `strip_prefix`,
+//! request and response header rules (on upstream responses and floodgate's own),
+//! `respond` headers and redirects, `[server.errors]` bodies (inline and from a file,
+//! re-read on reload), a limit's `content_type`, and the configurations refused at load.
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::{TestGateway, Upstream, closed_port, get, header_lines, send};
+use floodgate::Config;
+use floodgate::reload::Reloader;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+
+fn config(upstream: &Upstream, dead_port: u16) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[server.errors]
+404 = {{ body = "<h1>Not found</h1>\n", content_type = "text/html" }}
+502 = {{ body_file = "errors/502.html", content_type = "text/html; charset=utf-8" }}
+
+[upstreams.app]
+url = "{}"
+
+[upstreams.gone]
+url = "http://127.0.0.1:{dead_port}"
+
+[limits.two]
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+message = "{{\"error\": \"slow down\"}}"
+content_type = "application/json"
+
+[[routes]]
+name = "api"
+path_prefix = "/api/"
+strip_prefix = "/api"
+upstream = "app"
+limits = ["two"]
+request_headers = {{ set = {{ "X-Gateway" = "floodgate" }}, remove = ["X-Debug"] }}
+response_headers = {{ set = {{ "X-Frame-Options" = "DENY" }}, remove = ["X-Powered-By", "Server"] }}
+
+[[routes]]
+name = "old_blog"
+path_prefix = "/blog"
+respond = {{ status = 301, headers = {{ "Location" = "https://blog.example.com/" }} }}
+response_headers = {{ set = {{ "X-Frame-Options" = "DENY" }} }}
+
+[[routes]]
+name = "gone"
+path = "/gone"
+upstream = "gone"
+response_headers = {{ set = {{ "X-Frame-Options" = "DENY" }} }}
+"#,
+        upstream.url()
+    )
+}
+
+async fn gateway(dir: &std::path::Path, upstream: &Upstream) -> (TestGateway, Arc<Reloader>) {
+    std::fs::create_dir_all(dir.join("errors")).unwrap();
+    std::fs::write(dir.join("errors/502.html"), "<h1>Upstream down</h1>\n").unwrap();
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, config(upstream, closed_port())).unwrap();
+    let gw = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    let reloader = Arc::new(Reloader::new(
+        gw.shared.clone(),
+        Box::new(move || Config::load(&path)),
+    ));
+    (gw, reloader)
+}
+
+#[tokio::test]
+async fn the_prefix_is_stripped_and_request_and_response_rules_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let (gw, _) = gateway(dir.path(), &upstream).await;
+    let request = Request::get(gw.url("/api/users?page=2"))
+        .header("x-debug", "1")
+        .header("x-gateway", "spoofed")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let (status, headers, body) = send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.starts_with("GET /users?page=2\n"), "{body}");
+    assert_eq!(header_lines(&body, "x-gateway"), ["floodgate"]);
+    assert!(header_lines(&body, "x-debug").is_empty(), "{body}");
+    assert_eq!(headers["x-frame-options"], "DENY");
+    // The app's own headers are hidden.
+    let (_, headers, _) = get(&gw.url("/api/powered")).await;
+    assert!(
+        !headers.contains_key("x-powered-by") && !headers.contains_key("server"),
+        "{headers:?}"
+    );
+    assert_eq!(headers["x-frame-options"], "DENY");
+}
+
+#[tokio::test]
+async fn rules_apply_to_floodgates_own_answers_which_keep_their_limit_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let (gw, _) = gateway(dir.path(), &upstream).await;
+    assert_eq!(get(&gw.url("/api/a")).await.0, StatusCode::OK);
+    assert_eq!(get(&gw.url("/api/b")).await.0, StatusCode::OK);
+    let (status, headers, body) = get(&gw.url("/api/c")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(body, "{\"error\": \"slow down\"}");
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert!(headers.contains_key("retry-after") && headers.contains_key("ratelimit"));
+    // A redirect served by floodgate.
+    let (status, headers, _) = get(&gw.url("/blog/2019/post")).await;
+    assert_eq!(status, StatusCode::MOVED_PERMANENTLY);
+    assert_eq!(headers["location"], "https://blog.example.com/");
+    assert_eq!(headers["x-frame-options"], "DENY");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_bodies_come_from_the_configuration_and_a_reload_rereads_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let (gw, reloader) = gateway(dir.path(), &upstream).await;
+    let (status, headers, body) = get(&gw.url("/nowhere")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::NOT_FOUND, "<h1>Not found</h1>\n")
+    );
+    assert_eq!(headers["content-type"], "text/html");
+    let (status, headers, body) = get(&gw.url("/gone")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::BAD_GATEWAY, "<h1>Upstream down</h1>\n")
+    );
+    assert_eq!(headers["content-type"], "text/html; charset=utf-8");
+    assert_eq!(
+        headers["x-frame-options"], "DENY",
+        "an error keeps the route's rules"
+    );
+    // Statuses without a configured body keep the one-line text.
+    let (status, _, body) = send(
+        Request::get(gw.url("/api/x"))
+            .header("host", "a")
+            .header("host", "b")
+            .body(Full::<Bytes>::default())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::BAD_REQUEST, "Bad Request\n")
+    );
+
+    std::fs::write(dir.path().join("errors/502.html"), "<h1>Back soon</h1>\n").unwrap();
+    assert!(
+        tokio::task::spawn_blocking(move || reloader.reload("test"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(get(&gw.url("/gone")).await.2, "<h1>Back soon</h1>\n");
+}
+
+#[test]
+fn configurations_that_would_break_a_message_are_refused_naming_the_header() {
+    let route = |extra: &str| {
+        format!(
+            "[upstreams.app]\nurl = \"http://a:1\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/api/\"\nupstream = \"app\"\n{extra}\n"
+        )
+    };
+    let cases = [
+        (
+            route("request_headers = { set = { \"Host\" = \"x\" } }"),
+            "routes[0].request_headers.set.Host",
+            "host cannot be set",
+        ),
+        (
+            route("request_headers = { remove = [\"X-Forwarded-For\"] }"),
+            "routes[0].request_headers.remove[0]",
+            "x-forwarded-for cannot be removed",
+        ),
+        (
+            route("request_headers = { set = { \"Content-Length\" = \"1\" } }"),
+            "routes[0].request_headers.set.Content-Length",
+            "content-length",
+        ),
+        (
+            route("response_headers = { remove = [\"Retry-After\"] }"),
+            "routes[0].response_headers.remove[0]",
+            "retry-after cannot be removed",
+        ),
+        (
+            route("response_headers = { remove = [\"RateLimit\"] }"),
+            "routes[0].response_headers.remove[0]",
+            "ratelimit cannot be removed",
+        ),
+        (
+            route("response_headers = { set = { \"Transfer-Encoding\" = \"chunked\" } }"),
+            "routes[0].response_headers.set.Transfer-Encoding",
+            "frames the message",
+        ),
+        (
+            route("strip_prefix = \"/other\""),
+            "routes[0].strip_prefix",
+            "prefix of the route's path",
+        ),
+        (
+            "[[routes]]\nname = \"r\"\npath = \"/\"\nrespond = { status = 302 }\n".to_owned(),
+            "routes[0].respond.headers",
+            "Location",
+        ),
+        (
+            "[server.errors]\n418 = { body = \"teapot\" }\n".to_owned(),
+            "server.errors.418",
+            "expected one of",
+        ),
+        (
+            "[server.errors]\n502 = { body_file = \"missing.html\" }\n".to_owned(),
+            "server.errors.502.body_file",
+            "missing.html",
+        ),
+    ];
+    for (text, key, needle) in cases {
+        let errors = Config::parse(std::path::Path::new("gw.toml"), &text)
+            .unwrap_err()
+            .errors;
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.key == key && e.message.contains(needle) && e.position.is_some()),
+            "{text}: {errors:?}"
+        );
+    }
+}
