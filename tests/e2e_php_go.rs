@@ -311,7 +311,11 @@ fn example_config(redis_url: &str, rewrites: Vec<(&str, String)>) -> String {
         ),
         ("url = \"redis://redis:6379/0\"", format!("url = \"{redis_url}\"")),
     ];
-    for (from, to) in local.into_iter().chain(rewrites) {
+    // The config is written to a temporary directory: its error pages are read from the
+    // example's.
+    let pages = ["errors/502.html", "errors/503.html"]
+        .map(|page| (page, repo().join(EXAMPLE).join(page).display().to_string()));
+    for (from, to) in local.into_iter().chain(pages).chain(rewrites) {
         config = replace_once(&config, from, &to);
     }
     config
