@@ -208,6 +208,22 @@ fn configurations_that_would_break_a_message_are_refused_naming_the_header() {
             "prefix of the route's path",
         ),
         (
+            route("strip_prefix = \"/ap\""),
+            "routes[0].strip_prefix",
+            "whole segments",
+        ),
+        (
+            "[[routes]]\nname = \"r\"\npath_prefix = \"/x/\"\nstrip_prefix = \"/x\"\nrespond = {}\n".to_owned(),
+            "routes[0].strip_prefix",
+            "only to a route with an upstream",
+        ),
+        (
+            "[[routes]]\nname = \"r\"\npath = \"/\"\nrespond = { headers = { \"Content-Type\" = \"text/html\" } }\n"
+                .to_owned(),
+            "routes[0].respond.headers.Content-Type",
+            "content_type",
+        ),
+        (
             "[[routes]]\nname = \"r\"\npath = \"/\"\nrespond = { status = 302 }\n".to_owned(),
             "routes[0].respond.headers",
             "Location",

@@ -527,13 +527,26 @@ fn validate_route(
     let route_limits = route_limits(key, &raw.limits, limits, sink);
     let strip_prefix = match (&raw.strip_prefix, &path) {
         (None, _) => Some(None),
+        (Some(strip), _) if matches!(target, Some(RouteTarget::Respond(_))) => {
+            sink.push(
+                Some(strip.span()),
+                format!("{key}.strip_prefix"),
+                "strip_prefix applies only to a route with an upstream",
+            );
+            None
+        }
         (Some(strip), Some(PathMatch::Exact(p) | PathMatch::Prefix(p))) => {
             parse_spanned(strip, format!("{key}.strip_prefix"), sink, |text| {
-                if text.starts_with('/') && p.starts_with(text) {
-                    Ok(Some(text.trim_end_matches('/').to_owned()))
+                let prefix = text.trim_end_matches('/');
+                // Whole path segments only: "/api" of "/api/", not "/ap".
+                let whole = p
+                    .strip_prefix(prefix)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+                if text.starts_with('/') && whole {
+                    Ok(Some(prefix.to_owned()))
                 } else {
                     Err(format!(
-                        "expected a prefix of the route's path {p:?}, got {text:?}"
+                        "expected a prefix of the route's path {p:?} made of whole segments, got {text:?}"
                     ))
                 }
             })

@@ -164,6 +164,15 @@ pub(super) fn respond_headers(
     let mut headers = Vec::new();
     let mut valid = true;
     for (name, value) in raw.map(Spanned::get_ref).into_iter().flatten() {
+        if name.eq_ignore_ascii_case("content-type") {
+            sink.push(
+                Some(value.span()),
+                format!("{key}.headers.{name}"),
+                "set the type with content_type, not headers",
+            );
+            valid = false;
+            continue;
+        }
         match header(
             name,
             value,

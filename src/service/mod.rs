@@ -509,15 +509,16 @@ async fn forward(
     let (mut parts, body) = request.into_parts();
     let stripped;
     let path = match &destination.route.strip_prefix {
-        Some(prefix) => {
-            let rest = path.strip_prefix(prefix.as_str()).unwrap_or(path);
-            stripped = if rest.starts_with('/') {
-                rest.to_owned()
-            } else {
-                format!("/{rest}")
-            };
-            stripped.as_str()
-        }
+        // Whole segments only: "/api" is stripped from "/api/users" and "/api", not from
+        // "/apix" (which a `path_prefix = "/api"` route also matches).
+        Some(prefix) => match path.strip_prefix(prefix.as_str()) {
+            Some("") => "/",
+            Some(rest) if rest.starts_with('/') => {
+                stripped = rest.to_owned();
+                stripped.as_str()
+            }
+            _ => path,
+        },
         None => path,
     };
     let uri = upstream
