@@ -93,16 +93,6 @@ for port in "$UPSTREAM_PORT" "${ports[@]}"; do
   for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
 done
 
-# User and kernel clock ticks of a process and its children (nginx's worker).
-cpu_ticks() {
-  local user=0 kernel=0 pid u k
-  for pid in "$1" $(pgrep -P "$1" || true); do
-    read -r u k < <(awk '{print $14, $15}' "/proc/$pid/stat")
-    user=$((user + u))
-    kernel=$((kernel + k))
-  done
-  echo "$user $kernel"
-}
 ticks_per_second=$(getconf CLK_TCK)
 results=$run_dir/results
 for round in $(seq "$ROUNDS"); do

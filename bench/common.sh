@@ -42,3 +42,14 @@ UPSTREAM_LOCATION="default_type text/plain; return 200 'ok';"
 # proxy_upstream PORT: the http block of a keep-alive reverse proxy to 127.0.0.1:PORT.
 proxy_upstream() { echo "upstream app { server 127.0.0.1:$1; keepalive 128; }"; }
 PROXY_LOCATION="proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\";"
+
+# User and kernel clock ticks of a process and its children (nginx's worker).
+cpu_ticks() {
+  local user=0 kernel=0 pid u k
+  for pid in "$1" $(pgrep -P "$1" || true); do
+    read -r u k < <(awk '{print $14, $15}' "/proc/$pid/stat")
+    user=$((user + u))
+    kernel=$((kernel + k))
+  done
+  echo "$user $kernel"
+}

@@ -441,13 +441,7 @@ fn validate_limit(
         },
     };
     let failures = validate_count(&key, &raw, sink);
-    let content_type = match &raw.content_type {
-        None => Some(HeaderValue::from_static("text/plain; charset=utf-8")),
-        Some(ct) => parse_spanned(ct, format!("{key}.content_type"), sink, |text| {
-            HeaderValue::from_str(text)
-                .map_err(|_| format!("expected a valid Content-Type value, got {text:?}"))
-        }),
-    };
+    let content_type = super::content_type(&raw.content_type, &key, "text/plain; charset=utf-8", sink);
     let message = raw.message.as_ref().map_or_else(
         || Bytes::from_static(DEFAULT_MESSAGE.as_bytes()),
         |m| Bytes::from(m.get_ref().clone()),
@@ -615,25 +609,7 @@ fn validate_concurrency(
             valid = false;
         }
     }
-    let limit = match &raw.limit {
-        Some(limit) if *limit.get_ref() >= 1 => Some(*limit.get_ref() as u64),
-        Some(limit) => {
-            sink.push(
-                Some(limit.span()),
-                format!("{key}.limit"),
-                "expected a whole number ≥ 1",
-            );
-            None
-        }
-        None => {
-            sink.push(
-                Some(span),
-                format!("{key}.limit"),
-                "is required for this algorithm",
-            );
-            None
-        }
-    };
+    let limit = required_count(&raw.limit, key, span, sink);
     let lease =
         parse_or(
             &raw.lease,
@@ -661,6 +637,34 @@ fn validate_concurrency(
         concurrency: Some(concurrency),
         ..base
     })
+}
+
+/// `limit`: a required whole number ≥ 1.
+fn required_count(
+    limit: &Option<Spanned<i64>>,
+    key: &str,
+    span: std::ops::Range<usize>,
+    sink: &mut ErrorSink,
+) -> Option<u64> {
+    match limit {
+        Some(limit) if *limit.get_ref() >= 1 => Some(*limit.get_ref() as u64),
+        Some(limit) => {
+            sink.push(
+                Some(limit.span()),
+                format!("{key}.limit"),
+                "expected a whole number ≥ 1",
+            );
+            None
+        }
+        None => {
+            sink.push(
+                Some(span),
+                format!("{key}.limit"),
+                "is required for this algorithm",
+            );
+            None
+        }
+    }
 }
 
 /// `count` and `failure_status`: `Some(None)` when every request counts.
@@ -772,25 +776,7 @@ fn validate_algorithm(
         foreign(raw.window.as_ref().map(Spanned::span), "window");
     }
     if windowed {
-        let limit = match &raw.limit {
-            Some(limit) if *limit.get_ref() >= 1 => Some(*limit.get_ref() as u64),
-            Some(limit) => {
-                sink.push(
-                    Some(limit.span()),
-                    format!("{key}.limit"),
-                    "expected a whole number ≥ 1",
-                );
-                None
-            }
-            None => {
-                sink.push(
-                    Some(span.clone()),
-                    format!("{key}.limit"),
-                    "is required for this algorithm",
-                );
-                None
-            }
-        };
+        let limit = required_count(&raw.limit, key, span.clone(), sink);
         let window = match &raw.window {
             Some(window) => parse_spanned(window, format!("{key}.window"), sink, at_least_a_millisecond),
             None => {

@@ -298,6 +298,22 @@ fn parse_or<T>(
         .unwrap_or(default)
 }
 
+/// `KEY.content_type`, or `default` when absent.
+fn content_type(
+    value: &Option<Spanned<String>>,
+    key: &str,
+    default: &'static str,
+    sink: &mut ErrorSink,
+) -> Option<HeaderValue> {
+    match value {
+        None => Some(HeaderValue::from_static(default)),
+        Some(ct) => parse_spanned(ct, format!("{key}.content_type"), sink, |text| {
+            HeaderValue::from_str(text)
+                .map_err(|_| format!("expected a valid Content-Type value, got {text:?}"))
+        }),
+    }
+}
+
 /// The admin API's bearer token: long enough not to be guessed, and sendable in a header.
 fn admin_token(text: &str) -> Result<String, String> {
     if text.len() < 16 || !text.bytes().all(|b| b.is_ascii_graphic()) {
@@ -682,13 +698,7 @@ fn validate_respond(
             }
         },
     };
-    let content_type = match raw.content_type {
-        None => Some(HeaderValue::from_static("text/plain")),
-        Some(ct) => parse_spanned(&ct, format!("{key}.content_type"), sink, |text| {
-            HeaderValue::from_str(text)
-                .map_err(|_| format!("expected a valid Content-Type value, got {text:?}"))
-        }),
-    };
+    let content_type = content_type(&raw.content_type, key, "text/plain", sink);
     let headers = shaping::respond_headers(key, raw.headers.as_ref(), status, span, sink);
     Some(RespondConfig {
         status: status?,

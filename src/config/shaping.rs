@@ -236,13 +236,7 @@ pub(super) fn error_pages(
                 None
             }
         };
-        let content_type = match &raw.content_type {
-            None => Some(HeaderValue::from_static("text/plain; charset=utf-8")),
-            Some(ct) => parse_spanned(ct, format!("{key}.content_type"), sink, |text| {
-                HeaderValue::from_str(text)
-                    .map_err(|_| format!("expected a valid Content-Type value, got {text:?}"))
-            }),
-        };
+        let content_type = super::content_type(&raw.content_type, &key, "text/plain; charset=utf-8", sink);
         if let (Some(body), Some(content_type)) = (body, content_type) {
             pages.insert(code, ErrorPage { body, content_type });
         }
