@@ -21,23 +21,6 @@ pub struct HeaderRules {
     pub remove: Vec<HeaderName>,
 }
 
-impl HeaderRules {
-    pub fn is_empty(&self) -> bool {
-        self.set.is_empty() && self.remove.is_empty()
-    }
-
-    /// Applies the rules: each `set` header replaces every value of its name, then the
-    /// `remove` ones go.
-    pub fn apply(&self, headers: &mut http::HeaderMap) {
-        for (name, value) in &self.set {
-            headers.insert(name.clone(), value.clone());
-        }
-        for name in &self.remove {
-            headers.remove(name);
-        }
-    }
-}
-
 /// A body for one of floodgate's own error statuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorPage {

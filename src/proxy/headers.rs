@@ -9,6 +9,7 @@ use http::Version;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::client_ip::Peer;
+use crate::config::HeaderRules;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
@@ -81,6 +82,17 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
         if present {
             headers.remove(name);
         }
+    }
+}
+
+/// Applies a route's header rules (docs/configuration.md#header-rules): each `set` header
+/// replaces every value of its name, then the `remove` ones go.
+pub(crate) fn apply_rules(rules: &HeaderRules, headers: &mut HeaderMap) {
+    for (name, value) in &rules.set {
+        headers.insert(name.clone(), value.clone());
+    }
+    for name in &rules.remove {
+        headers.remove(name);
     }
 }
 
@@ -233,6 +245,32 @@ mod tests {
             );
         }
         headers
+    }
+
+    fn name(text: &str) -> HeaderName {
+        HeaderName::from_bytes(text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn rules_replace_every_value_then_remove_what_is_present() {
+        let mut headers = map(&[
+            ("x-env", "a"),
+            ("x-env", "b"),
+            ("server", "nginx"),
+            ("x-powered-by", "PHP/5.6"),
+            ("x-powered-by", "again"),
+            ("content-type", "text/html"),
+        ]);
+        let rules = HeaderRules {
+            set: vec![(name("x-env"), HeaderValue::from_static("prod"))],
+            remove: vec![name("x-powered-by"), name("x-absent"), name("server")],
+        };
+        apply_rules(&rules, &mut headers);
+        assert_eq!(all(&headers, "x-env"), ["prod"]);
+        assert!(!headers.contains_key("x-powered-by"));
+        assert!(!headers.contains_key("server"));
+        assert_eq!(all(&headers, "content-type"), ["text/html"]);
+        assert_eq!(headers.len(), 2);
     }
 
     fn ctx(peer: &Peer, trusted: bool) -> ForwardingContext<'_> {

@@ -44,7 +44,7 @@ use crate::limit::store::{LimitStore, Slot};
 use crate::metrics::{LimitOutcome, Metrics};
 use crate::path::normalize_path;
 use crate::proxy::headers::{
-    ForwardingContext, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
+    ForwardingContext, apply_rules, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
 };
 use crate::proxy::request_body::RequestBody;
 use crate::router::normalize_host;
@@ -125,9 +125,10 @@ pub(crate) async fn handle(
     };
     // The route's response rules first: they may not touch what follows.
     if let Some(route) = answer.route {
-        state.router.routes()[route]
-            .response_headers
-            .apply(response.headers_mut());
+        apply_rules(
+            &state.router.routes()[route].response_headers,
+            response.headers_mut(),
+        );
     }
     for (name, value) in answer.limit_headers {
         response.headers_mut().append(name, value);
@@ -531,7 +532,7 @@ async fn forward(
         parts.headers.insert(header::HOST, host);
     }
     set_forwarding_headers(&mut parts.headers, context);
-    destination.route.request_headers.apply(&mut parts.headers);
+    apply_rules(&destination.route.request_headers, &mut parts.headers);
     if let Some(protocol) = upgrade {
         parts
             .headers
