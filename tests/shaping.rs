@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{TestGateway, Upstream, closed_port, get, header_lines, send};
+use common::{TestGateway, Upstream, closed_port, get, header_lines, raw_request, send};
 use floodgate::Config;
 use floodgate::reload::Reloader;
 use http::{Request, StatusCode};
@@ -51,6 +51,11 @@ name = "old_blog"
 path_prefix = "/blog"
 respond = {{ status = 301, headers = {{ "Location" = "https://blog.example.com/" }} }}
 response_headers = {{ set = {{ "X-Frame-Options" = "DENY" }} }}
+
+[[routes]]
+name = "moved"
+path_prefix = "/moved/"
+respond = {{ status = 308, headers = {{ "Location" = "https://${{host}}/new$request_uri", "X-Price" = "$$5" }} }}
 
 [[routes]]
 name = "gone"
@@ -118,6 +123,52 @@ async fn rules_apply_to_floodgates_own_answers_which_keep_their_limit_headers() 
     assert_eq!(status, StatusCode::MOVED_PERMANENTLY);
     assert_eq!(headers["location"], "https://blog.example.com/");
     assert_eq!(headers["x-frame-options"], "DENY");
+}
+
+#[tokio::test]
+async fn a_redirect_carries_the_requests_host_and_target_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let (gw, _) = gateway(dir.path(), &upstream).await;
+    let request = Request::get(gw.url("/moved/a/b?page=2&q=x%20y"))
+        .header("host", "Shop.Example.COM:8080")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let (status, headers, _) = send(request).await;
+    assert_eq!(status, StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(
+        headers["location"],
+        "https://shop.example.com/new/moved/a/b?page=2&q=x%20y"
+    );
+    assert_eq!(headers["x-price"], "$5");
+    // Encoded line breaks stay encoded: nothing the client sends becomes a header of its own.
+    let answer = raw_request(
+        gw.addr,
+        b"GET /moved/x%0d%0aSet-Cookie:%20a=b HTTP/1.1\r\nHost: shop.example.com\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 308"), "{answer}");
+    assert!(
+        answer.contains("\r\nlocation: https://shop.example.com/new/moved/x%0d%0aSet-Cookie:%20a=b\r\n"),
+        "{answer}"
+    );
+    assert!(
+        !answer.to_ascii_lowercase().contains("\r\nset-cookie"),
+        "{answer}"
+    );
+    // Without a Host there is no `$host` to answer with.
+    let answer = raw_request(gw.addr, b"GET /moved/z HTTP/1.0\r\n\r\n").await;
+    assert!(answer.contains(" 400 "), "{answer}");
+    // An absolute-form target gives its path and query, not its scheme and authority.
+    let answer = raw_request(
+        gw.addr,
+        b"GET http://shop.example.com/moved/y?z=1 HTTP/1.1\r\nHost: shop.example.com\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        answer.contains("\r\nlocation: https://shop.example.com/new/moved/y?z=1\r\n"),
+        "{answer}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,6 +278,21 @@ fn configurations_that_would_break_a_message_are_refused_naming_the_header() {
             "[[routes]]\nname = \"r\"\npath = \"/\"\nrespond = { status = 302 }\n".to_owned(),
             "routes[0].respond.headers",
             "Location",
+        ),
+        (
+            "[[routes]]\nname = \"r\"\npath = \"/\"\nrespond = { status = 301, headers = { \"Location\" = \"https://$hots/\" } }\n".to_owned(),
+            "routes[0].respond.headers.Location",
+            "unknown variable $hots",
+        ),
+        (
+            "[[routes]]\nname = \"r\"\npath = \"/\"\nrespond = { status = 301, headers = { \"Location\" = \"$request_uri\" } }\n".to_owned(),
+            "routes[0].respond.headers.Location",
+            "starts with $request_uri",
+        ),
+        (
+            "[[routes]]\nname = \"r\"\npath = \"/\"\nrespond = { status = 301, headers = { \"Location\" = \"https://${host/\" } }\n".to_owned(),
+            "routes[0].respond.headers.Location",
+            "without its",
         ),
         (
             "[server.errors]\n418 = { body = \"teapot\" }\n".to_owned(),

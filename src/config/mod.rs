@@ -28,7 +28,7 @@ pub use error::{ConfigError, ConfigErrors};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile};
 pub(crate) use limits::DEFAULT_PREFIX;
 pub use limits::{Concurrency, KeyPart, LimitConfig, Mode, Override, Overrides, RedisConfig};
-pub use shaping::{ErrorPage, HeaderRules};
+pub use shaping::{ErrorPage, HeaderRules, TemplatePart, ValueTemplate};
 pub(crate) use tls::provider as tls_provider;
 pub use tls::{Certificate, TlsConfig, TlsVersion};
 pub(crate) use upstreams::server_name;
@@ -156,8 +156,8 @@ pub struct RespondConfig {
     pub status: StatusCode,
     pub body: Bytes,
     pub content_type: HeaderValue,
-    /// `headers`: set on the response.
-    pub headers: Vec<(http::HeaderName, HeaderValue)>,
+    /// `headers`: set on the response, filled in from the request where they say so.
+    pub headers: Vec<(http::HeaderName, ValueTemplate)>,
 }
 
 impl Config {

@@ -21,6 +21,23 @@ pub struct HeaderRules {
     pub remove: Vec<HeaderName>,
 }
 
+/// A `respond` header's value (docs/configuration.md#routesrespond): fixed, or filled in
+/// from the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueTemplate {
+    Fixed(HeaderValue),
+    Filled(Vec<TemplatePart>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplatePart {
+    Text(String),
+    /// The request's host, lowercase and without its port (nginx's `$host`).
+    Host,
+    /// The request's target as received, path and query (nginx's `$request_uri`).
+    RequestUri,
+}
+
 /// A body for one of floodgate's own error statuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorPage {
@@ -94,7 +111,7 @@ pub(super) fn header_rules(
     let mut rules = HeaderRules::default();
     for (name, value) in raw.set.as_ref().map(Spanned::get_ref).into_iter().flatten() {
         let at = format!("{key}.set.{name}");
-        match header(name, value, &at, direction, sink) {
+        match header(name, value, &at, direction, sink, header_value) {
             Some(pair) => rules.set.push(pair),
             None => valid = false,
         }
@@ -116,24 +133,27 @@ pub(super) fn header_rules(
     valid.then_some(rules)
 }
 
-/// One `"Name" = "value"` of a `set` or of `respond.headers`.
-fn header(
+/// One `"Name" = "value"` of a `set` or of `respond.headers`, the value read by `value`.
+fn header<V>(
     name: &str,
     value: &Spanned<String>,
     at: &str,
     direction: Direction,
     sink: &mut ErrorSink,
-) -> Option<(HeaderName, HeaderValue)> {
+    parse_value: impl FnOnce(&str) -> Result<V, String>,
+) -> Option<(HeaderName, V)> {
     parse_spanned(value, at, sink, |text| {
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| format!("expected a header name, got {name:?}"))?;
         if let Some(why) = forbidden(&name, direction) {
             return Err(format!("{name} cannot be set: {why}"));
         }
-        let value =
-            HeaderValue::from_str(text).map_err(|_| format!("expected a header value, got {text:?}"))?;
-        Ok((name, value))
+        Ok((name, parse_value(text)?))
     })
+}
+
+fn header_value(text: &str) -> Result<HeaderValue, String> {
+    HeaderValue::from_str(text).map_err(|_| format!("expected a header value, got {text:?}"))
 }
 
 /// `respond.headers`; a 3xx status needs `Location`.
@@ -143,7 +163,7 @@ pub(super) fn respond_headers(
     status: Option<StatusCode>,
     span: std::ops::Range<usize>,
     sink: &mut ErrorSink,
-) -> Option<Vec<(HeaderName, HeaderValue)>> {
+) -> Option<Vec<(HeaderName, ValueTemplate)>> {
     let mut headers = Vec::new();
     let mut valid = true;
     for (name, value) in raw.map(Spanned::get_ref).into_iter().flatten() {
@@ -156,13 +176,8 @@ pub(super) fn respond_headers(
             valid = false;
             continue;
         }
-        match header(
-            name,
-            value,
-            &format!("{key}.headers.{name}"),
-            Direction::Response,
-            sink,
-        ) {
+        let at = format!("{key}.headers.{name}");
+        match header(name, value, &at, Direction::Response, sink, value_template) {
             Some(pair) => headers.push(pair),
             None => valid = false,
         }
@@ -178,6 +193,69 @@ pub(super) fn respond_headers(
         valid = false;
     }
     valid.then_some(headers)
+}
+
+/// A `respond` header value: `$host`, `$request_uri` (or `${host}`, `${request_uri}`) are
+/// the request's, `$$` is a dollar sign.
+fn value_template(text: &str) -> Result<ValueTemplate, String> {
+    let mut parts = Vec::new();
+    let mut literal = String::new();
+    let mut rest = text;
+    while let Some(dollar) = rest.find('$') {
+        literal.push_str(&rest[..dollar]);
+        let after = &rest[dollar + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            literal.push('$');
+            rest = tail;
+            continue;
+        }
+        let (name, tail) = match after.strip_prefix('{') {
+            Some(braced) => braced
+                .split_once('}')
+                .ok_or_else(|| format!("a `${{` without its `}}` in {text:?}"))?,
+            None => after.split_at(
+                after
+                    .bytes()
+                    .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
+                    .count(),
+            ),
+        };
+        let part = match name {
+            "host" => TemplatePart::Host,
+            "request_uri" => TemplatePart::RequestUri,
+            _ => {
+                return Err(format!(
+                    "unknown variable ${name} in {text:?}: expected $host or $request_uri ($$ for a dollar sign)"
+                ));
+            }
+        };
+        if !literal.is_empty() {
+            parts.push(TemplatePart::Text(std::mem::take(&mut literal)));
+        }
+        parts.push(part);
+        rest = tail;
+    }
+    literal.push_str(rest);
+    if parts.is_empty() {
+        return header_value(&literal).map(ValueTemplate::Fixed);
+    }
+    if parts[0] == TemplatePart::RequestUri {
+        return Err(format!(
+            "{text:?} starts with $request_uri, which would send a request for //other.example there: start with a scheme and host, or a path"
+        ));
+    }
+    if !literal.is_empty() {
+        parts.push(TemplatePart::Text(literal));
+    }
+    let texts: String = parts
+        .iter()
+        .filter_map(|part| match part {
+            TemplatePart::Text(text) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    header_value(&texts)?;
+    Ok(ValueTemplate::Filled(parts))
 }
 
 /// The statuses `[server.errors]` may give a body for.

@@ -35,7 +35,7 @@ use crate::access_log::AccessRecord;
 use crate::client_ip::{Peer, client_ip};
 use std::collections::HashMap;
 
-use crate::config::{ErrorPage, RespondConfig, RouteConfig, ServerConfig};
+use crate::config::{ErrorPage, RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate};
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
@@ -307,7 +307,7 @@ async fn serve(
         }
     }
     let response = match &route.target {
-        Target::Respond(respond) => Ok(respond_with(respond)),
+        Target::Respond(respond) => respond_with(respond, route_host.as_deref(), request.uri()),
         Target::Upstream(upstream) => {
             // The key that picks the server, with `balance = "hash"`: a key part the
             // request repeats makes the client's address the key.
@@ -469,15 +469,37 @@ async fn hold(
     }
 }
 
-fn respond_with(respond: &RespondConfig) -> Response<Payload> {
+fn respond_with(
+    respond: &RespondConfig,
+    host: Option<&str>,
+    target: &Uri,
+) -> Result<Response<Payload>, GatewayError> {
     let mut response = Response::new(full(respond.body.clone()));
     *response.status_mut() = respond.status;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, respond.content_type.clone());
     for (name, value) in &respond.headers {
-        headers.insert(name.clone(), value.clone());
+        let value = match value {
+            ValueTemplate::Fixed(value) => value.clone(),
+            ValueTemplate::Filled(parts) => filled(parts, host, target)?,
+        };
+        headers.insert(name.clone(), value);
     }
-    response
+    Ok(response)
+}
+
+/// A `respond` header value with the request's host and target put in.
+fn filled(parts: &[TemplatePart], host: Option<&str>, target: &Uri) -> Result<HeaderValue, GatewayError> {
+    let mut value = String::new();
+    for part in parts {
+        value.push_str(match part {
+            TemplatePart::Text(text) => text,
+            TemplatePart::Host => host.ok_or(GatewayError::MalformedRequest("no Host to answer with"))?,
+            TemplatePart::RequestUri => target.path_and_query().map_or("/", |p| p.as_str()),
+        });
+    }
+    HeaderValue::try_from(value)
+        .map_err(|_| GatewayError::MalformedRequest("the request cannot be put in a header"))
 }
 
 fn declared_length(request: &Request<Incoming>) -> Option<u64> {
