@@ -96,6 +96,19 @@ async fn the_prefix_is_stripped_and_request_and_response_rules_apply() {
     assert_eq!(header_lines(&body, "x-gateway"), ["floodgate"]);
     assert!(header_lines(&body, "x-debug").is_empty(), "{body}");
     assert_eq!(headers["x-frame-options"], "DENY");
+    // CGI and PHP read `X_Debug` as `X-Debug`: the underscore spellings of what the rules
+    // set or remove do not pass either.
+    let request = Request::get(gw.url("/api/users"))
+        .header("x_debug", "1")
+        .header("X_Gateway", "spoofed")
+        .header("x_other", "kept")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let (_, _, body) = send(request).await;
+    assert!(header_lines(&body, "x_debug").is_empty(), "{body}");
+    assert!(header_lines(&body, "x_gateway").is_empty(), "{body}");
+    assert_eq!(header_lines(&body, "x-gateway"), ["floodgate"]);
+    assert_eq!(header_lines(&body, "x_other"), ["kept"]);
     // The app's own headers are hidden.
     let (_, headers, _) = get(&gw.url("/api/powered")).await;
     assert!(

@@ -124,8 +124,9 @@ pub(crate) struct ForwardingContext<'a> {
     pub version: Version,
     /// The client connection is TLS: `X-Forwarded-Proto: https`.
     pub tls: bool,
-    /// Headers rate limits key on: their underscore spellings are dropped too.
-    pub key_headers: &'a [HeaderName],
+    /// Headers whose underscore spellings are dropped too (those rate limits key on, and
+    /// those the route rules set or remove).
+    pub guarded_headers: &'a [HeaderName],
 }
 
 /// Sets `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Via`
@@ -133,7 +134,7 @@ pub(crate) struct ForwardingContext<'a> {
 /// host the client asked for (its `Host`, or the `:authority` of HTTP/2 and absolute-form
 /// targets): `X-Forwarded-Host` repeats it.
 pub(crate) fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'_>) {
-    remove_underscore_spellings(headers, ctx.key_headers);
+    remove_underscore_spellings(headers, ctx.guarded_headers);
 
     let peer = ctx.peer.ip;
     let peer_value = ctx.peer.value.clone();
@@ -214,16 +215,16 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
     }
 }
 
-fn remove_underscore_spellings(headers: &mut HeaderMap, key_headers: &[HeaderName]) {
+fn remove_underscore_spellings(headers: &mut HeaderMap, guarded: &[HeaderName]) {
     let planted: Vec<HeaderName> = headers
         .keys()
         .filter(|name| name.as_str().contains('_'))
         .filter(|name| {
             let normalized = name.as_str().replace('-', "_");
             UNDERSCORE_SPELLINGS.contains(&normalized.as_str())
-                || key_headers
+                || guarded
                     .iter()
-                    .any(|key| key.as_str().replace('-', "_") == normalized)
+                    .any(|name| name.as_str().replace('-', "_") == normalized)
         })
         .cloned()
         .collect();
@@ -280,7 +281,7 @@ mod tests {
             peer_trusted: trusted,
             version: Version::HTTP_11,
             tls: peer.tls,
-            key_headers: &[],
+            guarded_headers: &[],
         }
     }
 

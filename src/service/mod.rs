@@ -328,7 +328,7 @@ async fn serve(
                 peer_trusted: state.trusted_proxies.contains(client.peer.ip),
                 tls: client.peer.tls,
                 version: request.version(),
-                key_headers: &state.key_headers,
+                guarded_headers: &state.guarded_headers,
             };
             forward(
                 &destination,

@@ -29,8 +29,10 @@ pub(crate) struct GatewayState {
     pub(crate) store: LimitStore,
     pub(crate) key_prefix: String,
     pub(crate) on_error: OnError,
-    /// Headers some limit keys on: their underscore spellings never reach the upstream.
-    pub(crate) key_headers: Vec<HeaderName>,
+    /// Headers some limit keys on or some route's request rules set or remove: their
+    /// underscore spellings never reach the upstream (CGI and PHP read `X_Debug` as
+    /// `X-Debug`, so a client could otherwise plant or keep one).
+    pub(crate) guarded_headers: Vec<HeaderName>,
     /// Refusals remembered until they could pass (new with every configuration), in
     /// front of Redis only: the in-process store decides as fast as the cache answers.
     pub(crate) refusals: Option<RefusalCache>,
@@ -113,17 +115,21 @@ impl GatewayState {
                 limits: RouteLimits::new(route.limits.clone(), route.cost),
             })
             .collect();
-        let mut key_headers: Vec<HeaderName> = config
+        let key_headers = config
             .limits
             .values()
             .flat_map(|limit| &limit.key)
             .filter_map(|part| match part {
-                KeyPart::Header(name) => Some(name.clone()),
+                KeyPart::Header(name) => Some(name),
                 _ => None,
-            })
-            .collect();
-        key_headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-        key_headers.dedup();
+            });
+        let rule_headers = config.routes.iter().flat_map(|route| {
+            let rules = &route.request_headers;
+            rules.set.iter().map(|(name, _)| name).chain(&rules.remove)
+        });
+        let mut guarded_headers: Vec<HeaderName> = key_headers.chain(rule_headers).cloned().collect();
+        guarded_headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        guarded_headers.dedup();
         let store = match previous {
             Some(previous) if same_store(&previous.config.redis, &config.redis) => previous.store.clone(),
             _ => match &config.redis {
@@ -171,7 +177,7 @@ impl GatewayState {
             store,
             key_prefix,
             on_error,
-            key_headers,
+            guarded_headers,
             refusals,
             tls,
         })
