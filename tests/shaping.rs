@@ -303,6 +303,11 @@ fn configurations_that_would_break_a_message_are_refused_naming_the_header() {
             "starts with $request_uri",
         ),
         (
+            "[[routes]]\nname = \"r\"\npath = \"/\"\nrespond = { status = 301, headers = { \"Location\" = \"/$request_uri\" } }\n".to_owned(),
+            "routes[0].respond.headers.Location",
+            "starts with $request_uri",
+        ),
+        (
             "[[routes]]\nname = \"r\"\npath = \"/\"\nrespond = { status = 301, headers = { \"Location\" = \"https://${host/\" } }\n".to_owned(),
             "routes[0].respond.headers.Location",
             "without its",

@@ -239,13 +239,19 @@ fn value_template(text: &str) -> Result<ValueTemplate, String> {
     if parts.is_empty() {
         return header_value(&literal).map(ValueTemplate::Fixed);
     }
-    if parts[0] == TemplatePart::RequestUri {
+    if !literal.is_empty() {
+        parts.push(TemplatePart::Text(literal));
+    }
+    // The target may itself start with `//`: after nothing but slashes it would make a
+    // `Location` with another host.
+    if let Some(first) = parts.iter().position(|part| *part == TemplatePart::RequestUri)
+        && parts[..first]
+            .iter()
+            .all(|part| matches!(part, TemplatePart::Text(text) if text.bytes().all(|b| b == b'/')))
+    {
         return Err(format!(
             "{text:?} starts with $request_uri, which would send a request for //other.example there: start with a scheme and host, or a path"
         ));
-    }
-    if !literal.is_empty() {
-        parts.push(TemplatePart::Text(literal));
     }
     let texts: String = parts
         .iter()
