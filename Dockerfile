@@ -23,12 +23,11 @@ ENV CARGO_PROFILE_RELEASE_STRIP=symbols
 # awk line): cargo then finds the library and the binary where it looks by default,
 # src/lib.rs and src/main.rs. The rest (package, dependencies, features, profiles) is the
 # manifest as it is, so Cargo.lock applies (--locked), the dependencies compile as for the
-# real manifest, and no target added to Cargo.toml can break this build. Not chosen: a
-# stand-in file per declared target (it must follow the list of targets and cargo's path
-# rules; the missing one for benches/request_path.rs broke this build), and BuildKit cache
-# mounts (the legacy builder, which a Docker CLI without buildx falls back to, rejects
-# RUN --mount). tests/dockerfile.rs replays this stage and has cargo read the manifest
-# with the files the stage has at each cargo build.
+# real manifest, and no target added to Cargo.toml can break this build. (A stand-in file
+# per declared target would have to follow every target added; BuildKit cache mounts are
+# rejected by the legacy builder that a Docker CLI without buildx falls back to.)
+# tests/dockerfile.rs replays this stage and has cargo read the manifest with the files
+# the stage has at each cargo build.
 #
 # Dependencies first: with only the manifest and the lock file, build stand-ins for
 # src/main.rs and src/lib.rs, so that this layer (every dependency, compiled) is reused
