@@ -430,10 +430,9 @@ fn files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The image build broke when Cargo.toml declared a bench (benches/request_path.rs) the
-/// builder had no file for: cargo refuses such a manifest. Replay the builder stage and have
-/// cargo read the manifest and files each `cargo build` sees, whatever targets the
-/// manifest declares.
+/// Cargo refuses a manifest that declares a target (a bench, an example) whose file the
+/// builder does not have. Replay the builder stage and have cargo read the manifest and
+/// files each `cargo build` sees, whatever targets the manifest declares.
 #[test]
 fn every_cargo_build_in_the_builder_finds_the_files_of_the_targets_its_manifest_declares() {
     let replay = replay(&read("Dockerfile")).unwrap_or_else(|e| panic!("{e}"));
