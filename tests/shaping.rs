@@ -335,3 +335,20 @@ fn configurations_that_would_break_a_message_are_refused_naming_the_header() {
         );
     }
 }
+
+#[test]
+fn an_error_page_larger_than_a_mebibyte_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big.html"), vec![b'x'; 1024 * 1024 + 1]).unwrap();
+    std::fs::write(dir.path().join("fits.html"), vec![b'x'; 1024 * 1024]).unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        "[server.errors]\n502 = { body_file = \"big.html\" }\n503 = { body_file = \"fits.html\" }\n",
+    )
+    .unwrap();
+    let errors = Config::load(&path).unwrap_err().errors;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].key, "server.errors.502.body_file");
+    assert!(errors[0].message.contains("larger than 1 MiB"), "{errors:?}");
+}

@@ -4,6 +4,7 @@
 //! `[server.errors]`, the bodies of floodgate's own error responses, read at load.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
 use std::path::Path;
 
 use bytes::Bytes;
@@ -264,6 +265,21 @@ fn value_template(text: &str) -> Result<ValueTemplate, String> {
     Ok(ValueTemplate::Filled(parts))
 }
 
+/// The largest error page: each is held in memory, for every configuration loaded.
+const MAX_PAGE: u64 = 1024 * 1024;
+
+fn read_page(path: &Path) -> Result<Bytes, String> {
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let mut body = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_PAGE + 1).read_to_end(&mut body))
+        .map_err(cannot)?;
+    if body.len() as u64 > MAX_PAGE {
+        return Err(format!("{} is larger than 1 MiB", path.display()));
+    }
+    Ok(Bytes::from(body))
+}
+
 /// The statuses `[server.errors]` may give a body for.
 const ERROR_STATUSES: [u16; 8] = [400, 403, 404, 413, 431, 502, 503, 504];
 
@@ -289,10 +305,7 @@ pub(super) fn error_pages(
         let body = match (&raw.body, &raw.body_file) {
             (Some(body), None) => Some(Bytes::from(body.clone())),
             (None, Some(file)) => parse_spanned(file, format!("{key}.body_file"), sink, |path| {
-                let path = base.join(path);
-                std::fs::read(&path)
-                    .map(Bytes::from)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                read_page(&base.join(path))
             }),
             _ => {
                 sink.push(
