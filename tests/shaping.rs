@@ -313,6 +313,16 @@ fn configurations_that_would_break_a_message_are_refused_naming_the_header() {
             "without its",
         ),
         (
+            "[server]\nresponse_headers = { remove = [\"Retry-After\"] }\n".to_owned(),
+            "server.response_headers.remove[0]",
+            "retry-after cannot be removed",
+        ),
+        (
+            "[server]\nrequest_headers = { set = { \"X-Real-IP\" = \"1.2.3.4\" } }\n".to_owned(),
+            "server.request_headers.set.X-Real-IP",
+            "x-real-ip cannot be set",
+        ),
+        (
             "[server.errors]\n418 = { body = \"teapot\" }\n".to_owned(),
             "server.errors.418",
             "expected one of",
@@ -351,4 +361,60 @@ fn an_error_page_larger_than_a_mebibyte_is_refused() {
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert_eq!(errors[0].key, "server.errors.502.body_file");
     assert!(errors[0].message.contains("larger than 1 MiB"), "{errors:?}");
+}
+
+#[tokio::test]
+async fn server_rules_apply_to_every_answer_and_a_route_rule_comes_after_them() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+request_headers = {{ set = {{ "X-Gateway" = "floodgate" }}, remove = ["X-Debug"] }}
+response_headers = {{ set = {{ "X-Frame-Options" = "DENY", "X-Content-Type-Options" = "nosniff" }}, remove = ["X-Powered-By"] }}
+
+[upstreams.app]
+url = "{}"
+
+[[routes]]
+name = "app"
+path_prefix = "/app/"
+upstream = "app"
+
+[[routes]]
+name = "embeddable"
+path_prefix = "/embed/"
+upstream = "app"
+request_headers = {{ set = {{ "X-Gateway" = "embed" }} }}
+response_headers = {{ set = {{ "X-Frame-Options" = "SAMEORIGIN" }} }}
+"#,
+        upstream.url()
+    );
+    let gw =
+        TestGateway::start_config(Config::parse(std::path::Path::new("gw.toml"), &config).unwrap()).await;
+    let request = Request::get(gw.url("/app/x"))
+        .header("x-debug", "1")
+        .header("x_debug", "1")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let (status, headers, body) = send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(header_lines(&body, "x-gateway"), ["floodgate"]);
+    assert!(
+        header_lines(&body, "x-debug").is_empty() && header_lines(&body, "x_debug").is_empty(),
+        "{body}"
+    );
+    assert_eq!(headers["x-frame-options"], "DENY");
+    let (_, headers, _) = get(&gw.url("/app/powered")).await;
+    assert!(!headers.contains_key("x-powered-by"), "{headers:?}");
+    // The route's rules run after the server's.
+    let (_, headers, body) = get(&gw.url("/embed/x")).await;
+    assert_eq!(header_lines(&body, "x-gateway"), ["embed"]);
+    assert_eq!(headers["x-frame-options"], "SAMEORIGIN");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    // Answers given before any route matched have them too.
+    let (status, headers, _) = get(&gw.url("/nowhere")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
 }

@@ -42,6 +42,8 @@ pub(crate) struct ServerFile {
     pub max_body: Option<Spanned<String>>,
     pub tls: Option<Spanned<TlsFile>>,
     pub errors: Option<BTreeMap<String, Spanned<ErrorPageFile>>>,
+    pub request_headers: Option<Spanned<HeaderRulesFile>>,
+    pub response_headers: Option<Spanned<HeaderRulesFile>>,
 }
 
 /// One entry of `[server.errors]`.

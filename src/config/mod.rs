@@ -85,6 +85,9 @@ pub struct ServerConfig {
     pub tls: Option<TlsConfig>,
     /// `[server.errors]`: bodies of floodgate's own error responses, by status.
     pub errors: std::collections::HashMap<u16, ErrorPage>,
+    /// Header rules for every forwarded request and every response, before a route's.
+    pub request_headers: HeaderRules,
+    pub response_headers: HeaderRules,
 }
 
 /// Which rate-limit response headers are sent (`server.ratelimit_headers`).
@@ -414,6 +417,21 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
             .as_ref()
             .and_then(|tls| tls::validate_tls(tls, base, sink)),
         errors: shaping::error_pages(raw.errors.as_ref(), base, sink),
+        // An invalid rule is in `sink`, which refuses the whole file.
+        request_headers: shaping::header_rules(
+            "server.request_headers",
+            raw.request_headers.as_ref(),
+            shaping::Direction::Request,
+            sink,
+        )
+        .unwrap_or_default(),
+        response_headers: shaping::header_rules(
+            "server.response_headers",
+            raw.response_headers.as_ref(),
+            shaping::Direction::Response,
+            sink,
+        )
+        .unwrap_or_default(),
     }
 }
 

@@ -123,7 +123,8 @@ pub(crate) async fn handle(
         Ok(response) => response,
         Err(error) => render_error(&record, error, version, &state.config.server.errors),
     };
-    // The route's response rules first: they may not touch what follows.
+    // The server's response rules, then the route's; none may touch what follows.
+    apply_rules(&state.config.server.response_headers, response.headers_mut());
     if let Some(route) = answer.route {
         apply_rules(
             &state.router.routes()[route].response_headers,
@@ -554,6 +555,7 @@ async fn forward(
         parts.headers.insert(header::HOST, host);
     }
     set_forwarding_headers(&mut parts.headers, context);
+    apply_rules(&server.request_headers, &mut parts.headers);
     apply_rules(&destination.route.request_headers, &mut parts.headers);
     if let Some(protocol) = upgrade {
         parts

@@ -29,7 +29,7 @@ pub(crate) struct GatewayState {
     pub(crate) store: LimitStore,
     pub(crate) key_prefix: String,
     pub(crate) on_error: OnError,
-    /// Headers some limit keys on or some route's request rules set or remove: their
+    /// Headers some limit keys on or some request rules set or remove: their
     /// underscore spellings never reach the upstream (CGI and PHP read `X_Debug` as
     /// `X-Debug`, so a client could otherwise plant or keep one).
     pub(crate) guarded_headers: Vec<HeaderName>,
@@ -123,10 +123,12 @@ impl GatewayState {
                 KeyPart::Header(name) => Some(name),
                 _ => None,
             });
-        let rule_headers = config.routes.iter().flat_map(|route| {
-            let rules = &route.request_headers;
-            rules.set.iter().map(|(name, _)| name).chain(&rules.remove)
-        });
+        let rule_headers = config
+            .routes
+            .iter()
+            .map(|route| &route.request_headers)
+            .chain([&config.server.request_headers])
+            .flat_map(|rules| rules.set.iter().map(|(name, _)| name).chain(&rules.remove));
         let mut guarded_headers: Vec<HeaderName> = key_headers.chain(rule_headers).cloned().collect();
         guarded_headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         guarded_headers.dedup();
