@@ -460,6 +460,9 @@ async fn php_sees_the_real_client_and_the_php_route_has_its_quota_headers() {
     assert_eq!(first.status, StatusCode::OK, "{}", first.body);
     assert_eq!(first.header("ratelimit-policy"), "\"per_ip_minute\";q=300;w=60");
     assert_eq!(first.header("ratelimit"), "\"per_ip_minute\";r=299;t=60");
+    // PHP's X-Powered-By stays behind ([server] response_headers); the route frames.
+    assert!(first.headers.get("x-powered-by").is_none(), "{:?}", first.headers);
+    assert_eq!(first.header("x-frame-options"), "SAMEORIGIN");
     assert!(
         !first.body.contains("6.6.6.6"),
         "a planted address reached PHP: {}",
