@@ -134,7 +134,8 @@ pub(super) fn header_rules(
     valid.then_some(rules)
 }
 
-/// One `"Name" = "value"` of a `set` or of `respond.headers`, the value read by `value`.
+/// One `"Name" = "value"` of a `set` or of `respond.headers`, the value read by
+/// `parse_value`.
 fn header<V>(
     name: &str,
     value: &Spanned<String>,

@@ -85,8 +85,8 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Applies a route's header rules (docs/configuration.md#header-rules): each `set` header
-/// replaces every value of its name, then the `remove` ones go.
+/// Applies header rules, the server's or a route's (docs/configuration.md#header-rules):
+/// each `set` header replaces every value of its name, then the `remove` ones go.
 pub(crate) fn apply_rules(rules: &HeaderRules, headers: &mut HeaderMap) {
     for (name, value) in &rules.set {
         headers.insert(name.clone(), value.clone());
@@ -125,7 +125,7 @@ pub(crate) struct ForwardingContext<'a> {
     /// The client connection is TLS: `X-Forwarded-Proto: https`.
     pub tls: bool,
     /// Headers whose underscore spellings are dropped too (those rate limits key on, and
-    /// those the route rules set or remove).
+    /// those request rules set or remove).
     pub guarded_headers: &'a [HeaderName],
 }
 
