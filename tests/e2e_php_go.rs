@@ -1,25 +1,21 @@
-//! End to end, the compose example's topology without Docker: the real `floodgate` binary
-//! running `examples/compose/gateway.toml` (service names replaced by local addresses, the
-//! PHP upstream's `timeout` shortened to 1 s, Redis's lengthened to 5 s), a private
-//! `redis-server`, the example PHP app under `php -S` (Debian `php-cli`) and the example
-//! Go app built with `go build` (Debian `golang-go`). Clients connect from distinct
-//! loopback addresses (127.0.0.2, ...), so the per-IP limits and the addresses the apps see
-//! are those of real, different clients.
+//! The compose example's topology without Docker: the real `floodgate` binary running
+//! `examples/compose/gateway.toml` (service names replaced by local addresses, the PHP
+//! upstream's `timeout` 1 s, Redis's 5 s), a private `redis-server`, the example PHP app
+//! under `php -S` (Debian `php-cli`) and the example Go app (`go build`, Debian
+//! `golang-go`). Clients connect from distinct loopback addresses (127.0.0.2, ...), so
+//! per-IP limits and the addresses the apps see are those of different clients.
 //!
-//! It pins: the limits and rate-limit headers per route (exact values from the example's
-//! config; the counters in Redis); that PHP and Go see the client in X-Real-IP and
-//! X-Forwarded-For and never a client-planted value; that `X_Forwarded_For`, which PHP reads
-//! as `HTTP_X_FORWARDED_FOR`, never reaches PHP (while the same request sent to PHP directly
-//! does plant it); that a POST form and a multipart upload reach PHP intact (MD5 and
-//! SHA-256); that a slow PHP page is cut off with 504 at the route's timeout; that failed
-//! logins on login.php (the `login_failures` limit, `count = "failures"`) lock a client out
-//! after the fifth, its next attempts refused without reaching PHP (counted in `php -S`'s
-//! own log) while another client logs in, and that the limit-state API, with the example's
-//! `admin_token`, shows the lock-out and lifts it. Those tests
-//! run one PHP server; the sticky-session tests run the example's two (`php-a`, `php-b`,
-//! each a `php -S` of its own) and pin that a PHP session (session.php, its PHPSESSID
-//! cookie) stays on one server, that sessions spread over both, and that killing one server
-//! loses no request: its sessions move to the other, whose own sessions keep their data.
+//! What it pins:
+//! - each route's limits and rate-limit headers, exact, with the counters in Redis;
+//! - PHP and Go see the client in X-Real-IP and X-Forwarded-For, never a planted value,
+//!   and `X_Forwarded_For` (PHP's `HTTP_X_FORWARDED_FOR`) never reaches PHP;
+//! - PHP's X-Powered-By stays behind;
+//! - a POST form and a multipart upload reach PHP intact; a slow page is a 504;
+//! - failed logins (`count = "failures"`) lock a client out after the fifth, its next
+//!   attempts never reaching PHP, and the limit-state API shows and lifts the lock;
+//! - with the example's two PHP servers (`php-a`, `php-b`), a PHP session (PHPSESSID)
+//!   stays on one server, sessions spread over both, and killing a server loses no
+//!   request.
 //!
 //! `php`, `go` and `redis-server` are required: without them these tests fail, they do not
 //! skip (`.ci/run` installs them).
