@@ -122,11 +122,9 @@ pub(crate) struct ForwardingContext<'a> {
     /// The peer is inside `server.trusted_proxies`: its forwarding headers are believed.
     pub peer_trusted: bool,
     pub version: Version,
-    /// The client connection is TLS: `X-Forwarded-Proto: https`.
-    pub tls: bool,
-    /// Headers whose underscore spellings are dropped too (those rate limits key on, and
-    /// those request rules set or remove).
-    pub guarded_headers: &'a [HeaderName],
+    /// Underscore spellings (`x_api_key`) dropped too: of the headers rate limits key on,
+    /// and of those request rules set or remove.
+    pub guarded_spellings: &'a [String],
 }
 
 /// Sets `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Via`
@@ -134,7 +132,7 @@ pub(crate) struct ForwardingContext<'a> {
 /// host the client asked for (its `Host`, or the `:authority` of HTTP/2 and absolute-form
 /// targets): `X-Forwarded-Host` repeats it.
 pub(crate) fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'_>) {
-    remove_underscore_spellings(headers, ctx.guarded_headers);
+    remove_underscore_spellings(headers, ctx.guarded_spellings);
 
     let peer = ctx.peer.ip;
     let peer_value = ctx.peer.value.clone();
@@ -168,7 +166,7 @@ pub(crate) fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingCo
     headers.insert(X_REAL_IP.clone(), client_value);
 
     if !(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        let proto = if ctx.tls { "https" } else { "http" };
+        let proto = if ctx.peer.tls { "https" } else { "http" };
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
     }
     if !(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
@@ -215,16 +213,13 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
     }
 }
 
-fn remove_underscore_spellings(headers: &mut HeaderMap, guarded: &[HeaderName]) {
+fn remove_underscore_spellings(headers: &mut HeaderMap, guarded: &[String]) {
     let planted: Vec<HeaderName> = headers
         .keys()
         .filter(|name| name.as_str().contains('_'))
         .filter(|name| {
             let normalized = name.as_str().replace('-', "_");
-            UNDERSCORE_SPELLINGS.contains(&normalized.as_str())
-                || guarded
-                    .iter()
-                    .any(|name| name.as_str().replace('-', "_") == normalized)
+            UNDERSCORE_SPELLINGS.contains(&normalized.as_str()) || guarded.contains(&normalized)
         })
         .cloned()
         .collect();
@@ -280,8 +275,7 @@ mod tests {
             client_ip: "198.51.100.7".parse().unwrap(),
             peer_trusted: trusted,
             version: Version::HTTP_11,
-            tls: peer.tls,
-            guarded_headers: &[],
+            guarded_spellings: &[],
         }
     }
 

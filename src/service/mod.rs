@@ -327,9 +327,8 @@ async fn serve(
                 peer: client.peer,
                 client_ip: client.ip,
                 peer_trusted: state.trusted_proxies.contains(client.peer.ip),
-                tls: client.peer.tls,
                 version: request.version(),
-                guarded_headers: &state.guarded_headers,
+                guarded_spellings: &state.guarded_spellings,
             };
             forward(
                 &destination,
@@ -531,16 +530,12 @@ async fn forward(
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
 
     let (mut parts, body) = request.into_parts();
-    let stripped;
     let path = match &destination.route.strip_prefix {
         // Whole segments only: "/api" is stripped from "/api/users" and "/api", not from
         // "/apix" (which a `path_prefix = "/api"` route also matches).
         Some(prefix) => match path.strip_prefix(prefix.as_str()) {
             Some("") => "/",
-            Some(rest) if rest.starts_with('/') => {
-                stripped = rest.to_owned();
-                stripped.as_str()
-            }
+            Some(rest) if rest.starts_with('/') => rest,
             _ => path,
         },
         None => path,

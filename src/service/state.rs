@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::HeaderName;
 use tokio_rustls::TlsAcceptor;
 
 use super::limits::RouteLimits;
@@ -29,10 +28,10 @@ pub(crate) struct GatewayState {
     pub(crate) store: LimitStore,
     pub(crate) key_prefix: String,
     pub(crate) on_error: OnError,
-    /// Headers some limit keys on or some request rules set or remove: their
-    /// underscore spellings never reach the upstream (CGI and PHP read `X_Debug` as
-    /// `X-Debug`, so a client could otherwise plant or keep one).
-    pub(crate) guarded_headers: Vec<HeaderName>,
+    /// The underscore spellings (`x_debug`) of the headers some limit keys on or some
+    /// request rules set or remove: they never reach the upstream (CGI and PHP read
+    /// `X_Debug` as `X-Debug`, so a client could otherwise plant or keep one).
+    pub(crate) guarded_spellings: Vec<String>,
     /// Refusals remembered until they could pass (new with every configuration), in
     /// front of Redis only: the in-process store decides as fast as the cache answers.
     pub(crate) refusals: Option<RefusalCache>,
@@ -129,9 +128,12 @@ impl GatewayState {
             .map(|route| &route.request_headers)
             .chain([&config.server.request_headers])
             .flat_map(|rules| rules.set.iter().map(|(name, _)| name).chain(&rules.remove));
-        let mut guarded_headers: Vec<HeaderName> = key_headers.chain(rule_headers).cloned().collect();
-        guarded_headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-        guarded_headers.dedup();
+        let mut guarded_spellings: Vec<String> = key_headers
+            .chain(rule_headers)
+            .map(|name| name.as_str().replace('-', "_"))
+            .collect();
+        guarded_spellings.sort();
+        guarded_spellings.dedup();
         let store = match previous {
             Some(previous) if same_store(&previous.config.redis, &config.redis) => previous.store.clone(),
             _ => match &config.redis {
@@ -179,7 +181,7 @@ impl GatewayState {
             store,
             key_prefix,
             on_error,
-            guarded_headers,
+            guarded_spellings,
             refusals,
             tls,
         })

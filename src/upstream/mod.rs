@@ -385,7 +385,10 @@ impl Rotation {
             });
         };
         let cap = gate.max_requests.div_ceil(instances.max(1));
-        gate.cap.store(cap, Ordering::Relaxed);
+        // Written only when the instance count changed it: every request reads it.
+        if gate.cap.load(Ordering::Relaxed) != cap {
+            gate.cap.store(cap, Ordering::Relaxed);
+        }
         let (id, handoff) = {
             let mut waiting = gate.lock();
             match self.take(affinity, tried, now, cap) {
@@ -484,9 +487,8 @@ impl Rotation {
             return;
         };
         let mut waiting = gate.lock();
-        let now = Instant::now();
-        if server.load() <= gate.cap.load(Ordering::Relaxed) && server.in_rotation(now) {
-            while let Some(position) = waiting.queue.iter().position(|w| self.accepts(w, index, now)) {
+        if server.load() <= gate.cap.load(Ordering::Relaxed) && server.in_rotation() {
+            while let Some(position) = waiting.queue.iter().position(|w| self.accepts(w, index)) {
                 let Some(waiter) = waiting.queue.remove(position) else {
                     break;
                 };
@@ -501,7 +503,7 @@ impl Rotation {
 
     /// Whether `waiter` would go to server `index`: one it has not tried, and for a
     /// hashed request, its key's server.
-    fn accepts(&self, waiter: &Waiter, index: usize, now: Instant) -> bool {
+    fn accepts(&self, waiter: &Waiter, index: usize) -> bool {
         if waiter.tried.contains(&index) {
             return false;
         }
@@ -509,7 +511,7 @@ impl Rotation {
             None => true,
             Some(affinity) => {
                 let own = self.balancer.pick(&self.servers, Some(affinity), |i| {
-                    !waiter.tried.contains(&i) && self.servers[i].in_rotation(now)
+                    !waiter.tried.contains(&i) && self.servers[i].in_rotation()
                 });
                 own == Some(index)
             }

@@ -69,8 +69,8 @@ impl Server {
     }
 
     /// Whether the server is in rotation, its trial request aside.
-    pub(super) fn in_rotation(&self, now: Instant) -> bool {
-        !self.health.troubled.load(Ordering::Acquire) || self.health.lock().in_rotation(now)
+    pub(super) fn in_rotation(&self) -> bool {
+        !self.health.troubled.load(Ordering::Acquire) || self.health.lock().in_rotation()
     }
 
     /// Takes the server for a request: false when its one trial request was taken by
@@ -80,7 +80,7 @@ impl Server {
             return true;
         }
         let mut state = self.health.lock();
-        if state.in_rotation(now) {
+        if state.in_rotation() {
             return true;
         }
         if state.available(now) {
@@ -193,7 +193,7 @@ struct HealthState {
 }
 
 impl HealthState {
-    fn in_rotation(&self, _now: Instant) -> bool {
+    fn in_rotation(&self) -> bool {
         !self.checked_down && self.down_until.is_none()
     }
 
@@ -230,13 +230,13 @@ mod tests {
         let s = server(Some((2, 10 * SECOND)));
         let t0 = Instant::now();
         s.failed(t0);
-        assert!(s.available(t0) && s.in_rotation(t0), "one failure of two");
+        assert!(s.available(t0) && s.in_rotation(), "one failure of two");
         // The second failure comes after the window: counting starts again.
         s.failed(t0 + 11 * SECOND);
-        assert!(s.in_rotation(t0 + 11 * SECOND));
+        assert!(s.in_rotation());
         s.failed(t0 + 12 * SECOND);
         let out = t0 + 12 * SECOND;
-        assert!(!s.available(out) && !s.in_rotation(out));
+        assert!(!s.available(out) && !s.in_rotation());
         assert_eq!(s.health.up.get(), 0);
         // After fail_timeout, exactly one request may try it.
         let due = out + 10 * SECOND;
@@ -244,7 +244,7 @@ mod tests {
         assert!(s.claim(due));
         assert!(!s.available(due) && !s.claim(due), "one trial at a time");
         s.succeeded();
-        assert!(s.in_rotation(due) && s.claim(due));
+        assert!(s.in_rotation() && s.claim(due));
         assert_eq!(s.health.up.get(), 1);
         assert!(!s.health.troubled.load(Ordering::Acquire));
     }
@@ -267,7 +267,7 @@ mod tests {
         for _ in 0..10 {
             s.failed(t0);
         }
-        assert!(s.in_rotation(t0));
+        assert!(s.in_rotation());
         assert!(!s.health.troubled.load(Ordering::Acquire));
     }
 
