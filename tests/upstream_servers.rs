@@ -206,13 +206,21 @@ async fn after_a_request_was_sent_only_idempotent_requests_without_a_body_are_tr
     let (hangs_up, _task) = hanging_up_server().await;
     // Passive health off, so that every request may meet the failing server.
     let gw = gateway(&format!("{}\nmax_fails = 0", servers(&[hangs_up, live.url()]))).await;
-    // Round robin alternates: every other request meets the failing server first.
+    // Round robin alternates: every other request meets the failing server first, and
+    // the second server gets the same head (the retried request is rebuilt from a copy).
     for i in 0..8 {
-        assert_eq!(
-            get(&gw.url(&format!("/get{i}"))).await.0,
-            StatusCode::OK,
-            "GET {i}"
-        );
+        let request = Request::get(gw.url(&format!("/get{i}?q={i}")))
+            .header("x-client", i.to_string())
+            .header("x-tag", "one")
+            .header("x-tag", "two")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (status, _, echoed) = send(request).await;
+        assert_eq!(status, StatusCode::OK, "GET {i}");
+        assert!(echoed.starts_with(&format!("GET /get{i}?q={i}\n")), "{echoed}");
+        assert!(echoed.contains(&format!("\nx-client: {i}\n")), "{echoed}");
+        assert!(echoed.contains("\nx-tag: one\nx-tag: two\n"), "{echoed}");
+        assert!(echoed.contains("\nx-forwarded-for: 127.0.0.1\n"), "{echoed}");
     }
     assert_eq!(
         gw.metric("floodgate_upstream_retries_total{upstream=\"app\"}")

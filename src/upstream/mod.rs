@@ -11,6 +11,7 @@
 mod balance;
 mod health;
 pub(crate) mod pool;
+mod replay;
 mod server;
 
 use std::collections::VecDeque;
@@ -41,6 +42,7 @@ use crate::metrics::Metrics;
 use crate::proxy::request_body::{RequestBody, RequestBodyError};
 use balance::Balancer;
 use pool::{Pool, SendError, Unsent};
+use replay::Replay;
 use server::Server;
 
 /// The servers a request has tried, by index.
@@ -158,14 +160,8 @@ impl Upstream {
         let tries = 1 + (self.config.retries as usize).min(self.rotation.servers.len() - 1);
         // A request that reached a server may go to another only when repeating it is
         // harmless: an idempotent method without a body, which is rebuilt from a copy.
-        let copy = (tries > 1 && idempotent(request.method()) && request.body().is_end_stream()).then(|| {
-            (
-                request.method().clone(),
-                request.uri().clone(),
-                request.version(),
-                request.headers().clone(),
-            )
-        });
+        let copy = (tries > 1 && idempotent(request.method()) && request.body().is_end_stream())
+            .then(|| Replay::of(&request));
         let mut tried = Tried::new();
         let mut last_failure = None;
         for _ in 0..tries {
@@ -204,14 +200,10 @@ impl Upstream {
             last_failure = Some(self.failure(kind, format!("{}: {detail}", server.label)));
             request = match (unsent, &copy) {
                 (Some(unsent), _) => unsent,
-                (None, Some((method, uri, version, headers))) => {
-                    let mut again = Request::new(RequestBody::empty());
-                    *again.method_mut() = method.clone();
-                    *again.uri_mut() = uri.clone();
-                    *again.version_mut() = *version;
-                    *again.headers_mut() = headers.clone();
-                    again
-                }
+                (None, Some(copy)) => match copy.request() {
+                    Some(again) => again,
+                    None => break,
+                },
                 (None, None) => break,
             };
         }
