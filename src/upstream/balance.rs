@@ -69,18 +69,18 @@ impl Balancer {
             Balancer::RoundRobin(current) => {
                 let mut current = current.lock().unwrap_or_else(PoisonError::into_inner);
                 let mut total = 0;
-                let mut best: Option<usize> = None;
-                for (index, server) in servers.iter().enumerate() {
+                let mut best: Option<(usize, i64)> = None;
+                for (index, (server, weight)) in servers.iter().zip(current.iter_mut()).enumerate() {
                     if !eligible(index) {
                         continue;
                     }
-                    current[index] += i64::from(server.weight);
+                    *weight += i64::from(server.weight);
                     total += i64::from(server.weight);
-                    if best.is_none_or(|b| current[index] > current[b]) {
-                        best = Some(index);
+                    if best.is_none_or(|(_, heaviest)| *weight > heaviest) {
+                        best = Some((index, *weight));
                     }
                 }
-                let best = best?;
+                let (best, _) = best?;
                 current[best] -= total;
                 Some(best)
             }

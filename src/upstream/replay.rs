@@ -11,6 +11,9 @@ use http::{HeaderName, HeaderValue, Method, Request, Uri, Version};
 
 use crate::proxy::request_body::RequestBody;
 
+/// Bytes a packed head starts with per header (both lengths, name and value).
+const ROOM_PER_HEADER: usize = 64;
+
 /// A request head (origin-form target), to be sent again.
 pub(super) struct Replay {
     method: Method,
@@ -24,13 +27,8 @@ impl Replay {
     pub(super) fn of<B>(request: &Request<B>) -> Self {
         let target = origin_form(request.uri());
         let headers = request.headers();
-        let size = headers
-            .iter()
-            .map(|(name, value)| 8 + name.as_str().len() + value.len())
-            .sum::<usize>()
-            + 4
-            + target.len();
-        let mut packed = Vec::with_capacity(size);
+        // Room for a typical head: sizing it exactly would take a pass of its own.
+        let mut packed = Vec::with_capacity(4 + target.len() + headers.len() * ROOM_PER_HEADER);
         put(&mut packed, target.as_bytes());
         for (name, value) in headers {
             put(&mut packed, name.as_str().as_bytes());
