@@ -133,6 +133,66 @@ async fn a_hung_redis_costs_the_timeout_until_the_breaker_opens_then_nothing() {
     );
 }
 
+/// A limit that counts failures reads its key before the request goes on, and starts its
+/// lock-out after: both go through the breaker, so a hung Redis costs such a route what
+/// it costs a rate limit, and no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_costs_a_failure_counting_route_nothing_once_the_breaker_is_open() {
+    let redis = start_redis().await;
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&format!(
+        r#"
+[redis]
+url = "{}"
+timeout = "300ms"
+on_error = "allow"
+
+[upstreams.app]
+url = "{}"
+
+[limits.login_failures]
+algorithm = "fixed_window"
+limit = 3
+window = "15m"
+key = ["client_ip"]
+count = "failures"
+lockout = "1h"
+
+[[routes]]
+name = "login"
+upstream = "app"
+limits = ["login_failures"]
+"#,
+        redis.url(),
+        upstream.url()
+    ))
+    .await;
+    assert_eq!(status_of(&gw).await, StatusCode::OK);
+
+    redis.pause();
+    let mut latencies = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        // Failures, which would be counted (and lock the key out) with Redis answering.
+        let status = get(&gw.url("/status?code=401")).await.0;
+        assert_eq!(
+            status,
+            StatusCode::UNAUTHORIZED,
+            "allow forwards while redis hangs"
+        );
+        latencies.push(started.elapsed());
+    }
+    // Until the breaker opens (3 failures, the background probe's among them), a request
+    // waits at most the 300 ms deadline once; after that Redis is not asked at all.
+    for latency in &latencies[..3] {
+        assert!(*latency < Duration::from_millis(450), "{latencies:?}");
+    }
+    for latency in &latencies[3..] {
+        assert!(*latency < Duration::from_millis(60), "{latencies:?}");
+    }
+    redis.resume();
+}
+
 /// Requests queued behind calls that a hung Redis never answers still fail by their own
 /// deadline, not a call's deadline later: one request makes the first call, 40 more a
 /// second, pipelined call, and the last 10 wait for a call to come back (two are in

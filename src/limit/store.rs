@@ -106,7 +106,7 @@ impl LimitStore {
         let lock = check.lockout.as_ref().map(|(lock, _)| lock.as_str());
         match self {
             LimitStore::Memory(store) => Ok(store.peek(&check.key, lock)),
-            LimitStore::Redis(store) => store.redis().peek(&check.algorithm, &check.key, lock).await,
+            LimitStore::Redis(store) => store.peek(&check.algorithm, &check.key, lock).await,
         }
     }
 
@@ -120,7 +120,7 @@ impl LimitStore {
                 store.lock(lock, *ttl);
                 Ok(())
             }
-            LimitStore::Redis(store) => store.redis().lock(lock, *ttl).await,
+            LimitStore::Redis(store) => store.lock(lock, *ttl).await,
         }
     }
 

@@ -128,12 +128,12 @@ pub fn store_key(prefix: &str, tuple: &str, limit: &str, algorithm: &Algorithm) 
     joined_key(prefix, tuple, limit, tag)
 }
 
-/// The store key of `limit`'s lock-out marker for `tuple`.
 /// The store key of concurrency limit `limit`'s slots for `tuple`.
 pub fn slots_key(prefix: &str, tuple: &str, limit: &str) -> String {
     joined_key(prefix, tuple, limit, "cc")
 }
 
+/// The store key of `limit`'s lock-out marker for `tuple`.
 pub fn lock_key(prefix: &str, tuple: &str, limit: &str) -> String {
     joined_key(prefix, tuple, limit, "lock")
 }

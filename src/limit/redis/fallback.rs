@@ -17,7 +17,7 @@ use crate::limit::algorithm::Algorithm;
 use crate::limit::clock::MonotonicClock;
 use crate::limit::inflight::InFlightCounts;
 use crate::limit::memory::{self, MemoryStore};
-use crate::limit::{Decisions, LimitCheck};
+use crate::limit::{Decisions, LimitCheck, Peeked};
 
 /// Consecutive failures that open the breaker.
 const FAILURES_TO_OPEN: u32 = 3;
@@ -123,19 +123,12 @@ impl ResilientRedis {
         if self.breaker.is_open() {
             return Err(StoreError::BreakerOpen);
         }
-        match self.redis.decide(checks).await {
-            Ok(decisions) => {
-                self.breaker.success();
-                if !self.answered.load(Ordering::Relaxed) {
-                    self.answered.store(true, Ordering::Relaxed);
-                }
-                Ok(decisions)
-            }
-            Err(error) => {
-                self.failed(&error);
-                Err(error)
-            }
+        let decided = self.redis.decide(checks).await;
+        self.record(&decided);
+        if decided.is_ok() && !self.answered.load(Ordering::Relaxed) {
+            self.answered.store(true, Ordering::Relaxed);
         }
+        decided
     }
 
     fn failed(&self, error: &StoreError) {
@@ -158,6 +151,39 @@ impl ResilientRedis {
             })
             .collect();
         self.local.decide(&scaled)
+    }
+
+    /// Reads `key` (and its lock) in Redis, changing nothing, unless the breaker is open.
+    pub async fn peek(
+        &self,
+        algorithm: &Algorithm,
+        key: &str,
+        lock: Option<&str>,
+    ) -> Result<Peeked, StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::BreakerOpen);
+        }
+        let peeked = self.redis.peek(algorithm, key, lock).await;
+        self.record(&peeked);
+        peeked
+    }
+
+    /// Starts lock-out `key` for `ttl` µs in Redis, unless it runs or the breaker is open.
+    pub async fn lock(&self, key: &str, ttl: u64) -> Result<(), StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::BreakerOpen);
+        }
+        let locked = self.redis.lock(key, ttl).await;
+        self.record(&locked);
+        locked
+    }
+
+    /// Feeds the breaker with what became of a call.
+    fn record<T>(&self, result: &Result<T, StoreError>) {
+        match result {
+            Ok(_) => self.breaker.success(),
+            Err(error) => self.failed(error),
+        }
     }
 
     pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
@@ -284,7 +310,6 @@ async fn probe(store: Weak<ResilientRedis>) {
     }
 }
 
-/// Announces this instance and reads the live instance count until the store is dropped.
 /// Renews the leases this instance holds, every second, until the store is gone.
 async fn renew_leases(store: Weak<ResilientRedis>) {
     loop {
@@ -302,6 +327,7 @@ async fn renew_leases(store: Weak<ResilientRedis>) {
     }
 }
 
+/// Announces this instance and reads the live instance count until the store is dropped.
 async fn heartbeat(store: Weak<ResilientRedis>, instance_key: String, id: String) {
     loop {
         let Some(live) = store.upgrade() else { return };

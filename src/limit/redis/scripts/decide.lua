@@ -1,6 +1,6 @@
 -- floodgate: decide rate limits for a batch of requests, each atomic and all-or-nothing.
 -- Mirrors src/limit/algorithm.rs and decide_all() in src/limit/mod.rs; change them together.
--- The encoding is written by src/limit/decide_call.rs.
+-- The encoding is written, and the reply read, by src/limit/redis/wire.rs.
 --
 -- KEYS: the batch's distinct counter keys, then its distinct lock keys.
 -- ARGV[1]: the call, one binary string, big-endian:
@@ -329,7 +329,7 @@ while p < plan_end do
       -- before it left (tokens, or room in the window), and once one is refused the rest
       -- are refused alike. The reply is what the first request sees (the tokens, or the
       -- room), how many the run admits and, for a window, its reset; the gateway works out
-      -- each request's numbers from those exactly as the evaluator would (decide_call.rs).
+      -- each request's numbers from those exactly as the evaluator would (wire.rs).
       -- The evaluator is asked only for what the first request sees and for the state the
       -- last admission leaves, from what that request saw.
       local _, _, _, before, reset = evaluate(x1, x2, x3, a, b, c, cost)
