@@ -115,7 +115,11 @@ async fn two_instances_on_one_redis_share_the_slots() {
 async fn the_slots_of_a_killed_instance_come_back_after_the_lease() {
     let redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
     let upstream = Upstream::start().await;
-    let text = config(&upstream.url(), Some(&redis.url()), "lease = \"3s\"");
+    // `deny`: a store call that misses its deadline on a loaded machine must not pass for
+    // a slot come back (`allow` would forward it).
+    let text = config(&upstream.url(), Some(&redis.url()), "lease = \"3s\"")
+        .replace("[redis]\n", "[redis]\non_error = \"deny\"\n");
+    assert!(text.contains("on_error"));
     let doomed = tokio::task::spawn_blocking({
         let text = text.clone();
         move || FloodgateProcess::start(&text, &[])

@@ -76,8 +76,6 @@ pub struct ResilientRedis {
     next_lease: AtomicU64,
     /// This instance's id (the heartbeat's), the prefix of its lease ids.
     id: String,
-    /// The local fallback's concurrency slots.
-    local_in_flight: InFlightCounts,
     address: String,
 }
 
@@ -103,7 +101,6 @@ impl ResilientRedis {
             leases: Mutex::default(),
             next_lease: AtomicU64::new(0),
             id: instance_id(),
-            local_in_flight: InFlightCounts::default(),
             address: target.describe(),
         });
         let instance_key = format!("{prefix}:instances");
@@ -208,7 +205,9 @@ impl ResilientRedis {
         let id = format!("{}:{}", self.id, self.next_lease.fetch_add(1, Ordering::Relaxed));
         // Registered first, so that a renewal never misses a lease being taken.
         self.lock_leases().insert(id.clone(), (key.to_owned(), lease));
-        match self.redis.acquire(key, &id, limit, lease).await {
+        let taken = self.redis.acquire(key, &id, limit, lease).await;
+        self.record(&taken);
+        match taken {
             Ok(true) => Ok(Some(id)),
             taken_or_failed => {
                 self.lock_leases().remove(&id);
@@ -232,7 +231,7 @@ impl ResilientRedis {
 
     /// The local fallback's concurrency slots, each limit divided by the live instances.
     pub fn local_in_flight(&self) -> (&InFlightCounts, u64) {
-        (&self.local_in_flight, self.instances())
+        (&self.local.in_flight, self.instances())
     }
 
     fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Duration)>> {
