@@ -7,15 +7,17 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::tls::{TestCa, connect, presented};
+use common::tls::{NOT_AFTER, TestCa, connect, presented};
 use common::{TestGateway, Upstream, get, header_lines};
 use floodgate::Config;
 use floodgate::reload::{Reloader, watch_file};
 use http::{Request, StatusCode, Version};
 use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -339,7 +341,7 @@ async fn a_failed_or_unfinished_handshake_closes_that_connection_only_and_is_cou
     let upstream = Upstream::start().await;
     let gw = gateway(dir.path(), &upstream, &["a"], "").await;
     let expiry = "floodgate_tls_certificate_expiry_timestamp_seconds{certificate=\"a.test\"}";
-    assert!(gw.metric(expiry).await > 1.7e9);
+    assert_eq!(gw.metric(expiry).await, NOT_AFTER);
 
     // Plain HTTP to the TLS port.
     let mut plain = tokio::net::TcpStream::connect(gw.tls.unwrap()).await.unwrap();
@@ -348,7 +350,8 @@ async fn a_failed_or_unfinished_handshake_closes_that_connection_only_and_is_cou
         .await
         .unwrap();
     let mut received = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(2), plain.read_to_end(&mut received)).await;
+    let closed = tokio::time::timeout(Duration::from_secs(2), plain.read_to_end(&mut received)).await;
+    assert!(closed.is_ok(), "plain HTTP on the TLS port left open");
     assert!(!String::from_utf8_lossy(&received).contains("200"));
     // A client that never starts its handshake is cut at header_timeout (500 ms).
     let mut silent = tokio::net::TcpStream::connect(gw.tls.unwrap()).await.unwrap();
@@ -408,7 +411,9 @@ async fn check_names_a_key_that_does_not_match_its_certificate() {
 }
 
 /// An HTTPS upstream with a certificate for `localhost` from `ca`: answers 200 "secure".
-async fn https_upstream(ca: &TestCa) -> std::net::SocketAddr {
+/// An HTTPS upstream for `localhost` answering every request; returns its address and
+/// the count of `/health` requests it answered.
+async fn https_upstream(ca: &TestCa) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     let issued = ca.issue(&["localhost"]);
     let chain = vec![issued.der.clone()];
     let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(issued.key.as_bytes()).unwrap();
@@ -422,17 +427,25 @@ async fn https_upstream(ca: &TestCa) -> std::net::SocketAddr {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let checks = Arc::new(AtomicUsize::new(0));
+    let counted = checks.clone();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
+            let counted = counted.clone();
             tokio::spawn(async move {
                 let Ok(stream) = acceptor.accept(tcp).await else {
                     return;
                 };
-                let service = hyper::service::service_fn(|_request| async {
-                    Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
-                        Bytes::from("secure"),
-                    )))
+                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                    if request.uri().path() == "/health" {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                    }
+                    async {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                            Bytes::from("secure"),
+                        )))
+                    }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -440,7 +453,7 @@ async fn https_upstream(ca: &TestCa) -> std::net::SocketAddr {
             });
         }
     });
-    addr
+    (addr, checks)
 }
 
 #[tokio::test]
@@ -448,7 +461,7 @@ async fn an_https_upstream_is_used_with_its_ca_and_refused_without() {
     let ca = TestCa::new("upstream ca");
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-    let addr = https_upstream(&ca).await;
+    let (addr, _) = https_upstream(&ca).await;
     let config = |tls_ca: &str| {
         let text = format!(
             "[upstreams.app]\nurl = \"https://localhost:{}\"\n{tls_ca}\n\n\
@@ -488,7 +501,7 @@ async fn active_checks_of_an_https_upstream_speak_tls() {
     let ca = TestCa::new("upstream ca");
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-    let addr = https_upstream(&ca).await;
+    let (addr, checks) = https_upstream(&ca).await;
     let path = dir.path().join("gateway.toml");
     std::fs::write(
         &path,
@@ -509,5 +522,12 @@ async fn active_checks_of_an_https_upstream_speak_tls() {
         addr.port()
     );
     assert_eq!(gw.metric(&up).await, 1.0);
+    // Checks every 50 ms for 400 ms, each over TLS (a check in the clear never gets a
+    // TLS server to answer).
+    assert!(
+        checks.load(Ordering::SeqCst) >= 4,
+        "{} checks answered",
+        checks.load(Ordering::SeqCst)
+    );
     assert_eq!(get(&gw.url("/")).await.0, StatusCode::OK);
 }

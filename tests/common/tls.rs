@@ -10,6 +10,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
+/// When issued certificates expire: 2100-01-01T00:00:00Z, in seconds since the epoch.
+pub(crate) const NOT_AFTER: f64 = 4_102_444_800.0;
+
 /// A certificate authority of the test's own.
 pub(crate) struct TestCa {
     issuer: CertifiedIssuer<'static, KeyPair>,
@@ -37,10 +40,12 @@ impl TestCa {
         self.issuer.pem()
     }
 
-    /// A leaf certificate for `names` (DNS names or IP addresses).
+    /// A leaf certificate for `names` (DNS names or IP addresses), valid until
+    /// [`NOT_AFTER`].
     pub(crate) fn issue(&self, names: &[&str]) -> Issued {
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        let params = CertificateParams::new(names).unwrap();
+        let mut params = CertificateParams::new(names).unwrap();
+        params.not_after = rcgen::date_time_ymd(2100, 1, 1);
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         Issued {
