@@ -418,3 +418,37 @@ response_headers = {{ set = {{ "X-Frame-Options" = "SAMEORIGIN" }} }}
     assert_eq!(headers["x-frame-options"], "DENY");
     assert_eq!(headers["x-content-type-options"], "nosniff");
 }
+
+/// `strip_prefix` takes whole segments after routing, leaves `/` when nothing remains,
+/// and puts the upstream's own path in front of what remains; the client's path is what
+/// routing saw (docs/configuration.md#routesstrip_prefix).
+#[tokio::test]
+async fn strip_prefix_takes_whole_segments_and_keeps_the_upstreams_own_path() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&format!(
+        r#"[upstreams.app]
+url = "{}/v1"
+
+[[routes]]
+name = "api"
+path_prefix = "/api"
+strip_prefix = "/api/"
+upstream = "app"
+"#,
+        upstream.url()
+    ))
+    .await;
+    for (sent, forwarded) in [
+        ("/api/users?page=2", "GET /v1/users?page=2\n"),
+        ("/api", "GET /v1/\n"),
+        ("/api/", "GET /v1/\n"),
+        // Matched by `path_prefix = "/api"`, but `/apix` is not the segment `/api`.
+        ("/apix/users", "GET /v1/apix/users\n"),
+        // Normalized before it is stripped: no way back above the prefix.
+        ("/api/../api/a/./b", "GET /v1/a/b\n"),
+    ] {
+        let (status, _, body) = get(&gw.url(sent)).await;
+        assert_eq!(status, StatusCode::OK, "{sent}");
+        assert!(body.starts_with(forwarded), "{sent}: {body}");
+    }
+}

@@ -178,6 +178,59 @@ async fn a_dead_server_is_retried_elsewhere_and_taken_out_of_rotation() {
     );
 }
 
+/// `retries` bounds the other servers a request tries: with three dead servers and the
+/// default of 1, a request makes two tries; with 0, one.
+#[tokio::test]
+async fn retries_bounds_the_servers_a_request_tries() {
+    let dead: Vec<String> = (0..3)
+        .map(|_| format!("http://127.0.0.1:{}", closed_port()))
+        .collect();
+    let errors = "floodgate_upstream_errors_total{upstream=\"app\",kind=\"connect\"}";
+    let retries = "floodgate_upstream_retries_total{upstream=\"app\"}";
+    let gw = gateway(&format!("{}\nmax_fails = 0", servers(&dead))).await;
+    assert_eq!(get(&gw.url("/")).await.0, StatusCode::BAD_GATEWAY);
+    assert_eq!((gw.metric(errors).await, gw.metric(retries).await), (2.0, 1.0));
+
+    let live = Upstream::start().await;
+    let gw = gateway(&format!(
+        "{}\nretries = 0\nmax_fails = 0",
+        servers(&[dead[0].clone(), live.url()])
+    ))
+    .await;
+    // Round robin: the first request meets the dead server and is not tried again.
+    assert_eq!(get(&gw.url("/first")).await.0, StatusCode::BAD_GATEWAY);
+    assert_eq!(get(&gw.url("/second")).await.0, StatusCode::OK);
+    assert_eq!((gw.metric(errors).await, gw.metric(retries).await), (1.0, 0.0));
+    assert_eq!(live.targets(), ["/second"]);
+}
+
+/// An answer is not a failure, whatever its status: a server answering 500 is neither
+/// taken out of rotation nor retried.
+#[tokio::test]
+async fn a_server_answering_500_stays_in_rotation_and_its_answer_is_the_clients() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let gw = gateway(&format!("{}\nmax_fails = 1", servers(&[a.url(), b.url()]))).await;
+    for _ in 0..4 {
+        assert_eq!(
+            get(&gw.url("/status?code=500")).await.0,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
+    assert_eq!((a.requests(), b.requests()), (2, 2));
+    for server in [&a, &b] {
+        let up = format!(
+            "floodgate_upstream_server_up{{upstream=\"app\",server=\"{}\"}}",
+            server.addr
+        );
+        assert_eq!(gw.metric(&up).await, 1.0);
+    }
+    assert_eq!(
+        gw.metric("floodgate_upstream_retries_total{upstream=\"app\"}")
+            .await,
+        0.0
+    );
+}
+
 /// A server that reads a request head and closes the connection without answering.
 async fn hanging_up_server() -> (String, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
