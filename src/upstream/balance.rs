@@ -8,6 +8,7 @@
 
 use std::cell::Cell;
 use std::hash::Hasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use siphasher::sip::SipHasher13;
@@ -23,8 +24,12 @@ const RING_KEYS: (u64, u64) = (0x666c_6f6f_6467_6174, 0x7570_7374_7265_616d);
 
 /// How an upstream picks a server.
 pub(super) enum Balancer {
-    /// Each server's current weight (nginx's smooth weighted round robin).
-    RoundRobin(Mutex<Vec<i64>>),
+    /// Each server's current weight (nginx's smooth weighted round robin), and with equal
+    /// weights, the next server in turn (see [`Balancer::turn`]).
+    RoundRobin {
+        current: Mutex<Vec<i64>>,
+        turns: Option<AtomicUsize>,
+    },
     LeastRequests,
     /// `(point, server)`, sorted by point.
     Hash(Vec<(u64, usize)>),
@@ -33,7 +38,13 @@ pub(super) enum Balancer {
 impl Balancer {
     pub(super) fn new(balance: &Balance, servers: &[Server]) -> Self {
         match balance {
-            Balance::RoundRobin => Balancer::RoundRobin(Mutex::new(vec![0; servers.len()])),
+            Balance::RoundRobin => Balancer::RoundRobin {
+                current: Mutex::new(vec![0; servers.len()]),
+                turns: servers
+                    .iter()
+                    .all(|server| server.weight == servers[0].weight)
+                    .then(AtomicUsize::default),
+            },
             Balance::LeastRequests => Balancer::LeastRequests,
             Balance::Hash(_) => {
                 let mut ring: Vec<(u64, usize)> = servers
@@ -54,6 +65,19 @@ impl Balancer {
         }
     }
 
+    /// With every one of `servers` eligible, and round robin over equal weights: the next
+    /// server in turn. That is what the smooth round robin would pick, but taken without
+    /// its lock or a look at each server (a request to a pool of healthy servers pays
+    /// for nothing else).
+    pub(super) fn turn(&self, servers: usize) -> Option<usize> {
+        match self {
+            Balancer::RoundRobin {
+                turns: Some(turns), ..
+            } => Some(turns.fetch_add(1, Ordering::Relaxed) % servers),
+            _ => None,
+        }
+    }
+
     /// Picks a server that `eligible` accepts; `affinity` is the request's key hash
     /// (for `hash`; see [`affinity`]).
     pub(super) fn pick(
@@ -66,7 +90,7 @@ impl Balancer {
             return eligible(0).then_some(0);
         }
         match self {
-            Balancer::RoundRobin(current) => {
+            Balancer::RoundRobin { current, .. } => {
                 let mut current = current.lock().unwrap_or_else(PoisonError::into_inner);
                 let mut total = 0;
                 let mut best: Option<(usize, i64)> = None;
@@ -212,6 +236,18 @@ mod tests {
         }
         assert_eq!(counts, [15, 15, 0]);
         assert_eq!(balancer.pick(&servers, None, |_| false), None);
+    }
+
+    #[test]
+    fn equal_weights_take_turns_and_unequal_ones_do_not() {
+        let equal = servers(&[2, 2, 2]);
+        let balancer = Balancer::new(&Balance::RoundRobin, &equal);
+        let turns: Vec<Option<usize>> = (0..7).map(|_| balancer.turn(equal.len())).collect();
+        assert_eq!(turns, [0, 1, 2, 0, 1, 2, 0].map(Some));
+        let unequal = servers(&[1, 1, 2]);
+        assert_eq!(Balancer::new(&Balance::RoundRobin, &unequal).turn(3), None);
+        assert_eq!(Balancer::new(&Balance::LeastRequests, &equal).turn(3), None);
+        assert_eq!(Balancer::new(&Balance::Hash(Vec::new()), &equal).turn(3), None);
     }
 
     #[test]

@@ -437,6 +437,15 @@ impl Rotation {
         now: Instant,
         cap: u64,
     ) -> Result<usize, UpstreamFailure> {
+        // No cap, no server tried or troubled: round robin's turn needs no look at each.
+        if cap == u64::MAX
+            && tried.is_empty()
+            && self.servers.iter().all(Server::untroubled)
+            && let Some(index) = self.balancer.turn(self.servers.len())
+        {
+            self.servers[index].in_flight.inc();
+            return Ok(index);
+        }
         let mut skip = tried.clone();
         loop {
             let picked = match affinity {

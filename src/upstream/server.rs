@@ -62,21 +62,27 @@ impl Server {
         u64::try_from(self.in_flight.get()).unwrap_or(0)
     }
 
+    /// Whether nothing is wrong with the server: in rotation, no failure counted, no trial
+    /// request out.
+    pub(super) fn untroubled(&self) -> bool {
+        !self.health.troubled.load(Ordering::Acquire)
+    }
+
     /// Whether a request may be sent here now: in rotation, or out but due for its one
     /// trial request (which [`Server::claim`] then takes).
     pub(super) fn available(&self, now: Instant) -> bool {
-        !self.health.troubled.load(Ordering::Acquire) || self.health.lock().available(now)
+        self.untroubled() || self.health.lock().available(now)
     }
 
     /// Whether the server is in rotation, its trial request aside.
     pub(super) fn in_rotation(&self) -> bool {
-        !self.health.troubled.load(Ordering::Acquire) || self.health.lock().in_rotation()
+        self.untroubled() || self.health.lock().in_rotation()
     }
 
     /// Takes the server for a request: false when its one trial request was taken by
     /// another request since [`Server::available`] said yes.
     pub(super) fn claim(&self, now: Instant) -> bool {
-        if !self.health.troubled.load(Ordering::Acquire) {
+        if self.untroubled() {
             return true;
         }
         let mut state = self.health.lock();
