@@ -452,3 +452,35 @@ upstream = "app"
         assert!(body.starts_with(forwarded), "{sent}: {body}");
     }
 }
+
+/// A name both set and removed by one route's rules is removed, whichever was sent
+/// (docs/configuration.md#header-rules).
+#[tokio::test]
+async fn a_header_both_set_and_removed_is_removed() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&format!(
+        r#"[upstreams.app]
+url = "{}"
+
+[[routes]]
+name = "app"
+path_prefix = "/"
+upstream = "app"
+request_headers = {{ set = {{ "X-Both" = "set", "X-Kept" = "set" }}, remove = ["X-Both"] }}
+response_headers = {{ set = {{ "X-Upstream" = "set", "X-Frame-Options" = "DENY" }}, remove = ["x-upstream"] }}
+"#,
+        upstream.url()
+    ))
+    .await;
+    let request = Request::get(gw.url("/x"))
+        .header("x-both", "client")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let (status, headers, body) = send(request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(header_lines(&body, "x-both").is_empty(), "{body}");
+    assert_eq!(header_lines(&body, "x-kept"), ["set"]);
+    // The upstream sends `X-Upstream: yes`.
+    assert!(!headers.contains_key("x-upstream"), "{headers:?}");
+    assert_eq!(headers["x-frame-options"], "DENY");
+}
