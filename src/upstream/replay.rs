@@ -4,7 +4,7 @@
 //! Every request sent to an upstream of several servers pays for the copy and only a
 //! failed one reads it, so the head is packed into one buffer: one allocation and a copy
 //! of its bytes, where cloning the `HeaderMap` costs two allocations and a reference
-//! count per value (docs/performance.md, "What several servers cost").
+//! count per value (docs/performance.md#upstreams-several-servers-the-cap-overrides).
 
 use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Method, Request, Uri, Version};
