@@ -21,6 +21,13 @@ async fn start_redis() -> RedisServer {
 }
 
 async fn gateway(redis_url: &str, upstream: &Upstream, on_error: &str, limit: u64) -> TestGateway {
+    let limit = format!("algorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"1m\"");
+    gateway_with(redis_url, upstream, on_error, &limit).await
+}
+
+/// A gateway on `redis_url` (300 ms deadline) whose one route has limit `l`, the table
+/// body `limit`; its first request is decided by Redis.
+async fn gateway_with(redis_url: &str, upstream: &Upstream, on_error: &str, limit: &str) -> TestGateway {
     let gateway = TestGateway::start(&format!(
         r#"
 [redis]
@@ -32,9 +39,7 @@ on_error = "{on_error}"
 url = "{}"
 
 [limits.l]
-algorithm = "fixed_window"
-limit = {limit}
-window = "1m"
+{limit}
 
 [[routes]]
 name = "r"
@@ -90,26 +95,7 @@ async fn a_hung_redis_costs_the_timeout_until_the_breaker_opens_then_nothing() {
     let upstream = Upstream::start().await;
     let gw = gateway(&redis.url(), &upstream, "allow", 1_000_000).await;
 
-    redis.pause();
-    let mut latencies = Vec::new();
-    for _ in 0..10 {
-        let started = Instant::now();
-        assert_eq!(
-            status_of(&gw).await,
-            StatusCode::OK,
-            "allow forwards while redis hangs"
-        );
-        latencies.push(started.elapsed());
-    }
-    // Until the breaker opens (3 failures), a request waits at most the 300 ms deadline...
-    for latency in &latencies[..3] {
-        assert!(*latency < Duration::from_millis(450), "{latencies:?}");
-    }
-    // ...and after that Redis is not asked at all: a few milliseconds of debug-build HTTP
-    // (60 ms leaves room for a loaded CI machine; the deadline is 300 ms).
-    for latency in &latencies[3..] {
-        assert!(*latency < Duration::from_millis(60), "{latencies:?}");
-    }
+    ten_requests_while_redis_hangs(&redis, &gw, "/x", StatusCode::OK).await;
     assert_eq!(
         gw.metric(r#"floodgate_store_errors_total{store="redis"}"#).await,
         10.0
@@ -133,60 +119,17 @@ async fn a_hung_redis_costs_the_timeout_until_the_breaker_opens_then_nothing() {
     );
 }
 
-/// A limit that counts failures reads its key before the request goes on, and starts its
-/// lock-out after; a concurrency limit takes a lease. All of these go through the breaker,
-/// and feed it, so a hung Redis costs such a route what it costs a rate limit, and no more.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hung_redis_costs_a_failure_counting_route_nothing_once_the_breaker_is_open() {
-    let limit = r#"
-algorithm = "fixed_window"
-limit = 3
-window = "15m"
-key = ["client_ip"]
-count = "failures"
-lockout = "1h""#;
-    // Failures, which would be counted (and lock the key out) with Redis answering.
-    latencies_with_redis_hung(limit, "/status?code=401", StatusCode::UNAUTHORIZED).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hung_redis_costs_a_concurrency_limit_nothing_once_the_breaker_is_open() {
-    let limit = r#"
-algorithm = "concurrency"
-limit = 2
-key = ["client_ip"]"#;
-    latencies_with_redis_hung(limit, "/x", StatusCode::OK).await;
-}
-
-/// Sends ten requests to a route with `limit` while Redis hangs (`on_error = "allow"`,
-/// 300 ms deadline): each must get `status`, the first three within the deadline and the
-/// rest without asking Redis.
-async fn latencies_with_redis_hung(limit: &str, path: &str, status: StatusCode) {
-    let redis = start_redis().await;
-    let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&format!(
-        r#"
-[redis]
-url = "{}"
-timeout = "300ms"
-on_error = "allow"
-
-[upstreams.app]
-url = "{}"
-
-[limits.l]{limit}
-
-[[routes]]
-name = "r"
-upstream = "app"
-limits = ["l"]
-"#,
-        redis.url(),
-        upstream.url()
-    ))
-    .await;
-    assert_eq!(status_of(&gw).await, StatusCode::OK);
-
+/// Pauses Redis (SIGSTOP) and sends ten requests to `path`: each gets `status`
+/// (`on_error = "allow"` forwards them). Until the breaker opens (3 failures, the
+/// background probe's among them), a request waits at most the 300 ms deadline; after
+/// that Redis is not asked at all: a few milliseconds of debug-build HTTP (60 ms leaves
+/// room for a loaded CI machine).
+async fn ten_requests_while_redis_hangs(
+    redis: &RedisServer,
+    gw: &TestGateway,
+    path: &str,
+    status: StatusCode,
+) {
     redis.pause();
     let mut latencies = Vec::new();
     for _ in 0..10 {
@@ -198,14 +141,43 @@ limits = ["l"]
         );
         latencies.push(started.elapsed());
     }
-    // Until the breaker opens (3 failures, the background probe's among them), a request
-    // waits at most the 300 ms deadline once; after that Redis is not asked at all.
     for latency in &latencies[..3] {
         assert!(*latency < Duration::from_millis(450), "{latencies:?}");
     }
     for latency in &latencies[3..] {
         assert!(*latency < Duration::from_millis(60), "{latencies:?}");
     }
+}
+
+/// A limit that counts failures reads its key before the request goes on, and starts its
+/// lock-out after; a concurrency limit takes a lease. All of these go through the breaker,
+/// and feed it, so a hung Redis costs such a route what it costs a rate limit, and no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_costs_a_failure_counting_route_nothing_once_the_breaker_is_open() {
+    let limit = r#"algorithm = "fixed_window"
+limit = 3
+window = "15m"
+key = ["client_ip"]
+count = "failures"
+lockout = "1h""#;
+    // Failures, which would be counted (and lock the key out) with Redis answering.
+    latencies_with_redis_hung(limit, "/status?code=401", StatusCode::UNAUTHORIZED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_costs_a_concurrency_limit_nothing_once_the_breaker_is_open() {
+    let limit = r#"algorithm = "concurrency"
+limit = 2
+key = ["client_ip"]"#;
+    latencies_with_redis_hung(limit, "/x", StatusCode::OK).await;
+}
+
+/// [`ten_requests_while_redis_hangs`] on a route with `limit` alone.
+async fn latencies_with_redis_hung(limit: &str, path: &str, status: StatusCode) {
+    let redis = start_redis().await;
+    let upstream = Upstream::start().await;
+    let gw = gateway_with(&redis.url(), &upstream, "allow", limit).await;
+    ten_requests_while_redis_hangs(&redis, &gw, path, status).await;
     redis.resume();
 }
 
