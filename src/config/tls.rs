@@ -26,10 +26,8 @@ pub struct TlsConfig {
     pub min_version: TlsVersion,
     /// The plain listener answers every request with a 308 to https.
     pub redirect_http: bool,
-    /// `Strict-Transport-Security: max-age` (zero: not sent).
-    pub hsts: Duration,
-    /// The `Strict-Transport-Security` value, when `hsts` is above zero.
-    pub hsts_value: Option<http::HeaderValue>,
+    /// The `Strict-Transport-Security` value (`max-age=N`), when `hsts` is above zero.
+    pub hsts: Option<http::HeaderValue>,
 }
 
 /// The oldest TLS version the listener accepts.
@@ -114,11 +112,10 @@ pub(super) fn validate_tls(raw: &Spanned<TlsFile>, base: &Path, sink: &mut Error
         certificates,
         min_version,
         redirect_http: raw.redirect_http.unwrap_or(false),
-        hsts_value: (!hsts.is_zero()).then(|| {
+        hsts: (!hsts.is_zero()).then(|| {
             http::HeaderValue::try_from(format!("max-age={}", hsts.as_secs()))
                 .expect("digits are a valid header value")
         }),
-        hsts,
     })
 }
 

@@ -141,7 +141,7 @@ pub(crate) async fn handle(
             .server
             .tls
             .as_ref()
-            .and_then(|tls| tls.hsts_value.clone())
+            .and_then(|tls| tls.hsts.clone())
     {
         response
             .headers_mut()
