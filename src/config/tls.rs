@@ -119,14 +119,9 @@ pub(super) fn validate_tls(raw: &Spanned<TlsFile>, base: &Path, sink: &mut Error
     })
 }
 
-/// `path` relative to the configuration file's directory.
-fn resolve(base: &Path, path: &str) -> PathBuf {
-    base.join(path)
-}
-
 fn load_pair(key: &str, raw: &CertificateFile, base: &Path, sink: &mut ErrorSink) -> Option<Certificate> {
-    let cert_path = resolve(base, raw.cert.get_ref());
-    let key_path = resolve(base, raw.key.get_ref());
+    let cert_path = base.join(raw.cert.get_ref());
+    let key_path = base.join(raw.key.get_ref());
     let chain = parse_spanned(&raw.cert, format!("{key}.cert"), sink, |_| load_chain(&cert_path));
     let private = parse_spanned(&raw.key, format!("{key}.key"), sink, |_| {
         PrivateKeyDer::from_pem_file(&key_path).map_err(|e| {
@@ -165,7 +160,8 @@ fn load_pair(key: &str, raw: &CertificateFile, base: &Path, sink: &mut ErrorSink
     })
 }
 
-fn load_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+/// The certificates of a PEM file: a listener's chain, or an upstream's `tls_ca` roots.
+pub(super) fn load_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let chain = CertificateDer::pem_file_iter(path)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("{}: expected a PEM certificate chain: {e}", path.display()))?;
@@ -196,9 +192,4 @@ fn leaf_facts(leaf: &CertificateDer<'_>, path: &Path) -> Result<(Vec<String>, i6
         })
         .unwrap_or_default();
     Ok((names, parsed.validity().not_after.timestamp()))
-}
-
-/// An upstream's `tls_ca`: the roots its servers' certificates are checked against.
-pub(super) fn load_roots(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    load_chain(path)
 }

@@ -231,7 +231,7 @@ fn upstream_tls(
     let roots = match &raw.tls_ca {
         None => Some(None),
         Some(path) => parse_spanned(path, format!("{key}.tls_ca"), sink, |text| {
-            super::tls::load_roots(&base.join(text))
+            super::tls::load_chain(&base.join(text))
         })
         .map(Some),
     };
