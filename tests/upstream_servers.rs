@@ -5,6 +5,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -175,6 +176,43 @@ async fn a_dead_server_is_retried_elsewhere_and_taken_out_of_rotation() {
         gw.metric("floodgate_upstream_errors_total{upstream=\"app\",kind=\"connect\"}")
             .await,
         1.0
+    );
+}
+
+/// A server that accepts connections and never answers: each active check gives up at
+/// its `timeout` and closes its connection, so checks leave nothing open behind them.
+#[tokio::test]
+async fn checks_of_a_server_that_never_answers_leave_no_connection_open() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = format!("http://{}", listener.local_addr().unwrap());
+    let (accepted, open) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (accepted_here, open_here) = (accepted.clone(), open.clone());
+    let _server = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            accepted_here.fetch_add(1, Ordering::SeqCst);
+            open_here.fetch_add(1, Ordering::SeqCst);
+            let open = open_here.clone();
+            tokio::spawn(async move {
+                // Reads the request and says nothing, until the gateway closes.
+                let mut buf = [0u8; 1024];
+                while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    let live = Upstream::start().await;
+    let _gw = gateway(&format!(
+        "{}\nhealth_check = {{ path = \"/health\", interval = \"50ms\", timeout = \"100ms\" }}",
+        servers(&[silent, live.url()])
+    ))
+    .await;
+    until("ten checks", || accepted.load(Ordering::SeqCst) >= 10).await;
+    // At most the check in progress, and one whose close is on its way.
+    let still_open = open.load(Ordering::SeqCst);
+    assert!(
+        still_open <= 2,
+        "{still_open} of {} connections open",
+        accepted.load(Ordering::SeqCst)
     );
 }
 

@@ -136,12 +136,7 @@ pub(crate) async fn handle(
     }
     let slots = answer.slots;
     if peer.tls
-        && let Some(hsts) = state
-            .config
-            .server
-            .tls
-            .as_ref()
-            .and_then(|tls| tls.hsts.clone())
+        && let Some(hsts) = state.config.server.tls.as_ref().and_then(|tls| tls.hsts.clone())
     {
         response
             .headers_mut()

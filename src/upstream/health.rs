@@ -7,14 +7,11 @@ use std::sync::{Arc, Weak};
 use bytes::Bytes;
 use http::{Request, header};
 use http_body_util::Empty;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::time::MissedTickBehavior;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::Rotation;
 use super::server::Server;
+use super::{Rotation, pool};
 use crate::config::HealthCheck;
 
 /// Starts checking `rotation`'s servers; the checks stop when the handle is dropped.
@@ -38,22 +35,14 @@ async fn run(rotation: Weak<Rotation>, check: HealthCheck) {
     }
 }
 
-/// One check of `server`, over TLS for an `https://` one.
+/// One check of `server`, over TLS for an `https://` one, on a connection of its own
+/// (closed when the check ends, answered or not).
 async fn probe(server: &Server, check: &HealthCheck) -> bool {
     let authority: &str = &server.label;
     let exchange = async {
-        let stream = TcpStream::connect(authority).await.ok()?;
-        let (mut sender, _connection) = match &server.tls {
-            None => handshake(stream).await?,
-            Some(tls) => {
-                let stream = tls
-                    .connector
-                    .connect(tls.server_name.clone(), stream)
-                    .await
-                    .ok()?;
-                handshake(stream).await?
-            }
-        };
+        let mut sender = pool::open::<Empty<Bytes>>(authority, server.tls.as_ref())
+            .await
+            .ok()?;
         let request = Request::get(check.path.as_str())
             .header(header::HOST, authority)
             .header(header::CONNECTION, "close")
@@ -67,17 +56,4 @@ async fn probe(server: &Server, check: &HealthCheck) -> bool {
         tokio::time::timeout(check.timeout, exchange).await,
         Ok(Some(true))
     )
-}
-
-/// An HTTP/1.1 client connection over `stream`, driven by a task that ends with the
-/// returned handle.
-async fn handshake<S>(stream: S) -> Option<(http1::SendRequest<Empty<Bytes>>, AbortOnDropHandle<()>)>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, connection) = http1::handshake(TokioIo::new(stream)).await.ok()?;
-    let driven = AbortOnDropHandle::new(tokio::spawn(async move {
-        let _ = connection.await;
-    }));
-    Some((sender, driven))
 }

@@ -116,27 +116,38 @@ where
     }
 
     async fn open(&self) -> Result<SendRequest<B>, SendError> {
-        let stream = TcpStream::connect(&self.address)
-            .await
-            .map_err(|source| SendError::Connect {
-                address: self.address.clone(),
-                source,
-            })?;
-        // Requests and responses are written whole; never wait to coalesce them.
-        let _ = stream.set_nodelay(true);
-        let Some(tls) = &self.tls else {
-            return handshake(stream).await;
-        };
-        let stream = tls
-            .connector
-            .connect(tls.server_name.clone(), stream)
-            .await
-            .map_err(|source| SendError::Tls {
-                address: self.address.clone(),
-                source,
-            })?;
-        handshake(stream).await
+        open(&self.address, self.tls.as_ref()).await
     }
+}
+
+/// A new HTTP/1.1 connection to `address` (`host:port`), over TLS with `tls`: the pool's
+/// and the active health checks' (no deadline: the caller's).
+pub(super) async fn open<B>(address: &str, tls: Option<&Tls>) -> Result<SendRequest<B>, SendError>
+where
+    B: Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = TcpStream::connect(address)
+        .await
+        .map_err(|source| SendError::Connect {
+            address: address.to_owned(),
+            source,
+        })?;
+    // Requests and responses are written whole; never wait to coalesce them.
+    let _ = stream.set_nodelay(true);
+    let Some(tls) = tls else {
+        return handshake(stream).await;
+    };
+    let stream = tls
+        .connector
+        .connect(tls.server_name.clone(), stream)
+        .await
+        .map_err(|source| SendError::Tls {
+            address: address.to_owned(),
+            source,
+        })?;
+    handshake(stream).await
 }
 
 /// An HTTP/1.1 connection over `stream`, driven by a task of its own.
