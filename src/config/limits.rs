@@ -14,7 +14,7 @@ use toml::Spanned;
 
 use super::error::ErrorSink;
 use super::file::{LimitFile, RedisFile};
-use super::{parse_or, parse_spanned, values};
+use super::{parse_or, parse_spanned, status_in, values};
 use crate::client_ip::ip_text;
 use crate::limit::algorithm::{interval, micros};
 use crate::limit::key::{MAX_LIMIT_NAME_LEN, MAX_PREFIX_LEN, PartKind, TupleEncoder};
@@ -422,23 +422,7 @@ fn validate_limit(
     );
     let status = match &raw.status {
         None => Some(StatusCode::TOO_MANY_REQUESTS),
-        Some(status) => match u16::try_from(*status.get_ref())
-            .ok()
-            .and_then(|s| StatusCode::from_u16(s).ok())
-        {
-            Some(code) if (400..=599).contains(&code.as_u16()) => Some(code),
-            _ => {
-                sink.push(
-                    Some(status.span()),
-                    format!("{key}.status"),
-                    format!(
-                        "expected an HTTP status from 400 to 599, got {}",
-                        status.get_ref()
-                    ),
-                );
-                None
-            }
-        },
+        Some(status) => status_in(status, 400..=599, format!("{key}.status"), sink),
     };
     let failures = validate_count(&key, &raw, sink);
     let content_type = super::content_type(&raw.content_type, &key, "text/plain; charset=utf-8", sink);
@@ -709,25 +693,7 @@ fn validate_count(key: &str, raw: &LimitFile, sink: &mut ErrorSink) -> Option<Op
         .get_ref()
         .iter()
         .enumerate()
-        .map(|(i, status)| {
-            match u16::try_from(*status.get_ref())
-                .ok()
-                .and_then(|s| StatusCode::from_u16(s).ok())
-            {
-                Some(code) if (100..=599).contains(&code.as_u16()) => Some(code),
-                _ => {
-                    sink.push(
-                        Some(status.span()),
-                        format!("{key}.failure_status[{i}]"),
-                        format!(
-                            "expected an HTTP status from 100 to 599, got {}",
-                            status.get_ref()
-                        ),
-                    );
-                    None
-                }
-            }
-        })
+        .map(|(i, status)| status_in(status, 100..=599, format!("{key}.failure_status[{i}]"), sink))
         .collect::<Option<Vec<_>>>()
         .map(Some)
 }

@@ -287,6 +287,33 @@ fn parse_spanned<T>(
     }
 }
 
+/// An HTTP status from `range`, read from a TOML integer; otherwise an error at `key`
+/// naming the range.
+fn status_in(
+    value: &Spanned<i64>,
+    range: std::ops::RangeInclusive<u16>,
+    key: impl Into<String>,
+    sink: &mut ErrorSink,
+) -> Option<StatusCode> {
+    let status = u16::try_from(*value.get_ref())
+        .ok()
+        .filter(|code| range.contains(code))
+        .and_then(|code| StatusCode::from_u16(code).ok());
+    if status.is_none() {
+        sink.push(
+            Some(value.span()),
+            key,
+            format!(
+                "expected an HTTP status from {} to {}, got {}",
+                range.start(),
+                range.end(),
+                value.get_ref()
+            ),
+        );
+    }
+    status
+}
+
 /// An optional spanned value, parsed, or `default` when absent or invalid.
 fn parse_or<T>(
     value: &Option<Spanned<String>>,
@@ -698,23 +725,7 @@ fn validate_respond(
 ) -> Option<RespondConfig> {
     let status = match raw.status {
         None => Some(StatusCode::OK),
-        Some(status) => match u16::try_from(*status.get_ref())
-            .ok()
-            .and_then(|s| StatusCode::from_u16(s).ok())
-        {
-            Some(code) if code.as_u16() >= 200 && code.as_u16() <= 599 => Some(code),
-            _ => {
-                sink.push(
-                    Some(status.span()),
-                    format!("{key}.status"),
-                    format!(
-                        "expected an HTTP status from 200 to 599, got {}",
-                        status.get_ref()
-                    ),
-                );
-                None
-            }
-        },
+        Some(status) => status_in(&status, 200..=599, format!("{key}.status"), sink),
     };
     let content_type = content_type(&raw.content_type, key, "text/plain", sink);
     let headers = shaping::respond_headers(key, raw.headers.as_ref(), status, span, sink);

@@ -724,8 +724,12 @@ fn counting_failures() {
     assert_eq!(key, "limits.l.failure_status");
     let (_, _, key, _) = error(&limit("count = \"errors\""));
     assert_eq!(key, "limits.l.count");
-    let (_, _, key, _) = error(&limit("count = \"failures\"\nfailure_status = [99]"));
+    let (_, _, key, message) = error(&limit("count = \"failures\"\nfailure_status = [99]"));
     assert_eq!(key, "limits.l.failure_status[0]");
+    assert_eq!(message, "expected an HTTP status from 100 to 599, got 99");
+    let (_, _, key, message) = error(&limit("status = 200"));
+    assert_eq!(key, "limits.l.status");
+    assert_eq!(message, "expected an HTTP status from 400 to 599, got 200");
     let (_, _, key, message) =
         error("[limits.l]\nalgorithm = \"leaky_bucket\"\nrate = 1\nburst = 1\ncount = \"failures\"\n");
     assert_eq!(key, "limits.l.count");
