@@ -238,19 +238,26 @@ async fn hsts_and_the_redirect_to_https() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["strict-transport-security"], "max-age=86400");
     let port = gw.tls.unwrap().port();
-    let response = common::send(
-        Request::get(gw.url("/some/path?q=1"))
-            .header("host", "a.test:8080")
-            .body(http_body_util::Full::default())
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(response.0, StatusCode::PERMANENT_REDIRECT);
-    assert_eq!(
-        response.1["location"],
-        format!("https://a.test:{port}/some/path?q=1").as_str()
-    );
-    assert!(!response.1.contains_key("strict-transport-security"));
+    // The host as routing sees it: no port, lowercase, no trailing dot, brackets kept.
+    for (host, name) in [
+        ("a.test:8080", "a.test"),
+        ("A.Test.", "a.test"),
+        ("[::1]:8080", "[::1]"),
+    ] {
+        let response = common::send(
+            Request::get(gw.url("/some/path?q=1"))
+                .header("host", host)
+                .body(http_body_util::Full::default())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(response.0, StatusCode::PERMANENT_REDIRECT, "{host}");
+        assert_eq!(
+            response.1["location"],
+            format!("https://{name}:{port}/some/path?q=1").as_str()
+        );
+        assert!(!response.1.contains_key("strict-transport-security"));
+    }
     assert_eq!(upstream.requests(), 1, "the redirected request was forwarded");
 }
 

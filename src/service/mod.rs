@@ -387,11 +387,10 @@ struct Destination<'a> {
 
 /// `redirect_http`: a 308 to the same host and target over HTTPS on `port`.
 fn to_https(host: &str, port: u16, target: &Uri) -> Result<Response<Payload>, GatewayError> {
-    // The name without the plain listener's port (an IPv6 literal keeps its brackets).
-    let name = match host.rfind(':') {
-        Some(colon) if !host[colon..].contains(']') => &host[..colon],
-        _ => host,
-    };
+    // The name without the plain listener's port, as routing sees it (`$host`).
+    let name = normalize_host(host).ok_or(GatewayError::MalformedRequest(
+        "the request has no host to redirect to",
+    ))?;
     let path = target.path_and_query().map_or("/", |p| p.as_str());
     let location = if port == 443 {
         format!("https://{name}{path}")
