@@ -15,9 +15,9 @@ use std::net::IpAddr;
 
 use crate::config::{LimitConfig, Mode, Override};
 use crate::limit::algorithm::Algorithm;
-use crate::limit::key::{lock_key, slots_key, store_key};
-use crate::limit::{LimitCheck, algorithm};
+use crate::limit::key::slots_key;
 use crate::service::Instance;
+use crate::service::limits::limit_check;
 use crate::service::request_key::{NamedTuple, named_tuple};
 
 pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Response<Full<Bytes>> {
@@ -104,15 +104,7 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
             Err(error) => store_failed(&error),
         };
     }
-    let check = LimitCheck {
-        key: store_key(prefix, &tuple, &limit.name, &limit.algorithm),
-        algorithm: limit.algorithm,
-        lockout: limit
-            .lockout
-            .map(|penalty| (lock_key(prefix, &tuple, &limit.name), algorithm::micros(penalty))),
-        cost: 1,
-        shadow: false,
-    };
+    let check = limit_check(limit, prefix, &tuple, 1);
     match *request.method() {
         Method::GET => match state.store.peek(&check).await {
             Ok(peeked) => {

@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 use super::limit_headers::{LimitHeaders, ceil_seconds, policy_value, render};
 use super::request_key::{AmbiguousKey, KeySource, key_tuple};
 use crate::config::{Concurrency, LimitConfig, Mode, Override, RateLimitHeaders};
+use crate::limit::algorithm::micros;
 use crate::limit::key::{lock_key, slots_key, store_key};
 use crate::limit::redis::refusals::RefusalCache;
 use crate::limit::store::{Answer, Fallback, LimitStore, OnError, Slot};
@@ -132,15 +133,7 @@ impl RouteLimits {
                     }
                 }
             };
-            let check = LimitCheck {
-                key: store_key(settings.prefix, &tuple, &limit.name, &limit.algorithm),
-                algorithm: limit.algorithm,
-                lockout: limit
-                    .lockout
-                    .map(|penalty| (lock_key(settings.prefix, &tuple, &limit.name), micros(penalty))),
-                cost: self.cost,
-                shadow: limit.mode == Mode::Shadow,
-            };
+            let check = limit_check(limit, settings.prefix, &tuple, self.cost);
             if limit.failures.is_some() {
                 counted.push((limit, check));
                 continue;
@@ -549,6 +542,16 @@ fn pass(outcome: LimitOutcome) -> Verdict {
     }
 }
 
-fn micros(duration: Duration) -> u64 {
-    crate::limit::algorithm::micros(duration)
+/// What the store is asked for `limit` (its parameters, an override's when one applies)
+/// on key tuple `tuple`: its keys, its algorithm and lock-out, `cost`.
+pub(crate) fn limit_check(limit: &LimitConfig, prefix: &str, tuple: &str, cost: u64) -> LimitCheck {
+    LimitCheck {
+        key: store_key(prefix, tuple, &limit.name, &limit.algorithm),
+        algorithm: limit.algorithm,
+        lockout: limit
+            .lockout
+            .map(|penalty| (lock_key(prefix, tuple, &limit.name), micros(penalty))),
+        cost,
+        shadow: limit.mode == Mode::Shadow,
+    }
 }

@@ -25,7 +25,7 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 
 pub mod limit_headers;
-mod limits;
+pub(crate) mod limits;
 pub(crate) mod request_head;
 pub mod request_key;
 mod response_body;
