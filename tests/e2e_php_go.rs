@@ -9,7 +9,7 @@
 //! - each route's limits and rate-limit headers, exact, with the counters in Redis;
 //! - PHP and Go see the client in X-Real-IP and X-Forwarded-For, never a planted value,
 //!   and `X_Forwarded_For` (PHP's `HTTP_X_FORWARDED_FOR`) never reaches PHP;
-//! - PHP's X-Powered-By stays behind;
+//! - PHP's X-Powered-By never reaches the client;
 //! - a POST form and a multipart upload reach PHP intact; a slow page is a 504;
 //! - failed logins (`count = "failures"`) lock a client out after the fifth, its next
 //!   attempts never reaching PHP, and the limit-state API shows and lifts the lock;
@@ -73,7 +73,7 @@ fn require(program: &str, args: &[&str], package: &str) {
 }
 
 /// The example Go app, built once per test run (the Go build cache lives under the target
-/// directory, so later runs take a moment).
+/// directory, so a build after the first takes a moment).
 fn go_app_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
@@ -327,7 +327,7 @@ impl Topology {
             vec![
                 // One PHP server: these tests pin what one app server does (a slow page's
                 // 504 would be tried again on the other server, and the pages would be
-                // spread over two logs). The sessions tests below run both.
+                // spread over two logs). The sessions tests run both.
                 (EXAMPLE_PHP_SERVERS, format!("servers = [\"{}\"]", php.url())),
                 (
                     "url = \"http://go:8080\"",
@@ -456,7 +456,7 @@ async fn php_sees_the_real_client_and_the_php_route_has_its_quota_headers() {
     assert_eq!(first.status, StatusCode::OK, "{}", first.body);
     assert_eq!(first.header("ratelimit-policy"), "\"per_ip_minute\";q=300;w=60");
     assert_eq!(first.header("ratelimit"), "\"per_ip_minute\";r=299;t=60");
-    // PHP's X-Powered-By stays behind ([server] response_headers); the route frames.
+    // `[server] response_headers` hide PHP's X-Powered-By; the route sets X-Frame-Options.
     assert!(first.headers.get("x-powered-by").is_none(), "{:?}", first.headers);
     assert_eq!(first.header("x-frame-options"), "SAMEORIGIN");
     assert!(
@@ -1351,7 +1351,7 @@ async fn sticky_sessions_fail_over(store: SessionStore) -> Failover {
     assert!(failures >= 1.0, "{metrics}");
     assert_eq!(retries, failures, "each failed try was tried again: {metrics}");
 
-    // Every slot came back (a response's slot is released once its body is done).
+    // Every slot is free (a response's slot is released once its body is done).
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let metrics = topology.metrics().await;

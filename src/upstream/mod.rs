@@ -368,9 +368,8 @@ impl Rotation {
         tried: &Tried,
         instances: u64,
     ) -> Result<Slot, UpstreamFailure> {
-        let now = Instant::now();
         let Some(gate) = &self.gate else {
-            let index = self.take(affinity, tried, now, u64::MAX)?;
+            let index = self.take(affinity, tried, u64::MAX)?;
             return Ok(Slot {
                 rotation: self.clone(),
                 index,
@@ -383,7 +382,7 @@ impl Rotation {
         }
         let (id, handoff) = {
             let mut waiting = gate.lock();
-            match self.take(affinity, tried, now, cap) {
+            match self.take(affinity, tried, cap) {
                 Ok(index) => {
                     return Ok(Slot {
                         rotation: self.clone(),
@@ -430,13 +429,7 @@ impl Rotation {
     /// none is available, `QueueFull` when every available one is at its cap. A keyed
     /// request (`hash`) goes to its key's server or waits for it, so that a session stays
     /// on its server when that server is busiest too.
-    fn take(
-        &self,
-        affinity: Option<u64>,
-        tried: &Tried,
-        now: Instant,
-        cap: u64,
-    ) -> Result<usize, UpstreamFailure> {
+    fn take(&self, affinity: Option<u64>, tried: &Tried, cap: u64) -> Result<usize, UpstreamFailure> {
         // No cap, no server tried or troubled: round robin's turn needs no look at each.
         if cap == u64::MAX
             && tried.is_empty()
@@ -446,6 +439,8 @@ impl Rotation {
             self.servers[index].in_flight.inc();
             return Ok(index);
         }
+        // Read once the fast path is ruled out: only a troubled server's health needs it.
+        let now = Instant::now();
         let mut skip = tried.clone();
         loop {
             let picked = match affinity {
