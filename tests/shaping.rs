@@ -484,3 +484,64 @@ response_headers = {{ set = {{ "X-Upstream" = "set", "X-Frame-Options" = "DENY" 
     assert!(!headers.contains_key("x-upstream"), "{headers:?}");
     assert_eq!(headers["x-frame-options"], "DENY");
 }
+
+/// A limit's rejection keeps its own `message` and `content_type` when `[server.errors]`
+/// has a page for the same status; the page is for floodgate's own errors of that status.
+#[tokio::test]
+async fn a_limit_rejection_keeps_its_message_where_an_error_page_has_its_status() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&format!(
+        r#"[server.errors]
+503 = {{ body = "<h1>Busy</h1>\n", content_type = "text/html" }}
+
+[upstreams.app]
+url = "{}"
+
+[upstreams.capped]
+url = "{}"
+max_requests = 1
+queue = 0
+
+[limits.one]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+status = 503
+message = "limited\n"
+
+[[routes]]
+name = "limited"
+path_prefix = "/limited"
+upstream = "app"
+limits = ["one"]
+
+[[routes]]
+name = "capped"
+path_prefix = "/capped"
+upstream = "capped"
+"#,
+        upstream.url(),
+        upstream.url()
+    ))
+    .await;
+    assert_eq!(get(&gw.url("/limited")).await.0, StatusCode::OK);
+    let (status, headers, body) = get(&gw.url("/limited")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, "limited\n")
+    );
+    assert_eq!(headers["content-type"], "text/plain; charset=utf-8");
+    // floodgate's own 503: the capped upstream's one slot is held, and nothing may wait.
+    let slow = gw.url("/capped/slow?ms=1000");
+    let holding = tokio::spawn(async move { get(&slow).await });
+    while upstream.requests() < 2 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (status, headers, body) = get(&gw.url("/capped/x")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, "<h1>Busy</h1>\n")
+    );
+    assert_eq!(headers["content-type"], "text/html");
+    assert_eq!(holding.await.unwrap().0, StatusCode::OK);
+}

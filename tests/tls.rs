@@ -538,3 +538,37 @@ async fn active_checks_of_an_https_upstream_speak_tls() {
     );
     assert_eq!(get(&gw.url("/")).await.0, StatusCode::OK);
 }
+
+/// `min_version = "1.3"` refuses a client that offers TLS 1.2 only, which the default
+/// (`"1.2"`) accepts.
+#[tokio::test]
+async fn min_version_refuses_older_clients() {
+    let ca = TestCa::new("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    ca.issue(&["a.test"]).write(dir.path(), "a");
+    let upstream = Upstream::start().await;
+    let tls12 = ca.client_of_versions(&[b"http/1.1"], &[&rustls::version::TLS12]);
+    let name = rustls::pki_types::ServerName::try_from("a.test").unwrap();
+
+    let default = gateway(dir.path(), &upstream, &["a"], "").await;
+    let tcp = tokio::net::TcpStream::connect(default.tls.unwrap())
+        .await
+        .unwrap();
+    let stream = tls12
+        .connect(name.clone(), tcp)
+        .await
+        .expect("TLS 1.2 by default");
+    assert_eq!(
+        stream.get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+
+    let strict = gateway(dir.path(), &upstream, &["a"], "min_version = \"1.3\"").await;
+    let tcp = tokio::net::TcpStream::connect(strict.tls.unwrap()).await.unwrap();
+    assert!(tls12.connect(name, tcp).await.is_err(), "TLS 1.2 accepted");
+    let stream = connect(&ca.client(&[b"http/1.1"]), strict.tls.unwrap(), "a.test").await;
+    assert_eq!(
+        stream.get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_3)
+    );
+}

@@ -57,11 +57,20 @@ impl TestCa {
 
     /// A client that trusts this CA, offering `alpn`.
     pub(crate) fn client(&self, alpn: &[&[u8]]) -> TlsConnector {
+        self.client_of_versions(alpn, rustls::DEFAULT_VERSIONS)
+    }
+
+    /// A client that trusts this CA, offering `alpn` and only the TLS `versions`.
+    pub(crate) fn client_of_versions(
+        &self,
+        alpn: &[&[u8]],
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> TlsConnector {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.issuer.der().clone()).unwrap();
         let mut config =
             rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
+                .with_protocol_versions(versions)
                 .unwrap()
                 .with_root_certificates(roots)
                 .with_no_client_auth();
