@@ -190,6 +190,7 @@ pub(crate) struct Metrics {
     server_up: Family<ServerLabels, Gauge>,
     server_in_flight: Family<ServerLabels, Gauge>,
     tls_handshake_errors: Counter,
+    dropped_headers: Counter,
     certificate_expiry: Family<CertificateLabels, Gauge>,
     decisions: Family<DecisionLabels, Counter>,
     store_duration: HistogramFamily<StoreLabels>,
@@ -255,6 +256,12 @@ impl Metrics {
             "TLS handshakes on the HTTPS listener that failed or did not finish in time",
             tls_handshake_errors.clone(),
         );
+        let dropped_headers = Counter::default();
+        registry.register(
+            "floodgate_request_headers_dropped",
+            "Request header fields dropped for names with characters other than letters, digits and -",
+            dropped_headers.clone(),
+        );
         let certificate_expiry = Family::<CertificateLabels, Gauge>::default();
         registry.register(
             "floodgate_tls_certificate_expiry_timestamp_seconds",
@@ -303,6 +310,7 @@ impl Metrics {
             server_up,
             server_in_flight,
             tls_handshake_errors,
+            dropped_headers,
             certificate_expiry,
             decisions,
             store_duration,
@@ -363,6 +371,10 @@ impl Metrics {
                 upstream: Name(upstream.clone()),
             })
             .clone()
+    }
+
+    pub(crate) fn record_dropped_headers(&self, fields: usize) {
+        self.dropped_headers.inc_by(fields as u64);
     }
 
     pub(crate) fn record_tls_handshake_error(&self) {

@@ -3,7 +3,7 @@
 
 use http::Method;
 
-use crate::config::{HostMatch, PathMatch, RouteConfig};
+use crate::config::{HostMatch, RouteConfig};
 
 /// Routes in file order.
 #[derive(Debug, Clone, Default)]
@@ -21,7 +21,7 @@ impl Router {
     pub fn lookup(&self, host: Option<&str>, path: &str, method: &Method) -> Option<usize> {
         self.routes.iter().position(|route| {
             host_matches(&route.host, host)
-                && path_matches(&route.path, path)
+                && route.path.matches(path)
                 && method_matches(&route.methods, method)
         })
     }
@@ -39,13 +39,6 @@ fn host_matches(pattern: &Option<HostMatch>, host: Option<&str>) -> bool {
         (Some(HostMatch::Wildcard(suffix)), Some(host)) => {
             host.len() > suffix.len() && host.ends_with(suffix.as_str())
         }
-    }
-}
-
-fn path_matches(pattern: &PathMatch, path: &str) -> bool {
-    match pattern {
-        PathMatch::Exact(exact) => exact == path,
-        PathMatch::Prefix(prefix) => path.starts_with(prefix.as_str()),
     }
 }
 
@@ -77,7 +70,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::config::{RespondConfig, RouteTarget};
+    use crate::config::{PathMatch, RespondConfig, RouteTarget};
 
     fn route(
         name: &str,

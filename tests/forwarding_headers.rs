@@ -99,40 +99,74 @@ async fn forwarding_headers_are_set_when_the_client_sends_none() {
     assert_eq!(header_lines(&seen, "via"), ["1.1 floodgate"], "{seen}");
 }
 
+/// Names PHP and CGI fold into floodgate's forwarding headers (and into any other name):
+/// `_`, `.` and the rest of what is neither a letter, a digit nor `-`.
+const PLANTED: &str = "Host: h\r\n\
+     X_Forwarded_For: 6.6.6.6\r\n\
+     X_Real_IP: 6.6.6.6\r\n\
+     X.Real.IP: 6.6.6.6\r\n\
+     X.Forwarded.For: 6.6.6.6\r\n\
+     X.Forwarded.Proto: https\r\n\
+     X_Forwarded_Proto: https\r\n\
+     X_Forwarded_Host: evil.example\r\n\
+     x-real_ip: 6.6.6.6\r\n\
+     X_FORWARDED-FOR: 6.6.6.6\r\n\
+     X.Debug: 1\r\n\
+     X_Custom: app\r\n";
+
+/// What of [`PLANTED`] the upstream saw: no planted value, and floodgate's own.
+fn assert_nothing_planted(seen: &str) {
+    assert!(!seen.contains("6.6.6.6"), "{seen}");
+    assert!(!seen.contains("evil.example"), "{seen}");
+    assert_eq!(header_lines(seen, "x-real-ip"), ["127.0.0.1"], "{seen}");
+    assert_eq!(header_lines(seen, "x-forwarded-for"), ["127.0.0.1"], "{seen}");
+    assert_eq!(header_lines(seen, "x-forwarded-proto"), ["http"], "{seen}");
+}
+
 #[tokio::test]
-async fn underscore_spellings_never_reach_the_upstream() {
+async fn names_php_would_fold_never_reach_the_upstream() {
     let upstream = Upstream::start().await;
     for gw in [
         untrusted_gateway(&upstream).await,
         trusted_gateway(&upstream).await,
     ] {
-        let seen = upstream_saw(
-            &gw,
-            "Host: h\r\n\
-             X_Forwarded_For: 6.6.6.6\r\n\
-             X_Real_IP: 6.6.6.6\r\n\
-             X_Forwarded_Proto: https\r\n\
-             X_Forwarded_Host: evil.example\r\n\
-             x-real_ip: 6.6.6.6\r\n\
-             X_FORWARDED-FOR: 6.6.6.6\r\n\
-             X_Custom: kept\r\n",
-        )
-        .await;
-        let planted: Vec<&str> = seen
+        let seen = upstream_saw(&gw, PLANTED).await;
+        assert_nothing_planted(&seen);
+        let invalid: Vec<&str> = seen
             .lines()
-            .filter(|line| line.contains('_') && !line.starts_with("x_custom:"))
+            .filter(|line| {
+                line.split(':')
+                    .next()
+                    .is_some_and(|name| name.contains(['_', '.']))
+            })
             .collect();
-        assert!(
-            planted.is_empty(),
-            "underscore spellings reached the upstream: {seen}"
-        );
-        assert!(!seen.contains("6.6.6.6"), "{seen}");
-        assert!(!seen.contains("evil.example"), "{seen}");
-        // Other underscore names are not floodgate's business.
-        assert_eq!(header_lines(&seen, "x_custom"), ["kept"], "{seen}");
-        assert_eq!(header_lines(&seen, "x-real-ip"), ["127.0.0.1"], "{seen}");
-        assert_eq!(header_lines(&seen, "x-forwarded-proto"), ["http"], "{seen}");
+        assert!(invalid.is_empty(), "invalid names reached the upstream: {seen}");
+        assert_eq!(gw.metric("floodgate_request_headers_dropped_total").await, 11.0);
     }
+}
+
+#[tokio::test]
+async fn kept_invalid_names_still_never_spell_a_protected_one() {
+    let upstream = Upstream::start().await;
+    let gw = gateway(
+        &upstream,
+        r#"[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+drop_invalid_headers = false
+request_headers = { remove = ["X-Debug"] }
+"#,
+    )
+    .await;
+    let seen = upstream_saw(&gw, PLANTED).await;
+    assert_nothing_planted(&seen);
+    assert!(
+        !seen.contains("x.debug"),
+        "a removed header's spelling got through: {seen}"
+    );
+    // The app asked for names it needs: those that spell nothing floodgate guards pass.
+    assert_eq!(header_lines(&seen, "x_custom"), ["app"], "{seen}");
+    assert_eq!(gw.metric("floodgate_request_headers_dropped_total").await, 0.0);
 }
 
 #[tokio::test]

@@ -16,6 +16,57 @@ async fn gateway(upstream: &Upstream) -> TestGateway {
     TestGateway::proxy_to(upstream, "", "").await
 }
 
+/// An HTTP/2 client sends each cookie as its own `cookie` field, as browsers do (RFC 9113
+/// §8.2.3); an HTTP/1.1 app must get them in one `Cookie` line, joined by `; `, and a
+/// `cookie:` key part must find a cookie in any of the fields.
+#[tokio::test]
+async fn http2_cookie_crumbs_reach_the_upstream_as_one_cookie_line() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&format!(
+        r#"
+[upstreams.app]
+url = "{}"
+
+[limits.session]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+key = ["cookie:PHPSESSID"]
+
+[[routes]]
+name = "app"
+upstream = "app"
+limits = ["session"]
+"#,
+        upstream.url()
+    ))
+    .await;
+    let client = h2c_client();
+    let crumbs = |session: &str| {
+        Request::get(gw.url("/cookies"))
+            .header("cookie", "a=1")
+            .header("cookie", format!("PHPSESSID={session}"))
+            .header("cookie", "theme=dark")
+            .body(Full::default())
+            .unwrap()
+    };
+
+    let response = client.request(crumbs("abc")).await.expect("h2c request");
+    assert_eq!(response.version(), Version::HTTP_2);
+    let (status, _, seen) = read_response(response).await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert_eq!(
+        header_lines(&seen, "cookie"),
+        ["a=1; PHPSESSID=abc; theme=dark"],
+        "{seen}"
+    );
+    // The session cookie, read from the middle crumb, is the key: spent for abc, not for xyz.
+    let again = client.request(crumbs("abc")).await.expect("h2c request");
+    assert_eq!(again.status(), StatusCode::TOO_MANY_REQUESTS);
+    let other = client.request(crumbs("xyz")).await.expect("h2c request");
+    assert_eq!(other.status(), StatusCode::OK);
+}
+
 #[tokio::test]
 async fn h2c_clients_are_proxied_to_an_http11_upstream() {
     let upstream = Upstream::start().await;

@@ -175,3 +175,57 @@ async fn underscore_spellings_of_a_key_header_never_reach_the_upstream() {
     assert!(raw.contains("\"keyed\";r=4;"), "{raw}");
     assert_eq!(upstream.requests(), 1);
 }
+
+/// PHP reads `X.Api.Key` as `HTTP_X_API_KEY`: a decoy in the real header and the key the
+/// app uses in a dotted one would be counted under the decoy. The dotted one never
+/// reaches the app.
+#[tokio::test]
+async fn a_dotted_spelling_of_a_key_header_never_reaches_the_upstream() {
+    let upstream = Upstream::start().await;
+    let gw = keyed_gateway(&upstream, "\"header:x-api-key\"", 5).await;
+
+    let raw = raw_request(
+        gw.addr,
+        b"GET /u HTTP/1.1\r\nHost: h\r\nX-Api-Key: decoy\r\nX.Api.Key: REAL\r\n\
+          X.API_KEY: REAL\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    let description = raw.split("\r\n\r\n").nth(1).unwrap_or_default();
+    assert_eq!(common::header_lines(description, "x-api-key"), ["decoy"], "{raw}");
+    assert!(!description.contains("REAL"), "{raw}");
+}
+
+/// PHP folds `.`, ` ` and an unclosed `[` in query and cookie names into `_` (and reads
+/// `a[x]` as `a`): `?api_key=decoy&api.key=REAL` would be counted under the decoy while
+/// PHP reads REAL. Every spelling is the same name, so two of them are a 400.
+#[tokio::test]
+async fn names_php_folds_together_are_one_query_or_cookie_key() {
+    let upstream = Upstream::start().await;
+    let gw = keyed_gateway(&upstream, "\"query:api_key\"", 2).await;
+    for aliased in [
+        "/q?api_key=decoy&api.key=REAL",
+        "/q?api_key=decoy&api%2Ekey=REAL",
+        "/q?api.key=REAL&api+key=decoy",
+        "/q?api_key=decoy&api[key=REAL",
+        "/q?api_key=decoy&%20api_key=REAL",
+        "/q?api_key=decoy&api_key%00x=REAL",
+        "/q?api_key=decoy&api_key[]=REAL",
+    ] {
+        assert_eq!(status_with(&gw, aliased, &[]).await, 400, "{aliased}");
+    }
+    assert_eq!(upstream.requests(), 0);
+    // One counter, whatever the spelling.
+    assert_eq!(status_with(&gw, "/q?api.key=REAL", &[]).await, 200);
+    assert_eq!(status_with(&gw, "/q?api%20key=REAL", &[]).await, 200);
+    assert_eq!(status_with(&gw, "/q?api_key=REAL", &[]).await, 429);
+
+    let gw = keyed_gateway(&upstream, "\"cookie:api_key\"", 1).await;
+    let cookie = |value: &'static str| [("cookie", value)];
+    assert_eq!(
+        status_with(&gw, "/", &cookie("api_key=decoy; api.key=REAL")).await,
+        400
+    );
+    assert_eq!(status_with(&gw, "/", &cookie("api%2Ekey=REAL")).await, 200);
+    assert_eq!(status_with(&gw, "/", &cookie("api_key=RE%41L")).await, 429);
+}

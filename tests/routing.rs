@@ -124,3 +124,62 @@ async fn paths_are_normalized_before_matching_and_forwarded_normalized() {
         );
     }
 }
+
+/// PHP runs `/login.php/anything` as `login.php` (PATH_INFO): a route whose exact `path`
+/// names a script takes those requests too, so its limits cannot be walked around.
+#[tokio::test]
+async fn an_exact_script_path_also_matches_its_path_info() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&format!(
+        r#"
+[upstreams.app]
+url = "{}"
+
+[limits.login]
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+
+[[routes]]
+name = "login"
+path = "/login.php"
+upstream = "app"
+limits = ["login"]
+
+[[routes]]
+name = "site"
+path_prefix = "/"
+upstream = "app"
+"#,
+        upstream.url()
+    ))
+    .await;
+    let status = |path: &'static str| {
+        let url = gw.url(path);
+        async move { get(&url).await.0 }
+    };
+
+    assert_eq!(status("/login.php").await, StatusCode::OK);
+    for walked_around in [
+        "/login.php/x",
+        "/login.php/",
+        "/login.php%2Fx",
+        "/login.php%2fx",
+        "//login.php/a/b",
+    ] {
+        assert_eq!(
+            status(walked_around).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{walked_around}"
+        );
+    }
+    // Other scripts and other files are other routes' business.
+    for other in ["/login.phpx", "/login.php.bak", "/login.phps/x", "/x/login.php"] {
+        assert_eq!(status(other).await, StatusCode::OK, "{other}");
+    }
+    assert_eq!(
+        gw.metric("floodgate_requests_total{route=\"login\",status=\"429\"}")
+            .await,
+        5.0
+    );
+}

@@ -44,6 +44,7 @@ pub(crate) struct ServerFile {
     pub errors: Option<BTreeMap<String, Spanned<ErrorPageFile>>>,
     pub request_headers: Option<Spanned<HeaderRulesFile>>,
     pub response_headers: Option<Spanned<HeaderRulesFile>>,
+    pub drop_invalid_headers: Option<bool>,
 }
 
 /// One entry of `[server.errors]`.

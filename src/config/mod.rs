@@ -88,6 +88,9 @@ pub struct ServerConfig {
     /// Header rules for every forwarded request and every response, before a route's.
     pub request_headers: HeaderRules,
     pub response_headers: HeaderRules,
+    /// Request headers whose names have characters other than letters, digits and `-`
+    /// are dropped before anything reads them (nginx's `ignore_invalid_headers`).
+    pub drop_invalid_headers: bool,
 }
 
 /// Which rate-limit response headers are sent (`server.ratelimit_headers`).
@@ -143,7 +146,50 @@ pub enum HostMatch {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PathMatch {
     Exact(String),
+    /// An exact `path` naming a PHP script (`/login.php`): also that path followed by `/`
+    /// and anything, which PHP runs as the same script (PATH_INFO).
+    Script(String),
     Prefix(String),
+}
+
+impl PathMatch {
+    /// The extension that makes an exact `path` a [`PathMatch::Script`] (section 16's
+    /// `split_path` default).
+    const SCRIPT_EXTENSION: &'static str = ".php";
+
+    /// An exact `path`: a script when its last segment ends in `.php` (in any case).
+    fn exact(path: String) -> PathMatch {
+        let last = path.rsplit('/').next().unwrap_or("");
+        let ext = Self::SCRIPT_EXTENSION;
+        let script = last.len() > ext.len()
+            && last.as_bytes()[last.len() - ext.len()..].eq_ignore_ascii_case(ext.as_bytes());
+        if script {
+            PathMatch::Script(path)
+        } else {
+            PathMatch::Exact(path)
+        }
+    }
+
+    /// The path as configured.
+    pub fn as_str(&self) -> &str {
+        match self {
+            PathMatch::Exact(path) | PathMatch::Script(path) | PathMatch::Prefix(path) => path,
+        }
+    }
+
+    /// Whether the normalized `path` matches.
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Exact(exact) => exact == path,
+            // An encoded slash too: nginx decodes it before splitting PATH_INFO off.
+            PathMatch::Script(script) => path.strip_prefix(script.as_str()).is_some_and(|rest| {
+                rest.is_empty()
+                    || rest.starts_with('/')
+                    || rest.get(..3).is_some_and(|s| s.eq_ignore_ascii_case("%2f"))
+            }),
+            PathMatch::Prefix(prefix) => path.starts_with(prefix.as_str()),
+        }
+    }
 }
 
 /// Where a matched request goes.
@@ -459,6 +505,7 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
             sink,
         )
         .unwrap_or_default(),
+        drop_invalid_headers: raw.drop_invalid_headers.unwrap_or(true),
     }
 }
 
@@ -518,7 +565,7 @@ fn validate_route(
             None
         }
         (Some(path), None) => {
-            parse_spanned(path, format!("{key}.path"), sink, route_path).map(PathMatch::Exact)
+            parse_spanned(path, format!("{key}.path"), sink, route_path).map(PathMatch::exact)
         }
         (None, Some(prefix)) => {
             parse_spanned(prefix, format!("{key}.path_prefix"), sink, route_path).map(PathMatch::Prefix)
@@ -596,7 +643,8 @@ fn validate_route(
             );
             None
         }
-        (Some(strip), Some(PathMatch::Exact(p) | PathMatch::Prefix(p))) => {
+        (Some(strip), Some(path)) => {
+            let p = path.as_str();
             parse_spanned(strip, format!("{key}.strip_prefix"), sink, |text| {
                 let prefix = text.trim_end_matches('/');
                 // Whole path segments only: "/api" of "/api/", not "/ap".

@@ -1,7 +1,8 @@
 //! Header rewriting between client and upstream (docs/configuration.md#forwarding): hop-by-hop headers removed
 //! (RFC 9110 §7.6.1, including the names listed in `Connection`), forwarding headers set by
-//! floodgate alone, and underscore spellings of them dropped (PHP and CGI read
-//! `X_Real_IP` as `HTTP_X_REAL_IP`, so a client could otherwise plant one).
+//! floodgate alone, and other spellings of them dropped where invalid names are kept (PHP
+//! and CGI read `X_Real_IP` and `X.Real.IP` as `HTTP_X_REAL_IP`, so a client could
+//! otherwise plant one).
 
 use std::net::IpAddr;
 
@@ -213,12 +214,19 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
     }
 }
 
+/// Drops the spellings of protected names that PHP and CGI fold into them: with
+/// `server.drop_invalid_headers` (the default) none are left to find.
 fn remove_underscore_spellings(headers: &mut HeaderMap, guarded: &[String]) {
+    let folds = |b: u8| !(b.is_ascii_alphanumeric() || b == b'-');
     let planted: Vec<HeaderName> = headers
         .keys()
-        .filter(|name| name.as_str().contains('_'))
+        .filter(|name| name.as_str().bytes().any(folds))
         .filter(|name| {
-            let normalized = name.as_str().replace('-', "_");
+            let normalized: String = name
+                .as_str()
+                .bytes()
+                .map(|b| if b.is_ascii_alphanumeric() { b as char } else { '_' })
+                .collect();
             UNDERSCORE_SPELLINGS.contains(&normalized.as_str()) || guarded.contains(&normalized)
         })
         .cloned()
@@ -350,6 +358,7 @@ mod tests {
             ("x_forwarded_for", "1.2.3.4"),
             ("x_real_ip", "1.2.3.4"),
             ("x-real_ip", "1.2.3.4"),
+            ("x.real.ip", "1.2.3.4"),
             ("x_custom", "kept"),
         ]);
         set_forwarding_headers(&mut h, &ctx(&peer(), false));
@@ -362,6 +371,7 @@ mod tests {
         assert!(h.get("x_forwarded_for").is_none());
         assert!(h.get("x_real_ip").is_none());
         assert!(h.get("x-real_ip").is_none());
+        assert!(h.get("x.real.ip").is_none());
         assert_eq!(all(&h, "x_custom"), ["kept"]);
     }
 

@@ -51,6 +51,7 @@ use crate::router::normalize_host;
 use crate::upstream::{Upstream, tunnel};
 use limit_headers::LimitHeaders;
 use limits::{Action, LimitSettings, count_failures};
+use request_head::InvalidNames;
 use request_key::{KeySource, key_tuple};
 use response_body::{Payload, ResponseBody, full};
 use state::{GatewayState, Target};
@@ -222,13 +223,19 @@ async fn serve(
     shared: &Instance,
     state: &GatewayState,
     client: Client<'_>,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
     record: &mut AccessRecord,
     answer: &mut Answer,
 ) -> Result<Response<Payload>, GatewayError> {
     // The access record owns the normalized path; the request path borrows it from there.
-    let checked =
-        request_head::check(&request).and_then(|host| Ok((host, normalize_path(request.uri().path())?)));
+    let names = if state.config.server.drop_invalid_headers {
+        InvalidNames::Drop
+    } else {
+        InvalidNames::Keep
+    };
+    let checked = request_head::check(&mut request, names, |n| shared.metrics.record_dropped_headers(n))
+        .and_then(|()| request_head::authority(&request))
+        .and_then(|host| Ok((host, normalize_path(request.uri().path())?)));
     let host = match checked {
         Ok((host, path)) => {
             record.path = path.into_owned();

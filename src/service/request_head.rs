@@ -8,7 +8,7 @@
 //! for every request of a connection whatever came before it (an `Upgrade` the upstream
 //! declined, a refused `CONNECT`), and for HTTP/1.1 and HTTP/2 alike.
 
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Request, Uri};
 
 use crate::error::GatewayError;
@@ -17,61 +17,137 @@ use crate::error::GatewayError;
 /// (`name: value` and its line end), whatever the protocol: beyond it, 431.
 pub(crate) const MAX_HEADER_BYTES: usize = 32 * 1024;
 
-/// Checks `request`'s head; returns the authority the client asked for (the request
-/// target's, or else the `Host` header's).
-pub(crate) fn check<B>(request: &Request<B>) -> Result<&str, GatewayError> {
+/// What [`check`] does with the header names PHP and CGI would fold into others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InvalidNames {
+    /// Dropped: names with characters other than letters, digits and `-`.
+    Drop,
+    /// Kept (`server.drop_invalid_headers = false`).
+    Keep,
+}
+
+/// Checks `request`'s head and tidies it for everything that reads it after: header
+/// names with characters other than letters, digits and `-` dropped (unless `names` keeps
+/// them; `dropped` counts them), and several `Cookie` fields (HTTP/2 sends one per
+/// cookie, RFC 9113 §8.2.3) joined into one. Then [`authority`] is the host it asks for.
+pub(crate) fn check<B>(
+    request: &mut Request<B>,
+    names: InvalidNames,
+    dropped: impl FnOnce(usize),
+) -> Result<(), GatewayError> {
     let fields = Fields::of(request.headers())?;
     // HTTP/2 carries the authority outside the fields: counted as the `Host` it stands for.
     let authority_field = match (fields.host, request.uri().authority()) {
-        (None, Some(authority)) => "host".len() + authority.as_str().len() + 4,
+        (false, Some(authority)) => "host".len() + authority.as_str().len() + 4,
         _ => 0,
     };
     if fields.bytes + authority_field > MAX_HEADER_BYTES {
         return Err(GatewayError::HeadersTooLarge);
     }
-    if let Some(coding) = fields.transfer_encoding {
-        transfer_coding(coding)?;
-    }
     if fields.content_length > 1 {
         return Err(GatewayError::AmbiguousFraming("repeated Content-Length"));
     }
-    host(request.uri(), fields.host)
+    let drop_names = fields.invalid_names > 0 && names == InvalidNames::Drop;
+    if drop_names {
+        dropped(drop_invalid_names(request.headers_mut()));
+    }
+    if fields.cookies > 1 {
+        join_cookies(request.headers_mut());
+    }
+    Ok(())
+}
+
+/// The authority a [`check`]ed request asks for: its target's, or else its `Host`'s
+/// (RFC 9112 §3.2: exactly one valid `Host`; an absolute-form target's authority must
+/// agree with it).
+pub(crate) fn authority<B>(request: &Request<B>) -> Result<&str, GatewayError> {
+    host(request.uri(), request.headers().get(header::HOST))
 }
 
 /// What [`check`] needs from the header fields, in one pass over them.
-struct Fields<'a> {
-    host: Option<&'a HeaderValue>,
-    transfer_encoding: Option<&'a HeaderValue>,
+struct Fields {
+    host: bool,
     content_length: usize,
+    /// Names with characters other than letters, digits and `-`.
+    invalid_names: usize,
+    cookies: usize,
     /// The fields' size as HTTP/1.1 writes them.
     bytes: usize,
 }
 
-impl<'a> Fields<'a> {
-    fn of(headers: &'a HeaderMap) -> Result<Self, GatewayError> {
+impl Fields {
+    fn of(headers: &HeaderMap) -> Result<Self, GatewayError> {
         let mut fields = Fields {
-            host: None,
-            transfer_encoding: None,
+            host: false,
             content_length: 0,
+            invalid_names: 0,
+            cookies: 0,
             bytes: 0,
         };
+        let mut transfer_encoding = false;
         for (name, value) in headers {
             fields.bytes += name.as_str().len() + value.len() + 4;
             if name == header::HOST {
-                if fields.host.is_some() {
+                if fields.host {
                     return Err(GatewayError::BadHost("repeated Host"));
                 }
-                fields.host = Some(value);
+                fields.host = true;
             } else if name == header::TRANSFER_ENCODING {
-                if fields.transfer_encoding.is_some() {
+                if transfer_encoding {
                     return Err(GatewayError::AmbiguousFraming("repeated Transfer-Encoding"));
                 }
-                fields.transfer_encoding = Some(value);
+                transfer_encoding = true;
+                transfer_coding(value)?;
             } else if name == header::CONTENT_LENGTH {
                 fields.content_length += 1;
+            } else if name == header::COOKIE {
+                fields.cookies += 1;
+            } else if !valid_name(name.as_str()) {
+                fields.invalid_names += 1;
             }
         }
         Ok(fields)
+    }
+}
+
+/// Letters (header names are lower-case here), digits and `-`: what nginx calls a valid
+/// name. PHP and CGI turn every other character into `_`, so `X.Real.IP` and `X_Real_IP`
+/// would reach an app as its `X-Real-IP`.
+fn valid_name(name: &str) -> bool {
+    name.bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// Removes the fields with invalid names; returns how many went.
+fn drop_invalid_names(headers: &mut HeaderMap) -> usize {
+    let invalid: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| !valid_name(name.as_str()))
+        .cloned()
+        .collect();
+    let mut count = 0;
+    for name in invalid {
+        count += headers.get_all(&name).iter().count();
+        tracing::debug!(header = %name, "dropped a request header with an invalid name");
+        headers.remove(name);
+    }
+    count
+}
+
+/// Joins every `Cookie` field into one, `; ` between them (RFC 9113 §8.2.3), as an
+/// HTTP/1.1 app expects: Apache and `php -S` would join separate lines with `, `, and
+/// PHP would then read the cookies after the first as part of its value.
+fn join_cookies(headers: &mut HeaderMap) {
+    let mut joined = Vec::new();
+    for crumb in headers.get_all(header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(crumb.as_bytes());
+    }
+    // Valid header values joined by `; ` are a valid header value.
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, value);
     }
 }
 
@@ -89,8 +165,7 @@ fn transfer_coding(value: &HeaderValue) -> Result<(), GatewayError> {
     }
 }
 
-/// RFC 9112 §3.2: exactly one valid `Host`; an absolute-form target's authority must agree
-/// with it. HTTP/2 carries the authority in the target and may omit `Host`.
+/// HTTP/2 carries the authority in the target and may omit `Host`.
 fn host<'a>(target: &'a Uri, header: Option<&'a HeaderValue>) -> Result<&'a str, GatewayError> {
     let header = header
         .map(|value| {
@@ -176,8 +251,15 @@ mod tests {
         builder.body(()).unwrap()
     }
 
+    /// The authority a request asks for, once checked.
+    fn checked(target: &str, headers: &[(&str, &str)]) -> Result<String, GatewayError> {
+        let mut request = request(target, headers);
+        check(&mut request, InvalidNames::Drop, |_| {})?;
+        authority(&request).map(str::to_owned)
+    }
+
     fn status(target: &str, headers: &[(&str, &str)]) -> u16 {
-        match check(&request(target, headers)) {
+        match checked(target, headers) {
             Ok(_) => 200,
             Err(error) => error.status().as_u16(),
         }
@@ -198,7 +280,7 @@ mod tests {
         ] {
             assert_eq!(status("/", &[("host", host)]), 200, "{host}");
         }
-        assert_eq!(check(&request("/", &[("host", "a.b:1")])).unwrap(), "a.b:1");
+        assert_eq!(checked("/", &[("host", "a.b:1")]).unwrap(), "a.b:1");
     }
 
     #[test]
@@ -232,10 +314,7 @@ mod tests {
         assert_eq!(status("http://a.example/x", &[("host", "b.example")]), 400);
         assert_eq!(status("http://a.example/x", &[("host", "a.example:81")]), 400);
         assert_eq!(status("http://user@a.example/x", &[("host", "a.example")]), 400);
-        assert_eq!(
-            check(&request("http://a.example:81/x", &[])).unwrap(),
-            "a.example:81"
-        );
+        assert_eq!(checked("http://a.example:81/x", &[]).unwrap(), "a.example:81");
     }
 
     #[test]
@@ -276,5 +355,52 @@ mod tests {
         assert_eq!(status("http://h/", &headers), 431);
         headers.pop();
         assert_eq!(status("http://h/", &headers), 200);
+    }
+
+    #[test]
+    fn names_php_would_fold_are_dropped_unless_kept() {
+        let fields = [
+            ("host", "h"),
+            ("x.real.ip", "6.6.6.6"),
+            ("x_forwarded_for", "6.6.6.6"),
+            ("x-api-key", "decoy"),
+            ("x.api.key", "real"),
+            ("x-kept-2", "yes"),
+        ];
+        let mut dropped = 0;
+        let mut req = request("/", &fields);
+        check(&mut req, InvalidNames::Drop, |n| dropped = n).unwrap();
+        let mut names: Vec<&str> = req.headers().keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["host", "x-api-key", "x-kept-2"]);
+        assert_eq!(dropped, 3);
+
+        let mut kept = request("/", &fields);
+        check(&mut kept, InvalidNames::Keep, |_| panic!("nothing dropped")).unwrap();
+        assert_eq!(kept.headers().len(), fields.len());
+    }
+
+    #[test]
+    fn cookie_crumbs_are_joined_into_one_field() {
+        let mut req = request(
+            "http://h/",
+            &[
+                ("cookie", "a=1"),
+                ("x", "y"),
+                ("cookie", "PHPSESSID=abc"),
+                ("cookie", "theme=dark"),
+            ],
+        );
+        check(&mut req, InvalidNames::Drop, |_| {}).unwrap();
+        let cookies: Vec<&[u8]> = req
+            .headers()
+            .get_all("cookie")
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
+        assert_eq!(cookies, [&b"a=1; PHPSESSID=abc; theme=dark"[..]]);
+        let mut one = request("http://h/", &[("cookie", "a=1, b")]);
+        check(&mut one, InvalidNames::Drop, |_| {}).unwrap();
+        assert_eq!(one.headers()["cookie"], "a=1, b", "a single field is left alone");
     }
 }

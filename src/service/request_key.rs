@@ -57,15 +57,13 @@ pub fn key_tuple(parts: &[KeyPart], source: &KeySource<'_>) -> Result<String, Am
                 source.client_ip,
             ),
             KeyPart::Query(name) => client_value(
-                single(query_values(source.query, name).map(Cow::Owned), || {
+                single(query_values(source.query, name), || {
                     format!("query parameter {name}")
                 })?,
                 source.client_ip,
             ),
             KeyPart::Cookie(name) => client_value(
-                single(cookie_values(source.headers, name).map(Cow::Borrowed), || {
-                    format!("cookie {name}")
-                })?,
+                single(cookie_values(source.headers, name), || format!("cookie {name}"))?,
                 source.client_ip,
             ),
         };
@@ -94,8 +92,8 @@ pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<NamedTuple, 
         .map(|pair| {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
             (
-                String::from_utf8_lossy(&form_decode(name)).into_owned(),
-                form_decode(value),
+                String::from_utf8_lossy(&form_decode(name, true)).into_owned(),
+                form_decode(value, true).into_owned(),
             )
         })
         .collect();
@@ -156,15 +154,19 @@ fn single<'a>(
 }
 
 /// Values of `name` in a query string, percent- and `+`-decoded (so that `%61` and `a`
-/// are the same key, as they are to the app).
-fn query_values<'a>(query: Option<&'a str>, name: &'a str) -> impl Iterator<Item = Vec<u8>> + 'a {
+/// are the same key, as they are to the app), under every name PHP reads as `name`.
+fn query_values<'a>(query: Option<&'a str>, name: &'a str) -> impl Iterator<Item = Cow<'a, [u8]>> + 'a {
+    let wanted = php_name(name.as_bytes());
     query.unwrap_or("").split('&').filter_map(move |pair| {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (form_decode(key) == name.as_bytes()).then(|| form_decode(value))
+        (php_name(&form_decode(key, true)) == wanted).then(|| form_decode(value, true))
     })
 }
 
-fn cookie_values<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+/// Values of the cookie `name`, decoded as PHP decodes them (`%XX`; `+` in the name),
+/// under every name PHP reads as `name`, from every `Cookie` field.
+fn cookie_values<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = Cow<'a, [u8]>> + 'a {
+    let wanted = php_name(name.as_bytes());
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -172,18 +174,51 @@ fn cookie_values<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Ite
         .filter_map(move |pair| {
             let pair = pair.trim_ascii();
             let at = pair.iter().position(|&b| b == b'=')?;
-            (pair[..at].trim_ascii() == name.as_bytes()).then(|| pair[at + 1..].trim_ascii())
+            let key = form_decode_bytes(pair[..at].trim_ascii(), true);
+            (php_name(&key) == wanted).then(|| form_decode_bytes(pair[at + 1..].trim_ascii(), false))
         })
 }
 
-fn form_decode(text: &str) -> Vec<u8> {
-    let bytes = text.as_bytes();
+/// A query or cookie name as PHP registers it (`php_register_variable_ex`): leading
+/// spaces gone, cut at a NUL, ` ` and `.` turned into `_`; a `[` opens an array (`a[x]` is
+/// `a`), or, with no `]` after it, is turned into `_` too. So `api.key`, `api key`,
+/// `api[key` and `api_key` are one name. Later characters are folded as well: folding
+/// more than PHP does makes names collide (a 400), never lets a name past.
+fn php_name(raw: &[u8]) -> Cow<'_, [u8]> {
+    let start = raw.iter().position(|&b| b != b' ').unwrap_or(raw.len());
+    let raw = &raw[start..];
+    let raw = &raw[..raw.iter().position(|&b| b == 0).unwrap_or(raw.len())];
+    let array = raw
+        .iter()
+        .position(|&b| b == b'[')
+        .filter(|&open| raw[open..].contains(&b']'));
+    let raw = &raw[..array.unwrap_or(raw.len())];
+    if !raw.iter().any(|b| matches!(b, b' ' | b'.' | b'[')) {
+        return Cow::Borrowed(raw);
+    }
+    Cow::Owned(
+        raw.iter()
+            .map(|&b| if matches!(b, b' ' | b'.' | b'[') { b'_' } else { b })
+            .collect(),
+    )
+}
+
+fn form_decode(text: &str, plus_is_space: bool) -> Cow<'_, [u8]> {
+    form_decode_bytes(text.as_bytes(), plus_is_space)
+}
+
+/// `%XX` decoded; `+` a space when `plus_is_space` (query strings and cookie names; PHP
+/// decodes cookie values with `rawurldecode`).
+fn form_decode_bytes(bytes: &[u8], plus_is_space: bool) -> Cow<'_, [u8]> {
+    if !bytes.iter().any(|&b| b == b'%' || (plus_is_space && b == b'+')) {
+        return Cow::Borrowed(bytes);
+    }
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         let hex = |b: u8| (b as char).to_digit(16);
         match bytes[i] {
-            b'+' => out.push(b' '),
+            b'+' if plus_is_space => out.push(b' '),
             b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
                 (Some(h), Some(l)) => {
                     out.push((h * 16 + l) as u8);
@@ -196,7 +231,7 @@ fn form_decode(text: &str) -> Vec<u8> {
         }
         i += 1;
     }
-    out
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -297,5 +332,23 @@ mod tests {
         let cookie = [KeyPart::Cookie("session".into())];
         let h = headers(&[("cookie", "theme=dark; session=abc123 ; x=y")]);
         assert_eq!(tuple(&cookie, &h, None).unwrap(), "vabc123");
+    }
+
+    #[test]
+    fn names_are_folded_as_php_registers_them() {
+        for (raw, php) in [
+            ("api_key", "api_key"),
+            ("api.key", "api_key"),
+            ("api key", "api_key"),
+            ("  api key", "api_key"),
+            ("api[key", "api_key"),
+            ("api[k.e y", "api_k_e_y"),
+            ("api[key]", "api"),
+            ("api_key[]", "api_key"),
+            ("api_key\0junk", "api_key"),
+            ("Api_Key", "Api_Key"),
+        ] {
+            assert_eq!(php_name(raw.as_bytes()), php.as_bytes(), "{raw:?}");
+        }
     }
 }
