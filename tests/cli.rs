@@ -339,3 +339,53 @@ fn an_invalid_log_filter_exits_1_with_a_message() {
     let lines = failure_lines(&output);
     assert!(lines.iter().any(|l| l.contains("FLOODGATE_LOG=")), "{lines:#?}");
 }
+
+/// Login protection PHP can reach around: a limit for POST only while the script reads
+/// the query string too, and an exact path a front controller answers under other
+/// spellings. The shipped examples draw none of these warnings.
+#[test]
+fn check_warns_about_login_protection_php_can_reach_around() {
+    let login = |route: &str| {
+        format!(
+            "[upstreams.php]\nurl = \"http://127.0.0.1:9000\"\n\n\
+             [limits.login_failures]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"15m\"\n\
+             count = \"failures\"\n\n\
+             [[routes]]\nname = \"login\"\n{route}\nupstream = \"php\"\nlimits = [\"login_failures\"]\n\n\
+             [[routes]]\nname = \"site\"\npath_prefix = \"/\"\nupstream = \"php\"\n"
+        )
+    };
+    let warnings = |text: &str| -> Vec<String> {
+        let (output, path) = check(text);
+        assert!(output.status.success(), "{}", stderr(&output));
+        stdout(&output)
+            .lines()
+            .filter_map(|line| line.strip_prefix(&format!("{path}: warning: ")))
+            .map(str::to_owned)
+            .collect()
+    };
+
+    let post_only = warnings(&login("path = \"/login.php\"\nmethods = [\"POST\"]"));
+    assert_eq!(post_only.len(), 1, "{post_only:?}");
+    assert!(
+        post_only[0].starts_with("routes[0] (login).methods: the login's limits apply to POST only"),
+        "{post_only:?}"
+    );
+    assert!(post_only[0].contains("through routes[1] (site)"), "{post_only:?}");
+
+    let exact = warnings(&login("path = \"/account/login\""));
+    assert_eq!(exact.len(), 1, "{exact:?}");
+    assert!(
+        exact[0].starts_with("routes[0] (login).path: an exact path does not match `/account/login/` or `/index.php/account/login`"),
+        "{exact:?}"
+    );
+
+    // A script path also matches its PATH_INFO, and a prefix every spelling: no warning.
+    assert_eq!(warnings(&login("path = \"/login.php\"")), Vec::<String>::new());
+    assert_eq!(warnings(&login("path_prefix = \"/account/login\"")), Vec::<String>::new());
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for example in ["gateway.toml", "examples/compose/gateway.toml", "examples/compose/gateway.tls.toml"] {
+        let output = floodgate(repo, &["check", "--config", example], &[]);
+        assert!(output.status.success(), "{example}: {}", stderr(&output));
+        assert!(!stdout(&output).contains("warning"), "{example}: {}", stdout(&output));
+    }
+}

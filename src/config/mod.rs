@@ -11,6 +11,7 @@ mod shaping;
 mod tls;
 mod upstreams;
 mod values;
+mod warnings;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -249,23 +250,9 @@ impl Config {
             .collect()
     }
 
-    /// What is valid but deserves a look: certificates past their notAfter.
+    /// What is valid but deserves a look (docs/configuration.md#floodgate-check-warnings).
     pub fn warnings(&self) -> Vec<String> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
-        self.server
-            .tls
-            .iter()
-            .flat_map(|tls| tls.certificates.iter().enumerate())
-            .filter(|(_, c)| c.not_after < now)
-            .map(|(i, c)| {
-                format!(
-                    "server.tls.certificates[{i}].cert: {}: the certificate has expired",
-                    c.cert_path.display()
-                )
-            })
-            .collect()
+        warnings::warnings(self)
     }
 
     /// Applies `FLOODGATE_ADMIN_TOKEN`: sets `server.admin_token`.

@@ -1,0 +1,92 @@
+//! What a valid configuration may still get wrong, for `floodgate check` and the log at
+//! load: certificates past their notAfter, and login protection that PHP can reach
+//! around (a route restricted to some methods, or an exact path a front controller also
+//! answers under other spellings).
+
+use super::{Config, PathMatch, RouteConfig, RouteTarget};
+
+/// Words in a route's name or path that make it look like a login.
+const LOGIN_WORDS: [&str; 6] = ["login", "signin", "sign-in", "logon", "auth", "password"];
+
+pub(super) fn warnings(config: &Config) -> Vec<String> {
+    let mut warnings = expired_certificates(config);
+    for (i, route) in config.routes.iter().enumerate() {
+        if guards_a_login(route) {
+            warnings.extend(login_reached_around(&config.routes, i));
+        }
+    }
+    warnings
+}
+
+fn expired_certificates(config: &Config) -> Vec<String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    config
+        .server
+        .tls
+        .iter()
+        .flat_map(|tls| tls.certificates.iter().enumerate())
+        .filter(|(_, c)| c.not_after < now)
+        .map(|(i, c)| {
+            format!(
+                "server.tls.certificates[{i}].cert: {}: the certificate has expired",
+                c.cert_path.display()
+            )
+        })
+        .collect()
+}
+
+/// A route forwarding to an app with a failure-counting limit, or a login-like name or
+/// path and a limit.
+fn guards_a_login(route: &RouteConfig) -> bool {
+    if !matches!(route.target, RouteTarget::Upstream(_)) || route.limits.is_empty() {
+        return false;
+    }
+    let login_like = [&*route.name, route.path.as_str()].iter().any(|text| {
+        let text = text.to_ascii_lowercase();
+        LOGIN_WORDS.iter().any(|word| text.contains(word))
+    });
+    login_like || route.limits.iter().any(|limit| limit.failures.is_some())
+}
+
+/// The ways PHP reaches the login of `routes[index]` without its limits.
+fn login_reached_around(routes: &[RouteConfig], index: usize) -> Vec<String> {
+    let route = &routes[index];
+    let key = format!("routes[{index}] ({})", route.name);
+    let path = route.path.as_str();
+    let mut warnings = Vec::new();
+    if let Some(methods) = &route.methods {
+        // Where the same path goes with a method the route does not take.
+        let elsewhere = routes.iter().enumerate().skip(index + 1).find(|(_, other)| {
+            matches!(other.target, RouteTarget::Upstream(_))
+                && (other.host.is_none() || other.host == route.host)
+                && other.path.matches(path)
+                && other
+                    .methods
+                    .as_ref()
+                    .is_none_or(|theirs| theirs.iter().any(|m| !methods.contains(m)))
+        });
+        if let Some((other_index, other)) = elsewhere {
+            let methods: Vec<&str> = methods.iter().map(|m| m.as_str()).collect();
+            warnings.push(format!(
+                "{key}.methods: the login's limits apply to {} only, but PHP reads the \
+                 credentials from the query string too ($_GET, $_REQUEST): `GET {path}?user=...&password=...` \
+                 reaches the app through routes[{other_index}] ({}) without them; leave `methods` out \
+                 unless the app refuses other methods",
+                methods.join(", "),
+                other.name
+            ));
+        }
+    }
+    if let PathMatch::Exact(exact) = &route.path
+        && !exact.ends_with('/')
+    {
+        warnings.push(format!(
+            "{key}.path: an exact path does not match `{exact}/` or `/index.php{exact}`, which a \
+             PHP front controller may answer as the same page; use `path_prefix = \"{exact}\"` \
+             unless the app answers only this spelling"
+        ));
+    }
+    warnings
+}
