@@ -381,11 +381,22 @@ fn check_warns_about_login_protection_php_can_reach_around() {
 
     // A script path also matches its PATH_INFO, and a prefix every spelling: no warning.
     assert_eq!(warnings(&login("path = \"/login.php\"")), Vec::<String>::new());
-    assert_eq!(warnings(&login("path_prefix = \"/account/login\"")), Vec::<String>::new());
+    assert_eq!(
+        warnings(&login("path_prefix = \"/account/login\"")),
+        Vec::<String>::new()
+    );
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for example in ["gateway.toml", "examples/compose/gateway.toml", "examples/compose/gateway.tls.toml"] {
+    for example in [
+        "gateway.toml",
+        "examples/compose/gateway.toml",
+        "examples/compose/gateway.tls.toml",
+    ] {
         let output = floodgate(repo, &["check", "--config", example], &[]);
         assert!(output.status.success(), "{example}: {}", stderr(&output));
-        assert!(!stdout(&output).contains("warning"), "{example}: {}", stdout(&output));
+        assert!(
+            !stdout(&output).contains("warning"),
+            "{example}: {}",
+            stdout(&output)
+        );
     }
 }

@@ -634,17 +634,56 @@ async fn the_per_ip_quota_is_shared_by_both_routes_and_refuses_the_301st() {
     assert_eq!(other.status, StatusCode::OK);
 }
 
+/// Browsers over HTTP/2 send each cookie in a `cookie` field of its own; PHP behind
+/// floodgate must still find its session among them (before floodgate joined them, PHP
+/// read `a=1, PHPSESSID=..., theme=dark` as the one cookie `a`, and started a new session
+/// on every request).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_underscore_forwarding_header_never_reaches_php() {
+async fn php_finds_its_session_among_http2_cookie_crumbs() {
+    let topology = Topology::start();
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(HttpConnector::new());
+    // New to every run: php -S keeps its session files in the system's temporary directory.
+    let session = format!(
+        "crumbs{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        let request = get(&topology.url("/session.php"))
+            .header("cookie", "a=1")
+            .header("cookie", format!("PHPSESSID={session}"))
+            .header("cookie", "theme=dark")
+            .body(empty())
+            .unwrap();
+        let answer = send(&client, request).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        let php = answer.json();
+        assert_eq!(php["session"], session, "PHP did not see its cookie: {php}");
+        counts.push(php["n"].as_u64().unwrap());
+    }
+    // One session on one server (the cookie picks it): counted up request by request.
+    assert_eq!(counts, [1, 2, 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folded_forwarding_header_never_reaches_php() {
     let topology = Topology::start();
     let raw = "GET / HTTP/1.1\r\nHost: example.test\r\nX_Forwarded_For: 1.2.3.4\r\n\
-               X_Real_IP: 1.2.3.4\r\nConnection: close\r\n\r\n";
+               X_Real_IP: 1.2.3.4\r\nX.Forwarded.Proto: gopher\r\nX.Debug: 1\r\n\
+               Connection: close\r\n\r\n";
 
     // Sent to PHP directly, the underscore spelling becomes HTTP_X_FORWARDED_FOR: the attack.
     let direct = raw_body(&raw_request(topology.php.addr, raw.as_bytes()).await);
     let direct: Value = serde_json::from_str(&direct).unwrap();
     assert_eq!(direct["HTTP_X_FORWARDED_FOR"], "1.2.3.4", "{direct}");
     assert_eq!(direct["HTTP_X_REAL_IP"], "1.2.3.4", "{direct}");
+    assert_eq!(direct["headers"]["HTTP_X_FORWARDED_PROTO"], "gopher", "{direct}");
+    assert_eq!(direct["headers"]["HTTP_X_DEBUG"], "1", "{direct}");
 
     // Through floodgate, PHP sees only floodgate's values.
     let response = raw_request(topology.gateway.listen, raw.as_bytes()).await;
@@ -657,6 +696,8 @@ async fn an_underscore_forwarding_header_never_reaches_php() {
     let php: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(php["HTTP_X_FORWARDED_FOR"], "127.0.0.1");
     assert_eq!(php["HTTP_X_REAL_IP"], "127.0.0.1");
+    assert_eq!(php["headers"]["HTTP_X_FORWARDED_PROTO"], "http", "{php}");
+    assert_eq!(php["headers"].get("HTTP_X_DEBUG"), None, "{php}");
 }
 
 /// Deterministic bytes of every value, with CRLFs and a boundary look-alike inside.
@@ -809,7 +850,12 @@ fn example_admin_token() -> String {
 
 /// A login form posted to the gateway.
 fn login(topology: &Topology, password: &str) -> Request<Full<Bytes>> {
-    Request::post(topology.url("/login.php"))
+    login_at(topology, "/login.php", password)
+}
+
+/// A login form posted to `path` on the gateway.
+fn login_at(topology: &Topology, path: &str, password: &str) -> Request<Full<Bytes>> {
+    Request::post(topology.url(path))
         .header("content-type", "application/x-www-form-urlencoded")
         .body(Full::new(Bytes::from(format!(
             "user={LOGIN_USER}&password={password}"
@@ -902,6 +948,26 @@ async fn failed_logins_lock_a_client_out_before_php_and_the_admin_api_lifts_the_
         );
     }
 
+    // PHP runs /login.php/anything as login.php, and login.php reads the query string too:
+    // neither way reaches PHP past the lock.
+    let around = [
+        login_at(&topology, "/login.php/x", LOGIN_PASSWORD),
+        login_at(&topology, "/login.php%2Fx", LOGIN_PASSWORD),
+        get(&topology.url(&format!("/login.php?user={LOGIN_USER}&password={LOGIN_PASSWORD}")))
+            .body(empty())
+            .unwrap(),
+    ];
+    for request in around {
+        let target = request.uri().to_string();
+        let refused = send(&attacker, request).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{target}: {}",
+            refused.body
+        );
+    }
+
     // Another client logs in meanwhile.
     let welcome = send(&user, login(&topology, LOGIN_PASSWORD)).await;
     assert_eq!(welcome.status, StatusCode::OK, "{}", welcome.body);
@@ -914,6 +980,9 @@ async fn failed_logins_lock_a_client_out_before_php_and_the_admin_api_lifts_the_
     // (the second of which had the right password: PHP would have logged a 200).
     topology.php.wait_for_logged(200, LOGIN, 1).await;
     assert_eq!(topology.php.logged(401, LOGIN), 5);
+    let php_log = std::fs::read_to_string(&topology.php.log).unwrap();
+    assert!(!php_log.contains("/login.php/"), "{php_log}");
+    assert!(!php_log.contains("/login.php?"), "{php_log}");
 
     // The lock and the failures' counter live in Redis.
     let keys = topology
@@ -1019,7 +1088,8 @@ async fn failed_logins_lock_a_client_out_before_php_and_the_admin_api_lifts_the_
     assert_eq!(topology.php.logged(401, LOGIN), 5);
 
     let metrics = admin_metrics(&topology).await;
-    for (status, count) in [(200, 2.0), (401, 5.0), (429, 3.0)] {
+    // The 429s: two attempts at /login.php, three around it, and one during the lock below.
+    for (status, count) in [(200, 2.0), (401, 5.0), (429, 6.0)] {
         assert_eq!(
             metric(
                 &metrics,
@@ -1034,7 +1104,7 @@ async fn failed_logins_lock_a_client_out_before_php_and_the_admin_api_lifts_the_
             &metrics,
             "floodgate_ratelimit_decisions_total{limit=\"login_failures\",outcome=\"locked\"}"
         ),
-        3.0,
+        6.0,
         "{metrics}"
     );
     // Every read and count was Redis's.
