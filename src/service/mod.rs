@@ -228,24 +228,35 @@ async fn serve(
     answer: &mut Answer,
 ) -> Result<Response<Payload>, GatewayError> {
     // The access record owns the normalized path; the request path borrows it from there.
-    let names = if state.config.server.drop_invalid_headers {
-        InvalidNames::Drop
-    } else {
-        InvalidNames::Keep
-    };
-    let checked = request_head::check(&mut request, names, |n| shared.metrics.record_dropped_headers(n))
-        .and_then(|()| request_head::authority(&request))
-        .and_then(|host| Ok((host, normalize_path(request.uri().path())?)));
-    let host = match checked {
-        Ok((host, path)) => {
+    let checked =
+        request_head::check(&request).and_then(|head| Ok((head, normalize_path(request.uri().path())?)));
+    let head = match checked {
+        Ok((head, path)) => {
             record.path = path.into_owned();
-            host
+            head
         }
         Err(e) => {
             record.path = request.uri().path().to_owned();
             return Err(e);
         }
     };
+    let names = if state.config.server.drop_invalid_headers {
+        InvalidNames::Drop
+    } else {
+        InvalidNames::Keep
+    };
+    // Rarely anything to tidy: then the authority is copied out of the head it changes.
+    let untidy = head.untidy;
+    let host = if untidy.any(names) {
+        let host = head.authority.to_owned();
+        request_head::tidy(request.headers_mut(), untidy, names, |n| {
+            shared.metrics.record_dropped_headers(n);
+        });
+        Cow::Owned(host)
+    } else {
+        Cow::Borrowed(head.authority)
+    };
+    let host = host.as_ref();
     let path = record.path.as_str();
     if !client.peer.tls
         && let Some(tls) = state.config.server.tls.as_ref().filter(|tls| tls.redirect_http)

@@ -26,19 +26,13 @@ pub(crate) enum InvalidNames {
     Keep,
 }
 
-/// Checks `request`'s head and tidies it for everything that reads it after: header
-/// names with characters other than letters, digits and `-` dropped (unless `names` keeps
-/// them; `dropped` counts them), and several `Cookie` fields (HTTP/2 sends one per
-/// cookie, RFC 9113 §8.2.3) joined into one. Then [`authority`] is the host it asks for.
-pub(crate) fn check<B>(
-    request: &mut Request<B>,
-    names: InvalidNames,
-    dropped: impl FnOnce(usize),
-) -> Result<(), GatewayError> {
+/// Checks `request`'s head; returns the authority the client asked for (the request
+/// target's, or else the `Host` header's), and what [`tidy`] has to do.
+pub(crate) fn check<B>(request: &Request<B>) -> Result<Checked<'_>, GatewayError> {
     let fields = Fields::of(request.headers())?;
     // HTTP/2 carries the authority outside the fields: counted as the `Host` it stands for.
     let authority_field = match (fields.host, request.uri().authority()) {
-        (false, Some(authority)) => "host".len() + authority.as_str().len() + 4,
+        (None, Some(authority)) => "host".len() + authority.as_str().len() + 4,
         _ => 0,
     };
     if fields.bytes + authority_field > MAX_HEADER_BYTES {
@@ -47,26 +41,56 @@ pub(crate) fn check<B>(
     if fields.content_length > 1 {
         return Err(GatewayError::AmbiguousFraming("repeated Content-Length"));
     }
-    let drop_names = fields.invalid_names > 0 && names == InvalidNames::Drop;
-    if drop_names {
-        dropped(drop_invalid_names(request.headers_mut()));
-    }
-    if fields.cookies > 1 {
-        join_cookies(request.headers_mut());
-    }
-    Ok(())
+    Ok(Checked {
+        authority: host(request.uri(), fields.host)?,
+        untidy: Untidy {
+            invalid_names: fields.invalid_names > 0,
+            cookie_crumbs: fields.cookies > 1,
+        },
+    })
 }
 
-/// The authority a [`check`]ed request asks for: its target's, or else its `Host`'s
-/// (RFC 9112 §3.2: exactly one valid `Host`; an absolute-form target's authority must
-/// agree with it).
-pub(crate) fn authority<B>(request: &Request<B>) -> Result<&str, GatewayError> {
-    host(request.uri(), request.headers().get(header::HOST))
+/// A request head that passed [`check`].
+pub(crate) struct Checked<'a> {
+    pub authority: &'a str,
+    pub untidy: Untidy,
+}
+
+/// What [`tidy`] finds to do in a checked head.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Untidy {
+    invalid_names: bool,
+    cookie_crumbs: bool,
+}
+
+impl Untidy {
+    /// Whether [`tidy`] changes anything, under `names`.
+    pub(crate) fn any(self, names: InvalidNames) -> bool {
+        (self.invalid_names && names == InvalidNames::Drop) || self.cookie_crumbs
+    }
+}
+
+/// Tidies a checked head for everything that reads it after: header names with
+/// characters other than letters, digits and `-` dropped (unless `names` keeps them;
+/// `dropped` counts them), and several `Cookie` fields (HTTP/2 sends one per cookie, RFC
+/// 9113 §8.2.3) joined into one.
+pub(crate) fn tidy(
+    headers: &mut HeaderMap,
+    untidy: Untidy,
+    names: InvalidNames,
+    dropped: impl FnOnce(usize),
+) {
+    if untidy.invalid_names && names == InvalidNames::Drop {
+        dropped(drop_invalid_names(headers));
+    }
+    if untidy.cookie_crumbs {
+        join_cookies(headers);
+    }
 }
 
 /// What [`check`] needs from the header fields, in one pass over them.
-struct Fields {
-    host: bool,
+struct Fields<'a> {
+    host: Option<&'a HeaderValue>,
     content_length: usize,
     /// Names with characters other than letters, digits and `-`.
     invalid_names: usize,
@@ -75,10 +99,10 @@ struct Fields {
     bytes: usize,
 }
 
-impl Fields {
-    fn of(headers: &HeaderMap) -> Result<Self, GatewayError> {
+impl<'a> Fields<'a> {
+    fn of(headers: &'a HeaderMap) -> Result<Self, GatewayError> {
         let mut fields = Fields {
-            host: false,
+            host: None,
             content_length: 0,
             invalid_names: 0,
             cookies: 0,
@@ -88,10 +112,10 @@ impl Fields {
         for (name, value) in headers {
             fields.bytes += name.as_str().len() + value.len() + 4;
             if name == header::HOST {
-                if fields.host {
+                if fields.host.is_some() {
                     return Err(GatewayError::BadHost("repeated Host"));
                 }
-                fields.host = true;
+                fields.host = Some(value);
             } else if name == header::TRANSFER_ENCODING {
                 if transfer_encoding {
                     return Err(GatewayError::AmbiguousFraming("repeated Transfer-Encoding"));
@@ -165,7 +189,8 @@ fn transfer_coding(value: &HeaderValue) -> Result<(), GatewayError> {
     }
 }
 
-/// HTTP/2 carries the authority in the target and may omit `Host`.
+/// RFC 9112 §3.2: exactly one valid `Host`; an absolute-form target's authority must agree
+/// with it. HTTP/2 carries the authority in the target and may omit `Host`.
 fn host<'a>(target: &'a Uri, header: Option<&'a HeaderValue>) -> Result<&'a str, GatewayError> {
     let header = header
         .map(|value| {
@@ -253,9 +278,14 @@ mod tests {
 
     /// The authority a request asks for, once checked.
     fn checked(target: &str, headers: &[(&str, &str)]) -> Result<String, GatewayError> {
-        let mut request = request(target, headers);
-        check(&mut request, InvalidNames::Drop, |_| {})?;
-        authority(&request).map(str::to_owned)
+        check(&request(target, headers)).map(|head| head.authority.to_owned())
+    }
+
+    /// `request` checked and tidied.
+    fn tidied(mut request: Request<()>, names: InvalidNames, dropped: impl FnOnce(usize)) -> Request<()> {
+        let untidy = check(&request).unwrap().untidy;
+        tidy(request.headers_mut(), untidy, names, dropped);
+        request
     }
 
     fn status(target: &str, headers: &[(&str, &str)]) -> u16 {
@@ -368,30 +398,33 @@ mod tests {
             ("x-kept-2", "yes"),
         ];
         let mut dropped = 0;
-        let mut req = request("/", &fields);
-        check(&mut req, InvalidNames::Drop, |n| dropped = n).unwrap();
+        let req = tidied(request("/", &fields), InvalidNames::Drop, |n| dropped = n);
         let mut names: Vec<&str> = req.headers().keys().map(|k| k.as_str()).collect();
         names.sort_unstable();
         assert_eq!(names, ["host", "x-api-key", "x-kept-2"]);
         assert_eq!(dropped, 3);
 
-        let mut kept = request("/", &fields);
-        check(&mut kept, InvalidNames::Keep, |_| panic!("nothing dropped")).unwrap();
+        let kept = tidied(request("/", &fields), InvalidNames::Keep, |_| {
+            panic!("nothing dropped")
+        });
         assert_eq!(kept.headers().len(), fields.len());
     }
 
     #[test]
     fn cookie_crumbs_are_joined_into_one_field() {
-        let mut req = request(
-            "http://h/",
-            &[
-                ("cookie", "a=1"),
-                ("x", "y"),
-                ("cookie", "PHPSESSID=abc"),
-                ("cookie", "theme=dark"),
-            ],
+        let req = tidied(
+            request(
+                "http://h/",
+                &[
+                    ("cookie", "a=1"),
+                    ("x", "y"),
+                    ("cookie", "PHPSESSID=abc"),
+                    ("cookie", "theme=dark"),
+                ],
+            ),
+            InvalidNames::Drop,
+            |_| {},
         );
-        check(&mut req, InvalidNames::Drop, |_| {}).unwrap();
         let cookies: Vec<&[u8]> = req
             .headers()
             .get_all("cookie")
@@ -399,8 +432,11 @@ mod tests {
             .map(|v| v.as_bytes())
             .collect();
         assert_eq!(cookies, [&b"a=1; PHPSESSID=abc; theme=dark"[..]]);
-        let mut one = request("http://h/", &[("cookie", "a=1, b")]);
-        check(&mut one, InvalidNames::Drop, |_| {}).unwrap();
+        let one = tidied(
+            request("http://h/", &[("cookie", "a=1, b")]),
+            InvalidNames::Drop,
+            |_| {},
+        );
         assert_eq!(one.headers()["cookie"], "a=1, b", "a single field is left alone");
     }
 }
