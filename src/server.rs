@@ -23,9 +23,9 @@ use tokio_util::task::TaskTracker;
 use crate::admin;
 use crate::client_ip::Peer;
 use crate::config::Config;
-use crate::connection::ConnectionState;
 use crate::connection::disconnect::{ClientSocket, Watched};
 use crate::connection::framing::{FramingGuard, HeadLimits};
+use crate::connection::{ConnectionState, serve_until_idle};
 use crate::metrics::Metrics;
 use crate::service::request_head::MAX_HEADER_BYTES;
 use crate::service::state::GatewayState;
@@ -45,10 +45,6 @@ const HTTP1_LIMITS: HeadLimits = HeadLimits {
     bytes: MAX_HTTP1_HEAD,
     fields: MAX_HTTP1_FIELDS,
 };
-
-/// How long a connection closed for idleness may take to wind down (an HTTP/2 client
-/// reading its GOAWAY) before it is dropped.
-const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// How long a starting gateway waits for Redis before serving under `on_error`.
 const STORE_STARTUP_WAIT: Duration = Duration::from_secs(1);
@@ -277,32 +273,14 @@ async fn serve_http<S>(
         )
     });
     let connection = builder.serve_connection_with_upgrades(io, service);
-    tokio::pin!(connection);
-    let idle = tokio::time::sleep(idle_limit);
-    tokio::pin!(idle);
-    let result = loop {
-        tokio::select! {
-            result = connection.as_mut() => break result,
-            () = closing.cancelled() => {
-                connection.as_mut().graceful_shutdown();
-                break connection.await;
-            }
-            () = idle.as_mut() => {
-                let now = tokio::time::Instant::now();
-                match connection_state.idle_for(now.into_std()) {
-                    Some(idle_for) if idle_for >= idle_limit => {
-                        tracing::debug!(%peer, "closing a connection with no request for server.header_timeout");
-                        connection.as_mut().graceful_shutdown();
-                        break tokio::time::timeout(IDLE_CLOSE_GRACE, connection.as_mut())
-                            .await
-                            .unwrap_or(Ok(()));
-                    }
-                    Some(idle_for) => idle.as_mut().reset(now + (idle_limit - idle_for)),
-                    None => idle.as_mut().reset(now + idle_limit),
-                }
-            }
-        }
-    };
+    let result = serve_until_idle(
+        connection,
+        &connection_state,
+        idle_limit,
+        closing.cancelled(),
+        peer,
+    )
+    .await;
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }

@@ -13,6 +13,7 @@ use rustls::version::{TLS12, TLS13};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{TlsConfig, TlsVersion, tls_provider};
+use crate::router::normalize_host;
 
 /// The acceptor for `config`'s certificates and versions, offering HTTP/2 and HTTP/1.1
 /// by ALPN.
@@ -37,8 +38,9 @@ pub(crate) fn acceptor(config: &TlsConfig) -> TlsAcceptor {
     TlsAcceptor::from(Arc::new(server))
 }
 
-/// Chooses the certificate whose DNS names match the client's SNI name; the first one
-/// when there is no SNI name or no match.
+/// Chooses the certificate whose DNS names match the client's SNI name, read as routing
+/// reads a `Host` (lowercase, no trailing dot: a client may send `shop.example.net.`);
+/// the first one when there is no SNI name or no match.
 #[derive(Debug)]
 struct ByServerName {
     /// `(names, key)` in file order; at least one.
@@ -47,8 +49,7 @@ struct ByServerName {
 
 impl ResolvesServerCert for ByServerName {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let chosen = hello.server_name().and_then(|asked| {
-            let asked = asked.to_ascii_lowercase();
+        let chosen = hello.server_name().and_then(normalize_host).and_then(|asked| {
             self.certificates
                 .iter()
                 .find(|(names, _)| names.iter().any(|name| matches(name, &asked)))

@@ -75,3 +75,38 @@ upstream = "app"
         2.0
     );
 }
+
+/// Client addresses are compared as IPv4 when they are IPv4-mapped, so lists written with
+/// the mapped spelling (`::ffff:127.0.0.1`, as some tools print an IPv4 peer) match them.
+#[tokio::test]
+async fn ipv4_mapped_entries_match_ipv4_clients() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+deny = ["::ffff:127.0.0.1"]
+
+[upstreams.app]
+url = "{}"
+
+[[routes]]
+name = "office"
+path = "/office"
+upstream = "app"
+allow = ["::ffff:127.0.0.0/126"]
+
+[[routes]]
+name = "public"
+path_prefix = "/"
+upstream = "app"
+"#,
+        upstream.url()
+    ))
+    .await;
+    assert_eq!(status_from("127.0.0.1", gw.addr, "/public").await, 403);
+    assert_eq!(status_from("127.0.0.2", gw.addr, "/public").await, 200);
+    assert_eq!(status_from("127.0.0.2", gw.addr, "/office").await, 200);
+    assert_eq!(status_from("127.0.0.5", gw.addr, "/office").await, 403);
+    assert_eq!(upstream.requests(), 2);
+}

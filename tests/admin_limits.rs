@@ -238,3 +238,65 @@ limits = ["api"]
         .unwrap();
     assert_eq!(send(request).await.0, StatusCode::OK);
 }
+
+/// With two `Authorization` headers it is unknown which one a proxy in front checked or
+/// logged: neither is trusted.
+#[tokio::test]
+async fn two_authorization_headers_are_refused() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&config(&upstream, None, true)).await;
+    let good = format!("Bearer {TOKEN}");
+    for (first, second) in [
+        (good.as_str(), "Bearer wrong"),
+        ("Bearer wrong", good.as_str()),
+        (good.as_str(), good.as_str()),
+    ] {
+        let request = Request::get(gw.admin_url("/limits"))
+            .header("authorization", first)
+            .header("authorization", second)
+            .body(Full::<Bytes>::default())
+            .unwrap();
+        let (status, _, body) = send(request).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{first} then {second}: {body}");
+        assert!(body.contains("Authorization"), "{body}");
+    }
+}
+
+/// HEAD is answered wherever GET is, with GET's status and headers and no body.
+#[tokio::test]
+async fn head_answers_as_get_without_a_body() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&config(&upstream, None, true)).await;
+    for (path, token) in [
+        ("/limits", Some(TOKEN)),
+        ("/limits", None),
+        (ALICE, Some(TOKEN)),
+        ("/limits/login/state?client_ip=127.0.0.1", Some(TOKEN)),
+        ("/limits/nope/state?client_ip=127.0.0.1", Some(TOKEN)),
+        ("/healthz", None),
+        ("/readyz", None),
+        ("/metrics", None),
+        ("/nothing-here", None),
+    ] {
+        let answer = |method: Method| {
+            let mut request = Request::builder().method(method).uri(gw.admin_url(path));
+            if let Some(token) = token {
+                request = request.header("authorization", format!("Bearer {token}"));
+            }
+            send(request.body(Full::<Bytes>::default()).unwrap())
+        };
+        let (get_status, mut get_headers, get_body) = answer(Method::GET).await;
+        let (head_status, mut head_headers, head_body) = answer(Method::HEAD).await;
+        assert_eq!(head_status, get_status, "{path}: {get_body}");
+        assert!(!get_body.is_empty(), "{path}");
+        assert_eq!(head_body, "", "{path}");
+        for headers in [&mut get_headers, &mut head_headers] {
+            headers.remove("date");
+            if path == "/metrics" {
+                // The scrape itself changes the numbers, and so their length.
+                headers.remove("content-length");
+            }
+        }
+        assert_eq!(head_headers, get_headers, "{path}");
+    }
+}

@@ -526,3 +526,32 @@ async fn clients_that_never_finish_a_head_are_disconnected() {
     assert!(received.starts_with("HTTP/1.1 200 "), "{received}");
     assert_eq!(upstream.requests(), 1);
 }
+
+/// The admin listener closes idle and half-sent connections as the proxy listener does.
+#[tokio::test]
+async fn admin_clients_that_never_finish_a_head_are_disconnected() {
+    let upstream = Upstream::start().await;
+    let gw = gateway_with_server(&upstream, "header_timeout = \"300ms\"").await;
+
+    for sent in [&b""[..], b"GET /heal"] {
+        let (elapsed, received) = disconnected_after(gw.admin, sent).await;
+        assert!(
+            elapsed >= Duration::from_millis(250) && elapsed < Duration::from_secs(3),
+            "{sent:?}: disconnected after {elapsed:?}"
+        );
+        assert_eq!(String::from_utf8_lossy(&received), "", "{sent:?}");
+    }
+
+    let (elapsed, received) = disconnected_after(
+        gw.admin,
+        b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\nGET /metrics HTTP/1.1\r\nHo",
+    )
+    .await;
+    assert!(
+        elapsed >= Duration::from_millis(250) && elapsed < Duration::from_secs(3),
+        "disconnected after {elapsed:?}"
+    );
+    let received = String::from_utf8_lossy(&received);
+    assert!(received.starts_with("HTTP/1.1 200 "), "{received}");
+    assert!(received.ends_with("ok\n"), "{received}");
+}

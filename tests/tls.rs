@@ -109,6 +109,38 @@ async fn the_certificate_is_chosen_by_sni_and_the_first_is_the_default() {
     }
 }
 
+/// A client may send its SNI name with a trailing dot (RFC 6066 says not to; openssl
+/// sends what it is given, where rustls strips it): the certificate is chosen for the
+/// name routing sees, lowercase and without the dot.
+#[tokio::test]
+async fn a_trailing_dot_or_capitals_in_the_sni_name_choose_the_same_certificate() {
+    let ca = TestCa::new("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    ca.issue(&["a.test"]).write(dir.path(), "first");
+    let shop = ca.issue(&["shop.example.net"]);
+    shop.write(dir.path(), "shop");
+    let upstream = Upstream::start().await;
+    let gw = gateway(dir.path(), &upstream, &["first", "shop"], "").await;
+    let addr = gw.tls.unwrap().to_string();
+    for name in ["shop.example.net", "shop.example.net.", "Shop.Example.NET."] {
+        let run = tokio::process::Command::new("openssl")
+            .args(["s_client", "-connect", &addr, "-servername", name])
+            .stdin(std::process::Stdio::null())
+            .output();
+        let output = tokio::time::timeout(Duration::from_secs(10), run)
+            .await
+            .expect("openssl s_client finishes")
+            .expect("openssl runs");
+        let seen = rustls::pki_types::CertificateDer::from_pem_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{name}: no certificate printed ({e:?}): {}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
+        assert!(seen == shop.der, "{name}: the default certificate was presented");
+    }
+}
+
 /// The certificate presented to a client asking for `name`, without verifying it.
 async fn presented_unchecked(
     addr: std::net::SocketAddr,

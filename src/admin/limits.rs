@@ -1,8 +1,9 @@
 //! The limit-state API (docs/operations.md#limit-state-api): `GET /limits` lists the
 //! limits, `GET /limits/NAME/state?PART=VALUE...` reads one key's state without consuming
-//! anything, and `DELETE` on it resets the key and lifts its lock-out in the store (so
-//! every instance sees it). Enabled by `server.admin_token`; every call carries it as a
-//! bearer token, compared in constant time. Without a token the paths do not exist (404).
+//! anything (`HEAD` as `GET`), and `DELETE` on it resets the key and lifts its lock-out in
+//! the store (so every instance sees it). Enabled by `server.admin_token`; every call
+//! carries it as a bearer token, in one `Authorization` header, compared in constant
+//! time. Without a token the paths do not exist (404).
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
@@ -25,6 +26,19 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
     let Some(token) = &state.config.server.admin_token else {
         return json_answer(StatusCode::NOT_FOUND, json!({ "error": "not found" }));
     };
+    // Which of two a proxy in front checked or logged is unknown: neither is trusted.
+    if request
+        .headers()
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        return json_answer(
+            StatusCode::BAD_REQUEST,
+            json!({ "error": "more than one Authorization header" }),
+        );
+    }
     if !authorized(request, token) {
         let mut response = json_answer(
             StatusCode::UNAUTHORIZED,
@@ -35,10 +49,18 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return response;
     }
+    // HEAD is answered as GET; hyper leaves the body out.
+    let method = match request.method() {
+        &Method::HEAD => &Method::GET,
+        method => method,
+    };
     let path = request.uri().path();
     if path == "/limits" {
-        if request.method() != Method::GET {
-            return json_answer(StatusCode::METHOD_NOT_ALLOWED, json!({ "error": "GET only" }));
+        if method != Method::GET {
+            return json_answer(
+                StatusCode::METHOD_NOT_ALLOWED,
+                json!({ "error": "GET or HEAD only" }),
+            );
         }
         let limits: Vec<Value> = state
             .config
@@ -86,10 +108,10 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
     let prefix = &state.key_prefix;
     let key: serde_json::Map<String, Value> = named.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
     if limit.concurrency.is_some() {
-        if request.method() != Method::GET {
+        if method != Method::GET {
             return json_answer(
                 StatusCode::METHOD_NOT_ALLOWED,
-                json!({ "error": "a concurrency limit's slots are held by requests in flight; GET only" }),
+                json!({ "error": "a concurrency limit's slots are held by requests in flight; GET or HEAD only" }),
             );
         }
         return match state
@@ -105,7 +127,7 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
         };
     }
     let check = limit_check(limit, prefix, &tuple, 1);
-    match *request.method() {
+    match *method {
         Method::GET => match state.store.peek(&check).await {
             Ok(peeked) => {
                 let now = peeked.key_state(&limit.algorithm);
@@ -139,7 +161,7 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
         },
         _ => json_answer(
             StatusCode::METHOD_NOT_ALLOWED,
-            json!({ "error": "GET or DELETE" }),
+            json!({ "error": "GET, HEAD or DELETE" }),
         ),
     }
 }

@@ -1,7 +1,8 @@
 //! The admin listener (docs/operations.md#admin-listener): `/healthz`, `/readyz` and
 //! `/metrics`, and with `server.admin_token` the limit-state API (`/limits`, to see a
 //! key's state and lift a lock-out), on its own address so that it is never exposed with
-//! the proxy port by accident.
+//! the proxy port by accident. Its connections are closed after `server.header_timeout`
+//! without a request, as the proxy's are (`connection::serve_until_idle`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -16,14 +17,16 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+use crate::connection::{ConnectionState, serve_until_idle};
 use crate::service::Instance;
 
 mod limits;
 
-/// Serves admin requests until the task is aborted.
+/// Serves admin requests until the task is aborted. Connections stay open while the
+/// proxy drains: `/readyz` tells load balancers about it.
 pub(crate) async fn serve(listener: TcpListener, shared: Arc<Instance>) {
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!(error = %e, "admin accept failed");
@@ -31,17 +34,27 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Instance>) {
                 continue;
             }
         };
+        // Read per connection, so that a reload's header_timeout applies to new ones.
+        let idle_limit = shared.state.load().config.server.header_timeout;
         let shared = shared.clone();
         tokio::spawn(async move {
+            let state = ConnectionState::new();
+            let requests = state.clone();
             let service = service_fn(move |request| {
                 let shared = shared.clone();
-                async move { Ok::<_, Infallible>(answer(&shared, &request).await) }
+                let in_flight = requests.begin();
+                async move {
+                    let response = answer(&shared, &request).await;
+                    // The answer is whole: the request ends here, and the connection is
+                    // idle from now on.
+                    drop(in_flight);
+                    Ok::<_, Infallible>(response)
+                }
             });
-            if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %e, "admin connection ended with an error");
+            let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            let result = serve_until_idle(connection, &state, idle_limit, std::future::pending(), peer).await;
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "admin connection ended with an error");
             }
         });
     }

@@ -244,15 +244,11 @@ fn value_template(text: &str) -> Result<ValueTemplate, String> {
     if !literal.is_empty() {
         parts.push(TemplatePart::Text(literal));
     }
-    // The target may itself start with `//`: after nothing but slashes it would make a
-    // `Location` with another host.
     if let Some(first) = parts.iter().position(|part| *part == TemplatePart::RequestUri)
-        && parts[..first]
-            .iter()
-            .all(|part| matches!(part, TemplatePart::Text(text) if text.bytes().all(|b| b == b'/')))
+        && !fixes_the_host(&parts[..first])
     {
         return Err(format!(
-            "{text:?} starts with $request_uri, which would send a request for //other.example there: start with a scheme and host, or a path"
+            "in {text:?} a request for //other.example could make $request_uri the host: put a scheme and host before it (\"https://$host$request_uri\") or a path starting with one / (\"/new$request_uri\")"
         ));
     }
     let texts: String = parts
@@ -264,6 +260,38 @@ fn value_template(text: &str) -> Result<ValueTemplate, String> {
         .collect();
     header_value(&texts)?;
     Ok(ValueTemplate::Filled(parts))
+}
+
+/// Whether `before`, what precedes `$request_uri` in a value, leaves the target no way to
+/// be read as a host, whatever it is (`//other.example/x`, as a client may send it): an
+/// absolute URL with a host (`https://$host`, `https://example.com:8443/new`), or a path
+/// that starts with one `/` (browsers read `\` as `/`). Without either, the target or a
+/// bare scheme before it (`https:`) would make a URL whose host is the client's choice.
+fn fixes_the_host(before: &[TemplatePart]) -> bool {
+    // `$host`, the only variable before the first `$request_uri`, stands in as one
+    // letter: it is filled with a host name, never empty and without slashes.
+    let before: String = before
+        .iter()
+        .map(|part| match part {
+            TemplatePart::Text(text) => text.as_str(),
+            TemplatePart::Host | TemplatePart::RequestUri => "h",
+        })
+        .collect();
+    if before.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return false;
+    }
+    if let Some(path) = before.strip_prefix('/') {
+        return path.starts_with(|c: char| c != '/' && c != '\\');
+    }
+    let Some((scheme, rest)) = before.split_once("://") else {
+        return false;
+    };
+    let scheme_is_valid = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    let host = rest.split(['/', '\\', '?', '#']).next().unwrap_or_default();
+    scheme_is_valid && !host.is_empty()
 }
 
 /// The largest error page: each is held in memory, for every configuration loaded.

@@ -50,7 +50,21 @@ pub(crate) fn cidr(text: &str) -> Result<IpNet, String> {
         .parse::<IpNet>()
         .map(|net| net.trunc())
         .or_else(|_| trimmed.parse::<IpAddr>().map(IpNet::from))
+        .map(ipv4_if_mapped)
         .map_err(|_| format!("expected a CIDR such as \"10.0.0.0/8\" or an IP address, got {text:?}"))
+}
+
+/// An IPv6 network within `::ffff:0:0/96` as the IPv4 network it maps: client addresses
+/// are compared in their canonical form (an IPv4-mapped peer as IPv4), which an IPv6
+/// network never contains.
+fn ipv4_if_mapped(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+            Some(v4) => IpNet::new_assert(IpAddr::V4(v4), v6.prefix_len() - 96),
+            None => net,
+        },
+        _ => net,
+    }
 }
 
 #[cfg(test)]
@@ -90,5 +104,20 @@ mod tests {
         assert_eq!(cidr("::1").unwrap().to_string(), "::1/128");
         assert!(cidr("10.0.0.0/33").is_err());
         assert!(cidr("localhost").is_err());
+    }
+
+    #[test]
+    fn ipv4_mapped_networks_become_ipv4() {
+        assert_eq!(cidr("::ffff:127.0.0.6").unwrap().to_string(), "127.0.0.6/32");
+        assert_eq!(cidr("::ffff:10.1.2.3/104").unwrap().to_string(), "10.0.0.0/8");
+        assert_eq!(
+            cidr("::FFFF:192.168.1.0/120").unwrap().to_string(),
+            "192.168.1.0/24"
+        );
+        assert_eq!(cidr("::ffff:0:0/96").unwrap().to_string(), "0.0.0.0/0");
+        // Wider than the mapped range, or outside it: still IPv6.
+        assert_eq!(cidr("::ffff:0:0/95").unwrap().to_string(), "::fffe:0:0/95");
+        assert_eq!(cidr("::127.0.0.1").unwrap().to_string(), "::7f00:1/128");
+        assert_eq!(cidr("fd00::/8").unwrap().to_string(), "fd00::/8");
     }
 }

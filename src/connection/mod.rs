@@ -2,10 +2,10 @@
 //!
 //! * Whether a request is in flight: each request holds an [`InFlight`] token from the
 //!   moment hyper hands it to the service until its response body is finished or dropped.
-//!   The server closes a connection that has held no token for `server.header_timeout`,
-//!   which bounds, with one rule for HTTP/1.1 and HTTP/2, the wait for a first request, a
-//!   slowly sent head, a keep-alive connection left open and an HTTP/2 connection with no
-//!   open stream.
+//!   [`serve_until_idle`] closes a connection that has held no token for
+//!   `server.header_timeout`, which bounds, with one rule for HTTP/1.1 and HTTP/2 and for
+//!   the proxy and admin listeners, the wait for a first request, a slowly sent head, a
+//!   keep-alive connection left open and an HTTP/2 connection with no open stream.
 //! * Whether a tunnel started (an upstream accepted an `Upgrade`): from then on the bytes
 //!   on the connection are no longer HTTP, and [`framing`] stops inspecting them.
 
@@ -14,9 +14,17 @@ pub(crate) mod disconnect;
 #[allow(unsafe_code)] // reads into spare buffer capacity without zeroing it first
 pub(crate) mod framing;
 
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use hyper_util::server::graceful::GracefulConnection;
+
+/// How long a connection closed for idleness may take to wind down (an HTTP/2 client
+/// reading its GOAWAY) before it is dropped.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// One connection's state, as its requests and its server task see it.
 #[derive(Debug)]
@@ -56,6 +64,48 @@ impl ConnectionState {
         }
         let last_end = self.opened + Duration::from_micros(self.last_end.load(Ordering::Acquire));
         Some(now.saturating_duration_since(last_end))
+    }
+}
+
+/// Serves `connection` (from `peer`, its requests tracked by `state`) until it ends. It
+/// is closed gracefully when `shutdown` completes, and once it has carried no request
+/// for `idle_limit`.
+pub(crate) async fn serve_until_idle<C>(
+    connection: C,
+    state: &ConnectionState,
+    idle_limit: Duration,
+    shutdown: impl Future<Output = ()>,
+    peer: SocketAddr,
+) -> Result<(), C::Error>
+where
+    C: GracefulConnection,
+{
+    tokio::pin!(connection);
+    tokio::pin!(shutdown);
+    let idle = tokio::time::sleep(idle_limit);
+    tokio::pin!(idle);
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => return result,
+            () = shutdown.as_mut() => {
+                connection.as_mut().graceful_shutdown();
+                return connection.await;
+            }
+            () = idle.as_mut() => {
+                let now = tokio::time::Instant::now();
+                match state.idle_for(now.into_std()) {
+                    Some(idle_for) if idle_for >= idle_limit => {
+                        tracing::debug!(%peer, "closing a connection with no request for server.header_timeout");
+                        connection.as_mut().graceful_shutdown();
+                        return tokio::time::timeout(IDLE_CLOSE_GRACE, connection.as_mut())
+                            .await
+                            .unwrap_or(Ok(()));
+                    }
+                    Some(idle_for) => idle.as_mut().reset(now + (idle_limit - idle_for)),
+                    None => idle.as_mut().reset(now + idle_limit),
+                }
+            }
+        }
     }
 }
 

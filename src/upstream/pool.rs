@@ -3,8 +3,10 @@
 //! A connection goes back to the pool when the response body it carried has been read
 //! to its end (the client got all of it); a response abandoned half-way takes its
 //! connection with it, since hyper then closes it. Idle connections are used most recent
-//! first, so a busy gateway keeps only the connections its concurrency needs, and the
-//! ones idle for longer than [`IDLE_TIMEOUT`] are closed when next seen.
+//! first, so a busy gateway keeps only the connections its concurrency needs; one idle
+//! for [`IDLE_TIMEOUT`] is closed then, by a task that runs while the pool holds idle
+//! connections and wakes when the oldest is due, so that neither requests on the newer
+//! ones nor the lack of any request keep it open.
 //!
 //! A request that could not even be written, because the upstream had closed the idle
 //! connection it was given, is sent again on another connection (hyper hands it back
@@ -15,7 +17,7 @@
 //! (docs/performance.md, "Choices measured").
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -52,6 +54,14 @@ struct Idle<B> {
     since: Instant,
 }
 
+/// An endpoint's idle connections.
+struct IdleList<B> {
+    /// Most recently used last, so idle longest first.
+    connections: Vec<Idle<B>>,
+    /// Whether a [`sweep`] task is running; it ends once no connection is idle.
+    swept: bool,
+}
+
 /// TLS to a server: the client configuration and the name its certificate must have.
 #[derive(Clone)]
 pub(crate) struct Tls {
@@ -65,39 +75,76 @@ struct Endpoint<B> {
     address: String,
     connect_timeout: Duration,
     tls: Option<Tls>,
-    /// Most recently used last.
-    idle: Mutex<Vec<Idle<B>>>,
+    idle_timeout: Duration,
+    idle: Mutex<IdleList<B>>,
 }
 
 impl<B> Endpoint<B> {
-    /// The most recently used live connection, closing those past their idle timeout.
+    fn idle(&self) -> MutexGuard<'_, IdleList<B>> {
+        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The most recently used live connection.
     fn checkout(&self) -> Option<SendRequest<B>> {
-        let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        while let Some(connection) = idle.pop() {
-            if connection.since.elapsed() > IDLE_TIMEOUT {
-                // Everything below it has been idle longer still.
-                idle.clear();
-                return None;
-            }
+        let mut idle = self.idle();
+        while let Some(connection) = idle.connections.pop() {
             if !connection.sender.is_closed() {
                 return Some(connection.sender);
             }
         }
         None
     }
+}
 
-    fn check_in(&self, sender: SendRequest<B>) {
+impl<B: Send + 'static> Endpoint<B> {
+    fn check_in(self: &Arc<Self>, sender: SendRequest<B>) {
         if sender.is_closed() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if idle.len() >= MAX_IDLE {
-            idle.remove(0);
+        let start_sweep = {
+            let mut idle = self.idle();
+            if idle.connections.len() >= MAX_IDLE {
+                idle.connections.remove(0);
+            }
+            idle.connections.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
+            !std::mem::replace(&mut idle.swept, true)
+        };
+        // Without a runtime (it is shutting down) no connection task runs either.
+        if start_sweep && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(sweep(Arc::downgrade(self)));
         }
-        idle.push(Idle {
-            sender,
-            since: Instant::now(),
-        });
+    }
+}
+
+/// Closes `endpoint`'s connections as each reaches its idle timeout, sleeping until the
+/// oldest is due; ends when none is idle (the next check-in starts another) or the pool
+/// is gone.
+async fn sweep<B>(endpoint: Weak<Endpoint<B>>) {
+    loop {
+        let due = {
+            let Some(endpoint) = endpoint.upgrade() else {
+                return;
+            };
+            let mut idle = endpoint.idle();
+            let now = Instant::now();
+            let limit = endpoint.idle_timeout;
+            let expired = idle
+                .connections
+                .partition_point(|connection| now.duration_since(connection.since) >= limit);
+            // Dropping a connection's sender makes its task close it.
+            idle.connections.drain(..expired);
+            match idle.connections.first() {
+                Some(oldest) => oldest.since + limit,
+                None => {
+                    idle.swept = false;
+                    return;
+                }
+            }
+        };
+        tokio::time::sleep_until(due.into()).await;
     }
 }
 
@@ -180,12 +227,26 @@ where
 {
     /// A pool for `address` (`host:port`), over TLS with `tls`.
     pub(crate) fn new(address: String, connect_timeout: Duration, tls: Option<Tls>) -> Self {
+        Pool::with_idle_timeout(address, connect_timeout, tls, IDLE_TIMEOUT)
+    }
+
+    /// A pool that keeps idle connections for `idle_timeout` (tests: a short one).
+    fn with_idle_timeout(
+        address: String,
+        connect_timeout: Duration,
+        tls: Option<Tls>,
+        idle_timeout: Duration,
+    ) -> Self {
         Pool {
             endpoint: Arc::new(Endpoint {
                 address,
                 connect_timeout,
                 tls,
-                idle: Mutex::new(Vec::new()),
+                idle_timeout,
+                idle: Mutex::new(IdleList {
+                    connections: Vec::new(),
+                    swept: false,
+                }),
             }),
         }
     }
@@ -318,11 +379,14 @@ impl<B: Send + 'static> Drop for UpstreamBody<B> {
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::mpsc;
 
     use http_body_util::{BodyExt, Full};
+    use hyper::service::service_fn;
 
     use super::*;
 
@@ -376,5 +440,80 @@ mod tests {
         let response = pool.send(request()).await.unwrap();
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "second");
         server.join().unwrap();
+    }
+
+    /// An upstream that answers `ok` to every request and counts its open connections.
+    async fn counting_upstream() -> (String, Arc<AtomicUsize>) {
+        struct Open(Arc<AtomicUsize>);
+        impl Drop for Open {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let open = Arc::new(AtomicUsize::new(0));
+        let count = open.clone();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                let open = Open(count.clone());
+                tokio::spawn(async move {
+                    let ok = service_fn(|_| async {
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), ok)
+                        .await;
+                    drop(open);
+                });
+            }
+        });
+        (address, open)
+    }
+
+    async fn ok(pool: &Pool<Full<Bytes>>) {
+        let response = pool.send(request()).await.unwrap();
+        assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
+    }
+
+    /// Waits up to a second for the upstream to see `expected` open connections.
+    async fn open_becomes(open: &AtomicUsize, expected: usize) -> usize {
+        for _ in 0..100 {
+            if open.load(Ordering::SeqCst) == expected {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        open.load(Ordering::SeqCst)
+    }
+
+    /// Reuse keeps the most recent connection busy; the others are closed once idle for
+    /// the limit, and so is the last one when no request comes at all.
+    #[tokio::test]
+    async fn idle_connections_close_at_the_limit_whether_or_not_the_pool_is_asked() {
+        let (address, open) = counting_upstream().await;
+        let limit = Duration::from_millis(300);
+        let pool = Pool::with_idle_timeout(address, Duration::from_secs(1), None, limit);
+        // Three at once: three connections, all idle afterwards.
+        futures_util::future::join_all((0..3).map(|_| ok(&pool))).await;
+        assert_eq!(open.load(Ordering::SeqCst), 3);
+        let started = Instant::now();
+        while started.elapsed() < limit * 3 {
+            ok(&pool).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            open_becomes(&open, 1).await,
+            1,
+            "connections idle for three times the limit are still open"
+        );
+        tokio::time::sleep(limit).await;
+        assert_eq!(
+            open_becomes(&open, 0).await,
+            0,
+            "a connection idle past the limit is still open when no request came"
+        );
     }
 }
