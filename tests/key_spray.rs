@@ -10,7 +10,7 @@ use floodgate::limit::clock::MonotonicClock;
 use floodgate::limit::key::{encode_tuple, lock_key, store_key};
 use floodgate::limit::memory::MAX_KEYS as MEMORY_STORE_MAX_KEYS;
 use floodgate::limit::memory::MemoryStore;
-use floodgate::limit::{Algorithm, LimitCheck, Outcome};
+use floodgate::limit::{Algorithm, LimitCheck, Lockout, Outcome};
 use prometheus_client::metrics::counter::Counter;
 
 const MINUTE: u64 = 60_000_000;
@@ -24,7 +24,10 @@ fn login(client_ip: &str) -> LimitCheck {
     LimitCheck {
         key: store_key("floodgate", &tuple, "login", &algorithm),
         algorithm,
-        lockout: Some((lock_key("floodgate", &tuple, "login"), 60 * MINUTE)),
+        lockout: Some(Lockout::on_refusal(
+            lock_key("floodgate", &tuple, "login"),
+            60 * MINUTE,
+        )),
         cost: 1,
         shadow: false,
     }

@@ -13,7 +13,7 @@ use floodgate::limit::key::{MAX_KEY_LEN, encode_tuple, lock_key, store_key};
 use floodgate::limit::memory::MemoryStore;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::redis::RedisTarget;
-use floodgate::limit::{Algorithm, LimitCheck, LimitDecision, Outcome, Peeked};
+use floodgate::limit::{Algorithm, LimitCheck, LimitDecision, Lockout, Outcome, Peeked};
 
 const MS: u64 = 1_000;
 
@@ -38,7 +38,7 @@ impl Store {
     }
 
     async fn peek(&self, check: &LimitCheck) -> Peeked {
-        let lock = check.lockout.as_ref().map(|(lock, _)| lock.as_str());
+        let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
         match self {
             Store::Memory(store) => store.peek(&check.key, lock),
             Store::Redis(store, _) => store
@@ -49,7 +49,7 @@ impl Store {
     }
 
     async fn clear(&self, check: &LimitCheck) {
-        let lock = check.lockout.as_ref().map(|(lock, _)| lock.as_str());
+        let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
         match self {
             Store::Memory(store) => store.clear(&check.key, lock),
             Store::Redis(store, _) => store.clear(&check.key, lock).await.expect("redis clears"),
@@ -57,10 +57,13 @@ impl Store {
     }
 
     async fn lock(&self, check: &LimitCheck) {
-        let (lock, ttl) = check.lockout.clone().expect("a check with a lock-out");
+        let lockout = check.lockout.clone().expect("a check with a lock-out");
         match self {
-            Store::Memory(store) => store.lock(&lock, ttl),
-            Store::Redis(store, _) => store.lock(&lock, ttl).await.expect("redis locks"),
+            Store::Memory(store) => store.lock(&lockout.key, lockout.micros),
+            Store::Redis(store, _) => store
+                .lock(&lockout.key, lockout.micros)
+                .await
+                .expect("redis locks"),
         }
     }
 
@@ -250,7 +253,10 @@ async fn all_or_nothing_and_lockout_under_concurrency(store: Store) {
     let wide = check("conc-wide", fixed(1_000, 60_000));
     let mut narrow = check("conc-narrow", fixed(30, 60_000));
     let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
-    narrow.lockout = Some((lock_key("fg", &tuple, "conc-narrow"), 60_000 * MS));
+    narrow.lockout = Some(Lockout::on_refusal(
+        lock_key("fg", &tuple, "conc-narrow"),
+        60_000 * MS,
+    ));
     let outcomes = concurrent_outcomes(&store, &[wide.clone(), narrow], 200).await;
     assert_eq!(admitted(&outcomes), 30);
     let locked = outcomes
@@ -382,7 +388,7 @@ async fn sliding_window_admits_no_double_burst(store: Store) {
 async fn lockout_outlives_the_window(store: Store) {
     let mut limit = check("lo", fixed(1, 200));
     let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
-    limit.lockout = Some((lock_key("fg", &tuple, "lo"), 700 * MS));
+    limit.lockout = Some(Lockout::on_refusal(lock_key("fg", &tuple, "lo"), 700 * MS));
     assert!(store.one(&limit).await.outcome.admits());
     let first = store.one(&limit).await;
     assert_eq!(first.outcome, Outcome::Rejected);
@@ -397,6 +403,35 @@ async fn lockout_outlives_the_window(store: Store) {
     assert!(locked.retry_after <= Duration::from_millis(400), "{locked:?}");
     tokio::time::sleep(locked.retry_after + Duration::from_millis(30)).await;
     assert!(store.one(&limit).await.outcome.admits());
+}
+
+/// A failure-counting limit's lock-out: its refusal (of attempts that may still turn out
+/// to be successes) starts no lock, but a lock started by a counted failure refuses.
+async fn a_lockout_not_started_by_refusal_still_refuses_while_it_runs(store: Store) {
+    let mut limit = check("fail", fixed(1, 60_000));
+    let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
+    limit.lockout = Some(Lockout {
+        key: lock_key("fg", &tuple, "fail"),
+        micros: 60_000 * MS,
+        starts_on_refusal: false,
+    });
+    assert!(store.one(&limit).await.outcome.admits());
+    let refused = store.one(&limit).await;
+    assert_eq!(refused.outcome, Outcome::Rejected, "{refused:?}");
+    assert!(
+        refused.retry_after <= Duration::from_secs(60),
+        "the window decides, no lock: {refused:?}"
+    );
+    assert_eq!(store.peek(&limit).await.lock_left, None, "no lock started");
+    // The attempt in flight was a success: its unit comes back, and the key has room.
+    store.refund(&limit).await;
+    assert!(store.one(&limit).await.outcome.admits());
+    // A failure took the last of the room: the lock starts, and refuses from then on.
+    store.lock(&limit).await;
+    store.refund(&limit).await;
+    let locked = store.one(&limit).await;
+    assert_eq!(locked.outcome, Outcome::Locked, "{locked:?}");
+    assert!(locked.retry_after > Duration::from_secs(59), "{locked:?}");
 }
 
 async fn cost_above_one(store: Store) {
@@ -518,7 +553,7 @@ async fn a_key_is_read_without_consuming_and_cleared(store: Store) {
         let name = format!("peek-{i}");
         let mut limit = check(&name, algorithm);
         let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
-        limit.lockout = Some((lock_key("fg", &tuple, &name), 3_600_000 * MS));
+        limit.lockout = Some(Lockout::on_refusal(lock_key("fg", &tuple, &name), 3_600_000 * MS));
         let fresh = store.peek(&limit).await.key_state(&algorithm);
         assert_eq!(fresh.remaining, algorithm.capacity(), "{algorithm:?}");
         assert_eq!(
@@ -584,6 +619,7 @@ conformance!(
     leaky_bucket_spaces_and_bounds_the_queue,
     sliding_window_admits_no_double_burst,
     lockout_outlives_the_window,
+    a_lockout_not_started_by_refusal_still_refuses_while_it_runs,
     cost_above_one,
     all_or_nothing_across_limits,
     a_shadow_limit_never_refuses,
@@ -678,7 +714,7 @@ async fn a_century_long_lockout_is_still_a_lockout() {
     let century = 100 * 365 * 86_400_000 * MS;
     let mut limit = check("century", fixed(1, 60_000));
     let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
-    limit.lockout = Some((lock_key("fg", &tuple, "century"), century));
+    limit.lockout = Some(Lockout::on_refusal(lock_key("fg", &tuple, "century"), century));
     assert!(store.one(&limit).await.outcome.admits());
     let longest = Duration::from_micros(1 << 50);
     let refused = store.one(&limit).await;
@@ -879,7 +915,7 @@ async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
         let limit = LimitCheck {
             key: store_key("fg", &tuple, &name, &algorithm),
             algorithm,
-            lockout: Some((lock_key("fg", &tuple, &name), 60_000 * MS)),
+            lockout: Some(Lockout::on_refusal(lock_key("fg", &tuple, &name), 60_000 * MS)),
             cost: 1,
             shadow: false,
         };

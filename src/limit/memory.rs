@@ -98,8 +98,8 @@ impl MemoryStore {
         let mut slots: SmallVec<[(&str, Slot); 2]> = SmallVec::new();
         for check in checks {
             slots.push((&check.key, self.slot(&check.key)));
-            if let Some((lock, _)) = &check.lockout {
-                slots.push((lock, self.slot(lock)));
+            if let Some(lockout) = &check.lockout {
+                slots.push((&lockout.key, self.slot(&lockout.key)));
             }
         }
         // The keys asked for below are the checks' own strings: found by address.
@@ -337,6 +337,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::limit::Lockout;
     use crate::limit::clock::ManualClock;
     use crate::limit::{Algorithm, Outcome};
 
@@ -394,7 +395,7 @@ mod tests {
         let clock = Arc::new(ManualClock::default());
         let store = MemoryStore::new(clock.clone(), 10_000, Counter::default());
         let mut locked = check("k", fixed(1));
-        locked.lockout = Some(("k:lock".into(), 10 * S));
+        locked.lockout = Some(Lockout::on_refusal("k:lock".into(), 10 * S));
         assert!(store.decide(std::slice::from_ref(&locked))[0].outcome.admits());
         let first = store.decide(std::slice::from_ref(&locked))[0];
         assert_eq!(first.outcome, Outcome::Rejected);
@@ -442,7 +443,7 @@ mod tests {
         let store = MemoryStore::new(clock.clone(), max_keys, Counter::default());
         let exhausted = check("exhausted", fixed(3));
         let mut locked = check("locked", fixed(1));
-        locked.lockout = Some(("locked:lock".into(), 100 * S));
+        locked.lockout = Some(Lockout::on_refusal("locked:lock".into(), 100 * S));
         let heavy: Vec<LimitCheck> = (0..max_keys / 4)
             .map(|i| check(&format!("heavy-{i}"), fixed(5)))
             .collect();

@@ -35,13 +35,38 @@ pub struct LimitCheck {
     /// The counter's store key ([`key::store_key`]).
     pub key: String,
     pub algorithm: Algorithm,
-    /// With a lock-out penalty: the lock's key and its duration in microseconds.
-    pub lockout: Option<(String, u64)>,
+    /// With a lock-out penalty.
+    pub lockout: Option<Lockout>,
     /// Units this request consumes (route `cost`, at least 1).
     pub cost: u64,
     /// A shadow limit never refuses the request: its rejection does not stop the others,
     /// and it consumes only when the whole request is admitted and it admits too.
     pub shadow: bool,
+}
+
+/// A limit's lock-out penalty, as a check carries it: while the lock runs, the check
+/// refuses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lockout {
+    /// The lock's store key.
+    pub key: String,
+    /// Its length, in microseconds.
+    pub micros: u64,
+    /// Whether the check's refusal starts it (a rate limit's lock-out). A limit that
+    /// counts failures starts it only when a failure takes the last of the room
+    /// ([`store::LimitStore::lock`]): a refusal there may be of attempts still in flight.
+    pub starts_on_refusal: bool,
+}
+
+impl Lockout {
+    /// A rate limit's lock-out: `micros` long, started by the check's refusal.
+    pub fn on_refusal(key: String, micros: u64) -> Lockout {
+        Lockout {
+            key,
+            micros,
+            starts_on_refusal: true,
+        }
+    }
 }
 
 /// What one limit decided for one request.
@@ -94,7 +119,7 @@ pub(crate) fn decide_all<'a>(
     let evaluated: SmallVec<[(Option<u64>, algorithm::Evaluation); 2]> = checks
         .iter()
         .map(|check| {
-            let lock = check.lockout.as_ref().and_then(|(lock, _)| lock_left(lock));
+            let lock = check.lockout.as_ref().and_then(|lockout| lock_left(&lockout.key));
             let evaluation = algorithm::evaluate(&check.algorithm, stored(&check.key), check.cost, now);
             (lock, evaluation)
         })
@@ -120,14 +145,14 @@ pub(crate) fn decide_all<'a>(
             if !evaluation.admitted {
                 let mut retry_after = evaluation.retry_after;
                 let mut reset = evaluation.reset;
-                if let Some((lock, penalty)) = &check.lockout {
+                if let Some(lockout) = check.lockout.as_ref().filter(|l| l.starts_on_refusal) {
                     writes.push(Write::Lock {
-                        key: lock,
-                        ttl: *penalty,
+                        key: &lockout.key,
+                        ttl: lockout.micros,
                     });
                     // The lock now decides when the key is free again.
-                    retry_after = retry_after.max(*penalty);
-                    reset = reset.max(*penalty);
+                    retry_after = retry_after.max(lockout.micros);
+                    reset = reset.max(lockout.micros);
                 }
                 return LimitDecision {
                     outcome: Outcome::Rejected,

@@ -103,7 +103,7 @@ impl LimitStore {
 
     /// `check`'s key as stored, changing nothing.
     pub async fn peek(&self, check: &LimitCheck) -> Result<Peeked, StoreError> {
-        let lock = check.lockout.as_ref().map(|(lock, _)| lock.as_str());
+        let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
         match self {
             LimitStore::Memory(store) => Ok(store.peek(&check.key, lock)),
             LimitStore::Redis(store) => store.peek(&check.algorithm, &check.key, lock).await,
@@ -112,21 +112,21 @@ impl LimitStore {
 
     /// Starts `check`'s lock-out (its key exhausted by a counted failure), unless it runs.
     pub async fn lock(&self, check: &LimitCheck) -> Result<(), StoreError> {
-        let Some((lock, ttl)) = &check.lockout else {
+        let Some(lockout) = &check.lockout else {
             return Ok(());
         };
         match self {
             LimitStore::Memory(store) => {
-                store.lock(lock, *ttl);
+                store.lock(&lockout.key, lockout.micros);
                 Ok(())
             }
-            LimitStore::Redis(store) => store.lock(lock, *ttl).await,
+            LimitStore::Redis(store) => store.lock(&lockout.key, lockout.micros).await,
         }
     }
 
     /// Resets `check`'s key and lifts its lock-out (in Redis, for every instance).
     pub async fn clear(&self, check: &LimitCheck) -> Result<(), StoreError> {
-        let lock = check.lockout.as_ref().map(|(lock, _)| lock.as_str());
+        let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
         match self {
             LimitStore::Memory(store) => {
                 store.clear(&check.key, lock);

@@ -18,7 +18,7 @@ use crate::limit::algorithm::micros;
 use crate::limit::key::{lock_key, slots_key, store_key};
 use crate::limit::redis::refusals::RefusalCache;
 use crate::limit::store::{Answer, Fallback, LimitStore, OnError, Slot};
-use crate::limit::{Decisions, LimitCheck, LimitDecision, Outcome, Peeked};
+use crate::limit::{Decisions, LimitCheck, LimitDecision, Lockout, Outcome, Peeked};
 use crate::metrics::{LimitOutcome, Metrics};
 
 /// What a route's limits need at request time, computed once at load.
@@ -548,9 +548,12 @@ pub(crate) fn limit_check(limit: &LimitConfig, prefix: &str, tuple: &str, cost: 
     LimitCheck {
         key: store_key(prefix, tuple, &limit.name, &limit.algorithm),
         algorithm: limit.algorithm,
-        lockout: limit
-            .lockout
-            .map(|penalty| (lock_key(prefix, tuple, &limit.name), micros(penalty))),
+        lockout: limit.lockout.map(|penalty| Lockout {
+            key: lock_key(prefix, tuple, &limit.name),
+            micros: micros(penalty),
+            // A failure-counting limit's refusal may be of attempts still in flight.
+            starts_on_refusal: limit.failures.is_none(),
+        }),
         cost,
         shadow: limit.mode == Mode::Shadow,
     }

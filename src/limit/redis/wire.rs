@@ -40,7 +40,8 @@ struct Spec {
     b: u64,
     c: u64,
     cost: u64,
-    lockout: u64,
+    /// The lock-out's length in µs (0: none), negative when a refusal does not start it.
+    lockout: f64,
     shadow: bool,
 }
 
@@ -72,7 +73,7 @@ impl Spec {
             self.b as f64,
             self.c as f64,
             self.cost as f64,
-            self.lockout as f64,
+            self.lockout,
         ] {
             call.extend_from_slice(&number.to_be_bytes());
         }
@@ -87,7 +88,14 @@ impl Spec {
             b,
             c,
             cost: check.cost,
-            lockout: check.lockout.as_ref().map_or(0, |(_, micros)| *micros),
+            lockout: check.lockout.as_ref().map_or(0.0, |lockout| {
+                let micros = lockout.micros as f64;
+                if lockout.starts_on_refusal {
+                    micros
+                } else {
+                    -micros
+                }
+            }),
             shadow: check.shadow,
         }
     }
@@ -167,7 +175,7 @@ pub(crate) fn command(script_hash: &str, requests: &[&[LimitCheck]]) -> Result<C
                 specs.len()
             }
         };
-        let lock = check.lockout.as_ref().map(|(key, _)| locks.intern(key));
+        let lock = check.lockout.as_ref().map(|lockout| locks.intern(&lockout.key));
         checks.push((spec_index, counters.intern(&check.key), lock));
     }
 
@@ -412,6 +420,7 @@ impl BucketRun {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::Lockout;
 
     fn check(key: &str, lock: Option<&str>, cost: u64) -> LimitCheck {
         LimitCheck {
@@ -421,7 +430,11 @@ mod tests {
                 per: 1_000_000,
                 burst: 20,
             },
-            lockout: lock.map(|lock| (lock.to_owned(), 5_000_000)),
+            lockout: lock.map(|lock| Lockout {
+                key: lock.to_owned(),
+                micros: 5_000_000,
+                starts_on_refusal: true,
+            }),
             cost,
             shadow: false,
         }

@@ -8,7 +8,8 @@
 --     used by exactly one check of the batch; S limit specs.
 --   S specs: the algorithm in one byte (1 fixed_window, 2 sliding_window, 3 token_bucket,
 --     4 leaky_bucket); a, b, c (fixed/sliding: limit, window_us, 0; buckets: rate, per_us,
---     burst), cost and lockout_us (0: none), each an eight-byte double; shadow in one byte
+--     burst), cost and lockout_us (0: none; negative: read, but a refusal does not start
+--     it), each an eight-byte double; shadow in one byte
 --     (1: never refuses; consumes only when the request is admitted and it admits too).
 --   The plan, two bytes a number: per request its number of checks (at least one), and per
 --     check: spec index, counter key index, and (only when the spec has a lock-out) lock
@@ -58,7 +59,7 @@
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local floor, ceil, max, min, abs = math.floor, math.ceil, math.max, math.min, math.abs
 local byte, pack_bytes, unpack_bytes = string.byte, struct.pack, struct.unpack
 
 -- The live state of counters used by more than one check of the batch, once a check has
@@ -385,7 +386,8 @@ while p < plan_end do
       local cs, k = 7 * (c_hi * 256 + c_lo) - 6, ck_hi * 256 + ck_lo
       p = p + 4
       specs[i], keys[i], locks[i], locked[i] = cs, k, false, false
-      local check_lockout = spec[cs + 5]
+      -- Negative: the lock is read, but a refusal does not start it (failure counting).
+      local check_lockout = abs(spec[cs + 5])
       if check_lockout > 0 then
         local l = l_hi * 256 + l_lo
         locks[i] = l
@@ -413,7 +415,7 @@ while p < plan_end do
         outcome, remaining, reset, time_left = 3, 0, locked[i], locked[i]
       elseif not admitted[i] then
         outcome, remaining, reset, time_left = 2, befores[i], resets[i], retries[i]
-        if locks[i] then
+        if locks[i] and spec[cs + 5] > 0 then
           -- The lock now decides when the key is free again.
           local check_lockout = spec[cs + 5]
           local lock_ms = ceil(check_lockout / 1000)
