@@ -89,3 +89,110 @@ async fn failures_are_counted_and_lock_out_in_redis() {
     let gw = TestGateway::start(&config(&upstream, Some(&redis))).await;
     scenario(&gw, &upstream).await;
 }
+
+/// An app whose every login fails after `delay`, counting the attempts it saw.
+async fn failing_app(
+    delay: std::time::Duration,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_request| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        tokio::time::sleep(delay).await;
+                        let mut response = http::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from_static(b"wrong password\n"),
+                        ));
+                        *response.status_mut() = StatusCode::UNAUTHORIZED;
+                        Ok::<_, std::convert::Infallible>(response)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// 50 guesses at once against a limit of 5 failures: each takes its unit before it is
+/// forwarded, so exactly 5 reach the app, whatever the concurrency.
+async fn parallel_guesses_get_exactly_the_limit_through(redis: Option<&RedisServer>) {
+    let (app, seen) = failing_app(std::time::Duration::from_millis(300)).await;
+    let gw = TestGateway::start(&format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+{redis}
+[upstreams.app]
+url = "http://{app}"
+
+[limits.login_failures]
+algorithm = "fixed_window"
+limit = 5
+window = "15m"
+key = ["client_ip"]
+count = "failures"
+lockout = "1h"
+
+[[routes]]
+name = "login"
+upstream = "app"
+limits = ["login_failures"]
+"#,
+        redis = redis.map_or(String::new(), |r| format!("[redis]\nurl = \"{}\"\n", r.url())),
+    ))
+    .await;
+    let url = gw.url("/login.php");
+    let guesses = (0..50).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move { get(&url).await.0 })
+    });
+    let statuses: Vec<StatusCode> = futures_util::future::join_all(guesses)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let failed = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::UNAUTHORIZED)
+        .count();
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((failed, refused), (5, 45), "{statuses:?}");
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 5);
+    // The fifth failure started the lock-out.
+    let (status, headers, _) = get(&url).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((3590..=3600).contains(&retry), "{retry}");
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_guesses_get_exactly_the_limit_through_in_process() {
+    parallel_guesses_get_exactly_the_limit_through(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_guesses_get_exactly_the_limit_through_in_redis() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
+    parallel_guesses_get_exactly_the_limit_through(Some(&redis)).await;
+}

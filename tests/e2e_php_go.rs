@@ -941,10 +941,17 @@ async fn failed_logins_lock_a_client_out_before_php_and_the_admin_api_lifts_the_
         assert_eq!(refused.body, "Too Many Requests\n");
         let retry: u64 = refused.header("retry-after").parse().unwrap();
         assert!((3590..=3600).contains(&retry), "Retry-After {retry}");
-        assert_eq!(refused.header("ratelimit-policy"), "\"login_failures\";q=5;w=900");
+        // Both limits were decided together (the minute's five requests, none refused,
+        // are in its item); the locked one refused.
         assert_eq!(
-            refused.header("ratelimit"),
-            format!("\"login_failures\";r=0;t={retry}")
+            refused.header("ratelimit-policy"),
+            "\"per_ip_minute\";q=300;w=60, \"login_failures\";q=5;w=900"
+        );
+        let ratelimit = refused.header("ratelimit");
+        assert!(ratelimit.starts_with("\"per_ip_minute\";r=295;t="), "{ratelimit}");
+        assert!(
+            ratelimit.ends_with(&format!(", \"login_failures\";r=0;t={retry}")),
+            "{ratelimit}"
         );
     }
 
@@ -984,13 +991,18 @@ async fn failed_logins_lock_a_client_out_before_php_and_the_admin_api_lifts_the_
     assert!(!php_log.contains("/login.php/"), "{php_log}");
     assert!(!php_log.contains("/login.php?"), "{php_log}");
 
-    // The lock and the failures' counter live in Redis.
+    // The lock and the failures' counter live in Redis. The other client's login took
+    // its unit before PHP answered and gave it back: its counter holds no failure.
     let keys = topology
         .redis
-        .cli(&["--scan", "--pattern", "floodgate:*:login_failures:*"]);
+        .cli(&["--scan", "--pattern", "floodgate:{i127.0.0.9}:login_failures:*"]);
     let mut kinds: Vec<&str> = keys.lines().map(|key| key.rsplit(':').next().unwrap()).collect();
     kinds.sort_unstable();
     assert_eq!(kinds, ["fw", "lock"], "the attacker's counter and lock: {keys}");
+    let user_failures = topology
+        .redis
+        .cli(&["get", "floodgate:{i127.0.0.10}:login_failures:fw"]);
+    assert_eq!(user_failures.trim(), "0");
 
     // The limit-state API: without the token, or with another one, 401.
     let state_path = "/limits/login_failures/state?client_ip=127.0.0.9";
@@ -1074,7 +1086,7 @@ async fn failed_logins_lock_a_client_out_before_php_and_the_admin_api_lifts_the_
     );
     let keys = topology
         .redis
-        .cli(&["--scan", "--pattern", "floodgate:*:login_failures:*"]);
+        .cli(&["--scan", "--pattern", "floodgate:{i127.0.0.9}:login_failures:*"]);
     assert_eq!(keys.lines().count(), 0, "{keys}");
 
     // The attacker's next login reaches PHP and succeeds. Its refused attempts consumed

@@ -368,3 +368,45 @@ async fn a_restart_is_survived() {
         "{errors} store errors around a restart (recovered in {recovered:?})"
     );
 }
+
+/// Under `on_error = "local"`, a login limit keeps counting failures while Redis is down:
+/// the in-process fallback takes each attempt's unit and starts the lock-out, so a brute
+/// force during an outage is locked out as it would be with Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_counts_failures_and_locks_out_while_redis_is_down() {
+    let mut redis = start_redis().await;
+    let upstream = Upstream::start().await;
+    let limit = r#"algorithm = "fixed_window"
+limit = 3
+window = "15m"
+key = ["client_ip"]
+count = "failures"
+lockout = "1h""#;
+    let gateway = gateway_with(&redis.url(), &upstream, "local", limit).await;
+    tokio::task::block_in_place(|| redis.kill());
+    let guess = || async { get(&gateway.url("/status?code=401")).await.0 };
+    for _ in 0..3 {
+        assert_eq!(guess().await, StatusCode::UNAUTHORIZED);
+    }
+    let before = upstream.requests();
+    let (status, headers, _) = get(&gateway.url("/status?code=401")).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "locked out in the fallback"
+    );
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((3590..=3600).contains(&retry), "{retry}");
+    assert_eq!(
+        upstream.requests(),
+        before,
+        "the locked-out guess was not forwarded"
+    );
+    // Decided in the fallback: the outage was counted.
+    assert!(
+        gateway
+            .metric(r#"floodgate_store_errors_total{store="redis"}"#)
+            .await
+            >= 1.0
+    );
+}

@@ -54,6 +54,91 @@ impl Drop for Slot {
     }
 }
 
+/// The unit a failure-counting limit took for one attempt before it was forwarded
+/// (docs/configuration.md#limitsnamecount): kept when the answer is a failure, which
+/// starts the lock-out when the unit was the last of the room; given back when it is not,
+/// or when the attempt ends unanswered (dropped).
+pub struct Attempt {
+    check: LimitCheck,
+    taken: Taken,
+    /// The unit was the last of the key's room.
+    last: bool,
+}
+
+/// Where an attempt's unit was taken.
+enum Taken {
+    Store(LimitStore),
+    /// In the in-process fallback of a failing Redis (`on_error = "local"`).
+    Fallback(Arc<ResilientRedis>),
+    /// Given back, or kept as a failure.
+    Settled,
+}
+
+impl Attempt {
+    /// The unit a decision of `store` (or of its in-process fallback, `by_fallback`) took
+    /// for `check`, leaving `remaining`.
+    pub fn taken(check: LimitCheck, store: &LimitStore, by_fallback: bool, remaining: u64) -> Attempt {
+        let taken = match store {
+            LimitStore::Redis(redis) if by_fallback => Taken::Fallback(redis.clone()),
+            _ => Taken::Store(store.clone()),
+        };
+        Attempt {
+            check,
+            taken,
+            last: remaining == 0,
+        }
+    }
+
+    /// Settles the attempt on its answer: a failure keeps the unit (and starts the
+    /// lock-out when it was the last of the room), anything else gives it back.
+    pub async fn settle(mut self, failure: bool) {
+        let taken = std::mem::replace(&mut self.taken, Taken::Settled);
+        let check = &self.check;
+        let result = match (taken, failure) {
+            (Taken::Settled, _) => Ok(()),
+            (Taken::Store(store), false) => store.refund(check).await,
+            (Taken::Fallback(redis), false) => {
+                redis.refund_locally(check);
+                Ok(())
+            }
+            (_, true) if !self.last => Ok(()),
+            (Taken::Store(store), true) => store.lock(check).await,
+            (Taken::Fallback(redis), true) => {
+                if let Some(lockout) = &check.lockout {
+                    redis.lock_locally(&lockout.key, lockout.micros);
+                }
+                Ok(())
+            }
+        };
+        if let Err(error) = result {
+            let what = if failure {
+                "a lock-out could not be started"
+            } else {
+                "an attempt's unit could not be given back"
+            };
+            tracing::warn!(%error, key = %check.key, "{what}");
+        }
+    }
+}
+
+impl Drop for Attempt {
+    /// An attempt dropped unsettled (its client left before an answer, or floodgate
+    /// answered itself) gives its unit back, in the background.
+    fn drop(&mut self) {
+        if matches!(self.taken, Taken::Settled) {
+            return;
+        }
+        let attempt = Attempt {
+            check: self.check.clone(),
+            taken: std::mem::replace(&mut self.taken, Taken::Settled),
+            last: self.last,
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(attempt.settle(false));
+        }
+    }
+}
+
 /// The store's answer for one request, with `on_error` applied.
 #[derive(Debug)]
 pub enum Answer {

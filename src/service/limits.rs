@@ -17,8 +17,8 @@ use crate::config::{Concurrency, LimitConfig, Mode, Override, RateLimitHeaders};
 use crate::limit::algorithm::micros;
 use crate::limit::key::{lock_key, slots_key, store_key};
 use crate::limit::redis::refusals::RefusalCache;
-use crate::limit::store::{Answer, Fallback, LimitStore, OnError, Slot};
-use crate::limit::{Decisions, LimitCheck, LimitDecision, Lockout, Outcome, Peeked};
+use crate::limit::store::{Answer, Attempt, Fallback, LimitStore, OnError, Slot};
+use crate::limit::{Decisions, LimitCheck, LimitDecision, Lockout, Outcome};
 use crate::metrics::{LimitOutcome, Metrics};
 
 /// What a route's limits need at request time, computed once at load.
@@ -56,13 +56,13 @@ pub(crate) struct Verdict {
 
 pub(crate) enum Action {
     /// Forward, after holding the request this long (leaky bucket); `held` are the checks
-    /// whose slots to give back if the client leaves before then; `counted` the checks
-    /// of limits that count failures, to consume if the response has one of their
-    /// statuses.
+    /// whose slots to give back if the client leaves before then; `attempts` the units
+    /// limits that count failures took, each to settle on the response's status (failure
+    /// when it is one of theirs).
     Pass {
         delay: Duration,
         held: Vec<LimitCheck>,
-        counted: Vec<(LimitCheck, Vec<StatusCode>)>,
+        attempts: Vec<(Attempt, Vec<StatusCode>)>,
     },
     /// Answer with this status, body (of this type) and `Retry-After` seconds.
     Reject {
@@ -97,7 +97,6 @@ impl RouteLimits {
     ) -> Result<Verdict, AmbiguousKey> {
         let mut applied: SmallVec<[&LimitConfig; 2]> = SmallVec::new();
         let mut checks: Checks = SmallVec::new();
-        let mut counted: SmallVec<[(&LimitConfig, LimitCheck); 1]> = SmallVec::new();
         let mut concurrent: SmallVec<[(&LimitConfig, String, Concurrency); 1]> = SmallVec::new();
         // Whether every limit applies as configured (no exemption, no override): then the
         // route's RateLimit-Policy, computed at load, describes the request.
@@ -134,10 +133,6 @@ impl RouteLimits {
                 }
             };
             let check = limit_check(limit, settings.prefix, &tuple, self.cost);
-            if limit.failures.is_some() {
-                counted.push((limit, check));
-                continue;
-            }
             checks.push(check);
             applied.push(limit);
         }
@@ -185,60 +180,28 @@ impl RouteLimits {
                 }
             }
         }
-        let verdict = self
-            .decide_rates(settings, applied, as_configured, checks, counted)
-            .await;
+        let verdict = self.decide_rates(settings, applied, as_configured, checks).await;
         Ok(Verdict { slots, ..verdict })
     }
 
-    /// Decides the rate limits (`checks` in one store call; `counted`, those that count
-    /// failures, read) after the concurrency slots were taken.
+    /// Decides the rate limits, `checks` in one store call, after the concurrency slots
+    /// were taken. A limit that counts failures takes its unit here like any other.
     async fn decide_rates<'a>(
         &'a self,
         settings: &LimitSettings<'_>,
         applied: SmallVec<[&'a LimitConfig; 2]>,
-        mut as_configured: bool,
+        as_configured: bool,
         checks: Checks,
-        counted: SmallVec<[(&'a LimitConfig, LimitCheck); 1]>,
     ) -> Verdict {
-        if checks.is_empty() && counted.is_empty() {
+        if checks.is_empty() {
             return pass(LimitOutcome::Exempt);
         }
-        // Limits that count failures are read, not consumed: a key with no room left, or
-        // locked, is refused before anything else is decided (so nothing is consumed).
-        let mut read: Counted<'_> = SmallVec::new();
-        for (limit, check) in counted {
-            let decision = match settings.store.peek(&check).await {
-                Ok(peeked) => failure_room(&peeked, &check),
-                Err(error) => {
-                    settings.metrics.record_store_error(settings.store.label());
-                    tracing::debug!(%error, "rate-limit store failed reading a failure count");
-                    if settings.on_error == OnError::Deny {
-                        return store_refused();
-                    }
-                    continue;
-                }
-            };
-            read.push((limit, check, decision));
-        }
-        if read
-            .iter()
-            .any(|(limit, _, d)| limit.mode == Mode::Enforce && !d.outcome.admits())
-        {
-            let limits: SmallVec<[&LimitConfig; 2]> = read.iter().map(|(l, _, _)| *l).collect();
-            let decisions: Decisions = read.iter().map(|(_, _, d)| *d).collect();
-            let checks: Checks = read.into_iter().map(|(_, c, _)| c).collect();
-            return self.verdict(settings, &limits, false, checks, &decisions);
-        }
-        if checks.is_empty() {
-            return self.with_counted(settings, applied, false, checks, &[], read);
-        }
-        if !read.is_empty() {
-            as_configured = false;
-        }
         // Shadow limits must be evaluated every time, so their requests are never served
-        // from remembered refusals.
-        let refusals = settings.refusals.filter(|_| !checks.iter().any(|c| c.shadow));
+        // from remembered refusals; nor are those of limits that count failures, whose
+        // room comes back when an attempt in flight is not one.
+        let refusals = settings
+            .refusals
+            .filter(|_| !checks.iter().any(|c| c.shadow) && !applied.iter().any(|l| l.failures.is_some()));
         let started = Instant::now();
         // The checks' identity is hashed only while some refusal may hold, or to remember one.
         let mut identity = None;
@@ -247,7 +210,7 @@ impl RouteLimits {
         {
             let id = *identity.insert(cache.identity(&checks));
             if let Some(decisions) = cache.get(id, started) {
-                return self.with_counted(settings, applied, as_configured, checks, &decisions, read);
+                return self.verdict(settings, &applied, as_configured, checks, &decisions, false);
             }
         }
         let answer = settings.store.decide(&checks, settings.on_error).await;
@@ -264,7 +227,7 @@ impl RouteLimits {
                     // Counted as what the local store decided; the failure itself is in
                     // floodgate_store_errors_total.
                     Fallback::Local(decisions) => {
-                        return self.with_counted(settings, applied, as_configured, checks, &decisions, read);
+                        return self.verdict(settings, &applied, as_configured, checks, &decisions, true);
                     }
                     Fallback::Admit => false,
                     Fallback::Refuse => true,
@@ -283,43 +246,10 @@ impl RouteLimits {
         if let Some(cache) = refusals {
             remember_refusal(cache, identity, &checks, &decisions, started);
         }
-        self.with_counted(settings, applied, as_configured, checks, &decisions, read)
+        self.verdict(settings, &applied, as_configured, checks, &decisions, false)
     }
 
-    /// The verdict on the store's `decisions`, with the limits that count failures (read,
-    /// all admitting) added: their room goes into the headers, and their checks into the
-    /// verdict, to be consumed if the response is a failure.
-    fn with_counted<'a>(
-        &'a self,
-        settings: &LimitSettings<'_>,
-        mut applied: SmallVec<[&'a LimitConfig; 2]>,
-        as_configured: bool,
-        mut checks: Checks,
-        decisions: &[LimitDecision],
-        read: Counted<'a>,
-    ) -> Verdict {
-        if read.is_empty() {
-            return self.verdict(settings, &applied, as_configured, checks, decisions);
-        }
-        let mut all: Decisions = decisions.iter().copied().collect();
-        let mut failures = Vec::with_capacity(read.len());
-        for (limit, check, decision) in read {
-            applied.push(limit);
-            all.push(decision);
-            // A shadow limit counts failures too: it never refuses, but says when it
-            // would have.
-            if let Some(statuses) = &limit.failures {
-                failures.push((check.clone(), statuses.clone()));
-            }
-            checks.push(check);
-        }
-        let mut verdict = self.verdict(settings, &applied, as_configured, checks, &all);
-        if let Action::Pass { counted, .. } = &mut verdict.action {
-            *counted = failures;
-        }
-        verdict
-    }
-
+    /// The verdict on `decisions`, the store's (or its in-process fallback's, `by_fallback`).
     fn verdict(
         &self,
         settings: &LimitSettings<'_>,
@@ -327,6 +257,7 @@ impl RouteLimits {
         as_configured: bool,
         checks: Checks,
         decisions: &[LimitDecision],
+        by_fallback: bool,
     ) -> Verdict {
         let mut enforced: SmallVec<[(&LimitConfig, LimitDecision); 2]> = SmallVec::new();
         let mut refusal: Option<(&LimitConfig, Duration)> = None;
@@ -359,7 +290,7 @@ impl RouteLimits {
             };
             settings.metrics.record_decision(&limit.name, label);
             if limit.mode == Mode::Enforce {
-                enforced.push((limit, *decision));
+                enforced.push((limit, failure_room(limit, decision, self.cost)));
             }
         }
         // A limit the client is exempt from was skipped: the policy computed at load
@@ -396,21 +327,26 @@ impl RouteLimits {
         if !delay.is_zero() {
             outcome = LimitOutcome::Delayed;
         }
-        let held = if delay.is_zero() {
-            Vec::new()
-        } else {
-            checks
-                .into_iter()
-                .zip(decisions)
-                .filter(|(check, d)| !check.shadow && matches!(d.outcome, Outcome::Delayed(_)))
-                .map(|(check, _)| check)
-                .collect()
-        };
+        let mut held = Vec::new();
+        let mut attempts = Vec::new();
+        for ((check, decision), limit) in checks.into_iter().zip(decisions).zip(applied) {
+            match &limit.failures {
+                // A shadow limit counts failures too: it never refuses, but says when it
+                // would have. Its unit was taken only if it admitted.
+                Some(statuses) if decision.outcome.admits() => attempts.push((
+                    Attempt::taken(check, settings.store, by_fallback, decision.remaining),
+                    statuses.clone(),
+                )),
+                Some(_) => {}
+                None if !check.shadow && matches!(decision.outcome, Outcome::Delayed(_)) => held.push(check),
+                None => {}
+            }
+        }
         Verdict {
             action: Action::Pass {
                 delay,
                 held,
-                counted: Vec::new(),
+                attempts,
             },
             slots: Vec::new(),
             outcome,
@@ -419,62 +355,27 @@ impl RouteLimits {
     }
 }
 
-/// The limits of a request that count failures: each with its check and what its stored
-/// room says.
-type Counted<'a> = SmallVec<[(&'a LimitConfig, LimitCheck, LimitDecision); 1]>;
-
-/// What a failure-counting limit's stored state says of the next request: allowed with
-/// the room left for failures, or refused (no room, or locked).
-fn failure_room(peeked: &Peeked, check: &LimitCheck) -> LimitDecision {
-    let micros = Duration::from_micros;
-    if let Some(left) = peeked.lock_left {
-        return LimitDecision {
-            outcome: Outcome::Locked,
-            remaining: 0,
-            reset: micros(left),
-            retry_after: micros(left),
-        };
+/// What the rate-limit headers say of a limit that counts failures: the room left before
+/// this attempt took its unit (a `401` that takes the last of the room still says `r=1`),
+/// as they said when failures were read rather than taken.
+fn failure_room(limit: &LimitConfig, decision: &LimitDecision, cost: u64) -> LimitDecision {
+    if limit.failures.is_none() || !decision.outcome.admits() {
+        return *decision;
     }
-    let evaluation =
-        crate::limit::algorithm::evaluate(&check.algorithm, peeked.state, check.cost, peeked.now);
     LimitDecision {
-        outcome: if evaluation.admitted {
-            Outcome::Allowed
-        } else {
-            Outcome::Rejected
-        },
-        remaining: evaluation.remaining_before,
-        reset: micros(evaluation.reset),
-        retry_after: micros(evaluation.retry_after),
+        remaining: decision.remaining + cost,
+        ..*decision
     }
 }
 
-/// Consumes, for each limit that counts failures, what a response of `status` costs: a
-/// failure takes `cost`, and the failure that takes the last of the room starts the
-/// lock-out. A store that fails here loses that count (logged).
-pub(crate) async fn count_failures(
-    store: &LimitStore,
-    on_error: OnError,
-    counted: &[(LimitCheck, Vec<StatusCode>)],
-    status: StatusCode,
-) {
-    for (check, statuses) in counted {
-        if !statuses.contains(&status) {
-            continue;
-        }
-        match store.decide(std::slice::from_ref(check), on_error).await {
-            Answer::Decided(decisions) => {
-                let exhausted = decisions
-                    .first()
-                    .is_some_and(|d| d.outcome.admits() && d.remaining == 0);
-                if exhausted && let Err(error) = store.lock(check).await {
-                    tracing::warn!(%error, key = %check.key, "a lock-out could not be started");
-                }
-            }
-            Answer::Failed { error, .. } => {
-                tracing::warn!(%error, key = %check.key, "a failure could not be counted");
-            }
-        }
+/// Settles each attempt of a limit that counts failures on the app's response `status`
+/// (`None`: the app did not answer): a failure keeps its unit (and starts the lock-out
+/// when it was the last of the room), anything else gives it back.
+pub(crate) async fn settle_attempts(attempts: Vec<(Attempt, Vec<StatusCode>)>, status: Option<StatusCode>) {
+    for (attempt, statuses) in attempts {
+        attempt
+            .settle(status.is_some_and(|status| statuses.contains(&status)))
+            .await;
     }
 }
 
@@ -534,7 +435,7 @@ fn pass(outcome: LimitOutcome) -> Verdict {
         action: Action::Pass {
             delay: Duration::ZERO,
             held: Vec::new(),
-            counted: Vec::new(),
+            attempts: Vec::new(),
         },
         slots: Vec::new(),
         outcome,

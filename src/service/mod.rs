@@ -50,7 +50,7 @@ use crate::proxy::request_body::RequestBody;
 use crate::router::normalize_host;
 use crate::upstream::{Upstream, tunnel};
 use limit_headers::LimitHeaders;
-use limits::{Action, LimitSettings, count_failures};
+use limits::{Action, LimitSettings, settle_attempts};
 use request_head::InvalidNames;
 use request_key::{KeySource, key_tuple};
 use response_body::{Payload, ResponseBody, full};
@@ -285,7 +285,7 @@ async fn serve(
         return Err(GatewayError::Forbidden("the route's allow or deny"));
     }
     let route = &state.routes[index];
-    let mut counted = Vec::new();
+    let mut attempts = Vec::new();
     if !route.limits.is_empty() {
         let client_ip = client.ip_text();
         let source = key_source(&request, &client_ip, path, route_host.as_deref(), &record.route);
@@ -311,9 +311,9 @@ async fn serve(
             Action::Pass {
                 delay,
                 held,
-                counted: failures,
+                attempts: taken,
             } => {
-                counted = failures;
+                attempts = taken;
                 if !delay.is_zero() {
                     hold(&state.store, delay, held, client.socket).await?;
                 }
@@ -354,10 +354,9 @@ async fn serve(
             .await
         }
     };
-    if !counted.is_empty()
-        && let Ok(response) = &response
-    {
-        count_failures(&state.store, state.on_error, &counted, response.status()).await;
+    if !attempts.is_empty() {
+        // floodgate's own answers (a 502, a 504) are not the app's: their units go back.
+        settle_attempts(attempts, response.as_ref().ok().map(Response::status)).await;
     }
     response
 }

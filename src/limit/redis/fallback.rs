@@ -139,15 +139,26 @@ impl ResilientRedis {
 
     /// Decides in the in-process store, each limit divided by the live instance count.
     pub fn decide_locally(&self, checks: &[LimitCheck]) -> Decisions {
-        let instances = self.instances.load(Ordering::Relaxed).max(1);
-        let scaled: Vec<LimitCheck> = checks
-            .iter()
-            .map(|check| LimitCheck {
-                algorithm: divided(check.algorithm, instances),
-                ..check.clone()
-            })
-            .collect();
+        let scaled: Vec<LimitCheck> = checks.iter().map(|check| self.local_share(check)).collect();
         self.local.decide(&scaled)
+    }
+
+    /// Gives back, in the in-process store, what [`Self::decide_locally`] took for `check`.
+    pub fn refund_locally(&self, check: &LimitCheck) {
+        self.local.refund(&self.local_share(check));
+    }
+
+    /// Starts lock-out `key` for `ttl` µs in the in-process store, unless it runs.
+    pub fn lock_locally(&self, key: &str, ttl: u64) {
+        self.local.lock(key, ttl);
+    }
+
+    /// `check` as the in-process store decides it: its limit divided by the live instances.
+    fn local_share(&self, check: &LimitCheck) -> LimitCheck {
+        LimitCheck {
+            algorithm: divided(check.algorithm, self.instances()),
+            ..check.clone()
+        }
     }
 
     /// Reads `key` (and its lock) in Redis, changing nothing, unless the breaker is open.
@@ -183,11 +194,15 @@ impl ResilientRedis {
         }
     }
 
+    /// Gives back what an admitted request consumed from `check`, unless the breaker is
+    /// open.
     pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
         if self.breaker.is_open() {
             return Err(StoreError::BreakerOpen);
         }
-        self.redis.refund(check).await
+        let refunded = self.redis.refund(check).await;
+        self.record(&refunded);
+        refunded
     }
 
     /// Takes a concurrency slot of `key` (one of `limit`) as a lease of `lease` that this
