@@ -450,8 +450,9 @@ impl Metrics {
         self.keys_not_kept.get_or_create(&StoreLabels { store }).clone()
     }
 
-    pub(crate) fn record_store_error(&self, store: &'static str) {
-        self.store_errors.get_or_create(&StoreLabels { store }).inc();
+    /// `floodgate_store_errors_total` of `store`, for the store to count its failures.
+    pub(crate) fn store_errors(&self, store: &'static str) -> Counter {
+        self.store_errors.get_or_create(&StoreLabels { store }).clone()
     }
 
     pub(crate) fn record_reload(&self, ok: bool) {

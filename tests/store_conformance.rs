@@ -934,3 +934,147 @@ async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
         assert!(ttl > 0, "{key} has no TTL ({ttl})");
     }
 }
+
+/// Every store operation, under each `on_error`, with Redis gone: each failure is
+/// counted in `floodgate_store_errors_total`, and becomes what the policy makes of that
+/// operation (docs/operations.md#when-redis-fails) — the same for all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_fails_by_the_one_rule_under_each_policy() {
+    use floodgate::limit::store::{Answer, Fallback, LimitStore, OnError, Unit};
+    use prometheus_client::metrics::counter::Counter;
+
+    let mut server = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
+    let errors = Counter::default();
+    let store = LimitStore::redis(
+        &RedisTarget::Url(server.url()),
+        Duration::from_millis(100),
+        "fg",
+        Counter::default(),
+        errors.clone(),
+    )
+    .expect("a Redis store");
+    store.wait_ready(Duration::from_secs(2)).await;
+    assert!(store.usable());
+    let lease = store
+        .acquire("fg:leased", 1, Duration::from_secs(30), OnError::Allow)
+        .await
+        .expect("Redis answers")
+        .expect("a slot is free");
+    tokio::task::block_in_place(|| server.kill());
+    // A lease given back with Redis gone: lost (it expires), and counted.
+    let before = errors.get();
+    drop(lease);
+    wait_for_more(&errors, before, "a released lease").await;
+
+    let mut limit = check("ops", fixed(2, 60_000));
+    let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
+    limit.lockout = Some(Lockout::on_refusal(lock_key("fg", &tuple, "ops"), 60_000 * MS));
+    for on_error in [OnError::Allow, OnError::Deny, OnError::Local] {
+        let failed = |before: u64| {
+            let errors = errors.clone();
+            move |what: &str| assert!(errors.get() > before, "{on_error:?} {what}: not counted")
+        };
+        // The request path's questions: admitted, refused, or asked of the fallback.
+        let before = errors.get();
+        match (
+            store.decide(std::slice::from_ref(&limit), on_error).await,
+            on_error,
+        ) {
+            (
+                Answer::Failed {
+                    fallback: Fallback::Admit,
+                    ..
+                },
+                OnError::Allow,
+            ) => {}
+            (
+                Answer::Failed {
+                    fallback: Fallback::Refuse,
+                    ..
+                },
+                OnError::Deny,
+            ) => {}
+            (
+                Answer::Failed {
+                    fallback: Fallback::Local(decisions),
+                    ..
+                },
+                OnError::Local,
+            ) => {
+                assert!(decisions[0].outcome.admits(), "{decisions:?}");
+            }
+            (answer, _) => panic!("{on_error:?} decide: {answer:?}"),
+        }
+        failed(before)("decide");
+        let before = errors.get();
+        let slot = store
+            .acquire("fg:slots", 1, Duration::from_secs(30), on_error)
+            .await;
+        match (&slot, on_error) {
+            (Ok(Some(_)), OnError::Allow | OnError::Local) | (Err(()), OnError::Deny) => {}
+            (other, _) => panic!("{on_error:?} acquire: {:?}", other.as_ref().map(Option::is_some)),
+        }
+        failed(before)("acquire");
+        if on_error == OnError::Local {
+            // The fallback's slots are its own: the second of a limit of one is refused.
+            let second = store
+                .acquire("fg:slots", 1, Duration::from_secs(30), on_error)
+                .await;
+            assert!(
+                matches!(second, Ok(None)),
+                "local acquire: the fallback counts slots"
+            );
+        }
+        drop(slot);
+        // What changes a decided request's state: lost, but for a lock-out under `local`,
+        // which the fallback starts.
+        let before = errors.get();
+        assert!(
+            store.refund(&limit, on_error).await.is_err(),
+            "{on_error:?} refund"
+        );
+        failed(before)("refund");
+        let before = errors.get();
+        let locked = store.lock(&limit, on_error).await;
+        failed(before)("lock");
+        if on_error == OnError::Local {
+            assert!(locked.is_ok(), "local lock: started in the fallback");
+            match store.decide(std::slice::from_ref(&limit), on_error).await {
+                Answer::Failed {
+                    fallback: Fallback::Local(decisions),
+                    ..
+                } => {
+                    assert_eq!(decisions[0].outcome, Outcome::Locked, "{decisions:?}")
+                }
+                answer => panic!("local decide after the lock: {answer:?}"),
+            }
+        } else {
+            assert!(locked.is_err(), "{on_error:?} lock: lost");
+        }
+        // A unit taken in Redis and dropped unanswered goes back in the background: lost,
+        // and counted.
+        let before = errors.get();
+        drop(Unit::taken(limit.clone(), &store, on_error, false, 1));
+        wait_for_more(&errors, before, "a dropped unit's refund").await;
+        // The limit-state API's reads and reset answer the failure (503).
+        let before = errors.get();
+        assert!(store.peek(&limit, on_error).await.is_err(), "{on_error:?} peek");
+        assert!(
+            store.in_flight("fg:slots", on_error).await.is_err(),
+            "{on_error:?} count"
+        );
+        assert!(store.clear(&limit, on_error).await.is_err(), "{on_error:?} clear");
+        assert_eq!(errors.get(), before + 3, "{on_error:?} peek, count, clear");
+    }
+}
+
+/// Waits until `errors` counts more than `before` (a failure in a background task).
+async fn wait_for_more(errors: &prometheus_client::metrics::counter::Counter, before: u64, what: &str) {
+    tokio::time::timeout(Duration::from_secs(2), async {
+        while errors.get() == before {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: the failure was not counted"));
+}

@@ -116,7 +116,7 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
         }
         return match state
             .store
-            .in_flight(&slots_key(prefix, &tuple, &limit.name))
+            .in_flight(&slots_key(prefix, &tuple, &limit.name), state.on_error)
             .await
         {
             Ok(in_flight) => json_answer(
@@ -128,7 +128,7 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
     }
     let check = limit_check(limit, prefix, &tuple, 1);
     match *method {
-        Method::GET => match state.store.peek(&check).await {
+        Method::GET => match state.store.peek(&check, state.on_error).await {
             Ok(peeked) => {
                 let now = peeked.key_state(&limit.algorithm);
                 json_answer(
@@ -144,7 +144,7 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
             }
             Err(error) => store_failed(&error),
         },
-        Method::DELETE => match state.store.clear(&check).await {
+        Method::DELETE => match state.store.clear(&check, state.on_error).await {
             Ok(()) => {
                 // This instance's remembered refusals go now; the others' within
                 // REMEMBERED_AT_MOST.

@@ -8,7 +8,7 @@ use prometheus_client::metrics::counter::Counter;
 
 use super::clock::MonotonicClock;
 use super::memory::{self, MemoryStore};
-use super::redis::fallback::ResilientRedis;
+use super::redis::fallback::{Operation, Recovery, ResilientRedis};
 use super::redis::{RedisTarget, StoreError};
 use super::{Decisions, LimitCheck, Peeked};
 
@@ -40,7 +40,8 @@ enum Held {
     Counted(Arc<MemoryStore>, String),
     /// In the local fallback's counts (Redis failed, `on_error = "local"`).
     Fallback(Arc<ResilientRedis>, String),
-    Lease(Arc<ResilientRedis>, String, String),
+    /// A lease in Redis: its store, key and id, and the `on_error` it was taken under.
+    Lease(Arc<ResilientRedis>, String, String, OnError),
 }
 
 impl Drop for Slot {
@@ -49,23 +50,25 @@ impl Drop for Slot {
             Held::Nothing => {}
             Held::Counted(store, key) => store.in_flight.release(&key),
             Held::Fallback(store, key) => store.local_in_flight().0.release(&key),
-            Held::Lease(store, key, id) => store.release(key, id),
+            Held::Lease(store, key, id, on_error) => store.release(key, id, on_error),
         }
     }
 }
 
-/// The unit a failure-counting limit took for one attempt before it was forwarded
-/// (docs/configuration.md#limitsnamecount): kept when the answer is a failure, which
-/// starts the lock-out when the unit was the last of the room; given back when it is not,
-/// or when the attempt ends unanswered (dropped).
-pub struct Attempt {
+/// What an admitted request took from one limit, in the store or the in-process fallback
+/// that decided, while it may still have to go back: a leaky-bucket request's place until
+/// its turn ([`Unit::keep`]), a failure-counting attempt's unit until its answer
+/// ([`Unit::settle`], docs/configuration.md#limitsnamecount). Dropped before either, it
+/// goes back (in the background): the client left, or floodgate answered itself.
+pub struct Unit {
     check: LimitCheck,
     taken: Taken,
     /// The unit was the last of the key's room.
     last: bool,
+    on_error: OnError,
 }
 
-/// Where an attempt's unit was taken.
+/// Where a unit was taken.
 enum Taken {
     Store(LimitStore),
     /// In the in-process fallback of a failing Redis (`on_error = "local"`).
@@ -74,35 +77,47 @@ enum Taken {
     Settled,
 }
 
-impl Attempt {
-    /// The unit a decision of `store` (or of its in-process fallback, `by_fallback`) took
-    /// for `check`, leaving `remaining`.
-    pub fn taken(check: LimitCheck, store: &LimitStore, by_fallback: bool, remaining: u64) -> Attempt {
+impl Unit {
+    /// The unit a decision of `store` (or of its in-process fallback, `by_fallback`) under
+    /// `on_error` took for `check`, leaving `remaining`.
+    pub fn taken(
+        check: LimitCheck,
+        store: &LimitStore,
+        on_error: OnError,
+        by_fallback: bool,
+        remaining: u64,
+    ) -> Unit {
         let taken = match store {
             LimitStore::Redis(redis) if by_fallback => Taken::Fallback(redis.clone()),
             _ => Taken::Store(store.clone()),
         };
-        Attempt {
+        Unit {
             check,
             taken,
             last: remaining == 0,
+            on_error,
         }
     }
 
-    /// Settles the attempt on its answer: a failure keeps the unit (and starts the
-    /// lock-out when it was the last of the room), anything else gives it back.
+    /// The request keeps what it took (a held request's turn came).
+    pub fn keep(mut self) {
+        self.taken = Taken::Settled;
+    }
+
+    /// Settles a failure-counting attempt on its answer: a failure keeps the unit (and
+    /// starts the lock-out when it was the last of the room), anything else gives it back.
     pub async fn settle(mut self, failure: bool) {
         let taken = std::mem::replace(&mut self.taken, Taken::Settled);
         let check = &self.check;
         let result = match (taken, failure) {
             (Taken::Settled, _) => Ok(()),
-            (Taken::Store(store), false) => store.refund(check).await,
+            (Taken::Store(store), false) => store.refund(check, self.on_error).await,
             (Taken::Fallback(redis), false) => {
                 redis.refund_locally(check);
                 Ok(())
             }
             (_, true) if !self.last => Ok(()),
-            (Taken::Store(store), true) => store.lock(check).await,
+            (Taken::Store(store), true) => store.lock(check, self.on_error).await,
             (Taken::Fallback(redis), true) => {
                 if let Some(lockout) = &check.lockout {
                     redis.lock_locally(&lockout.key, lockout.micros);
@@ -114,27 +129,26 @@ impl Attempt {
             let what = if failure {
                 "a lock-out could not be started"
             } else {
-                "an attempt's unit could not be given back"
+                "what a request took could not be given back"
             };
             tracing::warn!(%error, key = %check.key, "{what}");
         }
     }
 }
 
-impl Drop for Attempt {
-    /// An attempt dropped unsettled (its client left before an answer, or floodgate
-    /// answered itself) gives its unit back, in the background.
+impl Drop for Unit {
     fn drop(&mut self) {
         if matches!(self.taken, Taken::Settled) {
             return;
         }
-        let attempt = Attempt {
+        let unit = Unit {
             check: self.check.clone(),
             taken: std::mem::replace(&mut self.taken, Taken::Settled),
             last: self.last,
+            on_error: self.on_error,
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(attempt.settle(false));
+            runtime.spawn(unit.settle(false));
         }
     }
 }
@@ -170,33 +184,40 @@ impl LimitStore {
     }
 
     /// The Redis store at `target`, each decision within `timeout`, its heartbeat under
-    /// `prefix`; `local_not_kept` counts what the full local fallback did not keep. Must
-    /// run inside the runtime (it connects in the background).
+    /// `prefix`; `local_not_kept` counts what the full local fallback did not keep, and
+    /// `errors` the operations that failed. Must run inside the runtime (it connects in
+    /// the background).
     pub fn redis(
         target: &RedisTarget,
         timeout: Duration,
         prefix: &str,
         local_not_kept: Counter,
+        errors: Counter,
     ) -> Result<Self, StoreError> {
         Ok(LimitStore::Redis(ResilientRedis::start(
             target,
             timeout,
             prefix,
             local_not_kept,
+            errors,
         )?))
     }
 
     /// `check`'s key as stored, changing nothing.
-    pub async fn peek(&self, check: &LimitCheck) -> Result<Peeked, StoreError> {
+    pub async fn peek(&self, check: &LimitCheck, on_error: OnError) -> Result<Peeked, StoreError> {
         let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
         match self {
             LimitStore::Memory(store) => Ok(store.peek(&check.key, lock)),
-            LimitStore::Redis(store) => store.peek(&check.algorithm, &check.key, lock).await,
+            LimitStore::Redis(store) => {
+                let peeked = store.peek(&check.algorithm, &check.key, lock).await;
+                lost_on_failure(store, Operation::Peek, peeked, on_error)
+            }
         }
     }
 
-    /// Starts `check`'s lock-out (its key exhausted by a counted failure), unless it runs.
-    pub async fn lock(&self, check: &LimitCheck) -> Result<(), StoreError> {
+    /// Starts `check`'s lock-out (its key exhausted by a counted failure), unless it runs;
+    /// with Redis failing, in the in-process fallback under `on_error = "local"`.
+    pub async fn lock(&self, check: &LimitCheck, on_error: OnError) -> Result<(), StoreError> {
         let Some(lockout) = &check.lockout else {
             return Ok(());
         };
@@ -205,19 +226,31 @@ impl LimitStore {
                 store.lock(&lockout.key, lockout.micros);
                 Ok(())
             }
-            LimitStore::Redis(store) => store.lock(&lockout.key, lockout.micros).await,
+            LimitStore::Redis(store) => match store.lock(&lockout.key, lockout.micros).await {
+                Ok(()) => Ok(()),
+                Err(error) => match store.failed(Operation::Lock, &error, on_error) {
+                    Recovery::Local => {
+                        store.lock_locally(&lockout.key, lockout.micros);
+                        Ok(())
+                    }
+                    Recovery::Admit | Recovery::Refuse | Recovery::Lost => Err(error),
+                },
+            },
         }
     }
 
     /// Resets `check`'s key and lifts its lock-out (in Redis, for every instance).
-    pub async fn clear(&self, check: &LimitCheck) -> Result<(), StoreError> {
+    pub async fn clear(&self, check: &LimitCheck, on_error: OnError) -> Result<(), StoreError> {
         let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
         match self {
             LimitStore::Memory(store) => {
                 store.clear(&check.key, lock);
                 Ok(())
             }
-            LimitStore::Redis(store) => store.redis().clear(&check.key, lock).await,
+            LimitStore::Redis(store) => {
+                let cleared = store.clear(&check.key, lock).await;
+                lost_on_failure(store, Operation::Clear, cleared, on_error)
+            }
         }
     }
 
@@ -239,18 +272,18 @@ impl LimitStore {
 
     /// Decides `checks`, all or nothing; when the store fails, `on_error` decides.
     pub async fn decide(&self, checks: &[LimitCheck], on_error: OnError) -> Answer {
-        let error = match self {
+        let store = match self {
             LimitStore::Memory(store) => return Answer::Decided(store.decide(checks)),
-            LimitStore::Redis(store) => match store.decide(checks).await {
-                Ok(decisions) => return Answer::Decided(decisions),
-                Err(error) => error,
-            },
+            LimitStore::Redis(store) => store,
         };
-        let fallback = match (on_error, self) {
-            (OnError::Allow, _) => Fallback::Admit,
-            (OnError::Deny, _) => Fallback::Refuse,
-            (OnError::Local, LimitStore::Redis(store)) => Fallback::Local(store.decide_locally(checks)),
-            (OnError::Local, LimitStore::Memory(store)) => Fallback::Local(store.decide(checks)),
+        let error = match store.decide(checks).await {
+            Ok(decisions) => return Answer::Decided(decisions),
+            Err(error) => error,
+        };
+        let fallback = match store.failed(Operation::Decide, &error, on_error) {
+            Recovery::Local => Fallback::Local(store.decide_locally(checks)),
+            Recovery::Admit => Fallback::Admit,
+            Recovery::Refuse | Recovery::Lost => Fallback::Refuse,
         };
         Answer::Failed { error, fallback }
     }
@@ -275,29 +308,29 @@ impl LimitStore {
             LimitStore::Redis(store) => store,
         };
         match store.acquire(key, limit, lease).await {
-            Ok(lease) => Ok(lease.map(|id| Slot(Held::Lease(store.clone(), key.to_owned(), id)))),
-            Err(error) => {
-                tracing::debug!(%error, key, "rate-limit store failed taking a concurrency slot");
-                match on_error {
-                    OnError::Allow => Ok(Some(Slot(Held::Nothing))),
-                    OnError::Deny => Err(()),
-                    OnError::Local => {
-                        let (counts, instances) = store.local_in_flight();
-                        let share = limit.div_ceil(instances).max(1);
-                        Ok(counts
-                            .acquire(key, share)
-                            .then(|| Slot(Held::Fallback(store.clone(), key.to_owned()))))
-                    }
+            Ok(lease) => Ok(lease.map(|id| Slot(Held::Lease(store.clone(), key.to_owned(), id, on_error)))),
+            Err(error) => match store.failed(Operation::Acquire, &error, on_error) {
+                Recovery::Admit => Ok(Some(Slot(Held::Nothing))),
+                Recovery::Refuse | Recovery::Lost => Err(()),
+                Recovery::Local => {
+                    let (counts, instances) = store.local_in_flight();
+                    let share = limit.div_ceil(instances).max(1);
+                    Ok(counts
+                        .acquire(key, share)
+                        .then(|| Slot(Held::Fallback(store.clone(), key.to_owned()))))
                 }
-            }
+            },
         }
     }
 
     /// Concurrency slots of `key` taken now.
-    pub async fn in_flight(&self, key: &str) -> Result<u64, StoreError> {
+    pub async fn in_flight(&self, key: &str, on_error: OnError) -> Result<u64, StoreError> {
         match self {
             LimitStore::Memory(store) => Ok(store.in_flight.count(key)),
-            LimitStore::Redis(store) => store.redis().leases(key).await,
+            LimitStore::Redis(store) => {
+                let counted = store.leases(key).await;
+                lost_on_failure(store, Operation::Count, counted, on_error)
+            }
         }
     }
 
@@ -326,13 +359,31 @@ impl LimitStore {
         }
     }
 
-    pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
+    /// Gives back what an admitted request consumed from `check`.
+    pub async fn refund(&self, check: &LimitCheck, on_error: OnError) -> Result<(), StoreError> {
         match self {
             LimitStore::Memory(store) => {
                 store.refund(check);
                 Ok(())
             }
-            LimitStore::Redis(store) => store.refund(check).await,
+            LimitStore::Redis(store) => {
+                let refunded = store.refund(check).await;
+                lost_on_failure(store, Operation::Refund, refunded, on_error)
+            }
         }
     }
+}
+
+/// `result` of an operation that nothing stands in for when it fails
+/// ([`ResilientRedis::failed`] says so for each).
+fn lost_on_failure<T>(
+    store: &ResilientRedis,
+    operation: Operation,
+    result: Result<T, StoreError>,
+    on_error: OnError,
+) -> Result<T, StoreError> {
+    result.inspect_err(|error| {
+        let recovery = store.failed(operation, error, on_error);
+        debug_assert_eq!(recovery, Recovery::Lost, "{operation:?} has a fallback");
+    })
 }

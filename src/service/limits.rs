@@ -17,7 +17,7 @@ use crate::config::{Concurrency, LimitConfig, Mode, Override, RateLimitHeaders};
 use crate::limit::algorithm::micros;
 use crate::limit::key::{lock_key, slots_key, store_key};
 use crate::limit::redis::refusals::RefusalCache;
-use crate::limit::store::{Answer, Attempt, Fallback, LimitStore, OnError, Slot};
+use crate::limit::store::{Answer, Fallback, LimitStore, OnError, Slot, Unit};
 use crate::limit::{Decisions, LimitCheck, LimitDecision, Lockout, Outcome};
 use crate::metrics::{LimitOutcome, Metrics};
 
@@ -55,14 +55,14 @@ pub(crate) struct Verdict {
 }
 
 pub(crate) enum Action {
-    /// Forward, after holding the request this long (leaky bucket); `held` are the checks
-    /// whose slots to give back if the client leaves before then; `attempts` the units
+    /// Forward, after holding the request this long (leaky bucket); `held` are the places
+    /// to give back if the client leaves before then; `attempts` the units
     /// limits that count failures took, each to settle on the response's status (failure
     /// when it is one of theirs).
     Pass {
         delay: Duration,
-        held: Vec<LimitCheck>,
-        attempts: Vec<(Attempt, Vec<StatusCode>)>,
+        held: Vec<Unit>,
+        attempts: Vec<(Unit, Vec<StatusCode>)>,
     },
     /// Answer with this status, body (of this type) and `Retry-After` seconds.
     Reject {
@@ -174,10 +174,7 @@ impl RouteLimits {
                         headers: LimitHeaders::new(),
                     });
                 }
-                Err(()) => {
-                    settings.metrics.record_store_error(settings.store.label());
-                    return Ok(store_refused());
-                }
+                Err(()) => return Ok(store_refused()),
             }
         }
         let verdict = self.decide_rates(settings, applied, as_configured, checks).await;
@@ -220,9 +217,8 @@ impl RouteLimits {
             .record_store_call(store, started.elapsed().as_secs_f64());
         let decisions = match answer {
             Answer::Decided(decisions) => decisions,
-            Answer::Failed { error, fallback } => {
-                settings.metrics.record_store_error(store);
-                tracing::debug!(%error, store, "rate-limit store failed");
+            // Counted and logged by the store (limit::redis::fallback::ResilientRedis::failed).
+            Answer::Failed { error: _, fallback } => {
                 let refused = match fallback {
                     // Counted as what the local store decided; the failure itself is in
                     // floodgate_store_errors_total.
@@ -330,15 +326,25 @@ impl RouteLimits {
         let mut held = Vec::new();
         let mut attempts = Vec::new();
         for ((check, decision), limit) in checks.into_iter().zip(decisions).zip(applied) {
+            let taken = |check| {
+                Unit::taken(
+                    check,
+                    settings.store,
+                    settings.on_error,
+                    by_fallback,
+                    decision.remaining,
+                )
+            };
             match &limit.failures {
                 // A shadow limit counts failures too: it never refuses, but says when it
                 // would have. Its unit was taken only if it admitted.
-                Some(statuses) if decision.outcome.admits() => attempts.push((
-                    Attempt::taken(check, settings.store, by_fallback, decision.remaining),
-                    statuses.clone(),
-                )),
+                Some(statuses) if decision.outcome.admits() => {
+                    attempts.push((taken(check), statuses.clone()))
+                }
                 Some(_) => {}
-                None if !check.shadow && matches!(decision.outcome, Outcome::Delayed(_)) => held.push(check),
+                None if !check.shadow && matches!(decision.outcome, Outcome::Delayed(_)) => {
+                    held.push(taken(check))
+                }
                 None => {}
             }
         }
@@ -371,7 +377,7 @@ fn failure_room(limit: &LimitConfig, decision: &LimitDecision, cost: u64) -> Lim
 /// Settles each attempt of a limit that counts failures on the app's response `status`
 /// (`None`: the app did not answer): a failure keeps its unit (and starts the lock-out
 /// when it was the last of the room), anything else gives it back.
-pub(crate) async fn settle_attempts(attempts: Vec<(Attempt, Vec<StatusCode>)>, status: Option<StatusCode>) {
+pub(crate) async fn settle_attempts(attempts: Vec<(Unit, Vec<StatusCode>)>, status: Option<StatusCode>) {
     for (attempt, statuses) in attempts {
         attempt
             .settle(status.is_some_and(|status| statuses.contains(&status)))

@@ -39,8 +39,7 @@ use crate::config::{ErrorPage, RespondConfig, RouteConfig, ServerConfig, Templat
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
-use crate::limit::LimitCheck;
-use crate::limit::store::{LimitStore, Slot};
+use crate::limit::store::{Slot, Unit};
 use crate::metrics::{LimitOutcome, Metrics};
 use crate::path::normalize_path;
 use crate::proxy::headers::{
@@ -315,7 +314,7 @@ async fn serve(
             } => {
                 attempts = taken;
                 if !delay.is_zero() {
-                    hold(&state.store, delay, held, client.socket).await?;
+                    hold(delay, held, client.socket).await?;
                 }
             }
         }
@@ -438,42 +437,14 @@ fn rejection(
 }
 
 /// Holds a leaky-bucket request until its turn, without a thread. If the client leaves
-/// first, the slots it held are given back: when hyper sees it leave, by dropping this
-/// future; when hyper does not (an unread request body, see `connection::disconnect`), by
-/// answering [`GatewayError::ClientClosed`] instead of forwarding.
-async fn hold(
-    store: &LimitStore,
-    delay: Duration,
-    held: Vec<LimitCheck>,
-    client: &ClientSocket,
-) -> Result<(), GatewayError> {
-    struct Slots {
-        store: LimitStore,
-        checks: Vec<LimitCheck>,
-    }
-    impl Drop for Slots {
-        fn drop(&mut self) {
-            if self.checks.is_empty() {
-                return;
-            }
-            let store = self.store.clone();
-            let checks = std::mem::take(&mut self.checks);
-            tokio::spawn(async move {
-                for check in &checks {
-                    if let Err(error) = store.refund(check).await {
-                        tracing::debug!(%error, "could not give back a held slot");
-                    }
-                }
-            });
-        }
-    }
-    let mut slots = Slots {
-        store: store.clone(),
-        checks: held,
-    };
+/// first, the places it `held` are given back (dropped): when hyper sees it leave, by
+/// dropping this future; when hyper does not (an unread request body, see
+/// `connection::disconnect`), by answering [`GatewayError::ClientClosed`] instead of
+/// forwarding.
+async fn hold(delay: Duration, held: Vec<Unit>, client: &ClientSocket) -> Result<(), GatewayError> {
     tokio::select! {
         () = tokio::time::sleep(delay) => {
-            slots.checks.clear();
+            held.into_iter().for_each(Unit::keep);
             Ok(())
         }
         () = client.closed() => Err(GatewayError::ClientClosed),

@@ -143,6 +143,7 @@ impl GatewayState {
                     redis.timeout,
                     &redis.prefix,
                     metrics.keys_not_kept("local"),
+                    metrics.store_errors("redis"),
                 )?,
             },
         };

@@ -17,6 +17,7 @@ use crate::limit::algorithm::Algorithm;
 use crate::limit::clock::MonotonicClock;
 use crate::limit::inflight::InFlightCounts;
 use crate::limit::memory::{self, MemoryStore};
+use crate::limit::store::OnError;
 use crate::limit::{Decisions, LimitCheck, Peeked};
 
 /// Consecutive failures that open the breaker.
@@ -60,10 +61,49 @@ impl Breaker {
     }
 }
 
+/// An operation on the store, for the one rule of what its failure means
+/// ([`ResilientRedis::failed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// Decide a request's rate limits.
+    Decide,
+    /// Take a concurrency slot.
+    Acquire,
+    /// Give a concurrency slot back.
+    Release,
+    /// Give back what an admitted request consumed (a held request that left, an attempt
+    /// that was not a failure).
+    Refund,
+    /// Start a lock-out (a counted failure that took the last of the room).
+    Lock,
+    /// Read a key's state (the limit-state API).
+    Peek,
+    /// Count a key's concurrency slots taken (the limit-state API).
+    Count,
+    /// Reset a key and lift its lock-out (the limit-state API).
+    Clear,
+}
+
+/// What becomes of a failed operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// `on_error = "local"`: done in the in-process fallback store instead.
+    Local,
+    /// `on_error = "allow"`: the request goes on, unlimited by it.
+    Admit,
+    /// `on_error = "deny"`: the request is refused with 503.
+    Refuse,
+    /// Nothing stands in for it: a refund or a released lease is lost (the window or the
+    /// lease ends it), a lock-out is not started, the limit-state API answers 503.
+    Lost,
+}
+
 /// The Redis store with its breaker, heartbeat and local fallback.
 pub struct ResilientRedis {
     redis: RedisStore,
     breaker: Breaker,
+    /// `floodgate_store_errors_total{store="redis"}`.
+    errors: Counter,
     local: MemoryStore,
     /// Live instances last seen in Redis (at least 1).
     instances: AtomicU64,
@@ -82,15 +122,18 @@ pub struct ResilientRedis {
 impl ResilientRedis {
     /// Starts connecting, probing and heart-beating (under `prefix`) in the background.
     /// `local_not_kept` counts the new keys the full local fallback store did not keep.
+    /// `errors` counts the operations that failed.
     pub fn start(
         target: &RedisTarget,
         timeout: Duration,
         prefix: &str,
         local_not_kept: Counter,
+        errors: Counter,
     ) -> Result<Arc<Self>, StoreError> {
         let store = Arc::new(ResilientRedis {
             redis: RedisStore::start(target, timeout)?,
             breaker: Breaker::default(),
+            errors,
             local: MemoryStore::new(
                 Arc::new(MonotonicClock::default()),
                 memory::MAX_KEYS,
@@ -128,7 +171,28 @@ impl ResilientRedis {
         decided
     }
 
-    fn failed(&self, error: &StoreError) {
+    /// The one place that decides what a failed `operation` means: it is counted
+    /// (`floodgate_store_errors_total`) and logged, and becomes what `on_error` makes of
+    /// it for that operation (docs/operations.md#when-redis-fails). The breaker heard of it
+    /// already, from the operation.
+    pub fn failed(&self, operation: Operation, error: &StoreError, on_error: OnError) -> Recovery {
+        self.errors.inc();
+        tracing::debug!(redis = %self.address, ?operation, %error, "a rate-limit store operation failed");
+        match (operation, on_error) {
+            (Operation::Decide | Operation::Acquire, OnError::Allow) => Recovery::Admit,
+            (Operation::Decide | Operation::Acquire, OnError::Deny) => Recovery::Refuse,
+            (Operation::Decide | Operation::Acquire | Operation::Lock, OnError::Local) => Recovery::Local,
+            (Operation::Lock, OnError::Allow | OnError::Deny) => Recovery::Lost,
+            // The unit or the lease was taken in Redis: the in-process store has nothing
+            // of it to give back.
+            (Operation::Release | Operation::Refund, _) => Recovery::Lost,
+            // The limit-state API reads and resets what every instance shares.
+            (Operation::Peek | Operation::Count | Operation::Clear, _) => Recovery::Lost,
+        }
+    }
+
+    /// Feeds the breaker with a failure (of an operation, or of a probe).
+    fn breaker_failure(&self, error: &StoreError) {
         if self.breaker.failure() {
             tracing::warn!(
                 redis = %self.address, %error,
@@ -186,11 +250,12 @@ impl ResilientRedis {
         locked
     }
 
-    /// Feeds the breaker with what became of a call.
+    /// Feeds the breaker with what became of a call: every operation that reaches Redis
+    /// does.
     fn record<T>(&self, result: &Result<T, StoreError>) {
         match result {
             Ok(_) => self.breaker.success(),
-            Err(error) => self.failed(error),
+            Err(error) => self.breaker_failure(error),
         }
     }
 
@@ -231,17 +296,45 @@ impl ResilientRedis {
         }
     }
 
-    /// Gives back lease `id` of `key` (in the background: nothing waits for it).
-    pub fn release(self: &Arc<Self>, key: String, id: String) {
+    /// Gives back lease `id` of `key` (in the background: nothing waits for it; lost, it
+    /// expires).
+    pub fn release(self: &Arc<Self>, key: String, id: String, on_error: OnError) {
         self.lock_leases().remove(&id);
         let store = self.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(error) = store.redis.release(&key, &id).await {
-                    tracing::debug!(%error, key, "a concurrency lease could not be given back; it expires");
+                let released = if store.breaker.is_open() {
+                    Err(StoreError::BreakerOpen)
+                } else {
+                    let released = store.redis.release(&key, &id).await;
+                    store.record(&released);
+                    released
+                };
+                if let Err(error) = released {
+                    store.failed(Operation::Release, &error, on_error);
                 }
             });
         }
+    }
+
+    /// Reads how many concurrency slots of `key` are taken, unless the breaker is open.
+    pub async fn leases(&self, key: &str) -> Result<u64, StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::BreakerOpen);
+        }
+        let counted = self.redis.leases(key).await;
+        self.record(&counted);
+        counted
+    }
+
+    /// Resets `key` and lifts its lock-out, unless the breaker is open.
+    pub async fn clear(&self, key: &str, lock: Option<&str>) -> Result<(), StoreError> {
+        if self.breaker.is_open() {
+            return Err(StoreError::BreakerOpen);
+        }
+        let cleared = self.redis.clear(key, lock).await;
+        self.record(&cleared);
+        cleared
     }
 
     /// The local fallback's concurrency slots, each limit divided by the live instances.
@@ -253,12 +346,6 @@ impl ResilientRedis {
         self.leases
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The Redis store itself, for what has no fallback (the admin API's reads and
-    /// resets).
-    pub fn redis(&self) -> &RedisStore {
-        &self.redis
     }
 
     /// Whether decisions can currently go to Redis.
@@ -318,7 +405,7 @@ async fn probe(store: Weak<ResilientRedis>) {
         } else if !store.answered.swap(false, Ordering::Relaxed) {
             match store.redis.ping().await {
                 Ok(()) => store.breaker.success(),
-                Err(error) => store.failed(&error),
+                Err(error) => store.breaker_failure(&error),
             }
         }
     }
