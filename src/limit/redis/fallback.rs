@@ -160,11 +160,7 @@ impl ResilientRedis {
 
     /// Decides in Redis, unless the breaker is open.
     pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Decisions, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::BreakerOpen);
-        }
-        let decided = self.redis.decide(checks).await;
-        self.record(&decided);
+        let decided = self.through_breaker(self.redis.decide(checks)).await;
         if decided.is_ok() && !self.answered.load(Ordering::Relaxed) {
             self.answered.store(true, Ordering::Relaxed);
         }
@@ -232,42 +228,35 @@ impl ResilientRedis {
         key: &str,
         lock: Option<&str>,
     ) -> Result<Peeked, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::BreakerOpen);
-        }
-        let peeked = self.redis.peek(algorithm, key, lock).await;
-        self.record(&peeked);
-        peeked
+        self.through_breaker(self.redis.peek(algorithm, key, lock)).await
     }
 
     /// Starts lock-out `key` for `ttl` µs in Redis, unless it runs or the breaker is open.
     pub async fn lock(&self, key: &str, ttl: u64) -> Result<(), StoreError> {
+        self.through_breaker(self.redis.lock(key, ttl)).await
+    }
+
+    /// Runs `call` unless the breaker is open, and feeds the breaker with what became of
+    /// it: the one guard every operation on Redis goes through.
+    async fn through_breaker<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         if self.breaker.is_open() {
             return Err(StoreError::BreakerOpen);
         }
-        let locked = self.redis.lock(key, ttl).await;
-        self.record(&locked);
-        locked
-    }
-
-    /// Feeds the breaker with what became of a call: every operation that reaches Redis
-    /// does.
-    fn record<T>(&self, result: &Result<T, StoreError>) {
-        match result {
+        let result = call.await;
+        match &result {
             Ok(_) => self.breaker.success(),
             Err(error) => self.breaker_failure(error),
         }
+        result
     }
 
     /// Gives back what an admitted request consumed from `check`, unless the breaker is
     /// open.
     pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::BreakerOpen);
-        }
-        let refunded = self.redis.refund(check).await;
-        self.record(&refunded);
-        refunded
+        self.through_breaker(self.redis.refund(check)).await
     }
 
     /// Takes a concurrency slot of `key` (one of `limit`) as a lease of `lease` that this
@@ -279,14 +268,14 @@ impl ResilientRedis {
         limit: u64,
         lease: Duration,
     ) -> Result<Option<String>, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::BreakerOpen);
-        }
         let id = format!("{}:{}", self.id, self.next_lease.fetch_add(1, Ordering::Relaxed));
-        // Registered first, so that a renewal never misses a lease being taken.
-        self.lock_leases().insert(id.clone(), (key.to_owned(), lease));
-        let taken = self.redis.acquire(key, &id, limit, lease).await;
-        self.record(&taken);
+        let taken = self
+            .through_breaker(async {
+                // Registered first, so that a renewal never misses a lease being taken.
+                self.lock_leases().insert(id.clone(), (key.to_owned(), lease));
+                self.redis.acquire(key, &id, limit, lease).await
+            })
+            .await;
         match taken {
             Ok(true) => Ok(Some(id)),
             taken_or_failed => {
@@ -303,13 +292,7 @@ impl ResilientRedis {
         let store = self.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let released = if store.breaker.is_open() {
-                    Err(StoreError::BreakerOpen)
-                } else {
-                    let released = store.redis.release(&key, &id).await;
-                    store.record(&released);
-                    released
-                };
+                let released = store.through_breaker(store.redis.release(&key, &id)).await;
                 if let Err(error) = released {
                     store.failed(Operation::Release, &error, on_error);
                 }
@@ -319,22 +302,12 @@ impl ResilientRedis {
 
     /// Reads how many concurrency slots of `key` are taken, unless the breaker is open.
     pub async fn leases(&self, key: &str) -> Result<u64, StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::BreakerOpen);
-        }
-        let counted = self.redis.leases(key).await;
-        self.record(&counted);
-        counted
+        self.through_breaker(self.redis.leases(key)).await
     }
 
     /// Resets `key` and lifts its lock-out, unless the breaker is open.
     pub async fn clear(&self, key: &str, lock: Option<&str>) -> Result<(), StoreError> {
-        if self.breaker.is_open() {
-            return Err(StoreError::BreakerOpen);
-        }
-        let cleared = self.redis.clear(key, lock).await;
-        self.record(&cleared);
-        cleared
+        self.through_breaker(self.redis.clear(key, lock)).await
     }
 
     /// The local fallback's concurrency slots, each limit divided by the live instances.
