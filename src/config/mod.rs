@@ -43,6 +43,7 @@ pub(crate) const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(I
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -76,6 +77,9 @@ pub struct ServerConfig {
     pub header_timeout: Duration,
     /// Longest pause between two reads of a request body (slow-body guard): 408.
     pub body_timeout: Duration,
+    /// Longest a response write to the client may make no progress (slow-reader guard):
+    /// the connection is closed.
+    pub send_timeout: Duration,
     /// Runtime worker threads; 0 = one per CPU core.
     pub workers: usize,
     pub ratelimit_headers: RateLimitHeaders,
@@ -416,6 +420,13 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
             &raw.body_timeout,
             "server.body_timeout",
             DEFAULT_BODY_TIMEOUT,
+            sink,
+            values::positive_duration,
+        ),
+        send_timeout: parse_or(
+            &raw.send_timeout,
+            "server.send_timeout",
+            DEFAULT_SEND_TIMEOUT,
             sink,
             values::positive_duration,
         ),
