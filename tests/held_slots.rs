@@ -1,6 +1,9 @@
 //! How long a request holds its concurrency-limit slots (`algorithm = "concurrency"`) and
-//! its server slot (`max_requests`): not while a client fails to read. A client that reads
-//! nothing of its response is cut off after `server.send_timeout`.
+//! its server slot (`max_requests`): while the app works on it or its tunnel is open, not
+//! while a client fails to read or has gone. A client that reads nothing of its response
+//! is cut off after `server.send_timeout`; a tunnel holds its slots until it closes, and
+//! `server.tunnel_idle_timeout` closes one that carries nothing; a client that leaves
+//! before its answer leaves its slots held until the upstream has answered.
 
 mod common;
 
@@ -11,11 +14,11 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{TestGateway, Upstream, get};
+use common::{TestGateway, Upstream, get, h2c_client};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream};
 
 fn ms(n: u64) -> Duration {
@@ -177,4 +180,284 @@ async fn an_http1_client_that_reads_nothing_is_cut_off_after_send_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_client_that_reads_nothing_is_cut_off_after_send_timeout() {
     a_client_that_reads_nothing_frees_the_server_slot(true).await;
+}
+
+// ---- tunnels ------------------------------------------------------------------------
+
+/// Asks for a WebSocket tunnel to the app's `/ws`; the response head and the stream.
+async fn upgrade(gw: &TestGateway) -> (String, TcpStream) {
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+              Sec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    let read_head = async {
+        while !head.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).await.unwrap() == 0 {
+                break;
+            }
+            head.push(byte[0]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read_head)
+        .await
+        .expect("an answer to the upgrade");
+    (String::from_utf8(head).unwrap(), stream)
+}
+
+async fn open_tunnel(gw: &TestGateway) -> TcpStream {
+    let (head, stream) = upgrade(gw).await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    stream
+}
+
+/// One round trip through a tunnel to the app, which upper-cases what it receives.
+async fn round_trip(stream: &mut TcpStream) {
+    stream.write_all(b"ping").await.unwrap();
+    let mut answer = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(2), stream.read_exact(&mut answer))
+        .await
+        .expect("an answer through the tunnel")
+        .unwrap();
+    assert_eq!(&answer, b"PING");
+}
+
+/// Closes a tunnel from the client's side and waits until the app saw it end.
+async fn close_tunnel(app: &Upstream, mut stream: TcpStream, open_after: usize) {
+    stream.shutdown().await.unwrap();
+    drop(stream);
+    until("the app saw the tunnel close", Duration::from_secs(2), || {
+        app.open_tunnels() == open_after
+    })
+    .await;
+}
+
+/// Tries upgrades until one is accepted, within 2 s.
+async fn upgrade_soon(gw: &TestGateway) -> TcpStream {
+    let started = Instant::now();
+    loop {
+        let (head, stream) = upgrade(gw).await;
+        if head.starts_with("HTTP/1.1 101 ") {
+            return stream;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "still refused: {head}"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_tunnel_holds_its_concurrency_slot_until_it_closes() {
+    let app = Upstream::start().await;
+    let gw = gateway(&app, "", "", Some(2)).await;
+    let mut first = open_tunnel(&gw).await;
+    let second = open_tunnel(&gw).await;
+    round_trip(&mut first).await;
+    let (head, _) = upgrade(&gw).await;
+    assert!(
+        head.starts_with("HTTP/1.1 429 "),
+        "a third tunnel while two are open: {head}"
+    );
+    close_tunnel(&app, second, 1).await;
+    let mut third = upgrade_soon(&gw).await;
+    round_trip(&mut third).await;
+    round_trip(&mut first).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_tunnel_holds_its_server_slot_until_it_closes() {
+    let app = Upstream::start().await;
+    let gw = gateway(&app, "", "max_requests = 1\nqueue_timeout = \"500ms\"", None).await;
+    let first = open_tunnel(&gw).await;
+    let (head, _) = upgrade(&gw).await;
+    assert!(
+        head.starts_with("HTTP/1.1 503 "),
+        "a second tunnel to a server with max_requests = 1: {head}"
+    );
+    close_tunnel(&app, first, 0).await;
+    let mut second = upgrade_soon(&gw).await;
+    round_trip(&mut second).await;
+    assert_eq!(app.open_tunnels(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_with_no_traffic_for_tunnel_idle_timeout_is_closed() {
+    let app = Upstream::start().await;
+    let gw = gateway(&app, "tunnel_idle_timeout = \"1s\"", "", None).await;
+    let mut idle = open_tunnel(&gw).await;
+    let opened = Instant::now();
+    let mut busy = open_tunnel(&gw).await;
+    until("both tunnels open at the app", Duration::from_secs(2), || {
+        app.open_tunnels() == 2
+    })
+    .await;
+    // The busy one carries a round trip every 300 ms, for longer than two idle timeouts.
+    let traffic = tokio::spawn(async move {
+        let started = Instant::now();
+        while started.elapsed() < ms(2500) {
+            round_trip(&mut busy).await;
+            tokio::time::sleep(ms(300)).await;
+        }
+        busy
+    });
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(3), idle.read_to_end(&mut rest)).await;
+    let closed = opened.elapsed();
+    assert!(read.is_ok(), "the idle tunnel is still open after {closed:?}");
+    assert!(rest.is_empty(), "{rest:?}");
+    assert!(closed >= ms(900), "closed after only {closed:?}");
+    assert!(closed < ms(2000), "closed only after {closed:?}");
+    until(
+        "the app saw the idle tunnel close",
+        Duration::from_secs(1),
+        || app.open_tunnels() == 1,
+    )
+    .await;
+    let mut busy = traffic.await.unwrap();
+    round_trip(&mut busy).await;
+    assert_eq!(app.open_tunnels(), 1);
+}
+
+// ---- clients that leave -------------------------------------------------------------
+
+/// How long the app works on A's request.
+const WORK: Duration = Duration::from_millis(1500);
+/// When A leaves.
+const LEAVES: Duration = Duration::from_millis(200);
+
+/// What caps the app: a concurrency limit of 1, or `max_requests = 1`.
+#[derive(Debug, Clone, Copy)]
+enum Cap {
+    Limit,
+    MaxRequests,
+}
+
+/// How client A leaves.
+#[derive(Debug, Clone, Copy)]
+enum Leave {
+    /// HTTP/1.1, the socket closed before the response head.
+    CloseHttp1,
+    /// HTTP/2, the stream reset (RST_STREAM) before the response head.
+    ResetHttp2Stream,
+    /// HTTP/1.1, the socket closed after the response head, while the body streams.
+    CloseHttp1DuringBody,
+}
+
+/// A asks for work of 1.5 s and leaves at 200 ms; B asks right after. The app is still
+/// working on A's request, so B is refused (a concurrency limit) or waits in the queue
+/// (`max_requests`) until the app has answered A, and the app never has two at once.
+async fn a_client_that_leaves_keeps_its_slot_until_the_app_answered(cap: Cap, leave: Leave) {
+    let app = Upstream::start().await;
+    let gw = match cap {
+        Cap::Limit => gateway(&app, "", "", Some(1)).await,
+        Cap::MaxRequests => gateway(&app, "", "max_requests = 1", None).await,
+    };
+    let start = Instant::now();
+    let work = format!("/a/busy?ms={}", WORK.as_millis());
+    match leave {
+        Leave::CloseHttp1 | Leave::CloseHttp1DuringBody => {
+            let mut a = TcpStream::connect(gw.addr).await.unwrap();
+            let stream = if matches!(leave, Leave::CloseHttp1DuringBody) {
+                "&stream=1"
+            } else {
+                ""
+            };
+            a.write_all(format!("GET {work}{stream} HTTP/1.1\r\nHost: app\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut buf = [0u8; 1024];
+            let read = tokio::time::timeout(LEAVES, a.read(&mut buf)).await;
+            match leave {
+                Leave::CloseHttp1DuringBody => {
+                    let n = read.expect("the head at once").unwrap();
+                    assert!(buf[..n].starts_with(b"HTTP/1.1 200 "));
+                    tokio::time::sleep_until((start + LEAVES).into()).await;
+                }
+                _ => assert!(read.is_err(), "nothing answered yet: {read:?}"),
+            }
+            drop(a);
+        }
+        Leave::ResetHttp2Stream => {
+            let client = h2c_client();
+            let request = Request::get(gw.url(&work)).body(Full::new(Bytes::new())).unwrap();
+            let a = tokio::spawn(async move { client.request(request).await.map(|r| r.status()) });
+            tokio::time::sleep_until((start + LEAVES).into()).await;
+            assert!(!a.is_finished(), "nothing answered yet");
+            a.abort();
+        }
+    }
+    assert_eq!(app.requests(), 1, "A reached the app");
+    // Let the gateway see A leave.
+    tokio::time::sleep(ms(100)).await;
+    let served = match cap {
+        Cap::Limit => {
+            let (status, _, _) = get(&gw.url("/b")).await;
+            assert_eq!(
+                status,
+                StatusCode::TOO_MANY_REQUESTS,
+                "B while the app still works on A's request"
+            );
+            loop {
+                let (status, _, _) = get(&gw.url("/b")).await;
+                if status == StatusCode::OK {
+                    break start.elapsed();
+                }
+                assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+                assert!(
+                    start.elapsed() < WORK + Duration::from_secs(2),
+                    "B never admitted"
+                );
+                tokio::time::sleep(ms(20)).await;
+            }
+        }
+        Cap::MaxRequests => {
+            let (status, _, _) = get(&gw.url("/b")).await;
+            assert_eq!(status, StatusCode::OK);
+            start.elapsed()
+        }
+    };
+    assert!(
+        served >= WORK - ms(50),
+        "B served at {served:?}, before the app answered A"
+    );
+    assert_eq!(app.most_in_flight(), 1, "the app had two requests at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_client_that_leaves_keeps_its_concurrency_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::Limit, Leave::CloseHttp1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_reset_keeps_its_concurrency_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::Limit, Leave::ResetHttp2Stream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_during_the_body_keeps_its_concurrency_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::Limit, Leave::CloseHttp1DuringBody).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_client_that_leaves_keeps_its_server_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::MaxRequests, Leave::CloseHttp1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_reset_keeps_its_server_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::MaxRequests, Leave::ResetHttp2Stream)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_during_the_body_keeps_its_server_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::MaxRequests, Leave::CloseHttp1DuringBody)
+        .await;
 }

@@ -44,6 +44,7 @@ const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -80,6 +81,8 @@ pub struct ServerConfig {
     /// Longest a response write to the client may make no progress (slow-reader guard):
     /// the connection is closed.
     pub send_timeout: Duration,
+    /// Longest an upgrade tunnel may carry no byte either way before it is closed.
+    pub tunnel_idle_timeout: Duration,
     /// Runtime worker threads; 0 = one per CPU core.
     pub workers: usize,
     pub ratelimit_headers: RateLimitHeaders,
@@ -427,6 +430,13 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
             &raw.send_timeout,
             "server.send_timeout",
             DEFAULT_SEND_TIMEOUT,
+            sink,
+            values::positive_duration,
+        ),
+        tunnel_idle_timeout: parse_or(
+            &raw.tunnel_idle_timeout,
+            "server.tunnel_idle_timeout",
+            DEFAULT_TUNNEL_IDLE_TIMEOUT,
             sink,
             values::positive_duration,
         ),
