@@ -4,7 +4,8 @@
 //! gateway.toml ─► config (raw serde ─► validated Config) ─► service::state::GatewayState
 //!                                                            (one ArcSwap; reload swaps it)
 //!
-//! client ─► server (accept, HTTP/1.1 + h2c; connection: framing guard, idle watchdog)
+//! client ─► server (accept, HTTP/1.1 + h2c; connection: framing guard, send timeout,
+//!                   idle watchdog)
 //!        ─► service::handle
 //!        ─► request_head::check ─► path::normalize_path ─► router::Router::lookup ─► client_ip
 //!        ─► service::limits (request_key ─► limit::store: one decision, all or nothing)
@@ -14,7 +15,8 @@
 //! ```
 //!
 //! Dependencies point one way: `server` ─► `service` ─► (`upstream`, `proxy`, `router`,
-//! `limit`, `connection`, `config`) and `config` ─► `limit`. [`limit`] is the limiter core
+//! `limit`, `connection`, `config`), `config` ─► `limit`, and `upstream` ─► `limit` (a
+//! forwarded request's slots, held while the app works on it). [`limit`] is the limiter core
 //! (algorithms, decisions, key encoding, the in-process store) with the Redis store in
 //! [`limit::redis`]; it knows nothing of HTTP or of the configuration file.
 //!

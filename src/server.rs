@@ -1,7 +1,8 @@
 //! Listeners and connections: accepts clients (HTTP/1.1 and h2c on one port; HTTPS with
 //! HTTP/2 or HTTP/1.1 by ALPN on `server.tls.listen`), applies
 //! connection-level limits (a connection with no request in flight for
-//! `server.header_timeout` is closed, see `connection`; head sizes), serves the
+//! `server.header_timeout` is closed, see `connection`; a write to the client without
+//! progress for `server.send_timeout` closes it; head sizes), serves the
 //! admin listener, and shuts down gracefully: stop accepting, let in-flight requests
 //! finish within `server.shutdown_grace`, then return.
 
@@ -25,6 +26,7 @@ use crate::client_ip::Peer;
 use crate::config::Config;
 use crate::connection::disconnect::{ClientSocket, Watched};
 use crate::connection::framing::{FramingGuard, HeadLimits};
+use crate::connection::send_timeout::SendTimeout;
 use crate::connection::{ConnectionState, serve_until_idle};
 use crate::metrics::Metrics;
 use crate::service::request_head::MAX_HEADER_BYTES;
@@ -198,17 +200,32 @@ async fn accept_loop(
                 continue;
             }
         };
-        // Read per connection, so that a reload's header_timeout applies to new ones.
-        let header_timeout = shared.state.load().config.server.header_timeout;
+        // Read per connection, so that a reload's timeouts apply to new ones.
+        let timeouts = {
+            let server = &shared.state.load().config.server;
+            Timeouts {
+                idle: server.header_timeout,
+                send: server.send_timeout,
+            }
+        };
         connections.spawn(serve_connection(
             stream,
             Arc::new(Peer::new(peer, secure)),
             shared.clone(),
             builder.clone(),
             closing.clone(),
-            header_timeout,
+            timeouts,
         ));
     }
+}
+
+/// A connection's timeouts, from the configuration it was accepted under.
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    /// `server.header_timeout`: the longest time without a request in flight.
+    idle: Duration,
+    /// `server.send_timeout`.
+    send: Duration,
 }
 
 async fn serve_connection(
@@ -217,12 +234,12 @@ async fn serve_connection(
     shared: Arc<Instance>,
     builder: Arc<auto::Builder<TokioExecutor>>,
     closing: CancellationToken,
-    idle_limit: Duration,
+    timeouts: Timeouts,
 ) {
     let _ = stream.set_nodelay(true);
     let (stream, socket) = Watched::new(stream);
     if !peer.tls {
-        return serve_http(stream, peer, socket, shared, &builder, closing, idle_limit).await;
+        return serve_http(stream, peer, socket, shared, &builder, closing, timeouts).await;
     }
     // A reload that removed [server.tls] leaves the listener (restart-only) without
     // certificates: its connections are closed.
@@ -230,8 +247,8 @@ async fn serve_connection(
         return;
     };
     // A handshake is bounded like a request head.
-    match tokio::time::timeout(idle_limit, acceptor.accept(stream)).await {
-        Ok(Ok(stream)) => serve_http(stream, peer, socket, shared, &builder, closing, idle_limit).await,
+    match tokio::time::timeout(timeouts.idle, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => serve_http(stream, peer, socket, shared, &builder, closing, timeouts).await,
         Ok(Err(error)) => {
             shared.metrics.record_tls_handshake_error();
             crate::tls::log_handshake_failure(peer.address, &error);
@@ -255,13 +272,18 @@ async fn serve_http<S>(
     shared: Arc<Instance>,
     builder: &auto::Builder<TokioExecutor>,
     closing: CancellationToken,
-    idle_limit: Duration,
+    timeouts: Timeouts,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let peer = tcp_peer.address;
+    let idle_limit = timeouts.idle;
     let connection_state = ConnectionState::new();
-    let io = TokioIo::new(FramingGuard::new(stream, HTTP1_LIMITS, connection_state.clone()));
+    let io = TokioIo::new(FramingGuard::new(
+        SendTimeout::new(stream, timeouts.send),
+        HTTP1_LIMITS,
+        connection_state.clone(),
+    ));
     let requests = connection_state.clone();
     let service = service_fn(move |request| {
         handle(

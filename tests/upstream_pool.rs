@@ -1,5 +1,6 @@
 //! The upstream connection pool: connections are reused once their response is read to
-//! the end (whatever its framing), never while or after a response was abandoned, and a
+//! the end (whatever its framing), never while or after a response was abandoned (unless
+//! a cap counts the request: then its rest is read and discarded first), and a
 //! request that meets a connection the upstream has just closed is sent again on a new
 //! one instead of failing.
 
@@ -90,6 +91,57 @@ async fn a_response_the_client_abandons_takes_its_connection_with_it() {
         assert!(body.contains("GET /after"), "{body}");
     }
     // The abandoned response's connection was not reused: one more served the rest.
+    assert_eq!(upstream.connections(), 2);
+}
+
+/// Under a cap (here `max_requests`), a response whose client hangs up half-way is read
+/// to its end and discarded, since the app is still sending it, and only then does its
+/// connection serve again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_cap_a_response_the_client_abandons_is_read_to_its_end_and_its_connection_kept() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::proxy_to(&upstream, "", "max_requests = 10").await;
+    // Read the head of a response whose body ends after 500 ms, then hang up.
+    let mut stream = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
+    stream
+        .write_all(b"GET /abandoned/busy?ms=500&stream=1 HTTP/1.1\r\nHost: app\r\n\r\n")
+        .await
+        .unwrap();
+    let mut start = [0u8; 4096];
+    let read = stream.read(&mut start).await.unwrap();
+    assert!(start[..read].starts_with(b"HTTP/1.1 200"));
+    drop(stream);
+
+    // Its connection is still busy with the rest: another one serves meanwhile.
+    let (status, _, body) = get(&gateway.url("/during")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("GET /during"), "{body}");
+    assert_eq!(upstream.connections(), 2);
+
+    // The rest read, both connections are back in the pool: two requests at once need
+    // no third.
+    let in_flight = format!(
+        "floodgate_upstream_in_flight{{upstream=\"app\",server=\"{}\"}}",
+        upstream.addr
+    );
+    let started = std::time::Instant::now();
+    while gateway.metric(&in_flight).await != 0.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the rest was never read"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let both: Vec<_> = ["/after1/slow?ms=200", "/after2/slow?ms=200"]
+        .into_iter()
+        .map(|path| {
+            let url = gateway.url(path);
+            tokio::spawn(async move { get(&url).await.0 })
+        })
+        .collect();
+    for request in both {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
     assert_eq!(upstream.connections(), 2);
 }
 

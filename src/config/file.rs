@@ -37,6 +37,8 @@ pub(crate) struct ServerFile {
     pub shutdown_grace: Option<Spanned<String>>,
     pub header_timeout: Option<Spanned<String>>,
     pub body_timeout: Option<Spanned<String>>,
+    pub send_timeout: Option<Spanned<String>>,
+    pub tunnel_idle_timeout: Option<Spanned<String>>,
     pub workers: Option<Spanned<i64>>,
     pub ratelimit_headers: Option<Spanned<String>>,
     pub max_body: Option<Spanned<String>>,

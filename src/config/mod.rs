@@ -44,6 +44,8 @@ pub(crate) const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(I
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -77,6 +79,11 @@ pub struct ServerConfig {
     pub header_timeout: Duration,
     /// Longest pause between two reads of a request body (slow-body guard): 408.
     pub body_timeout: Duration,
+    /// Longest a response write to the client may make no progress (slow-reader guard):
+    /// the connection is closed.
+    pub send_timeout: Duration,
+    /// Longest an upgrade tunnel may carry no byte either way before it is closed.
+    pub tunnel_idle_timeout: Duration,
     /// Runtime worker threads; 0 = one per CPU core.
     pub workers: usize,
     pub ratelimit_headers: RateLimitHeaders,
@@ -449,6 +456,20 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
             &raw.body_timeout,
             "server.body_timeout",
             DEFAULT_BODY_TIMEOUT,
+            sink,
+            values::positive_duration,
+        ),
+        send_timeout: parse_or(
+            &raw.send_timeout,
+            "server.send_timeout",
+            DEFAULT_SEND_TIMEOUT,
+            sink,
+            values::positive_duration,
+        ),
+        tunnel_idle_timeout: parse_or(
+            &raw.tunnel_idle_timeout,
+            "server.tunnel_idle_timeout",
+            DEFAULT_TUNNEL_IDLE_TIMEOUT,
             sink,
             values::positive_duration,
         ),

@@ -27,6 +27,8 @@ fn defaults() {
     assert_eq!(config.server.shutdown_grace, Duration::from_secs(10));
     assert_eq!(config.server.header_timeout, Duration::from_secs(10));
     assert_eq!(config.server.body_timeout, Duration::from_secs(30));
+    assert_eq!(config.server.send_timeout, Duration::from_secs(60));
+    assert_eq!(config.server.tunnel_idle_timeout, Duration::from_secs(3600));
     assert_eq!(config.server.workers, 0);
     assert_eq!(config.server.ratelimit_headers, RateLimitHeaders::Ietf);
     assert_eq!(config.server.max_body, None);
@@ -43,6 +45,8 @@ listen = "127.0.0.1:8081"
 trusted_proxies = ["10.0.0.0/8", "192.168.1.1"]
 shutdown_grace = "3s"
 body_timeout = "5s"
+send_timeout = "20s"
+tunnel_idle_timeout = "10m"
 workers = 2
 ratelimit_headers = "both"
 max_body = "10MB"
@@ -68,6 +72,8 @@ respond = { status = 204 }
     .unwrap();
     assert_eq!(config.server.max_body, Some(10 << 20));
     assert_eq!(config.server.body_timeout, Duration::from_secs(5));
+    assert_eq!(config.server.send_timeout, Duration::from_secs(20));
+    assert_eq!(config.server.tunnel_idle_timeout, Duration::from_secs(600));
     assert_eq!(config.server.trusted_proxies.len(), 2);
     let app = &config.upstreams["app"];
     assert_eq!(app.servers[0].authority.as_str(), "app.internal:80");

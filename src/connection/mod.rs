@@ -13,6 +13,7 @@
 pub(crate) mod disconnect;
 #[allow(unsafe_code)] // reads into spare buffer capacity without zeroing it first
 pub(crate) mod framing;
+pub(crate) mod send_timeout;
 
 use std::future::Future;
 use std::net::SocketAddr;

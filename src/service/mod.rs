@@ -147,8 +147,9 @@ pub(crate) async fn handle(
 }
 
 /// What the inner handler leaves for the outer one besides the response: the rate-limit
-/// headers for whatever response follows, the concurrency slots to hold until it is done,
-/// and the route that matched (whose response rules apply).
+/// headers for whatever response follows, the concurrency slots to hold until it is done
+/// (unless the request was forwarded: then its exchange holds them), and the route that
+/// matched (whose response rules apply).
 #[derive(Default)]
 struct Answer {
     limit_headers: LimitHeaders,
@@ -342,6 +343,9 @@ async fn serve(
                 version: request.version(),
                 guarded_spellings: &state.guarded_spellings,
             };
+            // From here on the slots go with the exchange, which may outlive this request
+            // if its client leaves (`upstream`'s module docs).
+            let slots = std::mem::take(&mut answer.slots);
             forward(
                 &destination,
                 request,
@@ -349,6 +353,7 @@ async fn serve(
                 &context,
                 &state.config.server,
                 client.connection,
+                slots,
             )
             .await
         }
@@ -492,7 +497,8 @@ fn declared_length(request: &Request<Incoming>) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Rewrites the request for `upstream`, sends it and relays the response.
+/// Rewrites the request for `upstream`, sends it and relays the response; `slots` (the
+/// request's concurrency-limit slots) are held with the exchange.
 async fn forward(
     destination: &Destination<'_>,
     mut request: Request<Incoming>,
@@ -500,6 +506,7 @@ async fn forward(
     context: &ForwardingContext<'_>,
     server: &ServerConfig,
     connection: &InFlight,
+    slots: Vec<Slot>,
 ) -> Result<Response<Payload>, GatewayError> {
     let upstream = destination.upstream;
     let max_body = server.max_body;
@@ -545,12 +552,17 @@ async fn forward(
 
     let request = Request::from_parts(parts, RequestBody::new(body, max_body, server.body_timeout));
     let mut response = upstream
-        .send(request, destination.hash_tuple, destination.instances)
+        .send(request, destination.hash_tuple, destination.instances, slots)
         .await?;
     match client_upgrade {
         Some(client) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
             connection.start_tunnel();
-            tunnel(client, &mut response, upstream.name().clone());
+            tunnel(
+                client,
+                &mut response,
+                upstream.name().clone(),
+                server.tunnel_idle_timeout,
+            );
         }
         _ => remove_hop_by_hop(response.headers_mut()),
     }

@@ -1,6 +1,8 @@
 //! The response body on its way to the client: it writes the access log when it is
 //! finished or dropped (so the log carries the bytes actually sent and the whole
-//! duration), and holds the connection's in-flight token until then.
+//! duration), and holds the connection's in-flight token until then. A body floodgate
+//! writes itself holds the request's concurrency slots until written; a forwarded
+//! request's travel with its upstream exchange (`upstream::UpstreamBody`).
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -16,11 +18,40 @@ use crate::limit::store::Slot;
 use crate::upstream::UpstreamBody;
 
 /// What a response carries: the upstream's streamed body, or floodgate's own bytes.
-pub(super) type Payload = Either<UpstreamBody, Full<Bytes>>;
+pub(super) type Payload = Either<UpstreamBody, Own>;
 
 /// A body floodgate writes itself.
 pub(super) fn full(bytes: impl Into<Bytes>) -> Payload {
-    Either::Right(Full::new(bytes.into()))
+    Either::Right(Own {
+        body: Full::new(bytes.into()),
+        slots: Vec::new(),
+    })
+}
+
+/// Floodgate's own bytes, and the concurrency slots of the request they answer.
+pub(crate) struct Own {
+    body: Full<Bytes>,
+    slots: Vec<Slot>,
+}
+
+impl Body for Own {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 pin_project! {
@@ -32,8 +63,6 @@ pin_project! {
         bytes: u64,
         // Dropped with the body: the connection carries this request until then.
         in_flight: InFlight,
-        // Concurrency slots the request holds until its response is done.
-        slots: Vec<Slot>,
     }
 
     impl PinnedDrop for ResponseBody {
@@ -47,13 +76,22 @@ pin_project! {
 }
 
 impl ResponseBody {
-    pub(crate) fn new(inner: Payload, record: AccessRecord, in_flight: InFlight, slots: Vec<Slot>) -> Self {
+    /// `slots` are the concurrency slots of a request floodgate answered itself (a
+    /// forwarded one's are with its exchange).
+    pub(crate) fn new(
+        mut inner: Payload,
+        record: AccessRecord,
+        in_flight: InFlight,
+        slots: Vec<Slot>,
+    ) -> Self {
+        if let Either::Right(own) = &mut inner {
+            own.slots = slots;
+        }
         ResponseBody {
             inner,
             record: Some(record),
             bytes: 0,
             in_flight,
-            slots,
         }
     }
 }

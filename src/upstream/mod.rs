@@ -2,17 +2,25 @@
 //! request goes to, when a server is out of rotation, trying another server after a
 //! failure, and the concurrency cap with its queue (docs/configuration.md#upstreamsname).
 //!
-//! A request takes a [`Slot`] on one server before it is sent and holds it until its
-//! response body is done. With `max_requests`, slots are counted under the queue's lock:
-//! a request that finds every server at its cap waits in the queue (no polling: the
-//! request that frees a slot hands it to the first waiter that can use it), and leaves
-//! it when its client goes or `queue_timeout` passes.
+//! A request takes a [`Slot`] on one server before it is sent. With `max_requests`, slots
+//! are counted under the queue's lock: a request that finds every server at its cap waits
+//! in the queue (no polling: the request that frees a slot hands it to the first waiter
+//! that can use it), and leaves it when its client goes or `queue_timeout` passes.
+//!
+//! Once sent, a request holds its slot and its concurrency-limit slots ([`Held`]) for as
+//! long as the server works on it: until its response body is done, its tunnel closed
+//! ([`tunnel`]), or it failed. When a cap counts the request (a concurrency limit, or
+//! `max_requests`), a client that leaves does not end that: an exchange dropped before
+//! the response head runs on in a task of its own ([`Pool::send`]), and a response dropped
+//! before its end is read and discarded ([`pool::discard`]), each for at most the
+//! upstream's `timeout`; only then are the slots given back.
 
 mod balance;
 mod health;
 pub(crate) mod pool;
 mod replay;
 mod server;
+mod tunnel;
 
 use std::collections::VecDeque;
 use std::error::Error as _;
@@ -24,10 +32,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
-use hyper::upgrade::OnUpgrade;
-use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use rustls::RootCertStore;
@@ -38,12 +44,14 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{Balance, KeyPart, UpstreamConfig, UpstreamTls, server_name, tls_provider};
 use crate::error::{GatewayError, UpstreamFailure};
+use crate::limit::store::Slot as LimitSlot;
 use crate::metrics::Metrics;
 use crate::proxy::request_body::{RequestBody, RequestBodyError};
 use balance::Balancer;
 use pool::{Pool, SendError, Unsent};
 use replay::Replay;
 use server::Server;
+pub(crate) use tunnel::tunnel;
 
 /// The servers a request has tried, by index.
 type Tried = SmallVec<[usize; 4]>;
@@ -105,6 +113,7 @@ impl Upstream {
             balancer: Balancer::new(&config.balance, &servers),
             servers,
             gate,
+            timeout: config.timeout,
         });
         let checks = config
             .health_check
@@ -149,12 +158,14 @@ impl Upstream {
     /// Sends `request` to a server and waits for the response headers, at most the
     /// upstream's `timeout` per try; after a failure, tries other servers as `retries`
     /// allows. `hash_tuple` is the request's `hash_key` tuple (with `balance = "hash"`);
-    /// `instances` the live gateway instances that share `max_requests`.
+    /// `instances` the live gateway instances that share `max_requests`; `limits` the
+    /// request's concurrency-limit slots, held with its server slot from then on.
     pub(crate) async fn send(
         &self,
         mut request: Request<RequestBody>,
         hash_tuple: Option<&str>,
         instances: u64,
+        mut limits: Vec<LimitSlot>,
     ) -> Result<Response<UpstreamBody>, GatewayError> {
         let affinity = hash_tuple.map(balance::affinity);
         let tries = 1 + (self.config.retries as usize).min(self.rotation.servers.len() - 1);
@@ -179,22 +190,34 @@ impl Upstream {
             }
             tried.push(slot.index);
             let server = &self.rotation.servers[slot.index];
-            let (kind, detail, unsent) =
-                match tokio::time::timeout(self.config.timeout, server.pool.send(request)).await {
-                    Ok(Ok(response)) => {
-                        server.succeeded();
-                        return Ok(response.map(|inner| UpstreamBody { inner, _slot: slot }));
-                    }
-                    Ok(Err(Unsent { error, request })) => match classify(error) {
-                        Ok((kind, detail)) => (kind, detail, request),
-                        Err(client_error) => return Err(client_error),
-                    },
-                    Err(_elapsed) => (
-                        UpstreamFailure::Timeout,
-                        "no response headers in time".to_owned(),
-                        None,
-                    ),
-                };
+            let held = Held { server: slot, limits };
+            let counted = held.counted();
+            let mut held = Some(held);
+            let timeout = self.config.timeout;
+            let deadline = tokio::time::Instant::now() + timeout;
+            let sent = (server.pool).send(request, deadline, timeout, &mut held, counted);
+            let answer = tokio::time::timeout_at(deadline, sent).await;
+            let held = held.expect("taken only by an exchange whose client left");
+            let (kind, detail, unsent) = match answer {
+                Ok(Ok(response)) => {
+                    server.succeeded();
+                    return Ok(response.map(|inner| UpstreamBody {
+                        inner: Some(inner),
+                        held: Some(held),
+                    }));
+                }
+                Ok(Err(Unsent { error, request })) => match classify(error) {
+                    Ok((kind, detail)) => (kind, detail, request),
+                    Err(client_error) => return Err(client_error),
+                },
+                Err(_elapsed) => (
+                    UpstreamFailure::Timeout,
+                    "no response headers in time".to_owned(),
+                    None,
+                ),
+            };
+            // The server slot goes back with the rest of `held`; another try takes another.
+            limits = held.limits;
             server.failed(Instant::now());
             self.failures.get(kind).inc();
             last_failure = Some(self.failure(kind, format!("{}: {detail}", server.label)));
@@ -323,6 +346,9 @@ struct Rotation {
     balancer: Balancer,
     /// With `max_requests`.
     gate: Option<Gate>,
+    /// The upstream's `timeout`, also the longest the rest of a response whose client
+    /// left is read for.
+    timeout: Duration,
 }
 
 /// The concurrency cap and its queue.
@@ -559,11 +585,31 @@ impl Drop for Slot {
     }
 }
 
-/// A response body from an upstream server; dropped, its connection goes back to the
-/// pool (when read to its end) and its slot to the next request.
+/// What a request sent to a server holds while the server works on it: its place on the
+/// server and its concurrency-limit slots. Dropped, they are given back.
+pub(crate) struct Held {
+    server: Slot,
+    limits: Vec<LimitSlot>,
+}
+
+impl Held {
+    /// Whether a cap counts the request (a concurrency limit, or `max_requests`): only
+    /// then does it outlive a client that leaves. Without one nothing waits for its
+    /// slots, and the upstream connection is closed at once.
+    fn counted(&self) -> bool {
+        !self.limits.is_empty() || self.server.rotation.gate.is_some()
+    }
+}
+
+/// A response body from an upstream server, with what its request holds. Read to its
+/// end, its connection goes back to the pool and its slots to the next requests; dropped
+/// before (its client left) while a cap counts the request, the rest is read and
+/// discarded in the background first.
 pub(crate) struct UpstreamBody {
-    inner: pool::UpstreamBody<RequestBody>,
-    _slot: Slot,
+    /// Taken when dropped.
+    inner: Option<pool::UpstreamBody<RequestBody>>,
+    /// Taken by a tunnel, which holds it until it closes.
+    held: Option<Held>,
 }
 
 impl Body for UpstreamBody {
@@ -574,37 +620,38 @@ impl Body for UpstreamBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        match &mut self.inner {
+            Some(inner) => Pin::new(inner).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
 
-/// When the upstream accepted a protocol switch, joins the client's and the upstream's
-/// upgraded connections and copies bytes both ways until either side closes.
-pub(crate) fn tunnel(client: OnUpgrade, response: &mut Response<UpstreamBody>, upstream: Arc<str>) {
-    if response.status() != StatusCode::SWITCHING_PROTOCOLS {
-        return;
-    }
-    let upstream_side = hyper::upgrade::on(response);
-    tokio::spawn(async move {
-        match tokio::try_join!(client, upstream_side) {
-            Ok((client, upstream_io)) => {
-                let mut client = TokioIo::new(client);
-                let mut upstream_io = TokioIo::new(upstream_io);
-                if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream_io).await {
-                    tracing::debug!(%upstream, error = %e, "upgraded connection ended with an error");
-                }
-            }
-            Err(e) => tracing::warn!(%upstream, error = %e, "protocol upgrade failed"),
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        let (Some(body), Some(held)) = (self.inner.take(), self.held.take()) else {
+            return;
+        };
+        if body.is_finished() || !held.counted() {
+            drop(body);
+            drop(held);
+            return;
         }
-    });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let timeout = held.server.rotation.timeout;
+            runtime.spawn(pool::discard(body, held, timeout));
+        }
+    }
 }
 
 #[cfg(test)]

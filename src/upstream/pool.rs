@@ -1,10 +1,11 @@
 //! Keep-alive HTTP/1.1 connections to one upstream server, over hyper's `client::conn::http1`.
 //!
 //! A connection goes back to the pool when the response body it carried has been read
-//! to its end (the client got all of it); a response abandoned half-way takes its
-//! connection with it, since hyper then closes it. Idle connections are used most recent
-//! first, so a busy gateway keeps only the connections its concurrency needs; one idle
-//! for [`IDLE_TIMEOUT`] is closed then, by a task that runs while the pool holds idle
+//! to its end (by the client, or by [`discard`] for a response whose client left while a
+//! cap counted the request); a response dropped half-way takes its connection with it,
+//! since hyper then closes it. Idle connections are used most recent first, so a busy
+//! gateway keeps only the connections its concurrency needs; one idle for
+//! [`IDLE_TIMEOUT`] is closed then, by a task that runs while the pool holds idle
 //! connections and wakes when the oldest is due, so that neither requests on the newer
 //! ones nor the lack of any request keep it open.
 //!
@@ -16,17 +17,21 @@
 //! readiness task and extra channels cost measurably more CPU per request
 //! (docs/performance.md, "Choices measured").
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper::client::conn::TrySendError;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use pin_project_lite::pin_project;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -252,50 +257,225 @@ where
     }
 
     /// Sends `request` (its target in origin form, its `Host` set) and waits for the
-    /// response headers. A request that was not sent (no connection could be made)
+    /// response headers. The caller bounds the wait, with `deadline`: at `deadline` it
+    /// drops this future. A request that was not sent (no connection could be made)
     /// comes back with the error.
-    pub(crate) async fn send(&self, mut request: Request<B>) -> Result<Response<UpstreamBody<B>>, Unsent<B>> {
+    ///
+    /// `keep` is what the request holds while the server works on it. With `detach` (a cap
+    /// counts it), the server's work outlives a client that leaves: if this future is
+    /// dropped before the response head and before `deadline` once the request is on its
+    /// way, `keep` is taken, the answer awaited in a task of its own until `deadline`, the
+    /// response read and discarded for at most `timeout` ([`discard`]), and only then is
+    /// `keep` dropped (see [`Exchange`]).
+    pub(crate) async fn send<K: Send + 'static>(
+        &self,
+        mut request: Request<B>,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+        keep: &mut Option<K>,
+        detach: bool,
+    ) -> Result<Response<UpstreamBody<B>>, Unsent<B>> {
         loop {
-            let (mut sender, reused) = match self.endpoint.checkout() {
-                Some(sender) => (sender, true),
-                None => match self.endpoint.connect().await {
-                    Ok(sender) => (sender, false),
-                    Err(error) => {
-                        return Err(Unsent {
-                            error,
-                            request: Some(request),
-                        });
-                    }
-                },
-            };
-            // A pooled connection has finished its last exchange: this waits at most for
-            // its connection task to notice.
-            if reused && sender.ready().await.is_err() {
-                continue;
-            }
-            match sender.try_send_request(request).await {
-                Ok(response) => {
-                    // After a protocol switch the connection belongs to the tunnel.
-                    let reuse = (response.status() != StatusCode::SWITCHING_PROTOCOLS)
-                        .then(|| (sender, self.endpoint.clone()));
-                    return Ok(response.map(|body| UpstreamBody {
-                        inner: body,
-                        finished: false,
-                        reuse,
-                    }));
+            let (mut sender, reused) = match self.connection().await {
+                Ok(connection) => connection,
+                Err(error) => {
+                    let request = Some(request);
+                    return Err(Unsent { error, request });
                 }
-                Err(mut error) => match error.take_message() {
-                    Some(unsent) if reused => request = unsent,
-                    unsent => {
-                        return Err(Unsent {
-                            error: SendError::Exchange(error.into_error()),
-                            request: unsent,
-                        });
-                    }
+            };
+            let answer = sender.try_send_request(request);
+            let answer = match detach {
+                true => Waiting::Boxed {
+                    answer: Some(Box::pin(answer)),
                 },
+                false => Waiting::InPlace { answer },
+            };
+            let exchange = Exchange {
+                answer,
+                connection: Some(Connection {
+                    sender,
+                    endpoint: self.endpoint.clone(),
+                }),
+                keep: detach.then_some(&mut *keep),
+                deadline,
+                timeout,
+            };
+            match exchange.await {
+                // Refused before any of it was written: the upstream had closed the pooled
+                // connection meanwhile.
+                Err(Unsent {
+                    request: Some(unsent),
+                    error: SendError::Exchange(_),
+                }) if reused => request = unsent,
+                answer => return answer,
             }
         }
     }
+
+    /// A connection for one request, and whether it was pooled: the most recently used
+    /// idle one, or a new one.
+    async fn connection(&self) -> Result<(SendRequest<B>, bool), SendError> {
+        while let Some(mut sender) = self.endpoint.checkout() {
+            // A pooled connection has finished its last exchange: this waits at most for
+            // its connection task to notice.
+            if sender.ready().await.is_ok() {
+                return Ok((sender, true));
+            }
+        }
+        Ok((self.endpoint.connect().await?, false))
+    }
+}
+
+/// What a request's response head comes to.
+type Answer<B> = Result<Response<Incoming>, TrySendError<Request<B>>>;
+
+/// The connection a request went out on.
+struct Connection<B: Send + 'static> {
+    sender: SendRequest<B>,
+    endpoint: Arc<Endpoint<B>>,
+}
+
+impl<B: Send + 'static> Connection<B> {
+    /// The answer as the caller gets it: the response's connection goes back to the pool
+    /// once its body has been read to the end.
+    // What `Pool::send` returns; boxing the request would cost an allocation per failure.
+    #[allow(clippy::result_large_err)]
+    fn outcome(self, answer: Answer<B>) -> Result<Response<UpstreamBody<B>>, Unsent<B>> {
+        match answer {
+            Ok(response) => {
+                // After a protocol switch the connection belongs to the tunnel.
+                let reuse = (response.status() != StatusCode::SWITCHING_PROTOCOLS)
+                    .then_some((self.sender, self.endpoint));
+                Ok(response.map(|body| UpstreamBody {
+                    inner: body,
+                    finished: false,
+                    reuse,
+                }))
+            }
+            Err(mut error) => {
+                let request = error.take_message();
+                Err(Unsent {
+                    error: SendError::Exchange(error.into_error()),
+                    request,
+                })
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The wait for a response head (`F`): in place, or boxed so that it can move.
+    #[project = WaitingProjection]
+    enum Waiting<F> {
+        InPlace { #[pin] answer: F },
+        // `None` once moved to a task of its own.
+        Boxed { answer: Option<Pin<Box<F>>> },
+    }
+}
+
+pin_project! {
+    /// A request on a connection, its response head awaited (see [`Pool::send`]). With a
+    /// boxed answer and `keep`, dropped before the deadline (its client left), it goes on
+    /// in a task of its own, which takes `keep` and drops it only once the response has
+    /// been read and discarded ([`discard`]). Nothing is spawned while the client stays.
+    /// The task polls it as the request path does, so that hyper's future is polled from
+    /// one place, and compiled into it.
+    struct Exchange<'a, B, K, F>
+    where
+        B: Send,
+        B: 'static,
+        K: Send,
+        K: 'static,
+        F: Future<Output = Answer<B>>,
+        F: Send,
+        F: 'static,
+    {
+        #[pin]
+        answer: Waiting<F>,
+        // `None` once answered.
+        connection: Option<Connection<B>>,
+        keep: Option<&'a mut Option<K>>,
+        // The try's deadline: dropped past it, the exchange timed out.
+        deadline: tokio::time::Instant,
+        // How long the rest of an answer no one waits for is read.
+        timeout: Duration,
+    }
+
+    impl<'a, B, K, F> PinnedDrop for Exchange<'a, B, K, F>
+    where
+        B: Send,
+        B: 'static,
+        K: Send,
+        K: 'static,
+        F: Future<Output = Answer<B>>,
+        F: Send,
+        F: 'static,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            let (Some(connection), Some(keep)) = (this.connection.take(), this.keep.take()) else {
+                return;
+            };
+            let WaitingProjection::Boxed { answer } = this.answer.project() else {
+                return;
+            };
+            let Some(answer) = answer.take() else {
+                return;
+            };
+            // Dropped by the deadline (read only now, on this rare path): the try failed.
+            let (deadline, timeout) = (*this.deadline, *this.timeout);
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            let keep = keep.take();
+            runtime.spawn(async move {
+                let exchange: Exchange<'static, B, K, F> = Exchange {
+                    answer: Waiting::Boxed { answer: Some(answer) },
+                    connection: Some(connection),
+                    keep: None,
+                    deadline,
+                    timeout,
+                };
+                if let Ok(Ok(response)) = tokio::time::timeout_at(deadline, exchange).await {
+                    discard(response.into_body(), keep, timeout).await;
+                }
+            });
+        }
+    }
+}
+
+impl<B, K, F> Future for Exchange<'_, B, K, F>
+where
+    B: Send + 'static,
+    K: Send + 'static,
+    F: Future<Output = Answer<B>> + Send + 'static,
+{
+    type Output = Result<Response<UpstreamBody<B>>, Unsent<B>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = match this.answer.project() {
+            WaitingProjection::InPlace { answer } => answer,
+            WaitingProjection::Boxed { answer } => answer.as_mut().expect("not moved while polled").as_mut(),
+        };
+        let answer = ready!(answer.poll(cx));
+        let connection = this.connection.take().expect("not polled once answered");
+        Poll::Ready(connection.outcome(answer))
+    }
+}
+
+/// Reads and drops the rest of a response no one waits for, for at most `timeout`, then
+/// drops `keep` (what the request holds while the server works on it): the server is
+/// done with a request once it has sent all of its response. Read to its end, the
+/// connection goes back to the pool first.
+pub(crate) async fn discard<B: Send + 'static, K>(mut body: UpstreamBody<B>, keep: K, timeout: Duration) {
+    let rest = async { while let Some(Ok(_)) = body.frame().await {} };
+    let _ = tokio::time::timeout(timeout, rest).await;
+    drop(body);
+    drop(keep);
 }
 
 /// Why a request failed, and the request itself when none of it was sent.
@@ -321,12 +501,14 @@ pub(crate) struct UpstreamBody<B: Send + 'static> {
     reuse: Option<(SendRequest<B>, Arc<Endpoint<B>>)>,
 }
 
-impl<B> Body for UpstreamBody<B>
-where
-    B: Body + Send + Unpin + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+impl<B: Send + 'static> UpstreamBody<B> {
+    /// Whether the body has been read to its end.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished || self.inner.is_end_stream()
+    }
+}
+
+impl<B: Send + 'static> Body for UpstreamBody<B> {
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -357,7 +539,7 @@ impl<B: Send + 'static> Drop for UpstreamBody<B> {
         let Some((mut sender, pool)) = self.reuse.take() else {
             return;
         };
-        if !(self.finished || self.inner.is_end_stream()) {
+        if !self.is_finished() {
             return;
         }
         if sender.is_ready() {
@@ -400,6 +582,15 @@ mod tests {
         }
     }
 
+    async fn send(
+        pool: &Pool<Full<Bytes>>,
+    ) -> Result<Response<UpstreamBody<Full<Bytes>>>, Unsent<Full<Bytes>>> {
+        let timeout = Duration::from_secs(1);
+        let deadline = tokio::time::Instant::now() + timeout;
+        pool.send(request(), deadline, timeout, &mut None::<()>, false)
+            .await
+    }
+
     fn request() -> Request<Full<Bytes>> {
         Request::get("/")
             .header("host", "app")
@@ -432,13 +623,15 @@ mod tests {
         });
 
         let pool = Pool::new(address, Duration::from_secs(1), None);
-        let response = pool.send(request()).await.unwrap();
-        assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "first");
+        let response = send(&pool).await;
+        let body = response.unwrap().into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "first");
         closed_tx.send(()).unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         closed_tx.send(()).unwrap();
-        let response = pool.send(request()).await.unwrap();
-        assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "second");
+        let response = send(&pool).await;
+        let body = response.unwrap().into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "second");
         server.join().unwrap();
     }
 
@@ -474,7 +667,7 @@ mod tests {
     }
 
     async fn ok(pool: &Pool<Full<Bytes>>) {
-        let response = pool.send(request()).await.unwrap();
+        let response = send(pool).await.unwrap();
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
     }
 

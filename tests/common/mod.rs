@@ -119,11 +119,15 @@ impl Drop for TestGateway {
 }
 
 /// A real upstream that answers with a description of the request it received:
-/// a path ending in `/slow` with `?ms=N` waits N ms; `/big?bytes=N` streams N bytes;
+/// a path ending in `/slow` with `?ms=N` waits N ms; a path ending in `/busy` with `?ms=N`
+/// works N ms in a task of its own, which the gateway leaving does not stop (as PHP-FPM
+/// finishes a script whose client left), and with `&stream=1` sends its head at once and
+/// its body's end when done; `/big?bytes=N` streams N bytes;
 /// `/echo` streams the body back; `/powered` answers with `X-Powered-By` and `Server`; `/status?code=N` answers N; `/health` answers 200 or
 /// what [`Upstream::set_health`] set; anything else describes the request as text.
 /// It counts the connections it accepted and the request heads it received, keeps the
-/// targets in the order received, and the most requests it ever had in flight at once.
+/// targets in the order received, the most requests it ever had in flight at once (a
+/// request is in flight while it is worked on), and the `/ws` tunnels open.
 /// Dropped, it stops listening and closes every connection.
 pub(crate) struct Upstream {
     pub addr: SocketAddr,
@@ -142,6 +146,24 @@ struct Seen {
     targets: std::sync::Mutex<Vec<String>>,
     in_flight: AtomicUsize,
     most_in_flight: AtomicUsize,
+    tunnels: AtomicUsize,
+}
+
+/// A request the upstream works on, counted in flight until dropped.
+struct Working(Arc<Seen>);
+
+impl Working {
+    fn start(seen: &Arc<Seen>) -> Working {
+        let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        seen.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        Working(seen.clone())
+    }
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Upstream {
@@ -187,11 +209,8 @@ impl Upstream {
                             *response.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
                             return Ok(response);
                         }
-                        let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                        seen.most_in_flight.fetch_max(now, Ordering::SeqCst);
-                        let answer = upstream_answer(request).await;
-                        seen.in_flight.fetch_sub(1, Ordering::SeqCst);
-                        answer
+                        let working = Working::start(&seen);
+                        upstream_answer(request, working).await
                     }
                 });
                 let closing = closing.clone();
@@ -229,6 +248,11 @@ impl Upstream {
     }
 
     /// The most requests it had in flight at once (until each answer's head).
+    /// `/ws` tunnels open now.
+    pub(crate) fn open_tunnels(&self) -> usize {
+        self.seen.tunnels.load(Ordering::SeqCst)
+    }
+
     pub(crate) fn most_in_flight(&self) -> usize {
         self.seen.most_in_flight.load(Ordering::SeqCst)
     }
@@ -268,14 +292,20 @@ fn query_number(request: &Request<Incoming>, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-async fn upstream_answer(mut request: Request<Incoming>) -> Result<Response<UpstreamBody>, Infallible> {
+/// The answer to `request`, counted in flight while `working` is held.
+async fn upstream_answer(
+    mut request: Request<Incoming>,
+    working: Working,
+) -> Result<Response<UpstreamBody>, Infallible> {
     let path = request.uri().path().to_owned();
     let boxed = |b: Full<Bytes>| b.map_err(|never| match never {}).boxed();
     if path == "/ws" {
         // Accepts a protocol switch and echoes bytes, upper-cased, until the client closes.
         let upgrade = hyper::upgrade::on(&mut request);
+        let seen = working.0.clone();
         tokio::spawn(async move {
             if let Ok(upgraded) = upgrade.await {
+                seen.tunnels.fetch_add(1, Ordering::SeqCst);
                 let mut io = TokioIo::new(upgraded);
                 let mut buf = [0u8; 1024];
                 while let Ok(n) = io.read(&mut buf).await {
@@ -287,6 +317,7 @@ async fn upstream_answer(mut request: Request<Incoming>) -> Result<Response<Upst
                         break;
                     }
                 }
+                seen.tunnels.fetch_sub(1, Ordering::SeqCst);
             }
         });
         let response = Response::builder()
@@ -296,6 +327,26 @@ async fn upstream_answer(mut request: Request<Incoming>) -> Result<Response<Upst
             .body(boxed(Full::new(Bytes::new())))
             .unwrap();
         return Ok(response);
+    }
+    if path.ends_with("/busy") {
+        let work = Duration::from_millis(query_number(&request, "ms"));
+        let (done, finished) = oneshot::channel();
+        tokio::spawn(async move {
+            tokio::time::sleep(work).await;
+            drop(working);
+            let _ = done.send(());
+        });
+        if query_number(&request, "stream") != 1 {
+            let _ = finished.await;
+            return Ok(Response::new(boxed(Full::new(Bytes::from_static(b"done\n")))));
+        }
+        let end = async move {
+            let _ = finished.await;
+            Ok(Frame::data(Bytes::from_static(b"done\n")))
+        };
+        return Ok(Response::new(
+            StreamBody::new(futures_util::stream::once(end)).boxed(),
+        ));
     }
     if path.ends_with("/slow") {
         tokio::time::sleep(Duration::from_millis(query_number(&request, "ms"))).await;

@@ -1,0 +1,463 @@
+//! How long a request holds its concurrency-limit slots (`algorithm = "concurrency"`) and
+//! its server slot (`max_requests`): while the app works on it or its tunnel is open, not
+//! while a client fails to read or has gone. A client that reads nothing of its response
+//! is cut off after `server.send_timeout`; a tunnel holds its slots until it closes, and
+//! `server.tunnel_idle_timeout` closes one that carries nothing; a client that leaves
+//! before its answer leaves its slots held until the upstream has answered.
+
+mod common;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{TestGateway, Upstream, get, h2c_client};
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpSocket, TcpStream};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A gateway with `server` keys in `[server]`, `upstream` keys in `[upstreams.app]`, and
+/// a concurrency limit of `limit` per client address when given.
+async fn gateway(app: &Upstream, server: &str, upstream: &str, limit: Option<u32>) -> TestGateway {
+    let limits = match limit {
+        Some(limit) => format!(
+            "[limits.inflight]\nalgorithm = \"concurrency\"\nlimit = {limit}\nkey = [\"client_ip\"]\n"
+        ),
+        None => String::new(),
+    };
+    TestGateway::start(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{server}\n\n\
+         [upstreams.app]\nurl = \"{}\"\n{upstream}\n\n{limits}\n\
+         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n{}\n",
+        app.url(),
+        if limit.is_some() {
+            "limits = [\"inflight\"]"
+        } else {
+            ""
+        },
+    ))
+    .await
+}
+
+async fn until(what: &str, within: Duration, condition: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(started.elapsed() < within, "never: {what}");
+        tokio::time::sleep(ms(5)).await;
+    }
+}
+
+// ---- send_timeout -------------------------------------------------------------------
+
+/// A client socket that takes in little: the gateway's writes block soon after the
+/// client stops reading.
+async fn small_window_socket(addr: std::net::SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// The app allows one request at a time; A asks for 300 MB and reads none of it. With
+/// `send_timeout = "1s"` A's connection is closed once the gateway's writes have made no
+/// progress for a second, and the rest of A's response is read and discarded for at most
+/// the upstream's `timeout` (1s): B, queued behind A, is served within a few seconds.
+/// Without it, B waits out its `queue_timeout` (5s) and gets a 503.
+async fn a_client_that_reads_nothing_frees_the_server_slot(http2: bool) {
+    let app = Upstream::start().await;
+    let gw = gateway(
+        &app,
+        "send_timeout = \"1s\"",
+        "max_requests = 1\nqueue_timeout = \"5s\"\ntimeout = \"1s\"",
+        None,
+    )
+    .await;
+    let a = small_window_socket(gw.addr).await;
+    let _a: Box<dyn Send> = if http2 {
+        Box::new(unread_http2_response(a, &gw.url("/big?bytes=300000000")).await)
+    } else {
+        Box::new(unread_http1_response(a).await)
+    };
+    until("A reached the app", Duration::from_secs(2), || {
+        app.requests() == 1
+    })
+    .await;
+    let started = Instant::now();
+    let (status, _, body) = get(&gw.url("/b")).await;
+    let waited = started.elapsed();
+    assert_eq!(status, StatusCode::OK, "B after {waited:?}: {body}");
+    assert!(waited < ms(4500), "B waited {waited:?}");
+}
+
+/// Sends a request for 300 MB on `stream` over HTTP/1.1, and never reads.
+async fn unread_http1_response(mut stream: TcpStream) -> TcpStream {
+    stream
+        .write_all(b"GET /big?bytes=300000000 HTTP/1.1\r\nHost: app\r\n\r\n")
+        .await
+        .unwrap();
+    stream
+}
+
+/// Sends `GET url` over HTTP/2 on `stream`, granting the gateway a window of 1 GB, and
+/// stops reading the socket once the response head is in. Returns what keeps the
+/// connection open.
+async fn unread_http2_response(
+    stream: TcpStream,
+    url: &str,
+) -> (
+    hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    http::Response<hyper::body::Incoming>,
+) {
+    let deaf = Arc::new(AtomicBool::new(false));
+    let io = Deaf {
+        inner: stream,
+        deaf: deaf.clone(),
+    };
+    let (mut sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(1 << 30)
+        .initial_connection_window_size(1 << 30)
+        .handshake(TokioIo::new(io))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = Request::get(url).body(Full::new(Bytes::new())).unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    deaf.store(true, Ordering::SeqCst);
+    (sender, response)
+}
+
+/// A stream whose reads stop for good once `deaf` is set.
+struct Deaf {
+    inner: TcpStream,
+    deaf: Arc<AtomicBool>,
+}
+
+impl AsyncRead for Deaf {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.deaf.load(Ordering::SeqCst) {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Deaf {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_client_that_reads_nothing_is_cut_off_after_send_timeout() {
+    a_client_that_reads_nothing_frees_the_server_slot(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_reads_nothing_is_cut_off_after_send_timeout() {
+    a_client_that_reads_nothing_frees_the_server_slot(true).await;
+}
+
+// ---- tunnels ------------------------------------------------------------------------
+
+/// Asks for a WebSocket tunnel to the app's `/ws`; the response head and the stream.
+async fn upgrade(gw: &TestGateway) -> (String, TcpStream) {
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+              Sec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    let read_head = async {
+        while !head.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).await.unwrap() == 0 {
+                break;
+            }
+            head.push(byte[0]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read_head)
+        .await
+        .expect("an answer to the upgrade");
+    (String::from_utf8(head).unwrap(), stream)
+}
+
+async fn open_tunnel(gw: &TestGateway) -> TcpStream {
+    let (head, stream) = upgrade(gw).await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    stream
+}
+
+/// One round trip through a tunnel to the app, which upper-cases what it receives.
+async fn round_trip(stream: &mut TcpStream) {
+    stream.write_all(b"ping").await.unwrap();
+    let mut answer = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(2), stream.read_exact(&mut answer))
+        .await
+        .expect("an answer through the tunnel")
+        .unwrap();
+    assert_eq!(&answer, b"PING");
+}
+
+/// Closes a tunnel from the client's side and waits until the app saw it end.
+async fn close_tunnel(app: &Upstream, mut stream: TcpStream, open_after: usize) {
+    stream.shutdown().await.unwrap();
+    drop(stream);
+    until("the app saw the tunnel close", Duration::from_secs(2), || {
+        app.open_tunnels() == open_after
+    })
+    .await;
+}
+
+/// Tries upgrades until one is accepted, within 2 s.
+async fn upgrade_soon(gw: &TestGateway) -> TcpStream {
+    let started = Instant::now();
+    loop {
+        let (head, stream) = upgrade(gw).await;
+        if head.starts_with("HTTP/1.1 101 ") {
+            return stream;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "still refused: {head}"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_tunnel_holds_its_concurrency_slot_until_it_closes() {
+    let app = Upstream::start().await;
+    let gw = gateway(&app, "", "", Some(2)).await;
+    let mut first = open_tunnel(&gw).await;
+    let second = open_tunnel(&gw).await;
+    round_trip(&mut first).await;
+    let (head, _) = upgrade(&gw).await;
+    assert!(
+        head.starts_with("HTTP/1.1 429 "),
+        "a third tunnel while two are open: {head}"
+    );
+    close_tunnel(&app, second, 1).await;
+    let mut third = upgrade_soon(&gw).await;
+    round_trip(&mut third).await;
+    round_trip(&mut first).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_tunnel_holds_its_server_slot_until_it_closes() {
+    let app = Upstream::start().await;
+    let gw = gateway(&app, "", "max_requests = 1\nqueue_timeout = \"500ms\"", None).await;
+    let first = open_tunnel(&gw).await;
+    let (head, _) = upgrade(&gw).await;
+    assert!(
+        head.starts_with("HTTP/1.1 503 "),
+        "a second tunnel to a server with max_requests = 1: {head}"
+    );
+    close_tunnel(&app, first, 0).await;
+    let mut second = upgrade_soon(&gw).await;
+    round_trip(&mut second).await;
+    assert_eq!(app.open_tunnels(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_with_no_traffic_for_tunnel_idle_timeout_is_closed() {
+    let app = Upstream::start().await;
+    let gw = gateway(&app, "tunnel_idle_timeout = \"1s\"", "", None).await;
+    let mut idle = open_tunnel(&gw).await;
+    let opened = Instant::now();
+    let mut busy = open_tunnel(&gw).await;
+    until("both tunnels open at the app", Duration::from_secs(2), || {
+        app.open_tunnels() == 2
+    })
+    .await;
+    // The busy one carries a round trip every 300 ms, for longer than two idle timeouts.
+    let traffic = tokio::spawn(async move {
+        let started = Instant::now();
+        while started.elapsed() < ms(2500) {
+            round_trip(&mut busy).await;
+            tokio::time::sleep(ms(300)).await;
+        }
+        busy
+    });
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(3), idle.read_to_end(&mut rest)).await;
+    let closed = opened.elapsed();
+    assert!(read.is_ok(), "the idle tunnel is still open after {closed:?}");
+    assert!(rest.is_empty(), "{rest:?}");
+    assert!(closed >= ms(900), "closed after only {closed:?}");
+    assert!(closed < ms(2000), "closed only after {closed:?}");
+    until(
+        "the app saw the idle tunnel close",
+        Duration::from_secs(1),
+        || app.open_tunnels() == 1,
+    )
+    .await;
+    let mut busy = traffic.await.unwrap();
+    round_trip(&mut busy).await;
+    assert_eq!(app.open_tunnels(), 1);
+}
+
+// ---- clients that leave -------------------------------------------------------------
+
+/// How long the app works on A's request.
+const WORK: Duration = Duration::from_millis(1500);
+/// When A leaves.
+const LEAVES: Duration = Duration::from_millis(200);
+
+/// What caps the app: a concurrency limit of 1, or `max_requests = 1`.
+#[derive(Debug, Clone, Copy)]
+enum Cap {
+    Limit,
+    MaxRequests,
+}
+
+/// How client A leaves.
+#[derive(Debug, Clone, Copy)]
+enum Leave {
+    /// HTTP/1.1, the socket closed before the response head.
+    CloseHttp1,
+    /// HTTP/2, the stream reset (RST_STREAM) before the response head.
+    ResetHttp2Stream,
+    /// HTTP/1.1, the socket closed after the response head, while the body streams.
+    CloseHttp1DuringBody,
+}
+
+/// A asks for work of 1.5 s and leaves at 200 ms; B asks right after. The app is still
+/// working on A's request, so B is refused (a concurrency limit) or waits in the queue
+/// (`max_requests`) until the app has answered A, and the app never has two at once.
+async fn a_client_that_leaves_keeps_its_slot_until_the_app_answered(cap: Cap, leave: Leave) {
+    let app = Upstream::start().await;
+    let gw = match cap {
+        Cap::Limit => gateway(&app, "", "", Some(1)).await,
+        Cap::MaxRequests => gateway(&app, "", "max_requests = 1", None).await,
+    };
+    let start = Instant::now();
+    let work = format!("/a/busy?ms={}", WORK.as_millis());
+    match leave {
+        Leave::CloseHttp1 | Leave::CloseHttp1DuringBody => {
+            let mut a = TcpStream::connect(gw.addr).await.unwrap();
+            let stream = if matches!(leave, Leave::CloseHttp1DuringBody) {
+                "&stream=1"
+            } else {
+                ""
+            };
+            a.write_all(format!("GET {work}{stream} HTTP/1.1\r\nHost: app\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut buf = [0u8; 1024];
+            let read = tokio::time::timeout(LEAVES, a.read(&mut buf)).await;
+            match leave {
+                Leave::CloseHttp1DuringBody => {
+                    let n = read.expect("the head at once").unwrap();
+                    assert!(buf[..n].starts_with(b"HTTP/1.1 200 "));
+                    tokio::time::sleep_until((start + LEAVES).into()).await;
+                }
+                _ => assert!(read.is_err(), "nothing answered yet: {read:?}"),
+            }
+            drop(a);
+        }
+        Leave::ResetHttp2Stream => {
+            let client = h2c_client();
+            let request = Request::get(gw.url(&work)).body(Full::new(Bytes::new())).unwrap();
+            let a = tokio::spawn(async move { client.request(request).await.map(|r| r.status()) });
+            tokio::time::sleep_until((start + LEAVES).into()).await;
+            assert!(!a.is_finished(), "nothing answered yet");
+            a.abort();
+        }
+    }
+    assert_eq!(app.requests(), 1, "A reached the app");
+    // Let the gateway see A leave.
+    tokio::time::sleep(ms(100)).await;
+    let served = match cap {
+        Cap::Limit => {
+            let (status, _, _) = get(&gw.url("/b")).await;
+            assert_eq!(
+                status,
+                StatusCode::TOO_MANY_REQUESTS,
+                "B while the app still works on A's request"
+            );
+            loop {
+                let (status, _, _) = get(&gw.url("/b")).await;
+                if status == StatusCode::OK {
+                    break start.elapsed();
+                }
+                assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+                assert!(
+                    start.elapsed() < WORK + Duration::from_secs(2),
+                    "B never admitted"
+                );
+                tokio::time::sleep(ms(20)).await;
+            }
+        }
+        Cap::MaxRequests => {
+            let (status, _, _) = get(&gw.url("/b")).await;
+            assert_eq!(status, StatusCode::OK);
+            start.elapsed()
+        }
+    };
+    assert!(
+        served >= WORK - ms(50),
+        "B served at {served:?}, before the app answered A"
+    );
+    assert_eq!(app.most_in_flight(), 1, "the app had two requests at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_client_that_leaves_keeps_its_concurrency_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::Limit, Leave::CloseHttp1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_reset_keeps_its_concurrency_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::Limit, Leave::ResetHttp2Stream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_during_the_body_keeps_its_concurrency_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::Limit, Leave::CloseHttp1DuringBody).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_client_that_leaves_keeps_its_server_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::MaxRequests, Leave::CloseHttp1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_reset_keeps_its_server_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::MaxRequests, Leave::ResetHttp2Stream)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_during_the_body_keeps_its_server_slot_until_the_app_answered() {
+    a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::MaxRequests, Leave::CloseHttp1DuringBody)
+        .await;
+}
