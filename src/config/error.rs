@@ -88,6 +88,16 @@ impl<'a> ErrorSink<'a> {
         });
     }
 
+    /// Two keys that exclude each other were both given: the error is at `key`, given
+    /// at `span`.
+    pub(crate) fn both(&mut self, span: Range<usize>, key: impl Into<String>, first: &str, second: &str) {
+        self.push(
+            Some(span),
+            key,
+            format!("expected either `{first}` or `{second}`, not both"),
+        );
+    }
+
     /// `Ok` when nothing was recorded, otherwise every recorded error.
     pub(crate) fn finish(self, file: &Path) -> Result<(), ConfigErrors> {
         if self.errors.is_empty() {

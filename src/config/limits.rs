@@ -243,11 +243,7 @@ pub(super) fn validate_redis(raw: Option<Spanned<RedisFile>>, sink: &mut ErrorSi
                 })
         }
         (Some(url), Some(_), _) => {
-            sink.push(
-                Some(url.span()),
-                "redis.url",
-                "expected either `url` or `sentinels`, not both",
-            );
+            sink.both(url.span(), "redis.url", "url", "sentinels");
             None
         }
         (None, Some(sentinels), None) => {

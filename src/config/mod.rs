@@ -565,11 +565,7 @@ fn validate_route(
         .and_then(|h| parse_spanned(h, format!("{key}.host"), sink, host_match));
     let path = match (&raw.path, &raw.path_prefix) {
         (Some(_), Some(prefix)) => {
-            sink.push(
-                Some(prefix.span()),
-                format!("{key}.path_prefix"),
-                "expected either `path` or `path_prefix`, not both",
-            );
+            sink.both(prefix.span(), format!("{key}.path_prefix"), "path", "path_prefix");
             None
         }
         (Some(path), None) => {
@@ -599,11 +595,7 @@ fn validate_route(
     };
     let target = match (&raw.upstream, raw.respond) {
         (Some(_), Some(respond)) => {
-            sink.push(
-                Some(respond.span()),
-                format!("{key}.respond"),
-                "expected either `upstream` or `respond`, not both",
-            );
+            sink.both(respond.span(), format!("{key}.respond"), "upstream", "respond");
             None
         }
         (Some(name), None) => match upstreams.get(name.get_ref()) {

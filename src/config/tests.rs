@@ -560,7 +560,7 @@ fn bad_upstream_keys_name_their_place() {
         (
             "url = \"http://a:1\"\nservers = [\"http://b:1\"]",
             (2, 7, "upstreams.app.url"),
-            "either url or servers",
+            "either `url` or `servers`",
         ),
         (
             "servers = [{ url = \"http://a:1\", weight = 0 }]",

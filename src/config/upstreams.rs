@@ -323,11 +323,7 @@ fn servers(
             valid.then_some((servers, base_path, tls))
         }
         (Some(url), Some(_)) => {
-            sink.push(
-                Some(url.span()),
-                format!("{key}.url"),
-                "expected either url or servers, not both",
-            );
+            sink.both(url.span(), format!("{key}.url"), "url", "servers");
             None
         }
         (None, None) => {
