@@ -398,13 +398,7 @@ fn validate_limit(
         .lockout
         .as_ref()
         .and_then(|l| parse_spanned(l, format!("{key}.lockout"), sink, values::positive_duration));
-    let exempt = raw
-        .exempt
-        .iter()
-        .flatten()
-        .enumerate()
-        .filter_map(|(i, cidr)| parse_spanned(cidr, format!("{key}.exempt[{i}]"), sink, values::cidr))
-        .collect();
+    let exempt = super::cidrs(&raw.exempt, &format!("{key}.exempt"), sink);
     let mode = parse_or(
         &raw.mode,
         &format!("{key}.mode"),

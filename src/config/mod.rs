@@ -401,13 +401,7 @@ fn socket_addr(text: &str) -> Result<SocketAddr, String> {
 fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> ServerConfig {
     let default_listen = DEFAULT_LISTEN.parse().expect("valid default");
     let default_admin = DEFAULT_ADMIN_LISTEN;
-    let trusted_proxies = raw
-        .trusted_proxies
-        .iter()
-        .flatten()
-        .enumerate()
-        .filter_map(|(i, v)| parse_spanned(v, format!("server.trusted_proxies[{i}]"), sink, values::cidr))
-        .collect();
+    let trusted_proxies = cidrs(&raw.trusted_proxies, "server.trusted_proxies", sink);
     let workers = match raw.workers {
         Some(w) if *w.get_ref() < 0 || *w.get_ref() > 1024 => {
             sink.push(
@@ -706,7 +700,7 @@ fn validate_route(
 }
 
 /// A list of CIDRs (or addresses), each error at its place.
-fn cidrs(raw: &Option<Vec<Spanned<String>>>, key: &str, sink: &mut ErrorSink) -> Vec<IpNet> {
+pub(super) fn cidrs(raw: &Option<Vec<Spanned<String>>>, key: &str, sink: &mut ErrorSink) -> Vec<IpNet> {
     raw.iter()
         .flatten()
         .enumerate()
