@@ -32,6 +32,18 @@ pub(crate) enum UpstreamFailure {
 }
 
 impl UpstreamFailure {
+    /// Every kind, each at the index of its discriminant.
+    pub(crate) const ALL: [UpstreamFailure; 7] = [
+        UpstreamFailure::Connect,
+        UpstreamFailure::Timeout,
+        UpstreamFailure::Reset,
+        UpstreamFailure::QueueFull,
+        UpstreamFailure::QueueTimeout,
+        UpstreamFailure::NoServer,
+        UpstreamFailure::Tls,
+    ];
+
+    /// The `kind` label of `floodgate_upstream_errors_total`.
     pub(crate) fn label(self) -> &'static str {
         match self {
             UpstreamFailure::Connect => "connect",
@@ -155,6 +167,17 @@ impl GatewayError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_upstream_failure_kind_is_listed_once_at_its_index() {
+        for (index, kind) in UpstreamFailure::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, index, "{kind:?}");
+        }
+        let mut labels = UpstreamFailure::ALL.map(UpstreamFailure::label).to_vec();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), UpstreamFailure::ALL.len());
+    }
 
     fn upstream(kind: UpstreamFailure) -> GatewayError {
         GatewayError::Upstream {

@@ -221,9 +221,12 @@ impl Metrics {
             "Time from request to the end of the response body, by route",
             request_duration.clone(),
         );
+        let kinds = crate::error::UpstreamFailure::ALL
+            .map(|kind| kind.label())
+            .join(", ");
         registry.register(
             "floodgate_upstream_errors",
-            "Upstream failures by upstream and kind (connect, timeout, reset, queue_full, queue_timeout, no_server)",
+            format!("Upstream failures by upstream and kind ({kinds})"),
             upstream_errors.clone(),
         );
         let upstream_retries = Family::<UpstreamLabels, Counter>::default();

@@ -316,26 +316,15 @@ fn detail(error: &dyn std::error::Error) -> String {
 }
 
 /// `floodgate_upstream_errors_total` of one upstream, by kind.
-struct Failures([Counter; 7]);
+struct Failures([Counter; UpstreamFailure::ALL.len()]);
 
 impl Failures {
-    const KINDS: [UpstreamFailure; 7] = [
-        UpstreamFailure::Connect,
-        UpstreamFailure::Timeout,
-        UpstreamFailure::Reset,
-        UpstreamFailure::QueueFull,
-        UpstreamFailure::QueueTimeout,
-        UpstreamFailure::NoServer,
-        UpstreamFailure::Tls,
-    ];
-
     fn new(metrics: &Metrics, upstream: &Arc<str>) -> Self {
-        Failures(Self::KINDS.map(|kind| metrics.upstream_errors(upstream, kind.label())))
+        Failures(UpstreamFailure::ALL.map(|kind| metrics.upstream_errors(upstream, kind.label())))
     }
 
     fn get(&self, kind: UpstreamFailure) -> &Counter {
-        let index = Self::KINDS.iter().position(|k| *k == kind).unwrap_or(0);
-        &self.0[index]
+        &self.0[kind as usize]
     }
 }
 
