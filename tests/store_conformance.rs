@@ -940,7 +940,7 @@ async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
 /// operation (docs/operations.md#when-redis-fails) — the same for all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_fails_by_the_one_rule_under_each_policy() {
-    use floodgate::limit::store::{Answer, Fallback, LimitStore, OnError, Unit};
+    use floodgate::limit::store::{Fallback, LimitStore, OnError, StoreAnswer, Unit};
     use prometheus_client::metrics::counter::Counter;
 
     let mut server = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
@@ -981,21 +981,21 @@ async fn every_operation_fails_by_the_one_rule_under_each_policy() {
             on_error,
         ) {
             (
-                Answer::Failed {
+                StoreAnswer::Failed {
                     fallback: Fallback::Admit,
                     ..
                 },
                 OnError::Allow,
             ) => {}
             (
-                Answer::Failed {
+                StoreAnswer::Failed {
                     fallback: Fallback::Refuse,
                     ..
                 },
                 OnError::Deny,
             ) => {}
             (
-                Answer::Failed {
+                StoreAnswer::Failed {
                     fallback: Fallback::Local(decisions),
                     ..
                 },
@@ -1040,7 +1040,7 @@ async fn every_operation_fails_by_the_one_rule_under_each_policy() {
         if on_error == OnError::Local {
             assert!(locked.is_ok(), "local lock: started in the fallback");
             match store.decide(std::slice::from_ref(&limit), on_error).await {
-                Answer::Failed {
+                StoreAnswer::Failed {
                     fallback: Fallback::Local(decisions),
                     ..
                 } => {

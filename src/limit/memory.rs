@@ -49,7 +49,7 @@ impl Entry {
 /// A key's identity in the store ([`KeyedHash`]): the store keeps 16 bytes per key
 /// instead of the text (which halves its memory), and clients cannot make two of their
 /// keys, or theirs and someone else's, collide.
-type Slot = u128;
+type KeySlot = u128;
 
 #[derive(Default)]
 struct Shard {
@@ -84,18 +84,18 @@ impl MemoryStore {
         }
     }
 
-    fn slot(&self, key: &str) -> Slot {
+    fn slot(&self, key: &str) -> KeySlot {
         self.hash.of(key)
     }
 
-    fn shard_of(slot: Slot) -> usize {
+    fn shard_of(slot: KeySlot) -> usize {
         (slot >> 64) as usize % SHARDS
     }
 
     /// Decides all of one request's limits, atomically.
     pub fn decide(&self, checks: &[LimitCheck]) -> Decisions {
         // Each key's slot, hashed once: the reads and writes below find theirs here.
-        let mut slots: SmallVec<[(&str, Slot); 2]> = SmallVec::new();
+        let mut slots: SmallVec<[(&str, KeySlot); 2]> = SmallVec::new();
         for check in checks {
             slots.push((&check.key, self.slot(&check.key)));
             if let Some(lockout) = &check.lockout {
@@ -519,6 +519,6 @@ mod tests {
 
     #[test]
     fn an_entry_costs_no_more_than_before_it_carried_its_use() {
-        assert_eq!(std::mem::size_of::<(Slot, Entry)>(), 64);
+        assert_eq!(std::mem::size_of::<(KeySlot, Entry)>(), 64);
     }
 }

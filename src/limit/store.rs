@@ -32,7 +32,7 @@ pub enum OnError {
 
 /// A concurrency slot held by a request: given back when dropped (its response done, its
 /// client gone, or the request refused by another limit).
-pub struct Slot(Held);
+pub struct ConcurrencySlot(Held);
 
 enum Held {
     /// Not held anywhere: Redis failed and `on_error = "allow"` let the request through.
@@ -44,7 +44,7 @@ enum Held {
     Lease(Arc<ResilientRedis>, String, String, OnError),
 }
 
-impl Drop for Slot {
+impl Drop for ConcurrencySlot {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.0, Held::Nothing) {
             Held::Nothing => {}
@@ -155,7 +155,7 @@ impl Drop for Unit {
 
 /// The store's answer for one request, with `on_error` applied.
 #[derive(Debug)]
-pub enum Answer {
+pub enum StoreAnswer {
     /// The store decided.
     Decided(Decisions),
     /// The store failed with `error`; `fallback` is what `on_error` makes of that.
@@ -271,13 +271,13 @@ impl LimitStore {
     }
 
     /// Decides `checks`, all or nothing; when the store fails, `on_error` decides.
-    pub async fn decide(&self, checks: &[LimitCheck], on_error: OnError) -> Answer {
+    pub async fn decide(&self, checks: &[LimitCheck], on_error: OnError) -> StoreAnswer {
         let store = match self {
-            LimitStore::Memory(store) => return Answer::Decided(store.decide(checks)),
+            LimitStore::Memory(store) => return StoreAnswer::Decided(store.decide(checks)),
             LimitStore::Redis(store) => store,
         };
         let error = match store.decide(checks).await {
-            Ok(decisions) => return Answer::Decided(decisions),
+            Ok(decisions) => return StoreAnswer::Decided(decisions),
             Err(error) => error,
         };
         let fallback = match store.failed(Operation::Decide, &error, on_error) {
@@ -285,7 +285,7 @@ impl LimitStore {
             Recovery::Admit => Fallback::Admit,
             Recovery::Refuse | Recovery::Lost => Fallback::Refuse,
         };
-        Answer::Failed { error, fallback }
+        StoreAnswer::Failed { error, fallback }
     }
 
     /// Takes one of `limit` slots of `key` for a request, a lease of `lease` in Redis:
@@ -297,27 +297,29 @@ impl LimitStore {
         limit: u64,
         lease: Duration,
         on_error: OnError,
-    ) -> Result<Option<Slot>, ()> {
+    ) -> Result<Option<ConcurrencySlot>, ()> {
         let store = match self {
             LimitStore::Memory(store) => {
                 return Ok(store
                     .in_flight
                     .acquire(key, limit)
-                    .then(|| Slot(Held::Counted(store.clone(), key.to_owned()))));
+                    .then(|| ConcurrencySlot(Held::Counted(store.clone(), key.to_owned()))));
             }
             LimitStore::Redis(store) => store,
         };
         match store.acquire(key, limit, lease).await {
-            Ok(lease) => Ok(lease.map(|id| Slot(Held::Lease(store.clone(), key.to_owned(), id, on_error)))),
+            Ok(lease) => {
+                Ok(lease.map(|id| ConcurrencySlot(Held::Lease(store.clone(), key.to_owned(), id, on_error))))
+            }
             Err(error) => match store.failed(Operation::Acquire, &error, on_error) {
-                Recovery::Admit => Ok(Some(Slot(Held::Nothing))),
+                Recovery::Admit => Ok(Some(ConcurrencySlot(Held::Nothing))),
                 Recovery::Refuse | Recovery::Lost => Err(()),
                 Recovery::Local => {
                     let (counts, instances) = store.local_in_flight();
                     let share = limit.div_ceil(instances).max(1);
                     Ok(counts
                         .acquire(key, share)
-                        .then(|| Slot(Held::Fallback(store.clone(), key.to_owned()))))
+                        .then(|| ConcurrencySlot(Held::Fallback(store.clone(), key.to_owned()))))
                 }
             },
         }

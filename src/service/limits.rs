@@ -17,7 +17,7 @@ use crate::config::{Concurrency, LimitConfig, Mode, Override, RateLimitHeaders};
 use crate::limit::algorithm::micros;
 use crate::limit::key::{lock_key, slots_key, store_key};
 use crate::limit::redis::refusals::RefusalCache;
-use crate::limit::store::{Answer, Fallback, LimitStore, OnError, Slot, Unit};
+use crate::limit::store::{ConcurrencySlot, Fallback, LimitStore, OnError, StoreAnswer, Unit};
 use crate::limit::{Decisions, LimitCheck, LimitDecision, Lockout, Outcome};
 use crate::metrics::{LimitOutcome, Metrics};
 
@@ -47,7 +47,7 @@ pub(crate) struct LimitSettings<'a> {
 pub(crate) struct Verdict {
     pub action: Action,
     /// Concurrency slots the request holds until its response is done.
-    pub slots: Vec<Slot>,
+    pub slots: Vec<ConcurrencySlot>,
     /// The access log's `limit` field.
     pub outcome: LimitOutcome,
     /// Rate-limit headers for the response, whatever it turns out to be.
@@ -216,9 +216,9 @@ impl RouteLimits {
             .metrics
             .record_store_call(store, started.elapsed().as_secs_f64());
         let decisions = match answer {
-            Answer::Decided(decisions) => decisions,
+            StoreAnswer::Decided(decisions) => decisions,
             // Counted and logged by the store (limit::redis::fallback::ResilientRedis::failed).
-            Answer::Failed { error: _, fallback } => {
+            StoreAnswer::Failed { error: _, fallback } => {
                 let refused = match fallback {
                     // Counted as what the local store decided; the failure itself is in
                     // floodgate_store_errors_total.

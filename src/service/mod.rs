@@ -39,7 +39,7 @@ use crate::config::{ErrorPage, RespondConfig, RouteConfig, ServerConfig, Templat
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
-use crate::limit::store::{Slot, Unit};
+use crate::limit::store::{ConcurrencySlot, Unit};
 use crate::metrics::{LimitOutcome, Metrics};
 use crate::path::normalize_path;
 use crate::proxy::headers::{
@@ -102,7 +102,7 @@ pub(crate) async fn handle(
         client_ip,
         limit_outcome: LimitOutcome::None,
     }));
-    let mut answer = Answer::default();
+    let mut leftovers = Leftovers::default();
     let version = request.version();
     let served = serve(
         &shared,
@@ -115,7 +115,7 @@ pub(crate) async fn handle(
         },
         request,
         record.0.as_mut().expect("answered only below"),
-        &mut answer,
+        &mut leftovers,
     )
     .await;
     let mut record = record.0.take().expect("answered once");
@@ -125,16 +125,16 @@ pub(crate) async fn handle(
     };
     // The server's response rules, then the route's; none may touch what follows.
     apply_rules(&state.config.server.response_headers, response.headers_mut());
-    if let Some(route) = answer.route {
+    if let Some(route) = leftovers.route {
         apply_rules(
             &state.router.routes()[route].response_headers,
             response.headers_mut(),
         );
     }
-    for (name, value) in answer.limit_headers {
+    for (name, value) in leftovers.limit_headers {
         response.headers_mut().append(name, value);
     }
-    let slots = answer.slots;
+    let slots = leftovers.slots;
     if peer.tls
         && let Some(hsts) = state.config.server.tls.as_ref().and_then(|tls| tls.hsts.clone())
     {
@@ -151,9 +151,9 @@ pub(crate) async fn handle(
 /// (unless the request was forwarded: then its exchange holds them), and the route that
 /// matched (whose response rules apply).
 #[derive(Default)]
-struct Answer {
+struct Leftovers {
     limit_headers: LimitHeaders,
-    slots: Vec<Slot>,
+    slots: Vec<ConcurrencySlot>,
     route: Option<usize>,
 }
 
@@ -218,14 +218,14 @@ fn render_error(
 }
 
 /// The inner handler: route the request, apply its limits, and answer it or forward it.
-/// `answer` receives what the outer handler needs besides the response.
+/// `leftovers` receives what the outer handler needs besides the response.
 async fn serve(
     shared: &Instance,
     state: &GatewayState,
     client: Client<'_>,
     mut request: Request<Incoming>,
     record: &mut AccessRecord,
-    answer: &mut Answer,
+    leftovers: &mut Leftovers,
 ) -> Result<Response<Payload>, GatewayError> {
     // The access record owns the normalized path; the request path borrows it from there.
     let checked =
@@ -280,7 +280,7 @@ async fn serve(
         .ok_or(GatewayError::NoRoute)?;
     let route_config = &state.router.routes()[index];
     record.route = route_config.name.clone();
-    answer.route = Some(index);
+    leftovers.route = Some(index);
     if !route_config.admits(client.ip) {
         return Err(GatewayError::Forbidden("the route's allow or deny"));
     }
@@ -299,8 +299,8 @@ async fn serve(
         };
         let verdict = route.limits.decide(&settings, client.ip, &source).await?;
         record.limit_outcome = verdict.outcome;
-        answer.limit_headers = verdict.headers;
-        answer.slots = verdict.slots;
+        leftovers.limit_headers = verdict.headers;
+        leftovers.slots = verdict.slots;
         match verdict.action {
             Action::Reject {
                 status,
@@ -345,7 +345,7 @@ async fn serve(
             };
             // From here on the slots go with the exchange, which may outlive this request
             // if its client leaves (`upstream`'s module docs).
-            let slots = std::mem::take(&mut answer.slots);
+            let slots = std::mem::take(&mut leftovers.slots);
             forward(
                 &destination,
                 request,
@@ -506,7 +506,7 @@ async fn forward(
     context: &ForwardingContext<'_>,
     server: &ServerConfig,
     connection: &InFlight,
-    slots: Vec<Slot>,
+    slots: Vec<ConcurrencySlot>,
 ) -> Result<Response<Payload>, GatewayError> {
     let upstream = destination.upstream;
     let max_body = server.max_body;

@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 
 use crate::access_log::AccessRecord;
 use crate::connection::InFlight;
-use crate::limit::store::Slot;
+use crate::limit::store::ConcurrencySlot;
 use crate::upstream::UpstreamBody;
 
 /// What a response carries: the upstream's streamed body, or floodgate's own bytes.
@@ -31,7 +31,7 @@ pub(super) fn full(bytes: impl Into<Bytes>) -> Payload {
 /// Floodgate's own bytes, and the concurrency slots of the request they answer.
 pub(crate) struct Own {
     body: Full<Bytes>,
-    slots: Vec<Slot>,
+    slots: Vec<ConcurrencySlot>,
 }
 
 impl Body for Own {
@@ -82,7 +82,7 @@ impl ResponseBody {
         mut inner: Payload,
         record: AccessRecord,
         in_flight: InFlight,
-        slots: Vec<Slot>,
+        slots: Vec<ConcurrencySlot>,
     ) -> Self {
         if let Either::Right(own) = &mut inner {
             own.slots = slots;

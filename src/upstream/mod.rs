@@ -2,7 +2,7 @@
 //! request goes to, when a server is out of rotation, trying another server after a
 //! failure, and the concurrency cap with its queue (docs/configuration.md#upstreamsname).
 //!
-//! A request takes a [`Slot`] on one server before it is sent. With `max_requests`, slots
+//! A request takes a [`ServerSlot`] on one server before it is sent. With `max_requests`, slots
 //! are counted under the queue's lock: a request that finds every server at its cap waits
 //! in the queue (no polling: the request that frees a slot hands it to the first waiter
 //! that can use it), and leaves it when its client goes or `queue_timeout` passes.
@@ -44,7 +44,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::{Balance, KeyPart, UpstreamConfig, UpstreamTls, server_name, tls_provider};
 use crate::error::{GatewayError, UpstreamFailure};
-use crate::limit::store::Slot as LimitSlot;
+use crate::limit::store::ConcurrencySlot;
 use crate::metrics::Metrics;
 use crate::proxy::request_body::{RequestBody, RequestBodyError};
 use balance::Balancer;
@@ -165,7 +165,7 @@ impl Upstream {
         mut request: Request<RequestBody>,
         hash_tuple: Option<&str>,
         instances: u64,
-        mut limits: Vec<LimitSlot>,
+        mut limits: Vec<ConcurrencySlot>,
     ) -> Result<Response<UpstreamBody>, GatewayError> {
         let affinity = hash_tuple.map(balance::affinity);
         let tries = 1 + (self.config.retries as usize).min(self.rotation.servers.len() - 1);
@@ -382,10 +382,10 @@ impl Rotation {
         affinity: Option<u64>,
         tried: &Tried,
         instances: u64,
-    ) -> Result<Slot, UpstreamFailure> {
+    ) -> Result<ServerSlot, UpstreamFailure> {
         let Some(gate) = &self.gate else {
             let index = self.take(affinity, tried, u64::MAX)?;
-            return Ok(Slot {
+            return Ok(ServerSlot {
                 rotation: self.clone(),
                 index,
             });
@@ -399,7 +399,7 @@ impl Rotation {
             let mut waiting = gate.lock();
             match self.take(affinity, tried, cap) {
                 Ok(index) => {
-                    return Ok(Slot {
+                    return Ok(ServerSlot {
                         rotation: self.clone(),
                         index,
                     });
@@ -431,7 +431,7 @@ impl Rotation {
         match waited {
             Ok(Ok(index)) => {
                 queued.handoff = None;
-                Ok(Slot {
+                Ok(ServerSlot {
                     rotation: self.clone(),
                     index,
                 })
@@ -563,12 +563,12 @@ impl Drop for Queued {
 }
 
 /// A request's place on one server, held until its response body is done.
-pub(crate) struct Slot {
+pub(crate) struct ServerSlot {
     rotation: Arc<Rotation>,
     index: usize,
 }
 
-impl Drop for Slot {
+impl Drop for ServerSlot {
     fn drop(&mut self) {
         self.rotation.release(self.index);
     }
@@ -577,8 +577,8 @@ impl Drop for Slot {
 /// What a request sent to a server holds while the server works on it: its place on the
 /// server and its concurrency-limit slots. Dropped, they are given back.
 pub(crate) struct Held {
-    server: Slot,
-    limits: Vec<LimitSlot>,
+    server: ServerSlot,
+    limits: Vec<ConcurrencySlot>,
 }
 
 impl Held {

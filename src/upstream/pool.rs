@@ -327,7 +327,7 @@ where
 }
 
 /// What a request's response head comes to.
-type Answer<B> = Result<Response<Incoming>, TrySendError<Request<B>>>;
+type HeadAnswer<B> = Result<Response<Incoming>, TrySendError<Request<B>>>;
 
 /// The connection a request went out on.
 struct Connection<B: Send + 'static> {
@@ -340,7 +340,7 @@ impl<B: Send + 'static> Connection<B> {
     /// once its body has been read to the end.
     // What `Pool::send` returns; boxing the request would cost an allocation per failure.
     #[allow(clippy::result_large_err)]
-    fn outcome(self, answer: Answer<B>) -> Result<Response<UpstreamBody<B>>, Unsent<B>> {
+    fn outcome(self, answer: HeadAnswer<B>) -> Result<Response<UpstreamBody<B>>, Unsent<B>> {
         match answer {
             Ok(response) => {
                 // After a protocol switch the connection belongs to the tunnel.
@@ -386,7 +386,7 @@ pin_project! {
         B: 'static,
         K: Send,
         K: 'static,
-        F: Future<Output = Answer<B>>,
+        F: Future<Output = HeadAnswer<B>>,
         F: Send,
         F: 'static,
     {
@@ -407,7 +407,7 @@ pin_project! {
         B: 'static,
         K: Send,
         K: 'static,
-        F: Future<Output = Answer<B>>,
+        F: Future<Output = HeadAnswer<B>>,
         F: Send,
         F: 'static,
     {
@@ -451,7 +451,7 @@ impl<B, K, F> Future for Exchange<'_, B, K, F>
 where
     B: Send + 'static,
     K: Send + 'static,
-    F: Future<Output = Answer<B>> + Send + 'static,
+    F: Future<Output = HeadAnswer<B>> + Send + 'static,
 {
     type Output = Result<Response<UpstreamBody<B>>, Unsent<B>>;
 
