@@ -1,7 +1,8 @@
-//! Limits that count failures (docs/configuration.md#limitsnamecount): a request passes
-//! without consuming while its key has room; a response with a failure status consumes;
-//! the failure that takes the last of the room starts the lock-out, and from then on the
-//! key is refused before anything is forwarded. Both stores.
+//! Limits that count failures (docs/configuration.md#limitsnamecount): an attempt takes
+//! its unit before it is forwarded and keeps it only when the answer is a failure (so
+//! parallel guesses get no more than the limit through); the failure that takes the last
+//! of the room starts the lock-out, and from then on the key is refused before anything
+//! is forwarded. Both stores.
 
 mod common;
 
@@ -10,17 +11,23 @@ use common::{TestGateway, Upstream, get};
 use http::StatusCode;
 
 fn config(upstream: &Upstream, redis: Option<&RedisServer>) -> String {
+    login_config(&upstream.url(), 3, redis)
+}
+
+/// One route to the app at `url`, its failures limited to `limit` in 15 minutes per
+/// client address, then an hour's lock-out; in Redis when given.
+fn login_config(url: &str, limit: u64, redis: Option<&RedisServer>) -> String {
     format!(
         r#"[server]
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
 {redis}
 [upstreams.app]
-url = "{}"
+url = "{url}"
 
 [limits.login_failures]
 algorithm = "fixed_window"
-limit = 3
+limit = {limit}
 window = "15m"
 key = ["client_ip"]
 count = "failures"
@@ -32,7 +39,6 @@ path_prefix = "/"
 upstream = "app"
 limits = ["login_failures"]
 "#,
-        upstream.url(),
         redis = redis.map_or(String::new(), |r| format!("[redis]\nurl = \"{}\"\n", r.url())),
     )
 }
@@ -134,30 +140,7 @@ async fn failing_app(
 /// forwarded, so exactly 5 reach the app, whatever the concurrency.
 async fn parallel_guesses_get_exactly_the_limit_through(redis: Option<&RedisServer>) {
     let (app, seen) = failing_app(std::time::Duration::from_millis(300)).await;
-    let gw = TestGateway::start(&format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-{redis}
-[upstreams.app]
-url = "http://{app}"
-
-[limits.login_failures]
-algorithm = "fixed_window"
-limit = 5
-window = "15m"
-key = ["client_ip"]
-count = "failures"
-lockout = "1h"
-
-[[routes]]
-name = "login"
-upstream = "app"
-limits = ["login_failures"]
-"#,
-        redis = redis.map_or(String::new(), |r| format!("[redis]\nurl = \"{}\"\n", r.url())),
-    ))
-    .await;
+    let gw = TestGateway::start(&login_config(&format!("http://{app}"), 5, redis)).await;
     let url = gw.url("/login.php");
     let guesses = (0..50).map(|_| {
         let url = url.clone();

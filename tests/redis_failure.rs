@@ -149,19 +149,22 @@ async fn ten_requests_while_redis_hangs(
     }
 }
 
-/// A limit that counts failures reads its key before the request goes on, and starts its
-/// lock-out after; a concurrency limit takes a lease. All of these go through the breaker,
-/// and feed it, so a hung Redis costs such a route what it costs a rate limit, and no more.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hung_redis_costs_a_failure_counting_route_nothing_once_the_breaker_is_open() {
-    let limit = r#"algorithm = "fixed_window"
+/// A login limit: 3 failures in 15 minutes, then an hour's lock-out.
+const LOGIN_FAILURES: &str = r#"algorithm = "fixed_window"
 limit = 3
 window = "15m"
 key = ["client_ip"]
 count = "failures"
 lockout = "1h""#;
+
+/// A limit that counts failures takes its unit in the decision, and gives it back or starts
+/// its lock-out after the answer; a concurrency limit takes a lease. All of these go through
+/// the breaker, and feed it, so a hung Redis costs such a route what it costs a rate limit,
+/// and no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_costs_a_failure_counting_route_nothing_once_the_breaker_is_open() {
     // Failures, which would be counted (and lock the key out) with Redis answering.
-    latencies_with_redis_hung(limit, "/status?code=401", StatusCode::UNAUTHORIZED).await;
+    latencies_with_redis_hung(LOGIN_FAILURES, "/status?code=401", StatusCode::UNAUTHORIZED).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,13 +379,7 @@ async fn a_restart_is_survived() {
 async fn local_counts_failures_and_locks_out_while_redis_is_down() {
     let mut redis = start_redis().await;
     let upstream = Upstream::start().await;
-    let limit = r#"algorithm = "fixed_window"
-limit = 3
-window = "15m"
-key = ["client_ip"]
-count = "failures"
-lockout = "1h""#;
-    let gateway = gateway_with(&redis.url(), &upstream, "local", limit).await;
+    let gateway = gateway_with(&redis.url(), &upstream, "local", LOGIN_FAILURES).await;
     tokio::task::block_in_place(|| redis.kill());
     let guess = || async { get(&gateway.url("/status?code=401")).await.0 };
     for _ in 0..3 {
