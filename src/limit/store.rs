@@ -158,8 +158,8 @@ impl Drop for Unit {
 pub enum StoreAnswer {
     /// The store decided.
     Decided(Decisions),
-    /// The store failed with `error`; `fallback` is what `on_error` makes of that.
-    Failed { error: StoreError, fallback: Fallback },
+    /// The store failed (counted and logged by it): what `on_error` makes of that.
+    Failed(Fallback),
 }
 
 /// What `on_error` makes of a failed decision.
@@ -285,7 +285,7 @@ impl LimitStore {
             Recovery::Admit => Fallback::Admit,
             Recovery::Refuse | Recovery::Lost => Fallback::Refuse,
         };
-        StoreAnswer::Failed { error, fallback }
+        StoreAnswer::Failed(fallback)
     }
 
     /// Takes one of `limit` slots of `key` for a request, a lease of `lease` in Redis:

@@ -218,7 +218,7 @@ impl RouteLimits {
         let decisions = match answer {
             StoreAnswer::Decided(decisions) => decisions,
             // Counted and logged by the store (limit::redis::fallback::ResilientRedis::failed).
-            StoreAnswer::Failed { error: _, fallback } => {
+            StoreAnswer::Failed(fallback) => {
                 let refused = match fallback {
                     // Counted as what the local store decided; the failure itself is in
                     // floodgate_store_errors_total.
