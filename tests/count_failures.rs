@@ -96,52 +96,13 @@ async fn failures_are_counted_and_lock_out_in_redis() {
     scenario(&gw, &upstream).await;
 }
 
-/// An app whose every login fails after `delay`, counting the attempts it saw.
-async fn failing_app(
-    delay: std::time::Duration,
-) -> (
-    std::net::SocketAddr,
-    std::sync::Arc<std::sync::atomic::AtomicUsize>,
-) {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let counter = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let counter = counter.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |_request| {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    async move {
-                        tokio::time::sleep(delay).await;
-                        let mut response = http::Response::new(http_body_util::Full::new(
-                            bytes::Bytes::from_static(b"wrong password\n"),
-                        ));
-                        *response.status_mut() = StatusCode::UNAUTHORIZED;
-                        Ok::<_, std::convert::Infallible>(response)
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (addr, seen)
-}
-
 /// 50 guesses at once against a limit of 5 failures: each takes its unit before it is
 /// forwarded, so exactly 5 reach the app, whatever the concurrency.
 async fn parallel_guesses_get_exactly_the_limit_through(redis: Option<&RedisServer>) {
-    let (app, seen) = failing_app(std::time::Duration::from_millis(300)).await;
-    let gw = TestGateway::start(&login_config(&format!("http://{app}"), 5, redis)).await;
-    let url = gw.url("/login.php");
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(&login_config(&upstream.url(), 5, redis)).await;
+    // Every guess fails, after 300 ms: all 50 are in flight at once.
+    let url = gw.url("/status?code=401&ms=300");
     let guesses = (0..50).map(|_| {
         let url = url.clone();
         tokio::spawn(async move { get(&url).await.0 })
@@ -160,13 +121,13 @@ async fn parallel_guesses_get_exactly_the_limit_through(redis: Option<&RedisServ
         .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
         .count();
     assert_eq!((failed, refused), (5, 45), "{statuses:?}");
-    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 5);
+    assert_eq!(upstream.requests(), 5);
     // The fifth failure started the lock-out.
     let (status, headers, _) = get(&url).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((3590..=3600).contains(&retry), "{retry}");
-    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 5);
+    assert_eq!(upstream.requests(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

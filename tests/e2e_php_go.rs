@@ -640,9 +640,7 @@ async fn the_per_ip_quota_is_shared_by_both_routes_and_refuses_the_301st() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn php_finds_its_session_among_http2_cookie_crumbs() {
     let topology = Topology::start();
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build(HttpConnector::new());
+    let client = common::h2c_client();
     // New to every run: php -S keeps its session files in the system's temporary directory.
     let session = format!(
         "crumbs{}",

@@ -184,34 +184,8 @@ async fn an_http2_client_that_reads_nothing_is_cut_off_after_send_timeout() {
 
 // ---- tunnels ------------------------------------------------------------------------
 
-/// Asks for a WebSocket tunnel to the app's `/ws`; the response head and the stream.
-async fn upgrade(gw: &TestGateway) -> (String, TcpStream) {
-    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
-    stream
-        .write_all(
-            b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-              Sec-WebSocket-Version: 13\r\n\r\n",
-        )
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    let read_head = async {
-        while !head.ends_with(b"\r\n\r\n") {
-            if stream.read(&mut byte).await.unwrap() == 0 {
-                break;
-            }
-            head.push(byte[0]);
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), read_head)
-        .await
-        .expect("an answer to the upgrade");
-    (String::from_utf8(head).unwrap(), stream)
-}
-
 async fn open_tunnel(gw: &TestGateway) -> TcpStream {
-    let (head, stream) = upgrade(gw).await;
+    let (head, stream) = common::websocket_upgrade(gw.addr).await;
     assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
     stream
 }
@@ -241,7 +215,7 @@ async fn close_tunnel(app: &Upstream, mut stream: TcpStream, open_after: usize) 
 async fn upgrade_soon(gw: &TestGateway) -> TcpStream {
     let started = Instant::now();
     loop {
-        let (head, stream) = upgrade(gw).await;
+        let (head, stream) = common::websocket_upgrade(gw.addr).await;
         if head.starts_with("HTTP/1.1 101 ") {
             return stream;
         }
@@ -260,7 +234,7 @@ async fn an_open_tunnel_holds_its_concurrency_slot_until_it_closes() {
     let mut first = open_tunnel(&gw).await;
     let second = open_tunnel(&gw).await;
     round_trip(&mut first).await;
-    let (head, _) = upgrade(&gw).await;
+    let (head, _) = common::websocket_upgrade(gw.addr).await;
     assert!(
         head.starts_with("HTTP/1.1 429 "),
         "a third tunnel while two are open: {head}"
@@ -276,7 +250,7 @@ async fn an_open_tunnel_holds_its_server_slot_until_it_closes() {
     let app = Upstream::start().await;
     let gw = gateway(&app, "", "max_requests = 1\nqueue_timeout = \"500ms\"", None).await;
     let first = open_tunnel(&gw).await;
-    let (head, _) = upgrade(&gw).await;
+    let (head, _) = common::websocket_upgrade(gw.addr).await;
     assert!(
         head.starts_with("HTTP/1.1 503 "),
         "a second tunnel to a server with max_requests = 1: {head}"

@@ -139,23 +139,6 @@ async fn upstream_connections_are_pooled_and_kept_alive() {
     assert_eq!(upstream.connections(), 1);
 }
 
-/// Reads from `stream` until the end of a response head.
-async fn read_head(stream: &mut TcpStream) -> String {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        let n = stream.read(&mut byte).await.expect("read head");
-        assert_eq!(
-            n,
-            1,
-            "closed before the end of the head: {:?}",
-            String::from_utf8_lossy(&head)
-        );
-        head.push(byte[0]);
-    }
-    String::from_utf8(head).unwrap()
-}
-
 async fn read_exactly(stream: &mut TcpStream, n: usize) -> String {
     let mut buf = vec![0u8; n];
     tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut buf))
@@ -170,17 +153,7 @@ async fn websocket_upgrade_is_tunnelled_both_ways() {
     let upstream = Upstream::start().await;
     let gw = gateway(&upstream).await;
 
-    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
-    stream
-        .write_all(
-            b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-              Sec-WebSocket-Version: 13\r\n\r\n",
-        )
-        .await
-        .unwrap();
-    let head = tokio::time::timeout(Duration::from_secs(5), read_head(&mut stream))
-        .await
-        .expect("101 in time");
+    let (head, mut stream) = common::websocket_upgrade(gw.addr).await;
     assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
     let lower = head.to_ascii_lowercase();
     assert!(lower.contains("\r\nupgrade: websocket\r\n"), "{head}");

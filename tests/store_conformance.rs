@@ -980,27 +980,9 @@ async fn every_operation_fails_by_the_one_rule_under_each_policy() {
             store.decide(std::slice::from_ref(&limit), on_error).await,
             on_error,
         ) {
-            (
-                StoreAnswer::Failed {
-                    fallback: Fallback::Admit,
-                    ..
-                },
-                OnError::Allow,
-            ) => {}
-            (
-                StoreAnswer::Failed {
-                    fallback: Fallback::Refuse,
-                    ..
-                },
-                OnError::Deny,
-            ) => {}
-            (
-                StoreAnswer::Failed {
-                    fallback: Fallback::Local(decisions),
-                    ..
-                },
-                OnError::Local,
-            ) => {
+            (StoreAnswer::Failed(Fallback::Admit), OnError::Allow) => {}
+            (StoreAnswer::Failed(Fallback::Refuse), OnError::Deny) => {}
+            (StoreAnswer::Failed(Fallback::Local(decisions)), OnError::Local) => {
                 assert!(decisions[0].outcome.admits(), "{decisions:?}");
             }
             (answer, _) => panic!("{on_error:?} decide: {answer:?}"),
@@ -1040,10 +1022,7 @@ async fn every_operation_fails_by_the_one_rule_under_each_policy() {
         if on_error == OnError::Local {
             assert!(locked.is_ok(), "local lock: started in the fallback");
             match store.decide(std::slice::from_ref(&limit), on_error).await {
-                StoreAnswer::Failed {
-                    fallback: Fallback::Local(decisions),
-                    ..
-                } => {
+                StoreAnswer::Failed(Fallback::Local(decisions)) => {
                     assert_eq!(decisions[0].outcome, Outcome::Locked, "{decisions:?}")
                 }
                 answer => panic!("local decide after the lock: {answer:?}"),

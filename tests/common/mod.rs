@@ -123,7 +123,7 @@ impl Drop for TestGateway {
 /// works N ms in a task of its own, which the gateway leaving does not stop (as PHP-FPM
 /// finishes a script whose client left), and with `&stream=1` sends its head at once and
 /// its body's end when done; `/big?bytes=N` streams N bytes;
-/// `/echo` streams the body back; `/powered` answers with `X-Powered-By` and `Server`; `/status?code=N` answers N; `/health` answers 200 or
+/// `/echo` streams the body back; `/powered` answers with `X-Powered-By` and `Server`; `/status?code=N` answers N (after `ms=M` milliseconds); `/health` answers 200 or
 /// what [`Upstream::set_health`] set; anything else describes the request as text.
 /// It counts the connections it accepted and the request heads it received, keeps the
 /// targets in the order received, the most requests it ever had in flight at once (a
@@ -372,6 +372,7 @@ async fn upstream_answer(
         return Ok(Response::new(request.into_body().boxed()));
     }
     if path == "/status" {
+        tokio::time::sleep(Duration::from_millis(query_number(&request, "ms"))).await;
         let mut response = Response::new(boxed(Full::new(Bytes::from_static(b"status\n"))));
         *response.status_mut() = StatusCode::from_u16(query_number(&request, "code") as u16).unwrap();
         return Ok(response);
@@ -460,4 +461,31 @@ pub(crate) async fn raw_request(addr: SocketAddr, raw: &[u8]) -> String {
 pub(crate) fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
+}
+
+/// Asks the gateway at `addr` for a WebSocket tunnel to the app's `/ws` (the test
+/// [`Upstream`] accepts it): the response head, and the stream.
+pub(crate) async fn websocket_upgrade(addr: SocketAddr) -> (String, TcpStream) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+              Sec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    let read_head = async {
+        while !head.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).await.unwrap() == 0 {
+                break;
+            }
+            head.push(byte[0]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read_head)
+        .await
+        .expect("an answer to the upgrade");
+    (String::from_utf8(head).unwrap(), stream)
 }
