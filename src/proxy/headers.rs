@@ -33,6 +33,13 @@ fn hop_by_hop() -> [&'static HeaderName; 7] {
     ]
 }
 
+/// Whether `token` names a header of [`hop_by_hop`], in any case.
+fn is_hop_by_hop(token: &[u8]) -> bool {
+    hop_by_hop()
+        .iter()
+        .any(|hop| hop.as_str().len() == token.len() && hop.as_str().as_bytes().eq_ignore_ascii_case(token))
+}
+
 /// The headers floodgate owns on the way upstream, with `-` spelled `_`.
 const UNDERSCORE_SPELLINGS: [&str; 4] = [
     "x_forwarded_for",
@@ -57,25 +64,29 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     // `Connection` comes first in hop_by_hop(). A token naming a hop-by-hop header (as
-    // `keep-alive` does) needs no removal of its own: that header goes below if present.
-    let named: Vec<HeaderName> = if present[0] {
-        headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter(|token| {
-                !hop_by_hop()
-                    .iter()
-                    .any(|hop| hop.as_str().eq_ignore_ascii_case(token))
-            })
-            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
-            .filter(|name| *name != header::HOST)
-            .collect()
-    } else {
-        Vec::new()
-    };
+    // `keep-alive` and `close` do) needs no removal of its own: that header goes below if
+    // present.
+    let mut named = Vec::new();
+    if present[0] {
+        for value in headers.get_all(header::CONNECTION) {
+            // What nearly every message says, checked whole first.
+            let value = value.as_bytes();
+            if value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close") {
+                continue;
+            }
+            for token in value.split(|&byte| byte == b',') {
+                let token = token.trim_ascii();
+                if token.is_empty() || token.eq_ignore_ascii_case(b"close") || is_hop_by_hop(token) {
+                    continue;
+                }
+                if let Ok(name) = HeaderName::from_bytes(token)
+                    && name != header::HOST
+                {
+                    named.push(name);
+                }
+            }
+        }
+    }
     for name in named {
         headers.remove(name);
     }

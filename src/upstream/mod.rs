@@ -628,14 +628,14 @@ impl Body for UpstreamBody {
 
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
+        // Finished, or uncounted: the fields are dropped in order, the connection first.
+        match (&self.inner, &self.held) {
+            (Some(body), Some(held)) if !body.is_finished() && held.counted() => {}
+            _ => return,
+        }
         let (Some(body), Some(held)) = (self.inner.take(), self.held.take()) else {
             return;
         };
-        if body.is_finished() || !held.counted() {
-            drop(body);
-            drop(held);
-            return;
-        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let timeout = held.server.rotation.timeout;
             runtime.spawn(pool::discard(body, held, timeout));

@@ -20,7 +20,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -31,7 +31,6 @@ use hyper::body::Incoming;
 use hyper::client::conn::TrySendError;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
-use pin_project_lite::pin_project;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -266,7 +265,7 @@ where
     /// dropped before the response head and before `deadline` once the request is on its
     /// way, `keep` is taken, the answer awaited in a task of its own until `deadline`, the
     /// response read and discarded for at most `timeout` ([`discard`]), and only then is
-    /// `keep` dropped (see [`Exchange`]).
+    /// `keep` dropped (see [`Detached`]).
     pub(crate) async fn send<K: Send + 'static>(
         &self,
         mut request: Request<B>,
@@ -276,194 +275,109 @@ where
         detach: bool,
     ) -> Result<Response<UpstreamBody<B>>, Unsent<B>> {
         loop {
-            let (mut sender, reused) = match self.connection().await {
-                Ok(connection) => connection,
-                Err(error) => {
-                    let request = Some(request);
-                    return Err(Unsent { error, request });
-                }
-            };
-            let answer = sender.try_send_request(request);
-            let answer = match detach {
-                true => Waiting::Boxed {
-                    answer: Some(Box::pin(answer)),
+            let (mut sender, reused) = match self.endpoint.checkout() {
+                Some(sender) => (sender, true),
+                None => match self.endpoint.connect().await {
+                    Ok(sender) => (sender, false),
+                    Err(error) => {
+                        let request = Some(request);
+                        return Err(Unsent { error, request });
+                    }
                 },
-                false => Waiting::InPlace { answer },
             };
-            let exchange = Exchange {
-                answer,
-                connection: Some(Connection {
-                    sender,
-                    endpoint: self.endpoint.clone(),
-                }),
-                keep: detach.then_some(&mut *keep),
-                deadline,
-                timeout,
-            };
-            match exchange.await {
-                // Refused before any of it was written: the upstream had closed the pooled
-                // connection meanwhile.
-                Err(Unsent {
-                    request: Some(unsent),
-                    error: SendError::Exchange(_),
-                }) if reused => request = unsent,
-                answer => return answer,
-            }
-        }
-    }
-
-    /// A connection for one request, and whether it was pooled: the most recently used
-    /// idle one, or a new one.
-    async fn connection(&self) -> Result<(SendRequest<B>, bool), SendError> {
-        while let Some(mut sender) = self.endpoint.checkout() {
             // A pooled connection has finished its last exchange: this waits at most for
             // its connection task to notice.
-            if sender.ready().await.is_ok() {
-                return Ok((sender, true));
+            if reused && sender.ready().await.is_err() {
+                continue;
+            }
+            let answer = sender.try_send_request(request);
+            let answer = match detach {
+                false => answer.await,
+                true => {
+                    let mut detached = Detached {
+                        answer: Some(Box::pin(answer)),
+                        sender: Some(sender),
+                        keep: &mut *keep,
+                        endpoint: &self.endpoint,
+                        deadline,
+                        timeout,
+                    };
+                    let answer = detached.answer.as_mut().expect("set above").await;
+                    detached.answer = None;
+                    sender = detached.sender.take().expect("taken only when dropped");
+                    answer
+                }
+            };
+            match answer {
+                Ok(response) => return Ok(UpstreamBody::of(response, sender, &self.endpoint)),
+                // Refused before any of it was written: the upstream had closed the pooled
+                // connection meanwhile.
+                Err(mut error) => match error.take_message() {
+                    Some(unsent) if reused => request = unsent,
+                    unsent => {
+                        return Err(Unsent {
+                            error: SendError::Exchange(error.into_error()),
+                            request: unsent,
+                        });
+                    }
+                },
             }
         }
-        Ok((self.endpoint.connect().await?, false))
     }
 }
 
 /// What a request's response head comes to.
 type HeadAnswer<B> = Result<Response<Incoming>, TrySendError<Request<B>>>;
 
-/// The connection a request went out on.
-struct Connection<B: Send + 'static> {
-    sender: SendRequest<B>,
-    endpoint: Arc<Endpoint<B>>,
-}
+/// The wait for a response head, boxed.
+type BoxedHead<B> = Pin<Box<dyn Future<Output = HeadAnswer<B>> + Send>>;
 
-impl<B: Send + 'static> Connection<B> {
-    /// The answer as the caller gets it: the response's connection goes back to the pool
-    /// once its body has been read to the end.
-    // What `Pool::send` returns; boxing the request would cost an allocation per failure.
-    #[allow(clippy::result_large_err)]
-    fn outcome(self, answer: HeadAnswer<B>) -> Result<Response<UpstreamBody<B>>, Unsent<B>> {
-        match answer {
-            Ok(response) => {
-                // After a protocol switch the connection belongs to the tunnel.
-                let reuse = (response.status() != StatusCode::SWITCHING_PROTOCOLS)
-                    .then_some((self.sender, self.endpoint));
-                Ok(response.map(|body| UpstreamBody {
-                    inner: body,
-                    finished: false,
-                    reuse,
-                }))
-            }
-            Err(mut error) => {
-                let request = error.take_message();
-                Err(Unsent {
-                    error: SendError::Exchange(error.into_error()),
-                    request,
-                })
-            }
-        }
-    }
-}
-
-pin_project! {
-    /// The wait for a response head (`F`): in place, or boxed so that it can move.
-    #[project = WaitingProjection]
-    enum Waiting<F> {
-        InPlace { #[pin] answer: F },
-        // `None` once moved to a task of its own.
-        Boxed { answer: Option<Pin<Box<F>>> },
-    }
-}
-
-pin_project! {
-    /// A request on a connection, its response head awaited (see [`Pool::send`]). With a
-    /// boxed answer and `keep`, dropped before the deadline (its client left), it goes on
-    /// in a task of its own, which takes `keep` and drops it only once the response has
-    /// been read and discarded ([`discard`]). Nothing is spawned while the client stays.
-    /// The task polls it as the request path does, so that hyper's future is polled from
-    /// one place, and compiled into it.
-    struct Exchange<'a, B, K, F>
-    where
-        B: Send,
-        B: 'static,
-        K: Send,
-        K: 'static,
-        F: Future<Output = HeadAnswer<B>>,
-        F: Send,
-        F: 'static,
-    {
-        #[pin]
-        answer: Waiting<F>,
-        // `None` once answered.
-        connection: Option<Connection<B>>,
-        keep: Option<&'a mut Option<K>>,
-        // The try's deadline: dropped past it, the exchange timed out.
-        deadline: tokio::time::Instant,
-        // How long the rest of an answer no one waits for is read.
-        timeout: Duration,
-    }
-
-    impl<'a, B, K, F> PinnedDrop for Exchange<'a, B, K, F>
-    where
-        B: Send,
-        B: 'static,
-        K: Send,
-        K: 'static,
-        F: Future<Output = HeadAnswer<B>>,
-        F: Send,
-        F: 'static,
-    {
-        fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            let (Some(connection), Some(keep)) = (this.connection.take(), this.keep.take()) else {
-                return;
-            };
-            let WaitingProjection::Boxed { answer } = this.answer.project() else {
-                return;
-            };
-            let Some(answer) = answer.take() else {
-                return;
-            };
-            // Dropped by the deadline (read only now, on this rare path): the try failed.
-            let (deadline, timeout) = (*this.deadline, *this.timeout);
-            if tokio::time::Instant::now() >= deadline {
-                return;
-            }
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            let keep = keep.take();
-            runtime.spawn(async move {
-                let exchange: Exchange<'static, B, K, F> = Exchange {
-                    answer: Waiting::Boxed { answer: Some(answer) },
-                    connection: Some(connection),
-                    keep: None,
-                    deadline,
-                    timeout,
-                };
-                if let Ok(Ok(response)) = tokio::time::timeout_at(deadline, exchange).await {
-                    discard(response.into_body(), keep, timeout).await;
-                }
-            });
-        }
-    }
-}
-
-impl<B, K, F> Future for Exchange<'_, B, K, F>
+/// The wait for the response head of a request a cap counts (see [`Pool::send`]), boxed so
+/// that it can move: dropped before the answer and before the deadline (its client left),
+/// it goes on in a task of its own, which takes `keep` and drops it only once the response
+/// has been read and discarded ([`discard`]). Nothing is spawned while the client stays.
+struct Detached<'a, B, K>
 where
     B: Send + 'static,
     K: Send + 'static,
-    F: Future<Output = HeadAnswer<B>> + Send + 'static,
 {
-    type Output = Result<Response<UpstreamBody<B>>, Unsent<B>>;
+    /// `None` once answered.
+    answer: Option<BoxedHead<B>>,
+    /// The connection the request went out on, back to the caller once answered.
+    sender: Option<SendRequest<B>>,
+    keep: &'a mut Option<K>,
+    endpoint: &'a Arc<Endpoint<B>>,
+    /// The try's deadline: dropped past it, the exchange timed out.
+    deadline: tokio::time::Instant,
+    /// How long the rest of an answer no one waits for is read.
+    timeout: Duration,
+}
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let answer = match this.answer.project() {
-            WaitingProjection::InPlace { answer } => answer,
-            WaitingProjection::Boxed { answer } => answer.as_mut().expect("not moved while polled").as_mut(),
+impl<B, K> Drop for Detached<'_, B, K>
+where
+    B: Send + 'static,
+    K: Send + 'static,
+{
+    fn drop(&mut self) {
+        let (Some(answer), Some(sender)) = (self.answer.take(), self.sender.take()) else {
+            return;
         };
-        let answer = ready!(answer.poll(cx));
-        let connection = this.connection.take().expect("not polled once answered");
-        Poll::Ready(connection.outcome(answer))
+        // Dropped by the deadline (read only now, on this rare path): the try failed.
+        let (deadline, timeout) = (self.deadline, self.timeout);
+        if tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let keep = self.keep.take();
+        let endpoint = self.endpoint.clone();
+        runtime.spawn(async move {
+            if let Ok(Ok(response)) = tokio::time::timeout_at(deadline, answer).await {
+                let body = UpstreamBody::of(response, sender, &endpoint).into_body();
+                discard(body, keep, timeout).await;
+            }
+        });
     }
 }
 
@@ -502,6 +416,22 @@ pub(crate) struct UpstreamBody<B: Send + 'static> {
 }
 
 impl<B: Send + 'static> UpstreamBody<B> {
+    /// The response whose head came on `sender`'s connection to `endpoint`.
+    fn of(
+        response: Response<Incoming>,
+        sender: SendRequest<B>,
+        endpoint: &Arc<Endpoint<B>>,
+    ) -> Response<Self> {
+        // After a protocol switch the connection belongs to the tunnel.
+        let reuse =
+            (response.status() != StatusCode::SWITCHING_PROTOCOLS).then(|| (sender, endpoint.clone()));
+        response.map(|inner| UpstreamBody {
+            inner,
+            finished: false,
+            reuse,
+        })
+    }
+
     /// Whether the body has been read to its end.
     pub(crate) fn is_finished(&self) -> bool {
         self.finished || self.inner.is_end_stream()
