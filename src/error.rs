@@ -1,4 +1,5 @@
-//! Errors of the request path and the one place they become HTTP responses (docs/configuration.md#status-codes).
+//! Errors of the request path and their statuses (docs/configuration.md#status-codes);
+//! `service::own_answer` renders them.
 //!
 //! The mapping is an exhaustive `match` without a catch-all, so a new failure cannot be
 //! added without deciding its status. Clients get a fixed one-line body; the detail goes
@@ -90,6 +91,8 @@ pub(crate) enum GatewayError {
         kind: UpstreamFailure,
         detail: String,
     },
+    #[error("the rate-limit store failed and on_error = \"deny\"")]
+    StoreUnavailable,
     #[error("the client closed the connection while its request was held")]
     ClientClosed,
 }
@@ -118,6 +121,7 @@ impl GatewayError {
                 UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
                 UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout => StatusCode::SERVICE_UNAVAILABLE,
             },
+            GatewayError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::ClientClosed => {
                 StatusCode::from_u16(CLIENT_CLOSED_REQUEST).expect("499 is a status code")
             }
@@ -141,8 +145,15 @@ impl GatewayError {
             | GatewayError::BadRequestBody(_)
             | GatewayError::BodyTooLarge
             | GatewayError::Upstream { .. }
+            | GatewayError::StoreUnavailable
             | GatewayError::ClientClosed => false,
         }
+    }
+
+    /// Whether the failure is logged as a warning: floodgate's or the upstream's (a 5xx),
+    /// except a store failure, which the store reports once itself.
+    pub(crate) fn warns(&self) -> bool {
+        self.status().is_server_error() && !matches!(self, GatewayError::StoreUnavailable)
     }
 
     /// The `Retry-After` seconds of the answer, when it has one: a request shed by an
@@ -152,7 +163,8 @@ impl GatewayError {
             GatewayError::Upstream {
                 kind: UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout,
                 ..
-            } => Some(1),
+            }
+            | GatewayError::StoreUnavailable => Some(1),
             _ => None,
         }
     }
@@ -237,6 +249,11 @@ mod tests {
             assert_eq!(upstream(shed).retry_after(), Some(1));
         }
         assert_eq!(upstream(UpstreamFailure::Connect).retry_after(), None);
+        assert_eq!(
+            GatewayError::StoreUnavailable.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(GatewayError::StoreUnavailable.retry_after(), Some(1));
     }
 
     #[test]

@@ -310,7 +310,7 @@ fn read_page(path: &Path) -> Result<Bytes, String> {
 }
 
 /// The statuses `[server.errors]` may give a body for.
-const ERROR_STATUSES: [u16; 8] = [400, 403, 404, 413, 431, 502, 503, 504];
+const ERROR_STATUSES: [u16; 10] = [400, 403, 404, 408, 413, 431, 501, 502, 503, 504];
 
 /// `[server.errors]`: bodies read now (a `body_file` relative to the configuration's
 /// directory).

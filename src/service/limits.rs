@@ -6,14 +6,15 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::StatusCode;
 use http::header::HeaderValue;
 use smallvec::SmallVec;
 
 use super::limit_headers::{LimitHeaders, ceil_seconds, policy_value, render};
+use super::own_answer::{OwnAnswer, Refusal};
 use super::request_key::{AmbiguousKey, KeySource, key_tuple};
 use crate::config::{Concurrency, LimitConfig, Mode, Override, RateLimitHeaders};
+use crate::error::GatewayError;
 use crate::limit::algorithm::micros;
 use crate::limit::key::{lock_key, slots_key, store_key};
 use crate::limit::redis::refusals::RefusalCache;
@@ -64,13 +65,19 @@ pub(crate) enum Action {
         held: Vec<Unit>,
         attempts: Vec<(Unit, Vec<StatusCode>)>,
     },
-    /// Answer with this status, body (of this type) and `Retry-After` seconds.
-    Reject {
-        status: StatusCode,
-        message: Bytes,
-        content_type: HeaderValue,
-        retry_after: u64,
-    },
+    /// Answer this instead: a limit's refusal, or the error of a failed store under
+    /// `on_error = "deny"`.
+    Reject(OwnAnswer),
+}
+
+/// `limit`'s refusal, to be tried again after `retry_after` seconds.
+fn refused_by(limit: &LimitConfig, retry_after: u64) -> Action {
+    Action::Reject(OwnAnswer::Refused(Refusal {
+        status: limit.status,
+        message: limit.message.clone(),
+        content_type: limit.content_type.clone(),
+        retry_after,
+    }))
 }
 
 impl RouteLimits {
@@ -163,12 +170,7 @@ impl RouteLimits {
                         .metrics
                         .record_decision(&limit.name, LimitOutcome::Rejected);
                     return Ok(Verdict {
-                        action: Action::Reject {
-                            status: limit.status,
-                            message: limit.message.clone(),
-                            content_type: limit.content_type.clone(),
-                            retry_after: 1,
-                        },
+                        action: refused_by(limit, 1),
                         slots: Vec::new(),
                         outcome: LimitOutcome::Rejected,
                         headers: LimitHeaders::new(),
@@ -305,12 +307,7 @@ impl RouteLimits {
                 .iter()
                 .any(|(l, d)| std::ptr::eq(*l, limit) && d.outcome == Outcome::Locked);
             return Verdict {
-                action: Action::Reject {
-                    status: limit.status,
-                    message: limit.message.clone(),
-                    content_type: limit.content_type.clone(),
-                    retry_after: ceil_seconds(retry).max(1),
-                },
+                action: refused_by(limit, ceil_seconds(retry).max(1)),
                 slots: Vec::new(),
                 outcome: if locked {
                     LimitOutcome::Locked
@@ -388,12 +385,7 @@ pub(crate) async fn settle_attempts(attempts: Vec<(Unit, Vec<StatusCode>)>, stat
 /// `on_error = "deny"` with a failing store.
 fn store_refused() -> Verdict {
     Verdict {
-        action: Action::Reject {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: Bytes::from_static(b"Service Unavailable\n"),
-            content_type: HeaderValue::from_static("text/plain; charset=utf-8"),
-            retry_after: 1,
-        },
+        action: Action::Reject(OwnAnswer::Error(GatewayError::StoreUnavailable)),
         slots: Vec::new(),
         outcome: LimitOutcome::StoreError,
         headers: LimitHeaders::new(),

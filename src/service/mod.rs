@@ -18,14 +18,14 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Request, Response, Uri, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
 pub mod limit_headers;
 pub(crate) mod limits;
+mod own_answer;
 pub(crate) mod request_head;
 pub mod request_key;
 mod response_body;
@@ -33,9 +33,7 @@ pub(crate) mod state;
 
 use crate::access_log::AccessRecord;
 use crate::client_ip::{Peer, client_ip};
-use std::collections::HashMap;
-
-use crate::config::{ErrorPage, RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate};
+use crate::config::{RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate};
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
@@ -50,6 +48,7 @@ use crate::router::normalize_host;
 use crate::upstream::{Upstream, tunnel};
 use limit_headers::LimitHeaders;
 use limits::{Action, LimitSettings, settle_attempts};
+use own_answer::OwnAnswer;
 use request_head::InvalidNames;
 use request_key::{KeySource, key_tuple};
 use response_body::{Payload, ResponseBody, full};
@@ -121,7 +120,7 @@ pub(crate) async fn handle(
     let mut record = record.0.take().expect("answered once");
     let mut response = match served {
         Ok(response) => response,
-        Err(error) => render_error(&record, error, version, &state.config.server.errors),
+        Err(answer) => own_answer::render(answer, &record, version, &state.config.server.errors),
     };
     // The server's response rules, then the route's; none may touch what follows.
     apply_rules(&state.config.server.response_headers, response.headers_mut());
@@ -182,43 +181,9 @@ struct Client<'a> {
     connection: &'a InFlight,
 }
 
-/// Turns a [`GatewayError`] into the client's response, counting and logging it once.
-fn render_error(
-    record: &AccessRecord,
-    error: GatewayError,
-    version: Version,
-    pages: &HashMap<u16, ErrorPage>,
-) -> Response<Payload> {
-    let status = error.status();
-    if status.is_server_error() {
-        tracing::warn!(route = %record.route, path = %record.path, client_ip = %record.client_ip, %error, "request failed");
-    } else {
-        tracing::debug!(route = %record.route, path = %record.path, client_ip = %record.client_ip, %error, "request refused");
-    }
-    // `[server.errors]` may give the status a body of its own.
-    let (body, content_type) = match pages.get(&status.as_u16()) {
-        Some(page) => (page.body.clone(), page.content_type.clone()),
-        None => (
-            Bytes::from(error.body()),
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        ),
-    };
-    let mut response = Response::new(full(body));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, content_type);
-    if let Some(seconds) = error.retry_after() {
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-    }
-    // HTTP/2 ends only the stream; the connection-wide header is HTTP/1's alone.
-    if error.closes_connection() && version < Version::HTTP_2 {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
-}
-
-/// The inner handler: route the request, apply its limits, and answer it or forward it.
-/// `leftovers` receives what the outer handler needs besides the response.
+/// The inner handler: route the request, apply its limits, and answer it or forward it:
+/// `Ok` is a response to relay (the upstream's, or a `respond` route's), `Err` an answer
+/// floodgate makes itself. `leftovers` receives what the outer handler needs besides.
 async fn serve(
     shared: &Instance,
     state: &GatewayState,
@@ -226,7 +191,7 @@ async fn serve(
     mut request: Request<Incoming>,
     record: &mut AccessRecord,
     leftovers: &mut Leftovers,
-) -> Result<Response<Payload>, GatewayError> {
+) -> Result<Response<Payload>, OwnAnswer> {
     // The access record owns the normalized path; the request path borrows it from there.
     let checked =
         request_head::check(&request).and_then(|head| Ok((head, normalize_path(request.uri().path())?)));
@@ -237,7 +202,7 @@ async fn serve(
         }
         Err(e) => {
             record.path = request.uri().path().to_owned();
-            return Err(e);
+            return Err(e.into());
         }
     };
     let names = if state.config.server.drop_invalid_headers {
@@ -262,7 +227,7 @@ async fn serve(
         && let Some(tls) = state.config.server.tls.as_ref().filter(|tls| tls.redirect_http)
     {
         let port = shared.https_port.unwrap_or(tls.listen.port());
-        return to_https(host, port, request.uri());
+        return Err(to_https(host, port, request.uri()));
     }
     if state
         .config
@@ -271,7 +236,7 @@ async fn serve(
         .iter()
         .any(|net| net.contains(&client.ip))
     {
-        return Err(GatewayError::Forbidden("server.deny"));
+        return Err(GatewayError::Forbidden("server.deny").into());
     }
     let route_host = normalize_host(host);
     let index = state
@@ -282,7 +247,7 @@ async fn serve(
     record.route = route_config.name.clone();
     leftovers.route = Some(index);
     if !route_config.admits(client.ip) {
-        return Err(GatewayError::Forbidden("the route's allow or deny"));
+        return Err(GatewayError::Forbidden("the route's allow or deny").into());
     }
     let route = &state.routes[index];
     let mut attempts = Vec::new();
@@ -297,17 +262,13 @@ async fn serve(
             metrics: &shared.metrics,
             refusals: state.refusals.as_ref(),
         };
-        let verdict = route.limits.decide(&settings, client.ip, &source).await?;
+        let verdict =
+            (route.limits.decide(&settings, client.ip, &source).await).map_err(GatewayError::from)?;
         record.limit_outcome = verdict.outcome;
         leftovers.limit_headers = verdict.headers;
         leftovers.slots = verdict.slots;
         match verdict.action {
-            Action::Reject {
-                status,
-                message,
-                content_type,
-                retry_after,
-            } => return Ok(rejection(status, message, content_type, retry_after)),
+            Action::Reject(answer) => return Err(answer),
             Action::Pass {
                 delay,
                 held,
@@ -362,7 +323,7 @@ async fn serve(
         // floodgate's own answers (a 502, a 504) are not the app's: their units go back.
         settle_attempts(attempts, response.as_ref().ok().map(Response::status)).await;
     }
-    response
+    Ok(response?)
 }
 
 impl Client<'_> {
@@ -407,38 +368,21 @@ struct Destination<'a> {
 }
 
 /// `redirect_http`: a 308 to the same host and target over HTTPS on `port`.
-fn to_https(host: &str, port: u16, target: &Uri) -> Result<Response<Payload>, GatewayError> {
+fn to_https(host: &str, port: u16, target: &Uri) -> OwnAnswer {
     // The name without the plain listener's port, as routing sees it (`$host`).
-    let name = normalize_host(host).ok_or(GatewayError::MalformedRequest(
-        "the request has no host to redirect to",
-    ))?;
+    let Some(name) = normalize_host(host) else {
+        return GatewayError::MalformedRequest("the request has no host to redirect to").into();
+    };
     let path = target.path_and_query().map_or("/", |p| p.as_str());
     let location = if port == 443 {
         format!("https://{name}{path}")
     } else {
         format!("https://{name}:{port}{path}")
     };
-    let location = HeaderValue::try_from(location)
-        .map_err(|_| GatewayError::MalformedRequest("the request target cannot be redirected"))?;
-    let mut response = Response::new(full(Bytes::new()));
-    *response.status_mut() = StatusCode::PERMANENT_REDIRECT;
-    response.headers_mut().insert(header::LOCATION, location);
-    Ok(response)
-}
-
-/// A request refused by its limits (or by a failed store under `on_error = "deny"`).
-fn rejection(
-    status: StatusCode,
-    message: Bytes,
-    content_type: HeaderValue,
-    retry_after: u64,
-) -> Response<Payload> {
-    let mut response = Response::new(full(message));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, content_type);
-    headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
-    response
+    match HeaderValue::try_from(location) {
+        Ok(location) => OwnAnswer::ToHttps(location),
+        Err(_) => GatewayError::MalformedRequest("the request target cannot be redirected").into(),
+    }
 }
 
 /// Holds a leaky-bucket request until its turn, without a thread. If the client leaves

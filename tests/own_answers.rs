@@ -1,0 +1,155 @@
+//! Every answer floodgate makes itself goes through one renderer: each status it can
+//! produce gets its `[server.errors]` page (a limit's refusal its own message) and the
+//! server's response header rules (docs/configuration.md#servererrors).
+
+mod common;
+
+use std::time::Duration;
+
+use common::tls::TestCa;
+use common::{TestGateway, Upstream, closed_port, get, raw_request};
+use floodgate::Config;
+use http::StatusCode;
+
+/// Every status `[server.errors]` takes, each with a page naming it.
+const PAGES: [u16; 10] = [400, 403, 404, 408, 413, 431, 501, 502, 503, 504];
+
+/// `[server]` with the response rule every answer must carry, and `[server.errors]`.
+fn server(extra: &str) -> String {
+    let pages: String = PAGES
+        .iter()
+        .map(|status| format!("{status} = {{ body = \"page {status}\\n\", content_type = \"text/html\" }}\n"))
+        .collect();
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{extra}\n\
+         response_headers = {{ set = {{ \"X-Frame-Options\" = \"DENY\" }} }}\n\n\
+         [server.errors]\n{pages}\n"
+    )
+}
+
+/// The status line and head of a raw HTTP/1.1 answer, and its body.
+fn split(answer: &str) -> (u16, String, String) {
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((answer, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"));
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
+/// Asserts that a raw answer has `status`, the server's rule and `body`.
+fn assert_answer(answer: &str, status: u16, body: &str) {
+    let (got, head, got_body) = split(answer);
+    assert_eq!(got, status, "{answer}");
+    assert!(head.contains("\r\nx-frame-options: deny"), "{status}: {answer}");
+    assert_eq!(got_body, body, "{status}: {answer}");
+}
+
+async fn get_answer(gw: &TestGateway, path: &str) -> String {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: app\r\nConnection: close\r\n\r\n");
+    raw_request(gw.addr, request.as_bytes()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_status_floodgate_answers_itself_has_its_page_and_the_servers_rules() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        "{}\n\
+         [upstreams.app]\nurl = \"{app}\"\ntimeout = \"300ms\"\n\n\
+         [upstreams.capped]\nurl = \"{app}\"\nmax_requests = 1\nqueue = 0\n\n\
+         [upstreams.gone]\nurl = \"http://127.0.0.1:{gone}\"\n\n\
+         [limits.one]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nmessage = \"slow down\"\n\n\
+         [limits.closed]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nstatus = 503\nmessage = \"closed\"\n\n\
+         [[routes]]\nname = \"limited\"\npath = \"/limited\"\nupstream = \"app\"\nlimits = [\"one\"]\n\n\
+         [[routes]]\nname = \"closed\"\npath = \"/closed\"\nupstream = \"app\"\nlimits = [\"closed\"]\n\n\
+         [[routes]]\nname = \"private\"\npath = \"/private\"\nupstream = \"app\"\ndeny = [\"127.0.0.1\"]\n\n\
+         [[routes]]\nname = \"gone\"\npath = \"/gone\"\nupstream = \"gone\"\n\n\
+         [[routes]]\nname = \"capped\"\npath_prefix = \"/capped/\"\nupstream = \"capped\"\n\n\
+         [[routes]]\nname = \"app\"\npath_prefix = \"/app/\"\nupstream = \"app\"\n",
+        server("max_body = \"10B\"\nbody_timeout = \"100ms\""),
+        app = upstream.url(),
+        gone = closed_port(),
+    );
+    let gw = TestGateway::start(&config).await;
+
+    assert_answer(&get_answer(&gw, "/nowhere").await, 404, "page 404\n");
+    assert_answer(&get_answer(&gw, "/../etc/passwd").await, 400, "page 400\n");
+    assert_answer(&get_answer(&gw, "/private").await, 403, "page 403\n");
+    assert_answer(&get_answer(&gw, "/gone").await, 502, "page 502\n");
+    assert_answer(&get_answer(&gw, "/app/slow?ms=2000").await, 504, "page 504\n");
+    let too_big = "POST /app/x HTTP/1.1\r\nHost: app\r\nContent-Length: 100\r\nConnection: close\r\n\r\n";
+    assert_answer(&raw_request(gw.addr, too_big.as_bytes()).await, 413, "page 413\n");
+    let paused = "POST /app/echo HTTP/1.1\r\nHost: app\r\nContent-Length: 5\r\n\r\nab";
+    assert_answer(&raw_request(gw.addr, paused.as_bytes()).await, 408, "page 408\n");
+    let gzip = "POST /app/x HTTP/1.1\r\nHost: app\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n";
+    assert_answer(&raw_request(gw.addr, gzip.as_bytes()).await, 501, "page 501\n");
+    let huge = format!(
+        "GET /app/x HTTP/1.1\r\nHost: app\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+        "a".repeat(40_000)
+    );
+    assert_answer(&raw_request(gw.addr, huge.as_bytes()).await, 431, "page 431\n");
+
+    // A limit's refusal keeps the limit's message, whatever its status.
+    assert_eq!(get(&gw.url("/limited")).await.0, StatusCode::OK);
+    assert_answer(&get_answer(&gw, "/limited").await, 429, "slow down");
+    assert_eq!(get(&gw.url("/closed")).await.0, StatusCode::OK);
+    assert_answer(&get_answer(&gw, "/closed").await, 503, "closed");
+
+    // The cap's queue is full while one request works.
+    let busy = tokio::spawn(get(gw.url("/capped/slow?ms=1000").leak()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let answer = get_answer(&gw, "/capped/x").await;
+    assert_answer(&answer, 503, "page 503\n");
+    assert!(split(&answer).1.contains("\r\nretry-after: 1"), "{answer}");
+    assert_eq!(busy.await.unwrap().0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_store_that_fails_under_deny_answers_the_503_page() {
+    let upstream = Upstream::start().await;
+    let config = format!(
+        "{}\n\
+         [redis]\nurl = \"redis://127.0.0.1:{dead}\"\non_error = \"deny\"\ntimeout = \"100ms\"\n\n\
+         [upstreams.app]\nurl = \"{}\"\n\n\
+         [limits.one]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n\n\
+         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimits = [\"one\"]\n",
+        server(""),
+        upstream.url(),
+        dead = closed_port(),
+    );
+    let gw = TestGateway::start(&config).await;
+    let answer = get_answer(&gw, "/x").await;
+    assert_answer(&answer, 503, "page 503\n");
+    assert!(split(&answer).1.contains("\r\nretry-after: 1"), "{answer}");
+    assert_eq!(upstream.requests(), 0);
+}
+
+#[tokio::test]
+async fn the_redirect_to_https_carries_the_servers_rules() {
+    let ca = TestCa::new("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    ca.issue(&["a.test"]).write(dir.path(), "a");
+    let upstream = Upstream::start().await;
+    let text = format!(
+        "{}\n[server.tls]\nlisten = \"127.0.0.1:0\"\ncertificates = [{{ cert = \"a.crt\", key = \"a.key\" }}]\n\
+         redirect_http = true\n\n\
+         [upstreams.app]\nurl = \"{}\"\n\n\
+         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
+        server(""),
+        upstream.url()
+    );
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, text).unwrap();
+    let gw = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    let answer = get_answer(&gw, "/x?y=1").await;
+    assert_answer(&answer, 308, "");
+    let port = gw.tls.unwrap().port();
+    assert!(
+        split(&answer)
+            .1
+            .contains(&format!("\r\nlocation: https://app:{port}/x?y=1")),
+        "{answer}"
+    );
+    assert_eq!(upstream.requests(), 0);
+}
