@@ -13,7 +13,7 @@ use floodgate::limit::key::{encode_tuple, store_key};
 use floodgate::limit::{LimitDecision, Outcome};
 use floodgate::path::normalize_path;
 use floodgate::router::{Router, normalize_host};
-use floodgate::service::limit_headers::{LimitHeaders, policy_value, render};
+use floodgate::service::limit_headers::{Described, LimitHeaders, policy_value, render};
 use floodgate::service::request_key::{KeySource, key_tuple};
 use http::{HeaderMap, HeaderValue, Method};
 
@@ -77,6 +77,7 @@ fn request_pieces(c: &mut Criterion) {
     let mut headers = HeaderMap::new();
     headers.insert("x-api-key", HeaderValue::from_static("k-1234567890"));
     let search = &config.limits["search_burst"];
+    let search_algorithm = search.rate().expect("a rate limit").algorithm;
     group.bench_function("key_tuple_and_store_key", |b| {
         b.iter(|| {
             let source = KeySource {
@@ -89,7 +90,7 @@ fn request_pieces(c: &mut Criterion) {
                 route: "search",
             };
             let tuple = key_tuple(&search.key, &source).expect("one key");
-            store_key("floodgate", &tuple, &search.name, &search.algorithm)
+            store_key("floodgate", &tuple, &search.name, &search_algorithm)
         })
     });
     group.bench_function("encode_long_tuple", |b| {
@@ -97,7 +98,14 @@ fn request_pieces(c: &mut Criterion) {
         b.iter(|| encode_tuple([long.as_bytes()]))
     });
 
-    let limits = [&*config.limits["per_ip_minute"], &*config.limits["search_burst"]];
+    let described = |name: &str| {
+        let limit = &config.limits[name];
+        Described {
+            name: &limit.name,
+            algorithm: &limit.rate().expect("a rate limit").algorithm,
+        }
+    };
+    let limits = [described("per_ip_minute"), described("search_burst")];
     let policy = policy_value(limits);
     let decision = |remaining| LimitDecision {
         outcome: Outcome::Allowed,

@@ -14,11 +14,11 @@ use subtle::ConstantTimeEq;
 
 use std::net::IpAddr;
 
-use crate::config::{LimitConfig, Mode, Override};
+use crate::config::{LimitConfig, LimitKind, Mode, Override};
 use crate::limit::algorithm::Algorithm;
 use crate::limit::key::slots_key;
 use crate::service::Instance;
-use crate::service::limits::limit_check;
+use crate::service::limits::AppliedRate;
 use crate::service::request_key::{NamedTuple, named_tuple};
 
 pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Response<Full<Bytes>> {
@@ -93,44 +93,51 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
         .find(|(name, _)| name == "client_ip")
         .and_then(|(_, value)| value.parse().ok())
         .unwrap_or(IpAddr::from([0, 0, 0, 0]));
-    let limit: &LimitConfig = match limit.overrides.find(&tuple, client_ip, |i| parts[i].clone()) {
-        None => limit,
-        Some(Override::Limit(overridden)) => overridden,
+    let prefix = &state.key_prefix;
+    let key: serde_json::Map<String, Value> = named.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+    let rate = match &limit.kind {
+        LimitKind::Rate(rate) => rate,
+        LimitKind::Concurrency(_) if method != Method::GET => {
+            return json_answer(
+                StatusCode::METHOD_NOT_ALLOWED,
+                json!({ "error": "a concurrency limit's slots are held by requests in flight; GET or HEAD only" }),
+            );
+        }
+        LimitKind::Concurrency(_) => {
+            return match state
+                .store
+                .in_flight(&slots_key(prefix, &tuple, &limit.name), state.on_error)
+                .await
+            {
+                Ok(in_flight) => json_answer(
+                    StatusCode::OK,
+                    json!({ "limit": limit.name.as_ref(), "key": key, "in_flight": in_flight }),
+                ),
+                Err(error) => store_failed(&error),
+            };
+        }
+    };
+    // The parameters that apply to this key: an override's, when one matches.
+    let algorithm = match rate.overrides.find(&tuple, client_ip, |i| parts[i].clone()) {
+        None => &rate.algorithm,
+        Some(Override::Algorithm(overridden)) => overridden,
         Some(Override::Exempt) => {
-            let key: serde_json::Map<String, Value> =
-                named.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
             return json_answer(
                 StatusCode::OK,
                 json!({ "limit": limit.name.as_ref(), "key": key, "exempt": true }),
             );
         }
     };
-    let prefix = &state.key_prefix;
-    let key: serde_json::Map<String, Value> = named.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
-    if limit.concurrency.is_some() {
-        if method != Method::GET {
-            return json_answer(
-                StatusCode::METHOD_NOT_ALLOWED,
-                json!({ "error": "a concurrency limit's slots are held by requests in flight; GET or HEAD only" }),
-            );
-        }
-        return match state
-            .store
-            .in_flight(&slots_key(prefix, &tuple, &limit.name), state.on_error)
-            .await
-        {
-            Ok(in_flight) => json_answer(
-                StatusCode::OK,
-                json!({ "limit": limit.name.as_ref(), "key": key, "in_flight": in_flight }),
-            ),
-            Err(error) => store_failed(&error),
-        };
+    let check = AppliedRate {
+        limit,
+        rate,
+        algorithm,
     }
-    let check = limit_check(limit, prefix, &tuple, 1);
+    .check(prefix, &tuple, 1);
     match *method {
         Method::GET => match state.store.peek(&check, state.on_error).await {
             Ok(peeked) => {
-                let now = peeked.key_state(&limit.algorithm);
+                let now = peeked.key_state(algorithm);
                 json_answer(
                     StatusCode::OK,
                     json!({
@@ -184,16 +191,19 @@ fn authorized(request: &Request<Incoming>, token: &str) -> bool {
 /// A limit as `GET /limits` lists it.
 fn describe(limit: &LimitConfig) -> Value {
     let seconds = |micros: u64| micros as f64 / 1e6;
-    if let Some(concurrency) = limit.concurrency {
-        return json!({
-            "name": limit.name.as_ref(),
-            "algorithm": "concurrency",
-            "parameters": { "limit": concurrency.limit, "lease_seconds": concurrency.lease.as_secs_f64() },
-            "key": limit.key.iter().map(|part| part.name()).collect::<Vec<_>>(),
-            "mode": match limit.mode { Mode::Enforce => "enforce", Mode::Shadow => "shadow" },
-        });
-    }
-    let parameters = match limit.algorithm {
+    let rate = match &limit.kind {
+        LimitKind::Rate(rate) => rate,
+        LimitKind::Concurrency(concurrency) => {
+            return json!({
+                "name": limit.name.as_ref(),
+                "algorithm": "concurrency",
+                "parameters": { "limit": concurrency.limit, "lease_seconds": concurrency.lease.as_secs_f64() },
+                "key": limit.key.iter().map(|part| part.name()).collect::<Vec<_>>(),
+                "mode": match limit.mode { Mode::Enforce => "enforce", Mode::Shadow => "shadow" },
+            });
+        }
+    };
+    let parameters = match rate.algorithm {
         Algorithm::FixedWindow { limit, window } | Algorithm::SlidingWindow { limit, window } => {
             json!({ "limit": limit, "window_seconds": seconds(window) })
         }
@@ -203,11 +213,11 @@ fn describe(limit: &LimitConfig) -> Value {
     };
     json!({
         "name": limit.name.as_ref(),
-        "algorithm": algorithm_name(&limit.algorithm),
+        "algorithm": algorithm_name(&rate.algorithm),
         "parameters": parameters,
         "key": limit.key.iter().map(|part| part.name()).collect::<Vec<_>>(),
         "mode": match limit.mode { Mode::Enforce => "enforce", Mode::Shadow => "shadow" },
-        "lockout_seconds": limit.lockout.map(|d| d.as_secs_f64()),
+        "lockout_seconds": rate.lockout.map(|d| d.as_secs_f64()),
     })
 }
 

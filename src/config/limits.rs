@@ -57,23 +57,50 @@ impl RedisConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitConfig {
     pub name: Arc<str>,
-    pub algorithm: Algorithm,
     pub key: Vec<KeyPart>,
-    pub lockout: Option<Duration>,
     pub exempt: Vec<IpNet>,
     pub mode: Mode,
     pub status: StatusCode,
     pub message: Bytes,
-    /// Other parameters, or an exemption, for some keys.
-    pub overrides: Overrides,
+    /// The `Content-Type` of `message`.
+    pub content_type: HeaderValue,
+    pub kind: LimitKind,
+}
+
+/// What a limit counts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LimitKind {
+    /// Requests (or failures) over time.
+    Rate(RateLimit),
+    /// `algorithm = "concurrency"`: requests in flight (no RateLimit header items).
+    Concurrency(Concurrency),
+}
+
+/// A rate limit: its algorithm, and what else only a rate limit has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateLimit {
+    pub algorithm: Algorithm,
+    pub lockout: Option<Duration>,
     /// With `count = "failures"`: the response statuses that consume (`None`: every
     /// admitted request consumes).
     pub failures: Option<Vec<StatusCode>>,
-    /// `algorithm = "concurrency"`: requests in flight per key (then `algorithm` is
-    /// unused, and the limit has no RateLimit header items).
-    pub concurrency: Option<Concurrency>,
-    /// The `Content-Type` of `message`.
-    pub content_type: HeaderValue,
+    /// Other parameters, or an exemption, for some keys.
+    pub overrides: Overrides,
+}
+
+impl LimitConfig {
+    /// The rate limit, unless this is a concurrency limit.
+    pub fn rate(&self) -> Option<&RateLimit> {
+        match &self.kind {
+            LimitKind::Rate(rate) => Some(rate),
+            LimitKind::Concurrency(_) => None,
+        }
+    }
+
+    /// Whether the limit counts failed responses (`count = "failures"`).
+    pub fn counts_failures(&self) -> bool {
+        self.rate().is_some_and(|rate| rate.failures.is_some())
+    }
 }
 
 /// `algorithm = "concurrency"`: at most `limit` requests of one key in flight.
@@ -100,8 +127,8 @@ pub struct Overrides {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Override {
     Exempt,
-    /// The limit with the entry's parameters (and no overrides of its own).
-    Limit(Arc<LimitConfig>),
+    /// The limit with the entry's parameters.
+    Algorithm(Algorithm),
 }
 
 /// How one key part of a network entry matches.
@@ -134,22 +161,6 @@ impl Overrides {
             })
             .map(|(index, _)| *index);
         network.or(exact).map(|index| &self.entries[index])
-    }
-}
-
-impl LimitConfig {
-    /// The `q` and `w` of the `RateLimit-Policy` header: the quota, and the window in
-    /// whole seconds (for buckets, the time to refill an empty bucket, rounded up).
-    pub fn policy(&self) -> (u64, u64) {
-        let seconds = |us: f64| (us / 1e6).ceil().max(1.0) as u64;
-        match self.algorithm {
-            Algorithm::FixedWindow { limit, window } | Algorithm::SlidingWindow { limit, window } => {
-                (limit, seconds(window as f64))
-            }
-            Algorithm::TokenBucket { rate, per, burst } | Algorithm::LeakyBucket { rate, per, burst } => {
-                (burst, seconds(burst as f64 * per as f64 / rate))
-            }
-        }
     }
 }
 
@@ -356,16 +367,6 @@ fn validate_limit(
     sink: &mut ErrorSink,
 ) -> Option<LimitConfig> {
     let key = format!("limits.{name}");
-    if raw.algorithm.get_ref() == "concurrency" {
-        return validate_concurrency(name, &key, span, &raw, sink);
-    }
-    if let Some(lease) = &raw.lease {
-        sink.push(
-            Some(lease.span()),
-            format!("{key}.lease"),
-            "lease applies only to algorithm = \"concurrency\"",
-        );
-    }
     if name.len() > MAX_LIMIT_NAME_LEN
         || !name
             .bytes()
@@ -377,7 +378,6 @@ fn validate_limit(
             format!("expected a limit name of 1 to {MAX_LIMIT_NAME_LEN} characters from A-Z a-z 0-9 _ - ."),
         );
     }
-    let algorithm = validate_algorithm(&key, span, &raw, sink);
     let key_parts = match &raw.key {
         None => Some(vec![KeyPart::ClientIp]),
         Some(parts) if parts.is_empty() => {
@@ -394,10 +394,10 @@ fn validate_limit(
             .map(|(i, part)| parse_spanned(part, format!("{key}.key[{i}]"), sink, key_part))
             .collect::<Option<Vec<_>>>(),
     };
-    let lockout = raw
-        .lockout
-        .as_ref()
-        .and_then(|l| parse_spanned(l, format!("{key}.lockout"), sink, values::positive_duration));
+    let kind = match raw.algorithm.get_ref().as_str() {
+        "concurrency" => validate_concurrency(&key, span, &raw, sink).map(LimitKind::Concurrency),
+        _ => validate_rate(&key, span, &raw, key_parts.as_deref(), sink).map(LimitKind::Rate),
+    };
     let exempt = super::cidrs(&raw.exempt, &format!("{key}.exempt"), sink);
     let mode = parse_or(
         &raw.mode,
@@ -414,7 +414,6 @@ fn validate_limit(
         None => Some(StatusCode::TOO_MANY_REQUESTS),
         Some(status) => status_in(status, 400..=599, format!("{key}.status"), sink),
     };
-    let failures = validate_count(&key, &raw, sink);
     let content_type = super::content_type(&raw.content_type, &key, "text/plain; charset=utf-8", sink);
     let message = raw.message.as_ref().map_or_else(
         || Bytes::from_static(DEFAULT_MESSAGE.as_bytes()),
@@ -422,28 +421,52 @@ fn validate_limit(
     );
     Some(LimitConfig {
         name: Arc::from(name),
-        algorithm: algorithm?,
         key: key_parts?,
-        lockout,
         exempt,
         mode,
         status: status?,
         message,
-        overrides: Overrides::default(),
-        failures: failures?,
-        concurrency: None,
         content_type: content_type?,
-    })
-    .and_then(|limit| {
-        let overrides = validate_overrides(&key, &raw, &limit, sink)?;
-        Some(LimitConfig { overrides, ..limit })
+        kind: kind?,
     })
 }
 
+/// A rate limit: its algorithm, `lockout`, `count` and `overrides` (of a limit whose key
+/// parts are `parts`, when they are valid).
+fn validate_rate(
+    key: &str,
+    span: std::ops::Range<usize>,
+    raw: &LimitFile,
+    parts: Option<&[KeyPart]>,
+    sink: &mut ErrorSink,
+) -> Option<RateLimit> {
+    if let Some(lease) = &raw.lease {
+        sink.push(
+            Some(lease.span()),
+            format!("{key}.lease"),
+            "lease applies only to algorithm = \"concurrency\"",
+        );
+    }
+    let algorithm = validate_algorithm(key, span, raw, sink);
+    let lockout = raw
+        .lockout
+        .as_ref()
+        .and_then(|l| parse_spanned(l, format!("{key}.lockout"), sink, values::positive_duration));
+    let failures = validate_count(key, raw, sink);
+    let overrides = validate_overrides(key, raw, parts?, sink);
+    Some(RateLimit {
+        algorithm: algorithm?,
+        lockout,
+        failures: failures?,
+        overrides: overrides?,
+    })
+}
+
+/// `overrides` of a limit whose key parts are `parts`.
 fn validate_overrides(
     key: &str,
     raw: &LimitFile,
-    limit: &LimitConfig,
+    parts: &[KeyPart],
     sink: &mut ErrorSink,
 ) -> Option<Overrides> {
     let mut overrides = Overrides::default();
@@ -460,21 +483,21 @@ fn validate_overrides(
         let at = format!("{key}.overrides[{index}]");
         let span = entry.span();
         let entry = entry.get_ref();
-        if entry.key.len() != limit.key.len() {
+        if entry.key.len() != parts.len() {
             sink.push(
                 Some(span.clone()),
                 format!("{at}.key"),
                 format!(
                     "expected {} value(s), one per key part {:?}",
-                    limit.key.len(),
-                    limit.key.iter().map(KeyPart::name).collect::<Vec<_>>()
+                    parts.len(),
+                    parts.iter().map(KeyPart::name).collect::<Vec<_>>()
                 ),
             );
             valid = false;
             continue;
         }
         let mut matches = Vec::with_capacity(entry.key.len());
-        for (i, (value, part)) in entry.key.iter().zip(&limit.key).enumerate() {
+        for (i, (value, part)) in entry.key.iter().zip(parts).enumerate() {
             let matcher = if *part == KeyPart::ClientIp {
                 match parse_spanned(value, format!("{at}.key[{i}]"), sink, values::cidr) {
                     Some(net) if net.prefix_len() == net.max_prefix_len() => PartMatch::Encoded(one_part(
@@ -516,20 +539,16 @@ fn validate_overrides(
                 valid = false;
                 continue;
             };
-            Override::Limit(Arc::new(LimitConfig {
-                algorithm,
-                overrides: Overrides::default(),
-                ..limit.clone()
-            }))
+            Override::Algorithm(algorithm)
         };
-        if matches.len() != limit.key.len() {
+        if matches.len() != parts.len() {
             continue;
         }
         let index = overrides.entries.len();
         overrides.entries.push(action);
         if matches.iter().all(|m| matches!(m, PartMatch::Encoded(_))) {
             let mut tuple = TupleEncoder::default();
-            for (value, part) in entry.key.iter().zip(&limit.key) {
+            for (value, part) in entry.key.iter().zip(parts) {
                 let (kind, bytes) = match part {
                     KeyPart::ClientIp => match values::cidr(value.get_ref()) {
                         Ok(net) => (
@@ -553,12 +572,11 @@ fn validate_overrides(
 
 /// A concurrency limit: `limit` and `lease`; what only rate limits have is an error.
 fn validate_concurrency(
-    name: &str,
     key: &str,
     span: std::ops::Range<usize>,
     raw: &LimitFile,
     sink: &mut ErrorSink,
-) -> Option<LimitConfig> {
+) -> Option<Concurrency> {
     let foreign = [
         ("window", raw.window.as_ref().map(Spanned::span)),
         ("rate", raw.rate.as_ref().map(|r| r.span())),
@@ -595,22 +613,8 @@ fn validate_concurrency(
                 d => Ok(d),
             },
         );
-    // Everything else a limit has (key, exempt, mode, status, message) as for any limit.
-    let mut rate = raw.clone_without_overrides();
-    rate.algorithm = Spanned::new(raw.algorithm.span(), "fixed_window".to_owned());
-    rate.limit = raw.limit.clone().filter(|l| *l.get_ref() >= 1);
-    rate.window = Some(Spanned::new(raw.algorithm.span(), "1s".to_owned()));
-    rate.lockout = None;
-    rate.count = None;
-    rate.failure_status = None;
-    rate.lease = None;
-    rate.limit.as_ref()?;
-    let base = validate_limit(name, raw.algorithm.span(), rate, sink)?;
     let concurrency = Concurrency { limit: limit?, lease };
-    valid.then_some(LimitConfig {
-        concurrency: Some(concurrency),
-        ..base
-    })
+    valid.then_some(concurrency)
 }
 
 /// `limit`: a required whole number ≥ 1.

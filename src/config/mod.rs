@@ -28,7 +28,9 @@ use error::ErrorSink;
 pub use error::{ConfigError, ConfigErrors};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile};
 pub(crate) use limits::DEFAULT_PREFIX;
-pub use limits::{Concurrency, KeyPart, LimitConfig, Mode, Override, Overrides, RedisConfig};
+pub use limits::{
+    Concurrency, KeyPart, LimitConfig, LimitKind, Mode, Override, Overrides, RateLimit, RedisConfig,
+};
 pub use shaping::{ErrorPage, HeaderRules, TemplatePart, ValueTemplate};
 pub(crate) use tls::provider as tls_provider;
 pub use tls::{Certificate, TlsConfig, TlsVersion};

@@ -303,8 +303,9 @@ window = "1m"
         ("fg", Duration::from_millis(20), OnError::Deny)
     );
     let l = &config.limits["l"];
+    let rate = l.rate().unwrap();
     assert_eq!(
-        l.algorithm,
+        rate.algorithm,
         crate::limit::Algorithm::TokenBucket {
             rate: 10.0,
             per: 1_000_000,
@@ -317,11 +318,19 @@ window = "1m"
         KeyPart::Header(http::HeaderName::from_static("x-api-key"))
     );
     assert_eq!(
-        (l.mode, l.status.as_u16(), l.lockout),
+        (l.mode, l.status.as_u16(), rate.lockout),
         (Mode::Shadow, 503, Some(Duration::from_secs(300)))
     );
-    assert_eq!(l.policy(), (10, 1));
-    assert_eq!(config.limits["w"].policy(), (600, 60));
+    let policy = |limit: &LimitConfig| {
+        let rate = limit.rate().unwrap();
+        crate::service::limit_headers::Described {
+            name: &limit.name,
+            algorithm: &rate.algorithm,
+        }
+        .policy()
+    };
+    assert_eq!(policy(l), (10, 1));
+    assert_eq!(policy(&config.limits["w"]), (600, 60));
     assert_eq!(config.routes[0].cost, 3);
     assert_eq!(&*config.routes[0].limits[0].name, "l");
 }
@@ -717,15 +726,18 @@ fn counting_failures() {
     };
     let config = parse(&limit("count = \"failures\"")).unwrap();
     assert_eq!(
-        config.limits["l"].failures,
+        config.limits["l"].rate().unwrap().failures,
         Some(vec![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN])
     );
     let config = parse(&limit("count = \"failures\"\nfailure_status = [401, 429]")).unwrap();
     assert_eq!(
-        config.limits["l"].failures,
+        config.limits["l"].rate().unwrap().failures,
         Some(vec![StatusCode::UNAUTHORIZED, StatusCode::TOO_MANY_REQUESTS])
     );
-    assert_eq!(parse(&limit("")).unwrap().limits["l"].failures, None);
+    assert_eq!(
+        parse(&limit("")).unwrap().limits["l"].rate().unwrap().failures,
+        None
+    );
     let (_, _, key, _) = error(&limit("failure_status = [401]"));
     assert_eq!(key, "limits.l.failure_status");
     let (_, _, key, _) = error(&limit("count = \"errors\""));
@@ -747,13 +759,14 @@ fn concurrency_limits() {
     let config =
         parse("[limits.c]\nalgorithm = \"concurrency\"\nlimit = 4\nkey = [\"client_ip\"]\nlease = \"10s\"\n")
             .unwrap();
-    let c = config.limits["c"].concurrency.unwrap();
+    let concurrency = |limit: &LimitConfig| match limit.kind {
+        LimitKind::Concurrency(concurrency) => concurrency,
+        LimitKind::Rate(_) => panic!("{} is a rate limit", limit.name),
+    };
+    let c = concurrency(&config.limits["c"]);
     assert_eq!((c.limit, c.lease), (4, Duration::from_secs(10)));
     let default = parse("[limits.c]\nalgorithm = \"concurrency\"\nlimit = 1\n").unwrap();
-    assert_eq!(
-        default.limits["c"].concurrency.unwrap().lease,
-        Duration::from_secs(30)
-    );
+    assert_eq!(concurrency(&default.limits["c"]).lease, Duration::from_secs(30));
     for (extra, key) in [
         ("lockout = \"1h\"", "limits.c.lockout"),
         ("window = \"1s\"", "limits.c.window"),

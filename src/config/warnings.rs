@@ -47,7 +47,7 @@ fn guards_a_login(route: &RouteConfig) -> bool {
         let text = text.to_ascii_lowercase();
         LOGIN_WORDS.iter().any(|word| text.contains(word))
     });
-    login_like || route.limits.iter().any(|limit| limit.failures.is_some())
+    login_like || route.limits.iter().any(|limit| limit.counts_failures())
 }
 
 /// The ways PHP reaches the login of `routes[index]` without its limits.

@@ -6,8 +6,8 @@ use std::time::Duration;
 use http::header::{HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
-use crate::config::{LimitConfig, RateLimitHeaders};
-use crate::limit::LimitDecision;
+use crate::config::RateLimitHeaders;
+use crate::limit::{Algorithm, LimitDecision};
 
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -23,8 +23,32 @@ pub fn ceil_seconds(duration: Duration) -> u64 {
     duration.as_micros().div_ceil(1_000_000) as u64
 }
 
+/// A rate limit as the headers name it: its name, and the algorithm that decides the
+/// request (an override's when one applies).
+#[derive(Debug, Clone, Copy)]
+pub struct Described<'a> {
+    pub name: &'a str,
+    pub algorithm: &'a Algorithm,
+}
+
+impl Described<'_> {
+    /// The `q` and `w` of the `RateLimit-Policy` header: the quota, and the window in
+    /// whole seconds (for buckets, the time to refill an empty bucket, rounded up).
+    pub fn policy(&self) -> (u64, u64) {
+        let seconds = |us: f64| (us / 1e6).ceil().max(1.0) as u64;
+        match *self.algorithm {
+            Algorithm::FixedWindow { limit, window } | Algorithm::SlidingWindow { limit, window } => {
+                (limit, seconds(window as f64))
+            }
+            Algorithm::TokenBucket { rate, per, burst } | Algorithm::LeakyBucket { rate, per, burst } => {
+                (burst, seconds(burst as f64 * per as f64 / rate))
+            }
+        }
+    }
+}
+
 /// The `RateLimit-Policy` value for `limits` (computed once per route at load).
-pub fn policy_value<'a>(limits: impl IntoIterator<Item = &'a LimitConfig>) -> Option<HeaderValue> {
+pub fn policy_value<'a>(limits: impl IntoIterator<Item = Described<'a>>) -> Option<HeaderValue> {
     let items: Vec<String> = limits
         .into_iter()
         .map(|limit| {
@@ -42,7 +66,7 @@ pub fn policy_value<'a>(limits: impl IntoIterator<Item = &'a LimitConfig>) -> Op
 pub fn render(
     mode: RateLimitHeaders,
     policy: Option<&HeaderValue>,
-    decided: &[(&LimitConfig, LimitDecision)],
+    decided: &[(Described<'_>, LimitDecision)],
     out: &mut LimitHeaders,
 ) {
     if decided.is_empty() {
@@ -90,31 +114,8 @@ pub fn render(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use bytes::Bytes;
-    use http::StatusCode;
-
     use super::*;
-    use crate::config::Mode;
-    use crate::limit::{Algorithm, Outcome};
-
-    fn limit(name: &str, algorithm: Algorithm) -> LimitConfig {
-        LimitConfig {
-            name: Arc::from(name),
-            algorithm,
-            key: Vec::new(),
-            lockout: None,
-            exempt: Vec::new(),
-            mode: Mode::Enforce,
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message: Bytes::new(),
-            overrides: Default::default(),
-            failures: None,
-            concurrency: None,
-            content_type: http::HeaderValue::from_static("text/plain"),
-        }
-    }
+    use crate::limit::Outcome;
 
     fn decision(remaining: u64, reset_ms: u64) -> LimitDecision {
         LimitDecision {
@@ -126,23 +127,23 @@ mod tests {
     }
 
     fn rendered(mode: RateLimitHeaders) -> Vec<(String, String)> {
-        let minute = limit(
-            "per_ip_minute",
-            Algorithm::FixedWindow {
+        let minute = Described {
+            name: "per_ip_minute",
+            algorithm: &Algorithm::FixedWindow {
                 limit: 600,
                 window: 60_000_000,
             },
-        );
-        let burst = limit(
-            "search_burst",
-            Algorithm::TokenBucket {
+        };
+        let burst = Described {
+            name: "search_burst",
+            algorithm: &Algorithm::TokenBucket {
                 rate: 10.0,
                 per: 1_000_000,
                 burst: 20,
             },
-        );
-        let policy = policy_value([&minute, &burst]);
-        let decided = [(&minute, decision(599, 41_200)), (&burst, decision(19, 100))];
+        };
+        let policy = policy_value([minute, burst]);
+        let decided = [(minute, decision(599, 41_200)), (burst, decision(19, 100))];
         let mut out = LimitHeaders::new();
         render(mode, policy.as_ref(), &decided, &mut out);
         out.into_iter()

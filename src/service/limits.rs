@@ -10,16 +10,16 @@ use http::StatusCode;
 use http::header::HeaderValue;
 use smallvec::SmallVec;
 
-use super::limit_headers::{LimitHeaders, ceil_seconds, policy_value, render};
+use super::limit_headers::{Described, LimitHeaders, ceil_seconds, policy_value, render};
 use super::own_answer::{OwnAnswer, Refusal};
 use super::request_key::{AmbiguousKey, KeySource, key_tuple};
-use crate::config::{Concurrency, LimitConfig, Mode, Override, RateLimitHeaders};
+use crate::config::{Concurrency, LimitConfig, LimitKind, Mode, Override, RateLimit, RateLimitHeaders};
 use crate::error::GatewayError;
 use crate::limit::algorithm::micros;
 use crate::limit::key::{lock_key, slots_key, store_key};
 use crate::limit::redis::refusals::RefusalCache;
 use crate::limit::store::{ConcurrencySlot, Fallback, LimitStore, OnError, StoreAnswer, Unit};
-use crate::limit::{Decisions, LimitCheck, LimitDecision, Lockout, Outcome};
+use crate::limit::{Algorithm, Decisions, LimitCheck, LimitDecision, Lockout, Outcome};
 use crate::metrics::{LimitOutcome, Metrics};
 
 /// What a route's limits need at request time, computed once at load.
@@ -85,8 +85,14 @@ impl RouteLimits {
         let policy = policy_value(
             limits
                 .iter()
-                .filter(|l| l.mode == Mode::Enforce && l.concurrency.is_none())
-                .map(|l| &**l),
+                .filter(|l| l.mode == Mode::Enforce)
+                .filter_map(|limit| {
+                    let rate = limit.rate()?;
+                    Some(Described {
+                        name: &limit.name,
+                        algorithm: &rate.algorithm,
+                    })
+                }),
         );
         RouteLimits { limits, cost, policy }
     }
@@ -102,8 +108,7 @@ impl RouteLimits {
         client_ip: IpAddr,
         source: &KeySource<'_>,
     ) -> Result<Verdict, AmbiguousKey> {
-        let mut applied: SmallVec<[&LimitConfig; 2]> = SmallVec::new();
-        let mut checks: Checks = SmallVec::new();
+        let mut planned = Planned::default();
         let mut concurrent: SmallVec<[(&LimitConfig, String, Concurrency); 1]> = SmallVec::new();
         // Whether every limit applies as configured (no exemption, no override): then the
         // route's RateLimit-Policy, computed at load, describes the request.
@@ -114,34 +119,40 @@ impl RouteLimits {
                 continue;
             }
             let tuple = key_tuple(&limit.key, source)?;
-            if let Some(concurrency) = limit.concurrency {
-                concurrent.push((
-                    limit,
-                    slots_key(settings.prefix, &tuple, &limit.name),
-                    concurrency,
-                ));
-                continue;
-            }
-            let limit: &LimitConfig = if limit.overrides.is_empty() {
-                limit
+            let rate = match &limit.kind {
+                LimitKind::Rate(rate) => rate,
+                LimitKind::Concurrency(concurrency) => {
+                    concurrent.push((
+                        limit,
+                        slots_key(settings.prefix, &tuple, &limit.name),
+                        *concurrency,
+                    ));
+                    continue;
+                }
+            };
+            let algorithm = if rate.overrides.is_empty() {
+                &rate.algorithm
             } else {
                 let part =
                     |i: usize| key_tuple(std::slice::from_ref(&limit.key[i]), source).unwrap_or_default();
-                match limit.overrides.find(&tuple, client_ip, part) {
-                    None => limit,
+                match rate.overrides.find(&tuple, client_ip, part) {
+                    None => &rate.algorithm,
                     Some(Override::Exempt) => {
                         as_configured = false;
                         continue;
                     }
-                    Some(Override::Limit(overridden)) => {
+                    Some(Override::Algorithm(overridden)) => {
                         as_configured = false;
                         overridden
                     }
                 }
             };
-            let check = limit_check(limit, settings.prefix, &tuple, self.cost);
-            checks.push(check);
-            applied.push(limit);
+            let applied = AppliedRate {
+                limit,
+                rate,
+                algorithm,
+            };
+            planned.push(applied, applied.check(settings.prefix, &tuple, self.cost));
         }
         // Concurrency limits take their slots first: one that has none free refuses the
         // request before anything is consumed; the slots taken go back if another limit
@@ -179,28 +190,28 @@ impl RouteLimits {
                 Err(()) => return Ok(store_refused()),
             }
         }
-        let verdict = self.decide_rates(settings, applied, as_configured, checks).await;
+        let verdict = self.decide_rates(settings, planned, as_configured).await;
         Ok(Verdict { slots, ..verdict })
     }
 
     /// Decides the rate limits, `checks` in one store call, after the concurrency slots
     /// were taken. A limit that counts failures takes its unit here like any other.
-    async fn decide_rates<'a>(
-        &'a self,
+    async fn decide_rates(
+        &self,
         settings: &LimitSettings<'_>,
-        applied: SmallVec<[&'a LimitConfig; 2]>,
+        planned: Planned<'_>,
         as_configured: bool,
-        checks: Checks,
     ) -> Verdict {
+        let Planned { applied, checks } = planned;
         if checks.is_empty() {
             return pass(LimitOutcome::Exempt);
         }
         // Shadow limits must be evaluated every time, so their requests are never served
         // from remembered refusals; nor are those of limits that count failures, whose
         // room comes back when an attempt in flight is not one.
-        let refusals = settings
-            .refusals
-            .filter(|_| !checks.iter().any(|c| c.shadow) && !applied.iter().any(|l| l.failures.is_some()));
+        let refusals = settings.refusals.filter(|_| {
+            !checks.iter().any(|c| c.shadow) && !applied.iter().any(|a| a.rate.failures.is_some())
+        });
         let started = Instant::now();
         // The checks' identity is hashed only while some refusal may hold, or to remember one.
         let mut identity = None;
@@ -230,10 +241,10 @@ impl RouteLimits {
                     Fallback::Admit => false,
                     Fallback::Refuse => true,
                 };
-                for limit in &applied {
+                for applied in &applied {
                     settings
                         .metrics
-                        .record_decision(&limit.name, LimitOutcome::StoreError);
+                        .record_decision(&applied.limit.name, LimitOutcome::StoreError);
                 }
                 if !refused {
                     return pass(LimitOutcome::StoreError);
@@ -251,17 +262,19 @@ impl RouteLimits {
     fn verdict(
         &self,
         settings: &LimitSettings<'_>,
-        applied: &[&LimitConfig],
+        applied: &[AppliedRate<'_>],
         as_configured: bool,
         checks: Checks,
         decisions: &[LimitDecision],
         by_fallback: bool,
     ) -> Verdict {
-        let mut enforced: SmallVec<[(&LimitConfig, LimitDecision); 2]> = SmallVec::new();
-        let mut refusal: Option<(&LimitConfig, Duration)> = None;
+        let mut enforced: SmallVec<[(Described<'_>, LimitDecision); 2]> = SmallVec::new();
+        // The first refusing limit, whether it is locked, and the longest wait of all.
+        let mut refusal: Option<(&LimitConfig, bool, Duration)> = None;
         let mut delay = Duration::ZERO;
         let mut outcome = LimitOutcome::Allowed;
-        for (limit, decision) in applied.iter().zip(decisions) {
+        for (applied, decision) in applied.iter().zip(decisions) {
+            let limit = applied.limit;
             let label = match (limit.mode, decision.outcome) {
                 (Mode::Shadow, Outcome::Rejected | Outcome::Locked) => {
                     tracing::info!(limit = %limit.name, "shadow limit would have rejected the request");
@@ -277,9 +290,14 @@ impl RouteLimits {
                     LimitOutcome::Delayed
                 }
                 (Mode::Enforce, refused @ (Outcome::Rejected | Outcome::Locked)) => {
-                    let retry = refusal.map_or(decision.retry_after, |(_, r)| r.max(decision.retry_after));
-                    refusal = Some((refusal.map_or(*limit, |(first, _)| first), retry));
-                    if refused == Outcome::Locked {
+                    let locked = refused == Outcome::Locked;
+                    refusal = Some(match refusal {
+                        None => (limit, locked, decision.retry_after),
+                        Some((first, first_locked, retry)) => {
+                            (first, first_locked, retry.max(decision.retry_after))
+                        }
+                    });
+                    if locked {
                         LimitOutcome::Locked
                     } else {
                         LimitOutcome::Rejected
@@ -288,7 +306,10 @@ impl RouteLimits {
             };
             settings.metrics.record_decision(&limit.name, label);
             if limit.mode == Mode::Enforce {
-                enforced.push((limit, failure_room(limit, decision, self.cost)));
+                enforced.push((
+                    applied.described(),
+                    failure_room(applied.rate, decision, self.cost),
+                ));
             }
         }
         // A limit the client is exempt from was skipped: the policy computed at load
@@ -297,15 +318,12 @@ impl RouteLimits {
         let policy = if as_configured {
             self.policy.as_ref()
         } else {
-            partial = policy_value(enforced.iter().map(|(limit, _)| *limit));
+            partial = policy_value(enforced.iter().map(|(described, _)| *described));
             partial.as_ref()
         };
         let mut headers = LimitHeaders::new();
         render(settings.headers, policy, &enforced, &mut headers);
-        if let Some((limit, retry)) = refusal {
-            let locked = enforced
-                .iter()
-                .any(|(l, d)| std::ptr::eq(*l, limit) && d.outcome == Outcome::Locked);
+        if let Some((limit, locked, retry)) = refusal {
             return Verdict {
                 action: refused_by(limit, ceil_seconds(retry).max(1)),
                 slots: Vec::new(),
@@ -322,7 +340,7 @@ impl RouteLimits {
         }
         let mut held = Vec::new();
         let mut attempts = Vec::new();
-        for ((check, decision), limit) in checks.into_iter().zip(decisions).zip(applied) {
+        for ((check, decision), applied) in checks.into_iter().zip(decisions).zip(applied) {
             let taken = |check| {
                 Unit::taken(
                     check,
@@ -332,7 +350,7 @@ impl RouteLimits {
                     decision.remaining,
                 )
             };
-            match &limit.failures {
+            match &applied.rate.failures {
                 // A shadow limit counts failures too: it never refuses, but says when it
                 // would have. Its unit was taken only if it admitted.
                 Some(statuses) if decision.outcome.admits() => {
@@ -361,8 +379,8 @@ impl RouteLimits {
 /// What the rate-limit headers say of a limit that counts failures: the room left before
 /// this attempt took its unit (a `401` that takes the last of the room still says `r=1`),
 /// as they said when failures were read rather than taken.
-fn failure_room(limit: &LimitConfig, decision: &LimitDecision, cost: u64) -> LimitDecision {
-    if limit.failures.is_none() || !decision.outcome.admits() {
+fn failure_room(rate: &RateLimit, decision: &LimitDecision, cost: u64) -> LimitDecision {
+    if rate.failures.is_none() || !decision.outcome.admits() {
         return *decision;
     }
     LimitDecision {
@@ -441,19 +459,54 @@ fn pass(outcome: LimitOutcome) -> Verdict {
     }
 }
 
-/// What the store is asked for `limit` (its parameters, an override's when one applies)
-/// on key tuple `tuple`: its keys, its algorithm and lock-out, `cost`.
-pub(crate) fn limit_check(limit: &LimitConfig, prefix: &str, tuple: &str, cost: u64) -> LimitCheck {
-    LimitCheck {
-        key: store_key(prefix, tuple, &limit.name, &limit.algorithm),
-        algorithm: limit.algorithm,
-        lockout: limit.lockout.map(|penalty| Lockout {
-            key: lock_key(prefix, tuple, &limit.name),
-            micros: micros(penalty),
-            // A failure-counting limit's refusal may be of attempts still in flight.
-            starts_on_refusal: limit.failures.is_none(),
-        }),
-        cost,
-        shadow: limit.mode == Mode::Shadow,
+/// A rate limit as it applies to one request: the limit, and the algorithm that decides
+/// (an override's when one matched the request's key).
+#[derive(Clone, Copy)]
+pub(crate) struct AppliedRate<'a> {
+    pub(crate) limit: &'a LimitConfig,
+    pub(crate) rate: &'a RateLimit,
+    pub(crate) algorithm: &'a Algorithm,
+}
+
+impl<'a> AppliedRate<'a> {
+    /// What the store is asked on key tuple `tuple`: its keys, its algorithm and
+    /// lock-out, `cost`.
+    pub(crate) fn check(&self, prefix: &str, tuple: &str, cost: u64) -> LimitCheck {
+        let name = &self.limit.name;
+        LimitCheck {
+            key: store_key(prefix, tuple, name, self.algorithm),
+            algorithm: *self.algorithm,
+            lockout: self.rate.lockout.map(|penalty| Lockout {
+                key: lock_key(prefix, tuple, name),
+                micros: micros(penalty),
+                // A failure-counting limit's refusal may be of attempts still in flight.
+                starts_on_refusal: self.rate.failures.is_none(),
+            }),
+            cost,
+            shadow: self.limit.mode == Mode::Shadow,
+        }
+    }
+
+    fn described(&self) -> Described<'a> {
+        Described {
+            name: &self.limit.name,
+            algorithm: self.algorithm,
+        }
+    }
+}
+
+/// The rate limits one request is decided against, each with its check. The store takes
+/// the checks as one slice and answers in their order, so they are kept apart from the
+/// limits, and pushed only together.
+#[derive(Default)]
+struct Planned<'a> {
+    applied: SmallVec<[AppliedRate<'a>; 2]>,
+    checks: Checks,
+}
+
+impl<'a> Planned<'a> {
+    fn push(&mut self, applied: AppliedRate<'a>, check: LimitCheck) {
+        self.applied.push(applied);
+        self.checks.push(check);
     }
 }
