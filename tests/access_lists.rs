@@ -7,6 +7,7 @@ mod common;
 
 use std::net::SocketAddr;
 
+use common::config::GatewayToml;
 use common::{TestGateway, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
@@ -26,35 +27,30 @@ async fn status_from(source: &str, addr: SocketAddr, path: &str) -> u16 {
 #[tokio::test]
 async fn server_deny_and_route_allow_and_deny_refuse_with_403_before_limits() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-deny = ["127.0.0.9"]
-
-[upstreams.app]
-url = "{}"
-
-[limits.one]
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-
-[[routes]]
-name = "office"
-path = "/office"
-upstream = "app"
-allow = ["127.0.0.0/30"]
-deny = ["127.0.0.3"]
-limits = ["one"]
-
-[[routes]]
-name = "public"
-path_prefix = "/"
-upstream = "app"
-"#,
-        upstream.url()
-    ))
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server(r#"deny = ["127.0.0.9"]"#)
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "one",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "1m""#,
+            )
+            .route(
+                "office",
+                r#"path = "/office"
+                upstream = "app"
+                allow = ["127.0.0.0/30"]
+                deny = ["127.0.0.3"]
+                limits = ["one"]"#,
+            )
+            .route(
+                "public",
+                r#"path_prefix = "/"
+                upstream = "app""#,
+            ),
+    )
     .await;
     // Denied everywhere, before routing.
     assert_eq!(status_from("127.0.0.9", gw.addr, "/anything").await, 403);
@@ -81,28 +77,22 @@ upstream = "app"
 #[tokio::test]
 async fn ipv4_mapped_entries_match_ipv4_clients() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-deny = ["::ffff:127.0.0.1"]
-
-[upstreams.app]
-url = "{}"
-
-[[routes]]
-name = "office"
-path = "/office"
-upstream = "app"
-allow = ["::ffff:127.0.0.0/126"]
-
-[[routes]]
-name = "public"
-path_prefix = "/"
-upstream = "app"
-"#,
-        upstream.url()
-    ))
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server(r#"deny = ["::ffff:127.0.0.1"]"#)
+            .upstream("app", &upstream.url(), "")
+            .route(
+                "office",
+                r#"path = "/office"
+                upstream = "app"
+                allow = ["::ffff:127.0.0.0/126"]"#,
+            )
+            .route(
+                "public",
+                r#"path_prefix = "/"
+                upstream = "app""#,
+            ),
+    )
     .await;
     assert_eq!(status_from("127.0.0.1", gw.addr, "/public").await, 403);
     assert_eq!(status_from("127.0.0.2", gw.addr, "/public").await, 200);

@@ -5,6 +5,7 @@
 mod common;
 
 use bytes::Bytes;
+use common::config::GatewayToml;
 use common::redis_server::RedisServer;
 use common::{TestGateway, Upstream, get, send};
 use http::{Method, Request, StatusCode};
@@ -13,37 +14,30 @@ use serde_json::Value;
 
 const TOKEN: &str = "an-admin-token-0123456789";
 
-fn config(upstream: &Upstream, redis: Option<&RedisServer>, token: bool) -> String {
-    format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-{token}
-{redis}
-[upstreams.app]
-url = "{}"
-
-[limits.login]
-algorithm = "fixed_window"
-limit = 2
-window = "1m"
-key = ["client_ip", "header:x-user"]
-lockout = "1h"
-
-[[routes]]
-name = "login"
-path_prefix = "/"
-upstream = "app"
-limits = ["login"]
-"#,
-        upstream.url(),
-        token = if token {
-            format!("admin_token = \"{TOKEN}\"")
-        } else {
-            String::new()
-        },
-        redis = redis.map_or(String::new(), |r| format!("[redis]\nurl = \"{}\"\n", r.url())),
-    )
+fn config(upstream: &Upstream, redis: Option<&RedisServer>, token: bool) -> GatewayToml {
+    let mut config = GatewayToml::new();
+    if token {
+        config = config.server(&format!("admin_token = \"{TOKEN}\""));
+    }
+    if let Some(redis) = redis {
+        config = config.redis(&redis.url(), "");
+    }
+    config
+        .upstream("app", &upstream.url(), "")
+        .limit(
+            "login",
+            r#"algorithm = "fixed_window"
+            limit = 2
+            window = "1m"
+            key = ["client_ip", "header:x-user"]
+            lockout = "1h""#,
+        )
+        .route(
+            "login",
+            r#"path_prefix = "/"
+            upstream = "app"
+            limits = ["login"]"#,
+        )
 }
 
 async fn admin(gw: &TestGateway, method: Method, path: &str, token: Option<&str>) -> (StatusCode, Value) {
@@ -68,9 +62,9 @@ const ALICE: &str = "/limits/login/state?client_ip=127.0.0.1&header:x-user=alice
 #[tokio::test]
 async fn without_a_token_the_api_does_not_exist_and_with_one_it_must_be_sent() {
     let upstream = Upstream::start().await;
-    let closed = TestGateway::start(&config(&upstream, None, false)).await;
+    let closed = TestGateway::start(config(&upstream, None, false)).await;
     assert_eq!(get(&closed.admin_url("/limits")).await.0, StatusCode::NOT_FOUND);
-    let open = TestGateway::start(&config(&upstream, None, true)).await;
+    let open = TestGateway::start(config(&upstream, None, true)).await;
     assert_eq!(
         admin(&open, Method::GET, "/limits", None).await.0,
         StatusCode::UNAUTHORIZED
@@ -97,7 +91,7 @@ async fn without_a_token_the_api_does_not_exist_and_with_one_it_must_be_sent() {
 #[tokio::test]
 async fn bad_requests_name_the_part() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&config(&upstream, None, true)).await;
+    let gw = TestGateway::start(config(&upstream, None, true)).await;
     let (status, body) = admin(
         &gw,
         Method::GET,
@@ -177,7 +171,7 @@ async fn read_and_lift(gateways: &[&TestGateway]) {
 #[tokio::test]
 async fn the_in_process_store_reads_and_lifts_a_lock_out() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&config(&upstream, None, true)).await;
+    let gw = TestGateway::start(config(&upstream, None, true)).await;
     read_and_lift(&[&gw]).await;
 }
 
@@ -185,39 +179,34 @@ async fn the_in_process_store_reads_and_lifts_a_lock_out() {
 async fn redis_lifts_a_lock_out_for_every_instance() {
     let redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
     let upstream = Upstream::start().await;
-    let first = TestGateway::start(&config(&upstream, Some(&redis), true)).await;
-    let second = TestGateway::start(&config(&upstream, Some(&redis), true)).await;
+    let first = TestGateway::start(config(&upstream, Some(&redis), true)).await;
+    let second = TestGateway::start(config(&upstream, Some(&redis), true)).await;
     read_and_lift(&[&first, &second]).await;
 }
 
 #[tokio::test]
 async fn a_key_with_an_override_reads_with_its_parameters_and_the_scheme_is_case_insensitive() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-admin_token = "{TOKEN}"
-
-[upstreams.app]
-url = "{}"
-
-[limits.api]
-algorithm = "token_bucket"
-rate = 1
-per = "1h"
-burst = 2
-key = ["header:x-key"]
-overrides = [{{ key = ["gold"], burst = 5 }}, {{ key = ["free"], exempt = true }}]
-
-[[routes]]
-name = "api"
-path_prefix = "/"
-upstream = "app"
-limits = ["api"]
-"#,
-        upstream.url()
-    ))
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server(&format!("admin_token = \"{TOKEN}\""))
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "api",
+                r#"algorithm = "token_bucket"
+                rate = 1
+                per = "1h"
+                burst = 2
+                key = ["header:x-key"]
+                overrides = [{ key = ["gold"], burst = 5 }, { key = ["free"], exempt = true }]"#,
+            )
+            .route(
+                "api",
+                r#"path_prefix = "/"
+                upstream = "app"
+                limits = ["api"]"#,
+            ),
+    )
     .await;
     let read = |key: &str| format!("/limits/api/state?header:x-key={key}");
     assert_eq!(
@@ -244,7 +233,7 @@ limits = ["api"]
 #[tokio::test]
 async fn two_authorization_headers_are_refused() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&config(&upstream, None, true)).await;
+    let gw = TestGateway::start(config(&upstream, None, true)).await;
     let good = format!("Bearer {TOKEN}");
     for (first, second) in [
         (good.as_str(), "Bearer wrong"),
@@ -266,7 +255,7 @@ async fn two_authorization_headers_are_refused() {
 #[tokio::test]
 async fn head_answers_as_get_without_a_body() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&config(&upstream, None, true)).await;
+    let gw = TestGateway::start(config(&upstream, None, true)).await;
     for (path, token) in [
         ("/limits", Some(TOKEN)),
         ("/limits", None),

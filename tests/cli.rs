@@ -4,12 +4,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
+use common::closed_port;
+use common::config::{GatewayToml, config_file};
 use common::process::run;
-use tempfile::TempDir;
 
 /// Commands that should exit at once get this long before the test calls them hung.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -39,14 +40,6 @@ respond = { status = 200, body = "pong\n" }
 name = "rest"
 upstream = "other"
 "#;
-
-/// A temporary directory holding `gateway.toml` with `text`.
-fn config_file(text: &str) -> (TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, text).unwrap();
-    (dir, path)
-}
 
 fn floodgate(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     run(dir, args, envs, EXIT_TIMEOUT)
@@ -271,15 +264,6 @@ fn version_and_help() {
     assert!(help.contains("FLOODGATE_CONFIG"), "{help}");
 }
 
-/// A port on 127.0.0.1 that nothing listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn assert_port_free(port: u16) {
     std::net::TcpListener::bind(("127.0.0.1", port))
         .unwrap_or_else(|e| panic!("port {port} is taken after floodgate exited: {e}"));
@@ -287,8 +271,8 @@ fn assert_port_free(port: u16) {
 
 #[test]
 fn an_invalid_config_exits_1_before_binding() {
-    let (listen, admin) = (free_port(), free_port());
-    let (dir, path) = config_file(&format!(
+    let (listen, admin) = (closed_port(), closed_port());
+    let (dir, path) = config_file(format!(
         "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
          shutdown_grace = \"forever\"\n"
     ));
@@ -308,8 +292,8 @@ fn an_invalid_config_exits_1_before_binding() {
 
 #[test]
 fn an_unknown_log_format_exits_1_with_a_message() {
-    let (listen, admin) = (free_port(), free_port());
-    let (dir, path) = config_file(&format!(
+    let (listen, admin) = (closed_port(), closed_port());
+    let (dir, path) = config_file(format!(
         "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n"
     ));
     let output = floodgate(
@@ -330,7 +314,7 @@ fn an_unknown_log_format_exits_1_with_a_message() {
 
 #[test]
 fn an_invalid_log_filter_exits_1_with_a_message() {
-    let (dir, path) = config_file("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n");
+    let (dir, path) = config_file(GatewayToml::new());
     let output = floodgate(
         dir.path(),
         &["--config", path.to_str().unwrap()],

@@ -8,31 +8,34 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::config::GatewayToml;
 use common::process::FloodgateProcess;
 use common::redis_server::RedisServer;
 use common::{TestGateway, Upstream, closed_port, get};
 use http::StatusCode;
 
-fn config(upstream_url: &str, redis: Option<&str>, lease: &str) -> String {
-    format!(
-        r#"{redis}
-[upstreams.app]
-url = "{upstream_url}"
-
-[limits.inflight]
-algorithm = "concurrency"
-limit = 2
-key = ["client_ip"]
-{lease}
-
-[[routes]]
-name = "app"
-path_prefix = "/"
-upstream = "app"
-limits = ["inflight"]
-"#,
-        redis = redis.map_or(String::new(), |url| format!("[redis]\nurl = \"{url}\"\n")),
-    )
+fn config(upstream_url: &str, redis: Option<&str>, lease: &str) -> GatewayToml {
+    let mut config = GatewayToml::new();
+    if let Some(url) = redis {
+        config = config.redis(url, "");
+    }
+    config
+        .upstream("app", upstream_url, "")
+        .limit(
+            "inflight",
+            &format!(
+                r#"algorithm = "concurrency"
+                limit = 2
+                key = ["client_ip"]
+                {lease}"#
+            ),
+        )
+        .route(
+            "app",
+            r#"path_prefix = "/"
+            upstream = "app"
+            limits = ["inflight"]"#,
+        )
 }
 
 fn spawn_get(url: String) -> tokio::task::JoinHandle<(StatusCode, http::HeaderMap, String)> {
@@ -50,7 +53,7 @@ async fn until(what: &str, within: Duration, condition: impl Fn() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_third_request_in_flight_is_refused_at_once_and_slots_come_back() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&config(&upstream.url(), None, "")).await;
+    let gw = TestGateway::start(config(&upstream.url(), None, "")).await;
     let holding: Vec<_> = (0..2)
         .map(|i| spawn_get(gw.url(&format!("/h{i}/slow?ms=600"))))
         .collect();
@@ -77,7 +80,7 @@ async fn a_third_request_in_flight_is_refused_at_once_and_slots_come_back() {
 
 #[tokio::test]
 async fn a_failed_request_gives_its_slot_back() {
-    let gw = TestGateway::start(&config(&format!("http://127.0.0.1:{}", closed_port()), None, "")).await;
+    let gw = TestGateway::start(config(&format!("http://127.0.0.1:{}", closed_port()), None, "")).await;
     for _ in 0..5 {
         assert_eq!(get(&gw.url("/")).await.0, StatusCode::BAD_GATEWAY);
     }
@@ -87,8 +90,8 @@ async fn a_failed_request_gives_its_slot_back() {
 async fn two_instances_on_one_redis_share_the_slots() {
     let redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
     let upstream = Upstream::start().await;
-    let a = TestGateway::start(&config(&upstream.url(), Some(&redis.url()), "")).await;
-    let b = TestGateway::start(&config(&upstream.url(), Some(&redis.url()), "")).await;
+    let a = TestGateway::start(config(&upstream.url(), Some(&redis.url()), "")).await;
+    let b = TestGateway::start(config(&upstream.url(), Some(&redis.url()), "")).await;
     let first = spawn_get(a.url("/a1/slow?ms=800"));
     let second = spawn_get(b.url("/b1/slow?ms=800"));
     until("two in flight", Duration::from_secs(2), || {
@@ -118,6 +121,7 @@ async fn the_slots_of_a_killed_instance_come_back_after_the_lease() {
     // `deny`: a store call that misses its deadline on a loaded machine must not pass for
     // a slot come back (`allow` would forward it).
     let text = config(&upstream.url(), Some(&redis.url()), "lease = \"3s\"")
+        .to_string()
         .replace("[redis]\n", "[redis]\non_error = \"deny\"\n");
     assert!(text.contains("on_error"));
     let doomed = tokio::task::spawn_blocking({

@@ -6,41 +6,41 @@
 
 mod common;
 
+use common::config::GatewayToml;
 use common::redis_server::RedisServer;
 use common::{TestGateway, Upstream, get};
 use http::StatusCode;
 
-fn config(upstream: &Upstream, redis: Option<&RedisServer>) -> String {
+fn config(upstream: &Upstream, redis: Option<&RedisServer>) -> GatewayToml {
     login_config(&upstream.url(), 3, redis)
 }
 
 /// One route to the app at `url`, its failures limited to `limit` in 15 minutes per
 /// client address, then an hour's lock-out; in Redis when given.
-fn login_config(url: &str, limit: u64, redis: Option<&RedisServer>) -> String {
-    format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-{redis}
-[upstreams.app]
-url = "{url}"
-
-[limits.login_failures]
-algorithm = "fixed_window"
-limit = {limit}
-window = "15m"
-key = ["client_ip"]
-count = "failures"
-lockout = "1h"
-
-[[routes]]
-name = "login"
-path_prefix = "/"
-upstream = "app"
-limits = ["login_failures"]
-"#,
-        redis = redis.map_or(String::new(), |r| format!("[redis]\nurl = \"{}\"\n", r.url())),
-    )
+fn login_config(url: &str, limit: u64, redis: Option<&RedisServer>) -> GatewayToml {
+    let mut config = GatewayToml::new();
+    if let Some(redis) = redis {
+        config = config.redis(&redis.url(), "");
+    }
+    config
+        .upstream("app", url, "")
+        .limit(
+            "login_failures",
+            &format!(
+                r#"algorithm = "fixed_window"
+                limit = {limit}
+                window = "15m"
+                key = ["client_ip"]
+                count = "failures"
+                lockout = "1h""#
+            ),
+        )
+        .route(
+            "login",
+            r#"path_prefix = "/"
+            upstream = "app"
+            limits = ["login_failures"]"#,
+        )
 }
 
 /// A PHP-style login: `/status?code=200` succeeds, `/status?code=401` fails.
@@ -84,7 +84,7 @@ async fn scenario(gw: &TestGateway, upstream: &Upstream) {
 #[tokio::test]
 async fn failures_are_counted_and_lock_out_in_process() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&config(&upstream, None)).await;
+    let gw = TestGateway::start(config(&upstream, None)).await;
     scenario(&gw, &upstream).await;
 }
 
@@ -92,7 +92,7 @@ async fn failures_are_counted_and_lock_out_in_process() {
 async fn failures_are_counted_and_lock_out_in_redis() {
     let redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&config(&upstream, Some(&redis))).await;
+    let gw = TestGateway::start(config(&upstream, Some(&redis))).await;
     scenario(&gw, &upstream).await;
 }
 
@@ -100,7 +100,7 @@ async fn failures_are_counted_and_lock_out_in_redis() {
 /// forwarded, so exactly 5 reach the app, whatever the concurrency.
 async fn parallel_guesses_get_exactly_the_limit_through(redis: Option<&RedisServer>) {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&login_config(&upstream.url(), 5, redis)).await;
+    let gw = TestGateway::start(login_config(&upstream.url(), 5, redis)).await;
     // Every guess fails, after 300 ms: all 50 are in flight at once.
     let url = gw.url("/status?code=401&ms=300");
     let guesses = (0..50).map(|_| {

@@ -8,8 +8,9 @@ use common::{TestGateway, Upstream, header_lines, raw_request, send};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 
-async fn gateway(upstream: &Upstream, server: &str) -> TestGateway {
-    TestGateway::proxy_to(upstream, server, "").await
+/// A gateway in front of `upstream` with `server_keys` in `[server]`.
+async fn gateway(upstream: &Upstream, server_keys: &str) -> TestGateway {
+    TestGateway::proxy_to(upstream, server_keys, "").await
 }
 
 async fn untrusted_gateway(upstream: &Upstream) -> TestGateway {
@@ -17,15 +18,7 @@ async fn untrusted_gateway(upstream: &Upstream) -> TestGateway {
 }
 
 async fn trusted_gateway(upstream: &Upstream) -> TestGateway {
-    gateway(
-        upstream,
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-trusted_proxies = ["127.0.0.0/8"]
-"#,
-    )
-    .await
+    gateway(upstream, r#"trusted_proxies = ["127.0.0.0/8"]"#).await
 }
 
 /// A raw HTTP/1.1 exchange answered with a `Content-Length` body: (head, body).
@@ -150,12 +143,8 @@ async fn kept_invalid_names_still_never_spell_a_protected_one() {
     let upstream = Upstream::start().await;
     let gw = gateway(
         &upstream,
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-drop_invalid_headers = false
-request_headers = { remove = ["X-Debug"] }
-"#,
+        r#"drop_invalid_headers = false
+        request_headers = { remove = ["X-Debug"] }"#,
     )
     .await;
     let seen = upstream_saw(&gw, PLANTED).await;

@@ -8,23 +8,16 @@ mod common;
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::closed_port;
+use common::config::config_file;
 use common::process::{FloodgateProcess, run};
-use tempfile::TempDir;
 
 /// The probe's own default timeout is 2 s; the binary must be done well within this.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn config_file(text: &str) -> (TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, text).unwrap();
-    (dir, path)
-}
 
 fn healthcheck(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut all = vec!["healthcheck"];
@@ -62,7 +55,7 @@ fn unhealthy_line(output: &Output) -> String {
 fn gateway_on_wildcard_admin() -> (FloodgateProcess, u16) {
     let port = closed_port();
     let gateway = FloodgateProcess::start(
-        &format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"0.0.0.0:{port}\"\n"),
+        format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"0.0.0.0:{port}\"\n"),
         &[],
     );
     assert_eq!(gateway.admin.port(), port);
@@ -96,7 +89,7 @@ fn a_config_edited_into_an_invalid_one_does_not_fail_a_running_gateway() {
     // so the health check reads only `admin_listen` and ignores the rest of the file.
     let (gateway, _) = gateway_on_wildcard_admin();
     let text = std::fs::read_to_string(&gateway.config).unwrap();
-    let (dir, edited) = config_file(&format!("{text}listen_addr = \"typo\"\n[[routes]]\nname = 1\n"));
+    let (dir, edited) = config_file(format!("{text}listen_addr = \"typo\"\n[[routes]]\nname = 1\n"));
     let check = run(
         dir.path(),
         &["check", "--config", edited.to_str().unwrap()],
@@ -111,7 +104,7 @@ fn a_config_edited_into_an_invalid_one_does_not_fail_a_running_gateway() {
 #[test]
 fn nothing_listening_is_unhealthy() {
     let port = closed_port();
-    let (dir, path) = config_file(&format!("[server]\nadmin_listen = \"127.0.0.1:{port}\"\n"));
+    let (dir, path) = config_file(format!("[server]\nadmin_listen = \"127.0.0.1:{port}\"\n"));
     let output = healthcheck(dir.path(), &["--config", path.to_str().unwrap()], &[]);
     let line = unhealthy_line(&output);
     assert!(
@@ -132,7 +125,7 @@ fn a_silent_listener_is_unhealthy_after_the_timeout() {
         let mut buf = [0u8; 1024];
         while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
     });
-    let (dir, path) = config_file(&format!("[server]\nadmin_listen = \"127.0.0.1:{port}\"\n"));
+    let (dir, path) = config_file(format!("[server]\nadmin_listen = \"127.0.0.1:{port}\"\n"));
     let started = Instant::now();
     let output = healthcheck(
         dir.path(),
@@ -170,7 +163,7 @@ fn an_answer_other_than_200_is_unhealthy() {
             .unwrap();
         String::from_utf8(request).unwrap()
     });
-    let (dir, path) = config_file(&format!("[server]\nadmin_listen = \"127.0.0.1:{port}\"\n"));
+    let (dir, path) = config_file(format!("[server]\nadmin_listen = \"127.0.0.1:{port}\"\n"));
     let output = healthcheck(dir.path(), &["--config", path.to_str().unwrap()], &[]);
     let line = unhealthy_line(&output);
     assert!(

@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::config::GatewayToml;
 use common::{TestGateway, Upstream, get, h2c_client};
 use http::{Request, StatusCode};
 use http_body_util::Full;
@@ -28,23 +29,28 @@ fn ms(n: u64) -> Duration {
 /// A gateway with `server` keys in `[server]`, `upstream` keys in `[upstreams.app]`, and
 /// a concurrency limit of `limit` per client address when given.
 async fn gateway(app: &Upstream, server: &str, upstream: &str, limit: Option<u32>) -> TestGateway {
-    let limits = match limit {
-        Some(limit) => format!(
-            "[limits.inflight]\nalgorithm = \"concurrency\"\nlimit = {limit}\nkey = [\"client_ip\"]\n"
-        ),
-        None => String::new(),
+    let Some(limit) = limit else {
+        return TestGateway::proxy_to(app, server, upstream).await;
     };
-    TestGateway::start(&format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{server}\n\n\
-         [upstreams.app]\nurl = \"{}\"\n{upstream}\n\n{limits}\n\
-         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n{}\n",
-        app.url(),
-        if limit.is_some() {
-            "limits = [\"inflight\"]"
-        } else {
-            ""
-        },
-    ))
+    TestGateway::start(
+        GatewayToml::new()
+            .server(server)
+            .upstream("app", &app.url(), upstream)
+            .limit(
+                "inflight",
+                &format!(
+                    r#"algorithm = "concurrency"
+                    limit = {limit}
+                    key = ["client_ip"]"#
+                ),
+            )
+            .route(
+                "app",
+                r#"path_prefix = "/"
+                upstream = "app"
+                limits = ["inflight"]"#,
+            ),
+    )
     .await
 }
 

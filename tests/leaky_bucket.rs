@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::config::GatewayToml;
 use common::process::FloodgateProcess;
 use common::redis_server::RedisServer;
 use common::{TestGateway, Upstream, get, h2c_client, read_response};
@@ -96,54 +97,43 @@ impl Drop for Recorder {
 /// `bucket` parameters, route `free` (everything else) unlimited, both to `upstream`.
 /// With `redis`, the store is that server, failing closed so that a Redis problem shows
 /// up as a 503 instead of passing silently; `/probe` then tells when it is connected.
-fn config(upstream: &str, bucket: &str, redis: Option<&str>, server: &str) -> String {
-    let redis = redis.map_or_else(String::new, |url| {
-        format!(
-            r#"
-[redis]
-url = "{url}"
-timeout = "1s"
-on_error = "deny"
-
-[limits.probe]
-algorithm = "fixed_window"
-limit = 1000000
-window = "1m"
-
-[[routes]]
-name = "probe"
-path = "/probe"
-respond = {{ status = 200, body = "probe\n" }}
-limits = ["probe"]
-"#
+fn config(upstream: &str, bucket: &str, redis: Option<&str>, server: &str) -> GatewayToml {
+    let mut config = GatewayToml::new()
+        .server(server)
+        .upstream("app", upstream, "")
+        .limit("queue", &format!("algorithm = \"leaky_bucket\"\n{bucket}"));
+    if let Some(url) = redis {
+        config = config
+            .redis(
+                url,
+                r#"timeout = "1s"
+                on_error = "deny""#,
+            )
+            .limit(
+                "probe",
+                r#"algorithm = "fixed_window"
+                limit = 1000000
+                window = "1m""#,
+            )
+            .route(
+                "probe",
+                r#"path = "/probe"
+                respond = { status = 200, body = "probe\n" }
+                limits = ["probe"]"#,
+            );
+    }
+    config
+        .route(
+            "held",
+            r#"path_prefix = "/held"
+            upstream = "app"
+            limits = ["queue"]"#,
         )
-    });
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-{server}
-
-[upstreams.app]
-url = "{upstream}"
-
-[limits.queue]
-algorithm = "leaky_bucket"
-{bucket}
-{redis}
-[[routes]]
-name = "held"
-path_prefix = "/held"
-upstream = "app"
-limits = ["queue"]
-
-[[routes]]
-name = "free"
-path_prefix = "/"
-upstream = "app"
-"#
-    )
+        .route(
+            "free",
+            r#"path_prefix = "/"
+            upstream = "app""#,
+        )
 }
 
 /// Waits until the gateway decides with Redis (a `/probe` that is not 503).
@@ -194,7 +184,7 @@ fn remaining(headers: &http::HeaderMap) -> u64 {
 async fn early_requests_are_held_evenly_spaced_and_the_excess_is_rejected_at_once() {
     let upstream = Recorder::start().await;
     // 100 ms apart, a queue of 3 behind the one that goes at once.
-    let gateway = TestGateway::start(&config(
+    let gateway = TestGateway::start(config(
         &upstream.url(),
         "rate = 10\nper = \"1s\"\nburst = 3",
         None,
@@ -286,7 +276,7 @@ async fn holding_requests_does_not_hold_the_only_worker_thread() {
         None,
         "workers = 1",
     );
-    let gateway = FloodgateProcess::start(&toml, &[("FLOODGATE_LOG_FORMAT", "json")]);
+    let gateway = FloodgateProcess::start(toml, &[("FLOODGATE_LOG_FORMAT", "json")]);
     assert!(
         gateway.stdout_lines()[0].contains("\"workers\":1"),
         "{:?}",
@@ -388,7 +378,7 @@ enum Leave {
 /// slot not been given back, D would be a 429 (its wait, ~1300 ms, exceeds the queue).
 async fn a_client_that_leaves_while_held_gives_its_slot_back(redis: Option<&str>, leave: Leave) {
     let upstream = Recorder::start().await;
-    let gateway = TestGateway::start(&config(
+    let gateway = TestGateway::start(config(
         &upstream.url(),
         "rate = 2\nper = \"1s\"\nburst = 2",
         redis,
@@ -512,7 +502,7 @@ async fn a_cancelled_http2_request_while_held_gives_its_slot_back() {
 async fn a_held_request_carries_the_rate_limit_headers_and_is_forwarded_once() {
     let upstream = Upstream::start().await;
     // 200 ms apart, queue of 2.
-    let gateway = TestGateway::start(&config(
+    let gateway = TestGateway::start(config(
         &upstream.url(),
         "rate = 5\nper = \"1s\"\nburst = 2",
         None,

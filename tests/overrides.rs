@@ -5,52 +5,49 @@
 mod common;
 
 use bytes::Bytes;
+use common::config::GatewayToml;
 use common::{TestGateway, Upstream, send};
 use http::Request;
 use http_body_util::Full;
 
 async fn gateway(upstream: &Upstream) -> TestGateway {
-    TestGateway::start(&format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[upstreams.app]
-url = "{}"
-
-[limits.api]
-algorithm = "token_bucket"
-rate = 1
-per = "1h"
-burst = 2
-key = ["header:x-api-key"]
-overrides = [
-  {{ key = ["gold-7f3a"], burst = 5 }},
-  {{ key = ["internal-batch"], exempt = true }},
-  {{ key = ["gold-7f3a"], burst = 100 }},
-]
-
-[limits.office]
-algorithm = "fixed_window"
-limit = 1
-window = "1h"
-key = ["client_ip"]
-overrides = [{{ key = ["127.0.0.0/8"], limit = 3 }}]
-
-[[routes]]
-name = "api"
-path = "/api"
-upstream = "app"
-limits = ["api"]
-
-[[routes]]
-name = "office"
-path = "/office"
-upstream = "app"
-limits = ["office"]
-"#,
-        upstream.url()
-    ))
+    TestGateway::start(
+        GatewayToml::new()
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "api",
+                r#"algorithm = "token_bucket"
+                rate = 1
+                per = "1h"
+                burst = 2
+                key = ["header:x-api-key"]
+                overrides = [
+                  { key = ["gold-7f3a"], burst = 5 },
+                  { key = ["internal-batch"], exempt = true },
+                  { key = ["gold-7f3a"], burst = 100 },
+                ]"#,
+            )
+            .limit(
+                "office",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "1h"
+                key = ["client_ip"]
+                overrides = [{ key = ["127.0.0.0/8"], limit = 3 }]"#,
+            )
+            .route(
+                "api",
+                r#"path = "/api"
+                upstream = "app"
+                limits = ["api"]"#,
+            )
+            .route(
+                "office",
+                r#"path = "/office"
+                upstream = "app"
+                limits = ["office"]"#,
+            ),
+    )
     .await
 }
 

@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::config::{GatewayToml, write_config};
 use common::tls::TestCa;
 use common::{TestGateway, Upstream, closed_port, get, raw_request};
 use floodgate::Config;
@@ -14,17 +15,17 @@ use http::StatusCode;
 /// Every status `[server.errors]` takes, each with a page naming it.
 const PAGES: [u16; 10] = [400, 403, 404, 408, 413, 431, 501, 502, 503, 504];
 
-/// `[server]` with the response rule every answer must carry, and `[server.errors]`.
-fn server(extra: &str) -> String {
+/// A configuration whose `[server]` has `server_keys`, the response rule every answer
+/// must carry, and `[server.errors]`.
+fn config(server_keys: &str) -> GatewayToml {
     let pages: String = PAGES
         .iter()
         .map(|status| format!("{status} = {{ body = \"page {status}\\n\", content_type = \"text/html\" }}\n"))
         .collect();
-    format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{extra}\n\
-         response_headers = {{ set = {{ \"X-Frame-Options\" = \"DENY\" }} }}\n\n\
-         [server.errors]\n{pages}\n"
-    )
+    GatewayToml::new()
+        .server(server_keys)
+        .server(r#"response_headers = { set = { "X-Frame-Options" = "DENY" } }"#)
+        .table("server.errors", &pages)
 }
 
 /// The status line and head of a raw HTTP/1.1 answer, and its body.
@@ -54,24 +55,65 @@ async fn get_answer(gw: &TestGateway, path: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_status_floodgate_answers_itself_has_its_page_and_the_servers_rules() {
     let upstream = Upstream::start().await;
-    let config = format!(
-        "{}\n\
-         [upstreams.app]\nurl = \"{app}\"\ntimeout = \"300ms\"\n\n\
-         [upstreams.capped]\nurl = \"{app}\"\nmax_requests = 1\nqueue = 0\n\n\
-         [upstreams.gone]\nurl = \"http://127.0.0.1:{gone}\"\n\n\
-         [limits.one]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nmessage = \"slow down\"\n\n\
-         [limits.closed]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nstatus = 503\nmessage = \"closed\"\n\n\
-         [[routes]]\nname = \"limited\"\npath = \"/limited\"\nupstream = \"app\"\nlimits = [\"one\"]\n\n\
-         [[routes]]\nname = \"closed\"\npath = \"/closed\"\nupstream = \"app\"\nlimits = [\"closed\"]\n\n\
-         [[routes]]\nname = \"private\"\npath = \"/private\"\nupstream = \"app\"\ndeny = [\"127.0.0.1\"]\n\n\
-         [[routes]]\nname = \"gone\"\npath = \"/gone\"\nupstream = \"gone\"\n\n\
-         [[routes]]\nname = \"capped\"\npath_prefix = \"/capped/\"\nupstream = \"capped\"\n\n\
-         [[routes]]\nname = \"app\"\npath_prefix = \"/app/\"\nupstream = \"app\"\n",
-        server("max_body = \"10B\"\nbody_timeout = \"100ms\""),
-        app = upstream.url(),
-        gone = closed_port(),
-    );
-    let gw = TestGateway::start(&config).await;
+    let app = upstream.url();
+    let config = config("max_body = \"10B\"\nbody_timeout = \"100ms\"")
+        .upstream("app", &app, r#"timeout = "300ms""#)
+        .upstream(
+            "capped",
+            &app,
+            r#"max_requests = 1
+            queue = 0"#,
+        )
+        .upstream("gone", &format!("http://127.0.0.1:{}", closed_port()), "")
+        .limit(
+            "one",
+            r#"algorithm = "fixed_window"
+            limit = 1
+            window = "1m"
+            message = "slow down""#,
+        )
+        .limit(
+            "closed",
+            r#"algorithm = "fixed_window"
+            limit = 1
+            window = "1m"
+            status = 503
+            message = "closed""#,
+        )
+        .route(
+            "limited",
+            r#"path = "/limited"
+            upstream = "app"
+            limits = ["one"]"#,
+        )
+        .route(
+            "closed",
+            r#"path = "/closed"
+            upstream = "app"
+            limits = ["closed"]"#,
+        )
+        .route(
+            "private",
+            r#"path = "/private"
+            upstream = "app"
+            deny = ["127.0.0.1"]"#,
+        )
+        .route(
+            "gone",
+            r#"path = "/gone"
+            upstream = "gone""#,
+        )
+        .route(
+            "capped",
+            r#"path_prefix = "/capped/"
+            upstream = "capped""#,
+        )
+        .route(
+            "app",
+            r#"path_prefix = "/app/"
+            upstream = "app""#,
+        );
+    let gw = TestGateway::start(config).await;
 
     assert_answer(&get_answer(&gw, "/nowhere").await, 404, "page 404\n");
     assert_answer(&get_answer(&gw, "/../etc/passwd").await, 400, "page 400\n");
@@ -108,17 +150,26 @@ async fn every_status_floodgate_answers_itself_has_its_page_and_the_servers_rule
 #[tokio::test]
 async fn a_store_that_fails_under_deny_answers_the_503_page() {
     let upstream = Upstream::start().await;
-    let config = format!(
-        "{}\n\
-         [redis]\nurl = \"redis://127.0.0.1:{dead}\"\non_error = \"deny\"\ntimeout = \"100ms\"\n\n\
-         [upstreams.app]\nurl = \"{}\"\n\n\
-         [limits.one]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n\n\
-         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\nlimits = [\"one\"]\n",
-        server(""),
-        upstream.url(),
-        dead = closed_port(),
-    );
-    let gw = TestGateway::start(&config).await;
+    let config = config("")
+        .redis(
+            &format!("redis://127.0.0.1:{}", closed_port()),
+            r#"on_error = "deny"
+            timeout = "100ms""#,
+        )
+        .upstream("app", &upstream.url(), "")
+        .limit(
+            "one",
+            r#"algorithm = "fixed_window"
+            limit = 10
+            window = "1m""#,
+        )
+        .route(
+            "app",
+            r#"path_prefix = "/"
+            upstream = "app"
+            limits = ["one"]"#,
+        );
+    let gw = TestGateway::start(config).await;
     let answer = get_answer(&gw, "/x").await;
     assert_answer(&answer, 503, "page 503\n");
     assert!(split(&answer).1.contains("\r\nretry-after: 1"), "{answer}");
@@ -131,16 +182,15 @@ async fn the_redirect_to_https_carries_the_servers_rules() {
     let dir = tempfile::tempdir().unwrap();
     ca.issue(&["a.test"]).write(dir.path(), "a");
     let upstream = Upstream::start().await;
-    let text = format!(
-        "{}\n[server.tls]\nlisten = \"127.0.0.1:0\"\ncertificates = [{{ cert = \"a.crt\", key = \"a.key\" }}]\n\
-         redirect_http = true\n\n\
-         [upstreams.app]\nurl = \"{}\"\n\n\
-         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
-        server(""),
-        upstream.url()
-    );
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, text).unwrap();
+    let text = config("")
+        .table(
+            "server.tls",
+            r#"listen = "127.0.0.1:0"
+            certificates = [{ cert = "a.crt", key = "a.key" }]
+            redirect_http = true"#,
+        )
+        .proxy_to(&upstream.url(), "");
+    let path = write_config(dir.path(), text);
     let gw = TestGateway::start_config(Config::load(&path).unwrap()).await;
     let answer = get_answer(&gw, "/x?y=1").await;
     assert_answer(&answer, 308, "");

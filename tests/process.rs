@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::config::GatewayToml;
 use common::process::FloodgateProcess;
 use common::{Upstream, get, http1_client, raw_request};
 use http::{Request, StatusCode};
@@ -18,23 +19,11 @@ use serde_json::Value;
 use tokio::net::TcpStream;
 
 /// One upstream route, `app`, for everything under `/`.
-fn proxy_config(upstream: &Upstream, server_extra: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-{server_extra}
-
-[upstreams.app]
-url = "{}"
-
-[[routes]]
-name = "app"
-upstream = "app"
-"#,
-        upstream.url()
-    )
+fn proxy_config(upstream: &Upstream, server_extra: &str) -> GatewayToml {
+    GatewayToml::new()
+        .server(server_extra)
+        .upstream("app", &upstream.url(), "")
+        .route("app", r#"upstream = "app""#)
 }
 
 /// Access-log lines: text lines naming the `access` target, or JSON lines with that target.
@@ -59,7 +48,7 @@ fn wait_for_access_lines(gateway: &FloodgateProcess, n: usize) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_access_log_has_one_line_per_request_with_every_field() {
     let upstream = Upstream::start().await;
-    let gateway = FloodgateProcess::start(&proxy_config(&upstream, ""), &[("FLOODGATE_LOG_FORMAT", "json")]);
+    let gateway = FloodgateProcess::start(proxy_config(&upstream, ""), &[("FLOODGATE_LOG_FORMAT", "json")]);
 
     let raw = raw_request(
         gateway.listen,
@@ -95,7 +84,11 @@ async fn json_access_log_has_one_line_per_request_with_every_field() {
 
     // A request matching no route is logged too, with the empty route.
     let gateway_404 = FloodgateProcess::start(
-        "[[routes]]\nname = \"only\"\npath = \"/only\"\nrespond = { body = \"x\" }\n",
+        GatewayToml::new().route(
+            "only",
+            r#"path = "/only"
+            respond = { body = "x" }"#,
+        ),
         &[("FLOODGATE_LOG_FORMAT", "json")],
     );
     let (status, _, _) = get(&gateway_404.url("/elsewhere")).await;
@@ -112,7 +105,7 @@ async fn json_access_log_has_one_line_per_request_with_every_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_access_log_is_plain_key_value_pairs() {
     let upstream = Upstream::start().await;
-    let gateway = FloodgateProcess::start(&proxy_config(&upstream, ""), &[]);
+    let gateway = FloodgateProcess::start(proxy_config(&upstream, ""), &[]);
 
     let (status, _, _) = get(&gateway.url("/hello?x=1")).await;
     assert_eq!(status, StatusCode::OK);
@@ -153,7 +146,7 @@ async fn wait_until_upstream_has_it(upstream: &Upstream) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_then_exits_0() {
     let upstream = Upstream::start().await;
-    let mut gateway = FloodgateProcess::start(&proxy_config(&upstream, "shutdown_grace = \"5s\""), &[]);
+    let mut gateway = FloodgateProcess::start(proxy_config(&upstream, "shutdown_grace = \"5s\""), &[]);
     let (status, _, _) = get(&gateway.admin_url("/readyz")).await;
     assert_eq!(status, StatusCode::OK);
 
@@ -208,7 +201,7 @@ async fn sigterm_drains_in_flight_requests_then_exits_0() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_0_after_the_grace_even_if_a_request_is_stuck() {
     let upstream = Upstream::start().await;
-    let mut gateway = FloodgateProcess::start(&proxy_config(&upstream, "shutdown_grace = \"500ms\""), &[]);
+    let mut gateway = FloodgateProcess::start(proxy_config(&upstream, "shutdown_grace = \"500ms\""), &[]);
 
     let url = gateway.url("/slow?ms=30000");
     let stuck = tokio::spawn(async move {
@@ -237,7 +230,7 @@ async fn sigterm_exits_0_after_the_grace_even_if_a_request_is_stuck() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_drains_and_exits_0_like_sigterm() {
     let upstream = Upstream::start().await;
-    let mut gateway = FloodgateProcess::start(&proxy_config(&upstream, "shutdown_grace = \"5s\""), &[]);
+    let mut gateway = FloodgateProcess::start(proxy_config(&upstream, "shutdown_grace = \"5s\""), &[]);
     let url = gateway.url("/slow?ms=500");
     let in_flight = tokio::spawn(async move {
         let request = Request::get(url).body(Full::new(Bytes::new())).unwrap();
@@ -273,12 +266,8 @@ fn workers_sets_the_runtime_thread_count() {
     // differs from the per-core default on any machine.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     for workers in [2, cpus + 1] {
-        let gateway = FloodgateProcess::start(
-            &format!(
-                "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nworkers = {workers}\n"
-            ),
-            &[],
-        );
+        let gateway =
+            FloodgateProcess::start(GatewayToml::new().server(&format!("workers = {workers}")), &[]);
         assert_eq!(
             runtime_threads(&gateway),
             workers,
@@ -342,7 +331,7 @@ async fn memory_does_not_grow_with_body_size() {
     const SIZE: u64 = 200 * MB;
     let upstream = Upstream::start().await;
     // Two workers so that the figure does not depend on the machine's core count.
-    let gateway = FloodgateProcess::start(&proxy_config(&upstream, "workers = 2"), &[]);
+    let gateway = FloodgateProcess::start(proxy_config(&upstream, "workers = 2"), &[]);
     assert_eq!(
         stream_through(&gateway, "GET", "/big?bytes=1024", 0).await,
         (StatusCode::OK, 1024)
@@ -380,7 +369,7 @@ async fn memory_does_not_grow_with_body_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_answer_health_and_metrics() {
     let upstream = Upstream::start().await;
-    let gateway = FloodgateProcess::start(&proxy_config(&upstream, ""), &[]);
+    let gateway = FloodgateProcess::start(proxy_config(&upstream, ""), &[]);
 
     let (status, _, body) = get(&gateway.admin_url("/healthz")).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "ok\n"));
@@ -446,9 +435,10 @@ async fn rapid_reset(addr: std::net::SocketAddr, streams: u32) {
 async fn rapid_reset_connections_do_not_flood_the_log() {
     let upstream = Upstream::start().await;
     // The admin listener on a wildcard address: no warning about it in a container.
-    let config =
-        proxy_config(&upstream, "").replace("admin_listen = \"127.0.0.1:0\"", "admin_listen = \"0.0.0.0:0\"");
-    let gateway = FloodgateProcess::start(&config, &[]);
+    let config = proxy_config(&upstream, "")
+        .to_string()
+        .replace("admin_listen = \"127.0.0.1:0\"", "admin_listen = \"0.0.0.0:0\"");
+    let gateway = FloodgateProcess::start(config, &[]);
     for _ in 0..20 {
         rapid_reset(gateway.listen, 100).await;
     }

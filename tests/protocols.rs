@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::config::GatewayToml;
 use common::{TestGateway, Upstream, h2c_client, header_lines, http1_client, raw_request, read_response};
 use http::{Request, StatusCode, Version};
 use http_body_util::Full;
@@ -22,24 +23,22 @@ async fn gateway(upstream: &Upstream) -> TestGateway {
 #[tokio::test]
 async fn http2_cookie_crumbs_reach_the_upstream_as_one_cookie_line() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&format!(
-        r#"
-[upstreams.app]
-url = "{}"
-
-[limits.session]
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-key = ["cookie:PHPSESSID"]
-
-[[routes]]
-name = "app"
-upstream = "app"
-limits = ["session"]
-"#,
-        upstream.url()
-    ))
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "session",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "1m"
+                key = ["cookie:PHPSESSID"]"#,
+            )
+            .route(
+                "app",
+                r#"upstream = "app"
+                limits = ["session"]"#,
+            ),
+    )
     .await;
     let client = h2c_client();
     let crumbs = |session: &str| {
@@ -195,12 +194,7 @@ async fn closed_after(addr: std::net::SocketAddr, sent: &[u8]) -> Duration {
 #[tokio::test]
 async fn http2_connections_without_an_open_stream_are_closed_after_header_timeout() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::proxy_to(
-        &upstream,
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nheader_timeout = \"300ms\"",
-        "",
-    )
-    .await;
+    let gw = TestGateway::proxy_to(&upstream, "header_timeout = \"300ms\"", "").await;
 
     let preface = [H2_PREFACE, H2_SETTINGS].concat();
     let unfinished = [H2_PREFACE, H2_SETTINGS, H2_UNFINISHED_HEADERS].concat();

@@ -8,6 +8,7 @@ mod common;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
+use common::config::GatewayToml;
 use common::{TestGateway, Upstream, get};
 use http::{HeaderMap, StatusCode};
 
@@ -19,21 +20,12 @@ const RATELIMIT_HEADERS: [&str; 5] = [
     "x-ratelimit-reset",
 ];
 
-/// A gateway whose `[[routes]]` (given) send to `upstream`; `server` is extra `[server]` keys.
-async fn gateway(upstream: &Upstream, server: &str, limits_and_routes: &str) -> TestGateway {
-    TestGateway::start(&format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-{server}
-
-[upstreams.app]
-url = "{}"
-
-{limits_and_routes}"#,
-        upstream.url()
-    ))
-    .await
+/// A configuration with one upstream, `app`, at `upstream`, and `server` keys in
+/// `[server]`; each test adds its limits and routes.
+fn app(upstream: &Upstream, server: &str) -> GatewayToml {
+    GatewayToml::new()
+        .server(server)
+        .upstream("app", &upstream.url(), "")
 }
 
 /// The only value of `name`; fails when it is absent or repeated.
@@ -69,22 +61,26 @@ fn assert_no_ratelimit_headers(headers: &HeaderMap) {
     }
 }
 
-const PER_IP_3: &str = r#"
-[limits.per_ip]
-algorithm = "fixed_window"
-limit = 3
-window = "1m"
-"#;
+/// `per_ip`, 3 a minute, and the route `api` it limits.
+fn per_ip_3(upstream: &Upstream) -> GatewayToml {
+    app(upstream, "")
+        .limit(
+            "per_ip",
+            r#"algorithm = "fixed_window"
+            limit = 3
+            window = "1m""#,
+        )
+        .route(
+            "api",
+            r#"upstream = "app"
+            limits = ["per_ip"]"#,
+        )
+}
 
 #[tokio::test]
 async fn the_request_over_the_limit_gets_429_and_never_reaches_the_upstream() {
     let upstream = Upstream::start().await;
-    let gw = gateway(
-        &upstream,
-        "",
-        &format!("{PER_IP_3}\n[[routes]]\nname = \"api\"\nupstream = \"app\"\nlimits = [\"per_ip\"]\n"),
-    )
-    .await;
+    let gw = TestGateway::start(per_ip_3(&upstream)).await;
 
     for i in 0..3 {
         let (status, _, body) = get(&gw.url("/x")).await;
@@ -115,22 +111,21 @@ async fn the_request_over_the_limit_gets_429_and_never_reaches_the_upstream() {
 #[tokio::test]
 async fn custom_status_and_message_are_the_rejection() {
     let upstream = Upstream::start().await;
-    let gw = gateway(
-        &upstream,
-        "",
-        r#"
-[limits.strict]
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-status = 503
-message = "Slow down, please.\n"
-
-[[routes]]
-name = "api"
-upstream = "app"
-limits = ["strict"]
-"#,
+    let gw = TestGateway::start(
+        app(&upstream, "")
+            .limit(
+                "strict",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "1m"
+                status = 503
+                message = "Slow down, please.\n""#,
+            )
+            .route(
+                "api",
+                r#"upstream = "app"
+                limits = ["strict"]"#,
+            ),
     )
     .await;
 
@@ -148,19 +143,7 @@ limits = ["strict"]
 #[tokio::test]
 async fn ietf_headers_name_each_limit_on_admitted_and_rejected_responses() {
     let upstream = Upstream::start().await;
-    let gw = gateway(
-        &upstream,
-        "",
-        &format!(
-            r#"{PER_IP_3}
-[[routes]]
-name = "api"
-upstream = "app"
-limits = ["per_ip"]
-"#
-        ),
-    )
-    .await;
+    let gw = TestGateway::start(per_ip_3(&upstream)).await;
 
     for remaining in [2, 1, 0] {
         let (status, headers, _) = get(&gw.url("/")).await;
@@ -185,28 +168,33 @@ limits = ["per_ip"]
     assert_eq!(retry_after(&headers), t);
 }
 
-const TWO_LIMITS: &str = r#"
-[limits.per_minute]
-algorithm = "fixed_window"
-limit = 3
-window = "1m"
-
-[limits.burst]
-algorithm = "token_bucket"
-rate = 2
-per = "1s"
-burst = 5
-
-[[routes]]
-name = "api"
-upstream = "app"
-limits = ["per_minute", "burst"]
-"#;
+/// `per_minute` and `burst`, both limiting the route `api`; `server` keys in `[server]`.
+fn two_limits(upstream: &Upstream, server: &str) -> GatewayToml {
+    app(upstream, server)
+        .limit(
+            "per_minute",
+            r#"algorithm = "fixed_window"
+            limit = 3
+            window = "1m""#,
+        )
+        .limit(
+            "burst",
+            r#"algorithm = "token_bucket"
+            rate = 2
+            per = "1s"
+            burst = 5"#,
+        )
+        .route(
+            "api",
+            r#"upstream = "app"
+            limits = ["per_minute", "burst"]"#,
+        )
+}
 
 #[tokio::test]
 async fn a_route_with_two_limits_gets_one_item_per_limit_in_route_order() {
     let upstream = Upstream::start().await;
-    let gw = gateway(&upstream, "ratelimit_headers = \"ietf\"", TWO_LIMITS).await;
+    let gw = TestGateway::start(two_limits(&upstream, "ratelimit_headers = \"ietf\"")).await;
 
     let (status, headers, _) = get(&gw.url("/")).await;
     assert_eq!(status, StatusCode::OK);
@@ -225,26 +213,26 @@ async fn a_route_with_two_limits_gets_one_item_per_limit_in_route_order() {
 #[tokio::test]
 async fn legacy_headers_describe_the_limit_with_least_remaining() {
     let upstream = Upstream::start().await;
-    let gw = gateway(
-        &upstream,
-        "ratelimit_headers = \"legacy\"",
-        r#"
-[limits.per_minute]
-algorithm = "fixed_window"
-limit = 3
-window = "1m"
-
-[limits.burst]
-algorithm = "token_bucket"
-rate = 1
-per = "10s"
-burst = 2
-
-[[routes]]
-name = "api"
-upstream = "app"
-limits = ["per_minute", "burst"]
-"#,
+    let gw = TestGateway::start(
+        app(&upstream, "ratelimit_headers = \"legacy\"")
+            .limit(
+                "per_minute",
+                r#"algorithm = "fixed_window"
+                limit = 3
+                window = "1m""#,
+            )
+            .limit(
+                "burst",
+                r#"algorithm = "token_bucket"
+                rate = 1
+                per = "10s"
+                burst = 2"#,
+            )
+            .route(
+                "api",
+                r#"upstream = "app"
+                limits = ["per_minute", "burst"]"#,
+            ),
     )
     .await;
 
@@ -272,7 +260,7 @@ limits = ["per_minute", "burst"]
 #[tokio::test]
 async fn both_sends_ietf_and_legacy_headers() {
     let upstream = Upstream::start().await;
-    let gw = gateway(&upstream, "ratelimit_headers = \"both\"", TWO_LIMITS).await;
+    let gw = TestGateway::start(two_limits(&upstream, "ratelimit_headers = \"both\"")).await;
 
     let (_, headers, _) = get(&gw.url("/")).await;
     assert_eq!(
@@ -292,20 +280,19 @@ async fn both_sends_ietf_and_legacy_headers() {
 #[tokio::test]
 async fn none_sends_no_rate_limit_headers_but_still_retry_after() {
     let upstream = Upstream::start().await;
-    let gw = gateway(
-        &upstream,
-        "ratelimit_headers = \"none\"",
-        r#"
-[limits.one]
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-
-[[routes]]
-name = "api"
-upstream = "app"
-limits = ["one"]
-"#,
+    let gw = TestGateway::start(
+        app(&upstream, "ratelimit_headers = \"none\"")
+            .limit(
+                "one",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "1m""#,
+            )
+            .route(
+                "api",
+                r#"upstream = "app"
+                limits = ["one"]"#,
+            ),
     )
     .await;
 
@@ -321,39 +308,40 @@ limits = ["one"]
 #[tokio::test]
 async fn shadow_limits_never_reject_add_no_headers_and_count_what_they_would_have_done() {
     let upstream = Upstream::start().await;
-    let gw = gateway(
-        &upstream,
-        "",
-        r#"
-[limits.x]
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-mode = "shadow"
-
-[limits.y]
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-mode = "shadow"
-
-[limits.enforced]
-algorithm = "fixed_window"
-limit = 10
-window = "1m"
-
-[[routes]]
-name = "shadow-only"
-path_prefix = "/only"
-upstream = "app"
-limits = ["x"]
-
-[[routes]]
-name = "mixed"
-path_prefix = "/mixed"
-upstream = "app"
-limits = ["y", "enforced"]
-"#,
+    let gw = TestGateway::start(
+        app(&upstream, "")
+            .limit(
+                "x",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "1m"
+                mode = "shadow""#,
+            )
+            .limit(
+                "y",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "1m"
+                mode = "shadow""#,
+            )
+            .limit(
+                "enforced",
+                r#"algorithm = "fixed_window"
+                limit = 10
+                window = "1m""#,
+            )
+            .route(
+                "shadow-only",
+                r#"path_prefix = "/only"
+                upstream = "app"
+                limits = ["x"]"#,
+            )
+            .route(
+                "mixed",
+                r#"path_prefix = "/mixed"
+                upstream = "app"
+                limits = ["y", "enforced"]"#,
+            ),
     )
     .await;
 
@@ -397,45 +385,46 @@ limits = ["y", "enforced"]
 #[tokio::test]
 async fn exempt_client_ips_are_never_limited_and_get_no_headers_for_that_limit() {
     let upstream = Upstream::start().await;
-    let gw = gateway(
-        &upstream,
-        "",
-        r#"
-[limits.local_exempt]
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-exempt = ["127.0.0.0/8"]
-
-[limits.other_exempt]
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-exempt = ["10.0.0.0/8", "::1/128"]
-
-[limits.everyone]
-algorithm = "fixed_window"
-limit = 10
-window = "1m"
-
-[[routes]]
-name = "exempt"
-path_prefix = "/exempt"
-upstream = "app"
-limits = ["local_exempt"]
-
-[[routes]]
-name = "mixed"
-path_prefix = "/mixed"
-upstream = "app"
-limits = ["local_exempt", "everyone"]
-
-[[routes]]
-name = "not-exempt"
-path_prefix = "/applies"
-upstream = "app"
-limits = ["other_exempt"]
-"#,
+    let gw = TestGateway::start(
+        app(&upstream, "")
+            .limit(
+                "local_exempt",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "1m"
+                exempt = ["127.0.0.0/8"]"#,
+            )
+            .limit(
+                "other_exempt",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "1m"
+                exempt = ["10.0.0.0/8", "::1/128"]"#,
+            )
+            .limit(
+                "everyone",
+                r#"algorithm = "fixed_window"
+                limit = 10
+                window = "1m""#,
+            )
+            .route(
+                "exempt",
+                r#"path_prefix = "/exempt"
+                upstream = "app"
+                limits = ["local_exempt"]"#,
+            )
+            .route(
+                "mixed",
+                r#"path_prefix = "/mixed"
+                upstream = "app"
+                limits = ["local_exempt", "everyone"]"#,
+            )
+            .route(
+                "not-exempt",
+                r#"path_prefix = "/applies"
+                upstream = "app"
+                limits = ["other_exempt"]"#,
+            ),
     )
     .await;
 
@@ -461,27 +450,26 @@ limits = ["other_exempt"]
 #[tokio::test]
 async fn routes_that_name_the_same_limit_share_its_counter() {
     let upstream = Upstream::start().await;
-    let gw = gateway(
-        &upstream,
-        "",
-        r#"
-[limits.shared]
-algorithm = "fixed_window"
-limit = 3
-window = "1m"
-
-[[routes]]
-name = "a"
-path_prefix = "/a"
-upstream = "app"
-limits = ["shared"]
-
-[[routes]]
-name = "b"
-path_prefix = "/b"
-upstream = "app"
-limits = ["shared"]
-"#,
+    let gw = TestGateway::start(
+        app(&upstream, "")
+            .limit(
+                "shared",
+                r#"algorithm = "fixed_window"
+                limit = 3
+                window = "1m""#,
+            )
+            .route(
+                "a",
+                r#"path_prefix = "/a"
+                upstream = "app"
+                limits = ["shared"]"#,
+            )
+            .route(
+                "b",
+                r#"path_prefix = "/b"
+                upstream = "app"
+                limits = ["shared"]"#,
+            ),
     )
     .await;
 
@@ -498,21 +486,20 @@ limits = ["shared"]
 #[tokio::test]
 async fn cost_is_consumed_from_the_limit_per_request() {
     let upstream = Upstream::start().await;
-    let gw = gateway(
-        &upstream,
-        "",
-        r#"
-[limits.ten]
-algorithm = "fixed_window"
-limit = 10
-window = "1m"
-
-[[routes]]
-name = "expensive"
-upstream = "app"
-limits = ["ten"]
-cost = 3
-"#,
+    let gw = TestGateway::start(
+        app(&upstream, "")
+            .limit(
+                "ten",
+                r#"algorithm = "fixed_window"
+                limit = 10
+                window = "1m""#,
+            )
+            .route(
+                "expensive",
+                r#"upstream = "app"
+                limits = ["ten"]
+                cost = 3"#,
+            ),
     )
     .await;
 
@@ -531,21 +518,20 @@ cost = 3
 #[tokio::test]
 async fn lockout_keeps_rejecting_after_the_window_until_the_penalty_ends() {
     let upstream = Upstream::start().await;
-    let gw = gateway(
-        &upstream,
-        "",
-        r#"
-[limits.tight]
-algorithm = "fixed_window"
-limit = 1
-window = "300ms"
-lockout = "1s"
-
-[[routes]]
-name = "login"
-upstream = "app"
-limits = ["tight"]
-"#,
+    let gw = TestGateway::start(
+        app(&upstream, "")
+            .limit(
+                "tight",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "300ms"
+                lockout = "1s""#,
+            )
+            .route(
+                "login",
+                r#"upstream = "app"
+                limits = ["tight"]"#,
+            ),
     )
     .await;
 
@@ -580,26 +566,25 @@ limits = ["tight"]
 #[tokio::test]
 async fn decisions_and_store_calls_are_counted_exactly() {
     let upstream = Upstream::start().await;
-    let gw = gateway(
-        &upstream,
-        "",
-        r#"
-[limits.two]
-algorithm = "fixed_window"
-limit = 2
-window = "1m"
-
-[[routes]]
-name = "limited"
-path_prefix = "/limited"
-upstream = "app"
-limits = ["two"]
-
-[[routes]]
-name = "free"
-path_prefix = "/free"
-upstream = "app"
-"#,
+    let gw = TestGateway::start(
+        app(&upstream, "")
+            .limit(
+                "two",
+                r#"algorithm = "fixed_window"
+                limit = 2
+                window = "1m""#,
+            )
+            .route(
+                "limited",
+                r#"path_prefix = "/limited"
+                upstream = "app"
+                limits = ["two"]"#,
+            )
+            .route(
+                "free",
+                r#"path_prefix = "/free"
+                upstream = "app""#,
+            ),
     )
     .await;
 

@@ -6,30 +6,31 @@
 mod common;
 
 use bytes::Bytes;
+use common::config::GatewayToml;
 use common::{TestGateway, Upstream, get, raw_request, send};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 
 /// A gateway with one route `/` limited by `limit` (2 per minute) keyed on `key`.
 async fn keyed_gateway(upstream: &Upstream, key: &str, limit: u64) -> TestGateway {
-    TestGateway::start(&format!(
-        r#"
-[upstreams.app]
-url = "{}"
-
-[limits.keyed]
-algorithm = "fixed_window"
-limit = {limit}
-window = "1m"
-key = [{key}]
-
-[[routes]]
-name = "api"
-upstream = "app"
-limits = ["keyed"]
-"#,
-        upstream.url()
-    ))
+    TestGateway::start(
+        GatewayToml::new()
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "keyed",
+                &format!(
+                    r#"algorithm = "fixed_window"
+                    limit = {limit}
+                    window = "1m"
+                    key = [{key}]"#
+                ),
+            )
+            .route(
+                "api",
+                r#"upstream = "app"
+                limits = ["keyed"]"#,
+            ),
+    )
     .await
 }
 

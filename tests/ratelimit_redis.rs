@@ -7,58 +7,42 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::config::GatewayToml;
 use common::redis_server::RedisServer;
 use common::{TestGateway, Upstream, closed_port, get};
 use http::{HeaderMap, StatusCode};
-
-/// A route `/warmup` answered by the gateway itself, limited generously: until its
-/// responses carry `RateLimit`, the gateway has not reached Redis yet.
-const WARMUP: &str = r#"
-[limits.warmup]
-algorithm = "fixed_window"
-limit = 1000000
-window = "1m"
-
-[[routes]]
-name = "warmup"
-path = "/warmup"
-respond = { status = 200, body = "ok\n" }
-limits = ["warmup"]
-"#;
 
 async fn redis_server() -> RedisServer {
     tokio::task::spawn_blocking(RedisServer::start).await.unwrap()
 }
 
-/// A gateway on `redis_url` with `[redis]` extras, one upstream `app`, the warm-up
-/// route and `limits_and_routes`. Unless the extras set one, the store's timeout is 5 s:
-/// these tests count in Redis, and a call over the default 50 ms on a starved machine
-/// would be decided by `on_error` instead.
-async fn gateway(
-    redis_url: &str,
-    redis_extra: &str,
-    upstream: &Upstream,
-    limits_and_routes: &str,
-) -> TestGateway {
+/// A configuration on `redis_url` with `[redis]` extras, one upstream `app`, and a route
+/// `/warmup` answered by the gateway itself, limited generously: until its responses carry
+/// `RateLimit`, the gateway has not reached Redis yet. Each test adds its limits and routes.
+/// Unless the extras set one, the store's timeout is 5 s: these tests count in Redis, and
+/// a call over the default 50 ms on a starved machine would be decided by `on_error`
+/// instead.
+fn config(redis_url: &str, redis_extra: &str, upstream: &Upstream) -> GatewayToml {
     let timeout = if redis_extra.contains("timeout") {
         ""
     } else {
         "timeout = \"5s\""
     };
-    TestGateway::start(&format!(
-        r#"
-[redis]
-url = "{redis_url}"
-{timeout}
-{redis_extra}
-
-[upstreams.app]
-url = "{}"
-{WARMUP}
-{limits_and_routes}"#,
-        upstream.url()
-    ))
-    .await
+    GatewayToml::new()
+        .redis(redis_url, &format!("{timeout}\n{redis_extra}"))
+        .upstream("app", &upstream.url(), "")
+        .limit(
+            "warmup",
+            r#"algorithm = "fixed_window"
+            limit = 1000000
+            window = "1m""#,
+        )
+        .route(
+            "warmup",
+            r#"path = "/warmup"
+            respond = { status = 200, body = "ok\n" }
+            limits = ["warmup"]"#,
+        )
 }
 
 /// Waits until `gw` decides with Redis (it connects in the background).
@@ -81,29 +65,32 @@ fn one<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
     values[0].to_str().unwrap()
 }
 
-fn limited(name: &str, limit: u64, extra: &str) -> String {
-    format!(
-        r#"
-[limits.{name}]
-algorithm = "fixed_window"
-limit = {limit}
-window = "1m"
-{extra}
-
-[[routes]]
-name = "api"
-path_prefix = "/"
-upstream = "app"
-limits = ["{name}"]
-"#
-    )
+/// `config` with the limit `name`, `limit` a minute, on a route for everything.
+fn limited(config: GatewayToml, name: &str, limit: u64) -> GatewayToml {
+    config
+        .limit(
+            name,
+            &format!(
+                r#"algorithm = "fixed_window"
+                limit = {limit}
+                window = "1m""#
+            ),
+        )
+        .route(
+            "api",
+            &format!(
+                r#"path_prefix = "/"
+                upstream = "app"
+                limits = ["{name}"]"#
+            ),
+        )
 }
 
 #[tokio::test]
 async fn redis_admits_exactly_the_limit_and_rejects_before_the_upstream() {
     let redis = redis_server().await;
     let upstream = Upstream::start().await;
-    let gw = gateway(&redis.url(), "", &upstream, &limited("per_ip", 3, "")).await;
+    let gw = TestGateway::start(limited(config(&redis.url(), "", &upstream), "per_ip", 3)).await;
     until_connected(&gw).await;
 
     for remaining in [2, 1, 0] {
@@ -152,7 +139,7 @@ async fn redis_admits_exactly_the_limit_and_rejects_before_the_upstream() {
 async fn a_refusal_is_remembered_and_answered_without_redis() {
     let redis = redis_server().await;
     let upstream = Upstream::start().await;
-    let gw = gateway(&redis.url(), "", &upstream, &limited("per_ip", 2, "")).await;
+    let gw = TestGateway::start(limited(config(&redis.url(), "", &upstream), "per_ip", 2)).await;
     until_connected(&gw).await;
     let script_calls = || redis.command_calls("evalsha");
     let before = script_calls();
@@ -177,9 +164,9 @@ async fn a_refusal_is_remembered_and_answered_without_redis() {
 async fn two_gateways_on_one_redis_share_the_counter() {
     let redis = redis_server().await;
     let upstream = Upstream::start().await;
-    let routes = limited("shared", 4, "");
-    let a = gateway(&redis.url(), "", &upstream, &routes).await;
-    let b = gateway(&redis.url(), "", &upstream, &routes).await;
+    let config = limited(config(&redis.url(), "", &upstream), "shared", 4);
+    let a = TestGateway::start(&config).await;
+    let b = TestGateway::start(&config).await;
     until_connected(&a).await;
     until_connected(&b).await;
 
@@ -199,20 +186,21 @@ async fn two_gateways_on_one_redis_share_the_counter() {
 async fn a_lock_out_in_redis_binds_every_gateway() {
     let redis = redis_server().await;
     let upstream = Upstream::start().await;
-    let routes = r#"
-[limits.login]
-algorithm = "fixed_window"
-limit = 1
-window = "300ms"
-lockout = "2s"
-
-[[routes]]
-name = "api"
-upstream = "app"
-limits = ["login"]
-"#;
-    let a = gateway(&redis.url(), "", &upstream, routes).await;
-    let b = gateway(&redis.url(), "", &upstream, routes).await;
+    let config = config(&redis.url(), "", &upstream)
+        .limit(
+            "login",
+            r#"algorithm = "fixed_window"
+            limit = 1
+            window = "300ms"
+            lockout = "2s""#,
+        )
+        .route(
+            "api",
+            r#"upstream = "app"
+            limits = ["login"]"#,
+        );
+    let a = TestGateway::start(&config).await;
+    let b = TestGateway::start(&config).await;
     until_connected(&a).await;
     until_connected(&b).await;
 
@@ -248,7 +236,7 @@ async fn unreachable_redis_with_on_error_allow_forwards_and_counts_store_errors(
     let upstream = Upstream::start().await;
     let url = format!("redis://127.0.0.1:{}/0", closed_port());
     let redis_extra = "timeout = \"50ms\"\non_error = \"allow\"";
-    let gw = gateway(&url, redis_extra, &upstream, &limited("per_ip", 1, "")).await;
+    let gw = TestGateway::start(limited(config(&url, redis_extra, &upstream), "per_ip", 1)).await;
 
     for i in 0..3 {
         let (status, headers, body) = timed_get(&gw, "/x").await;
@@ -279,7 +267,7 @@ async fn unreachable_redis_with_on_error_deny_answers_503_with_retry_after_1() {
     let upstream = Upstream::start().await;
     let url = format!("redis://127.0.0.1:{}/0", closed_port());
     let redis_extra = "timeout = \"50ms\"\non_error = \"deny\"";
-    let gw = gateway(&url, redis_extra, &upstream, &limited("per_ip", 100, "")).await;
+    let gw = TestGateway::start(limited(config(&url, redis_extra, &upstream), "per_ip", 100)).await;
 
     for i in 0..3 {
         let (status, headers, body) = timed_get(&gw, "/x").await;
@@ -313,7 +301,12 @@ async fn a_redis_that_misses_the_timeout_fails_the_decision_not_the_request() {
     let redis = redis_server().await;
     let upstream = Upstream::start().await;
     let redis_extra = "timeout = \"50ms\"\non_error = \"allow\"";
-    let gw = gateway(&redis.url(), redis_extra, &upstream, &limited("per_ip", 100, "")).await;
+    let gw = TestGateway::start(limited(
+        config(&redis.url(), redis_extra, &upstream),
+        "per_ip",
+        100,
+    ))
+    .await;
     until_connected(&gw).await;
 
     // Redis accepts the commands but runs none of them for 1.5 s.

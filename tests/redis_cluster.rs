@@ -8,6 +8,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::config::GatewayToml;
 use common::redis_server::RedisServer;
 use common::{TestGateway, Upstream, send};
 use http::{Request, StatusCode};
@@ -102,47 +103,46 @@ async fn cluster_decisions_same_slot_and_across_slots() {
     // The two key tuples this test uses must live in different slots.
     assert_ne!(cluster.slot("i127.0.0.1"), cluster.slot("vkey-one"));
     let upstream = Upstream::start().await;
-    let gateway = TestGateway::start(&format!(
-        r#"
-[redis]
-url = "redis://127.0.0.1:{}"
-cluster = true
-timeout = "500ms"
-on_error = "deny"
-
-[upstreams.app]
-url = "{}"
-
-[limits.wide]
-algorithm = "fixed_window"
-limit = 10
-window = "1m"
-
-[limits.narrow_ip]
-algorithm = "fixed_window"
-limit = 3
-window = "1m"
-
-[limits.per_key]
-algorithm = "fixed_window"
-limit = 2
-window = "1m"
-key = ["header:x-api-key"]
-
-[[routes]]
-name = "same-slot"
-host = "same.test"
-upstream = "app"
-limits = ["wide", "narrow_ip"]
-
-[[routes]]
-name = "cross-slot"
-upstream = "app"
-limits = ["wide", "per_key"]
-"#,
-        cluster.nodes[0].port,
-        upstream.url()
-    ))
+    let gateway = TestGateway::start(
+        GatewayToml::new()
+            .redis(
+                &format!("redis://127.0.0.1:{}", cluster.nodes[0].port),
+                r#"cluster = true
+                timeout = "500ms"
+                on_error = "deny""#,
+            )
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "wide",
+                r#"algorithm = "fixed_window"
+                limit = 10
+                window = "1m""#,
+            )
+            .limit(
+                "narrow_ip",
+                r#"algorithm = "fixed_window"
+                limit = 3
+                window = "1m""#,
+            )
+            .limit(
+                "per_key",
+                r#"algorithm = "fixed_window"
+                limit = 2
+                window = "1m"
+                key = ["header:x-api-key"]"#,
+            )
+            .route(
+                "same-slot",
+                r#"host = "same.test"
+                upstream = "app"
+                limits = ["wide", "narrow_ip"]"#,
+            )
+            .route(
+                "cross-slot",
+                r#"upstream = "app"
+                limits = ["wide", "per_key"]"#,
+            ),
+    )
     .await;
 
     // Same key tuple: one slot, one atomic call, all or nothing.

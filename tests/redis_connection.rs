@@ -9,32 +9,30 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::config::GatewayToml;
 use common::process::FloodgateProcess;
 use common::redis_server::RedisServer;
 
-fn config(url: &str, on_error: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[redis]
-url = "{url}"
-timeout = "200ms"
-on_error = "{on_error}"
-
-[limits.quota]
-algorithm = "fixed_window"
-limit = 100
-window = "1m"
-
-[[routes]]
-name = "hello"
-respond = {{ body = "hi\n" }}
-limits = ["quota"]
-"#
-    )
+fn config(url: &str, on_error: &str) -> GatewayToml {
+    GatewayToml::new()
+        .redis(
+            url,
+            &format!(
+                r#"timeout = "200ms"
+                on_error = "{on_error}""#
+            ),
+        )
+        .limit(
+            "quota",
+            r#"algorithm = "fixed_window"
+            limit = 100
+            window = "1m""#,
+        )
+        .route(
+            "hello",
+            r#"respond = { body = "hi\n" }
+            limits = ["quota"]"#,
+        )
 }
 
 /// Status and headers of `GET url`, with a plain blocking client.
@@ -71,7 +69,7 @@ fn keys(redis_cli: &[&str]) -> Vec<String> {
 fn password_and_database_number() {
     let redis = RedisServer::start_with(&["--requirepass", "s3cret"]);
     let gateway = FloodgateProcess::start(
-        &config(&format!("redis://:s3cret@127.0.0.1:{}/3", redis.port), "deny"),
+        config(&format!("redis://:s3cret@127.0.0.1:{}/3", redis.port), "deny"),
         &[],
     );
     let (status, response) = get(&gateway.url("/"));
@@ -95,7 +93,7 @@ fn acl_user_and_password() {
     );
     assert_eq!(redis.cli(&["acl", "setuser", "default", "off"]).trim(), "OK");
     let gateway = FloodgateProcess::start(
-        &config(
+        config(
             &format!("redis://gate:gatepass@127.0.0.1:{}/0", redis.port),
             "deny",
         ),
@@ -110,7 +108,7 @@ fn acl_user_and_password() {
 fn a_wrong_password_is_logged_without_the_password() {
     let redis = RedisServer::start_with(&["--requirepass", "right"]);
     let gateway = FloodgateProcess::start(
-        &config(&format!("redis://:Wr0ngPa55@127.0.0.1:{}/0", redis.port), "deny"),
+        config(&format!("redis://:Wr0ngPa55@127.0.0.1:{}/0", redis.port), "deny"),
         &[],
     );
     let (status, response) = get(&gateway.url("/"));
@@ -215,7 +213,7 @@ fn tls_with_rediss() {
     ]);
     let ca = file("ca.pem");
     let gateway = FloodgateProcess::start(
-        &config(&format!("rediss://127.0.0.1:{}/0", redis.port), "deny"),
+        config(&format!("rediss://127.0.0.1:{}/0", redis.port), "deny"),
         &[("SSL_CERT_FILE", &ca)],
     );
     let started = Instant::now();

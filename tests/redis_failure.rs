@@ -9,6 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::config::GatewayToml;
 use common::redis_server::RedisServer;
 use common::{TestGateway, Upstream, get};
 use floodgate::limit::redis::RedisTarget;
@@ -28,26 +29,23 @@ async fn gateway(redis_url: &str, upstream: &Upstream, on_error: &str, limit: u6
 /// A gateway on `redis_url` (300 ms deadline) whose one route has limit `l`, the table
 /// body `limit`; its first request is decided by Redis.
 async fn gateway_with(redis_url: &str, upstream: &Upstream, on_error: &str, limit: &str) -> TestGateway {
-    let gateway = TestGateway::start(&format!(
-        r#"
-[redis]
-url = "{redis_url}"
-timeout = "300ms"
-on_error = "{on_error}"
-
-[upstreams.app]
-url = "{}"
-
-[limits.l]
-{limit}
-
-[[routes]]
-name = "r"
-upstream = "app"
-limits = ["l"]
-"#,
-        upstream.url()
-    ))
+    let gateway = TestGateway::start(
+        GatewayToml::new()
+            .redis(
+                redis_url,
+                &format!(
+                    r#"timeout = "300ms"
+                    on_error = "{on_error}""#
+                ),
+            )
+            .upstream("app", &upstream.url(), "")
+            .limit("l", limit)
+            .route(
+                "r",
+                r#"upstream = "app"
+                limits = ["l"]"#,
+            ),
+    )
     .await;
     assert_eq!(
         status_of(&gateway).await,

@@ -7,6 +7,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::config::GatewayToml;
 use common::redis_server::RedisServer;
 use common::{TestGateway, Upstream, get};
 use http::StatusCode;
@@ -98,30 +99,31 @@ async fn floodgate_follows_a_sentinel_failover() {
     .unwrap();
 
     let upstream = Upstream::start().await;
-    let gateway = TestGateway::start(&format!(
-        r#"
-[redis]
-sentinels = ["redis://127.0.0.1:{}"]
-master_name = "mymaster"
-timeout = "100ms"
-on_error = "deny"
-
-[upstreams.app]
-url = "{}"
-
-[limits.quota]
-algorithm = "fixed_window"
-limit = 1000000
-window = "1m"
-
-[[routes]]
-name = "r"
-upstream = "app"
-limits = ["quota"]
-"#,
-        sentinel.port,
-        upstream.url()
-    ))
+    let gateway = TestGateway::start(
+        GatewayToml::new()
+            .table(
+                "redis",
+                &format!(
+                    r#"sentinels = ["redis://127.0.0.1:{}"]
+                    master_name = "mymaster"
+                    timeout = "100ms"
+                    on_error = "deny""#,
+                    sentinel.port
+                ),
+            )
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "quota",
+                r#"algorithm = "fixed_window"
+                limit = 1000000
+                window = "1m""#,
+            )
+            .route(
+                "r",
+                r#"upstream = "app"
+                limits = ["quota"]"#,
+            ),
+    )
     .await;
     assert_eq!(get(&gateway.url("/before")).await.0, StatusCode::OK);
     assert!(

@@ -9,45 +9,42 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::config::{GatewayToml, config_file};
 use common::{TestGateway, Upstream, get};
 use floodgate::Config;
 use floodgate::reload::{Reloader, watch_file};
 use http::StatusCode;
 
-fn config_text(upstream: &Upstream, greeting: &str, limit: u64) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[upstreams.app]
-url = "{}"
-
-[limits.quota]
-algorithm = "fixed_window"
-limit = {limit}
-window = "1m"
-
-[[routes]]
-name = "hello"
-path = "/hello"
-respond = {{ body = "{greeting}\n" }}
-
-[[routes]]
-name = "app"
-path_prefix = "/app/"
-upstream = "app"
-limits = ["quota"]
-"#,
-        upstream.url()
-    )
+fn config_text(upstream: &Upstream, greeting: &str, limit: u64) -> GatewayToml {
+    GatewayToml::new()
+        .upstream("app", &upstream.url(), "")
+        .limit(
+            "quota",
+            &format!(
+                r#"algorithm = "fixed_window"
+                limit = {limit}
+                window = "1m""#
+            ),
+        )
+        .route(
+            "hello",
+            &format!(
+                r#"path = "/hello"
+                respond = {{ body = "{greeting}\n" }}"#
+            ),
+        )
+        .route(
+            "app",
+            r#"path_prefix = "/app/"
+            upstream = "app"
+            limits = ["quota"]"#,
+        )
 }
 
 /// Writes `text` to `path` the way many editors do: a new file renamed over the old one.
-fn replace_file(path: &Path, text: &str) {
+fn replace_file(path: &Path, text: GatewayToml) {
     let temporary = path.with_extension("swp");
-    std::fs::write(&temporary, text).unwrap();
+    std::fs::write(&temporary, text.to_string()).unwrap();
     std::fs::rename(&temporary, path).unwrap();
 }
 
@@ -60,10 +57,8 @@ struct Setup {
 }
 
 async fn setup(limit: u64) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gateway.toml");
     let upstream = Upstream::start().await;
-    std::fs::write(&path, config_text(&upstream, "hello", limit)).unwrap();
+    let (dir, path) = config_file(config_text(&upstream, "hello", limit));
     let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
     let load_path = path.clone();
     let reloader = Arc::new(Reloader::new(
@@ -95,13 +90,15 @@ async fn a_valid_file_is_swapped_in_and_an_invalid_one_changes_nothing() {
     let s = setup(100).await;
     assert_eq!(body(&s.gateway, "/hello").await, "hello\n");
 
-    std::fs::write(&s.path, config_text(&s.upstream, "bonjour", 100)).unwrap();
+    std::fs::write(&s.path, config_text(&s.upstream, "bonjour", 100).to_string()).unwrap();
     assert!(reload(&s.reloader).await);
     assert_eq!(body(&s.gateway, "/hello").await, "bonjour\n");
 
     std::fs::write(
         &s.path,
-        config_text(&s.upstream, "hola", 100).replace("[[routes]]", "[[route]]"),
+        config_text(&s.upstream, "hola", 100)
+            .to_string()
+            .replace("[[routes]]", "[[route]]"),
     )
     .unwrap();
     assert!(!reload(&s.reloader).await);
@@ -129,7 +126,7 @@ async fn counters_of_limits_survive_a_reload() {
     let s = setup(3).await;
     assert_eq!(get(&s.gateway.url("/app/1")).await.0, StatusCode::OK);
     assert_eq!(get(&s.gateway.url("/app/2")).await.0, StatusCode::OK);
-    std::fs::write(&s.path, config_text(&s.upstream, "changed", 3)).unwrap();
+    std::fs::write(&s.path, config_text(&s.upstream, "changed", 3).to_string()).unwrap();
     assert!(reload(&s.reloader).await);
     assert_eq!(get(&s.gateway.url("/app/3")).await.0, StatusCode::OK);
     assert_eq!(
@@ -137,7 +134,7 @@ async fn counters_of_limits_survive_a_reload() {
         StatusCode::TOO_MANY_REQUESTS
     );
     // An edited limit applies at once, on the same counter.
-    std::fs::write(&s.path, config_text(&s.upstream, "changed", 5)).unwrap();
+    std::fs::write(&s.path, config_text(&s.upstream, "changed", 5).to_string()).unwrap();
     assert!(reload(&s.reloader).await);
     assert_eq!(get(&s.gateway.url("/app/5")).await.0, StatusCode::OK);
     assert_eq!(get(&s.gateway.url("/app/6")).await.0, StatusCode::OK);
@@ -163,8 +160,9 @@ async fn requests_in_flight_finish_under_the_configuration_they_started_with() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The new configuration has no /app/ route at all.
-    let without_app =
-        config_text(&s.upstream, "hello", 100).replace("path_prefix = \"/app/\"", "path = \"/gone\"");
+    let without_app = config_text(&s.upstream, "hello", 100)
+        .to_string()
+        .replace("path_prefix = \"/app/\"", "path = \"/gone\"");
     std::fs::write(&s.path, without_app).unwrap();
     assert!(reload(&s.reloader).await);
     assert_eq!(get(&s.gateway.url("/app/new")).await.0, StatusCode::NOT_FOUND);
@@ -177,7 +175,7 @@ async fn requests_in_flight_finish_under_the_configuration_they_started_with() {
 async fn the_file_is_watched_through_rename_over_edits() {
     let s = setup(100).await;
     let _watcher = watch_file(s.reloader.clone(), &s.path);
-    replace_file(&s.path, &config_text(&s.upstream, "renamed", 100));
+    replace_file(&s.path, config_text(&s.upstream, "renamed", 100));
     let started = Instant::now();
     while body(&s.gateway, "/hello").await != "renamed\n" {
         assert!(
@@ -187,7 +185,7 @@ async fn the_file_is_watched_through_rename_over_edits() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // A second edit of the same kind is seen too (the watch survives the rename).
-    replace_file(&s.path, &config_text(&s.upstream, "again", 100));
+    replace_file(&s.path, config_text(&s.upstream, "again", 100));
     let started = Instant::now();
     while body(&s.gateway, "/hello").await != "again\n" {
         assert!(
@@ -202,7 +200,7 @@ async fn the_file_is_watched_through_rename_over_edits() {
         .metric(r#"floodgate_config_reloads_total{result="ok"}"#)
         .await;
     for greeting in ["a", "b", "c"] {
-        std::fs::write(&s.path, config_text(&s.upstream, greeting, 100)).unwrap();
+        std::fs::write(&s.path, config_text(&s.upstream, greeting, 100).to_string()).unwrap();
     }
     let started = Instant::now();
     while body(&s.gateway, "/hello").await != "c\n" {
@@ -219,15 +217,6 @@ async fn the_file_is_watched_through_rename_over_edits() {
     assert_eq!(after - before, 1.0);
 }
 
-/// `config_text` with `server_keys` added to its `[server]` table.
-fn with_server_keys(upstream: &Upstream, server_keys: &str) -> String {
-    config_text(upstream, "hello", 100).replacen(
-        "admin_listen = \"127.0.0.1:0\"\n",
-        &format!("admin_listen = \"127.0.0.1:0\"\n{server_keys}\n"),
-        1,
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_applies_header_timeout_to_new_connections_and_shutdown_grace_to_the_next_shutdown() {
     use tokio::io::AsyncReadExt;
@@ -235,10 +224,9 @@ async fn a_reload_applies_header_timeout_to_new_connections_and_shutdown_grace_t
     let mut s = setup(100).await;
     std::fs::write(
         &s.path,
-        with_server_keys(
-            &s.upstream,
-            "header_timeout = \"300ms\"\nshutdown_grace = \"200ms\"",
-        ),
+        config_text(&s.upstream, "hello", 100)
+            .server("header_timeout = \"300ms\"\nshutdown_grace = \"200ms\"")
+            .to_string(),
     )
     .unwrap();
     assert!(reload(&s.reloader).await);

@@ -8,34 +8,12 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::config::GatewayToml;
 use common::{TestGateway, Upstream, closed_port, get, raw_request, send};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-fn routes(upstream_url: &str, upstream_extra: &str) -> String {
-    format!(
-        r#"
-[upstreams.app]
-url = "{upstream_url}"
-{upstream_extra}
-
-[[routes]]
-name = "app"
-path_prefix = "/"
-upstream = "app"
-"#
-    )
-}
-
-async fn gateway_with_server(upstream: &Upstream, server: &str) -> TestGateway {
-    TestGateway::start(&format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{server}\n{}",
-        routes(&upstream.url(), "")
-    ))
-    .await
-}
 
 /// Like `raw_request`, but a write the server cut short is not a failure: the server may
 /// answer and close before reading everything (431, 413).
@@ -65,7 +43,7 @@ fn status_line(raw: &str) -> &str {
 #[tokio::test]
 async fn refused_upstream_is_a_502_counted_as_connect() {
     let url = format!("http://127.0.0.1:{}", closed_port());
-    let gw = TestGateway::start(&routes(&url, "")).await;
+    let gw = TestGateway::start(GatewayToml::new().proxy_to(&url, "")).await;
 
     let (status, headers, body) = get(&gw.url("/anything")).await;
     assert_eq!(
@@ -109,7 +87,7 @@ async fn broken_upstream(reply: &'static [u8]) -> (String, tokio::task::JoinHand
 async fn upstream_closing_or_answering_garbage_is_a_502_counted_as_reset() {
     for reply in [&b""[..], b"garbage\r\n\r\n"] {
         let (url, upstream) = broken_upstream(reply).await;
-        let gw = TestGateway::start(&routes(&url, "")).await;
+        let gw = TestGateway::start(GatewayToml::new().proxy_to(&url, "")).await;
 
         let (status, _, body) = get(&gw.url("/anything")).await;
         assert_eq!(
@@ -136,7 +114,7 @@ async fn upstream_closing_or_answering_garbage_is_a_502_counted_as_reset() {
 #[tokio::test]
 async fn upstream_slower_than_its_timeout_is_a_504_counted_as_timeout() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&routes(&upstream.url(), "timeout = \"200ms\"")).await;
+    let gw = TestGateway::proxy_to(&upstream, "", "timeout = \"200ms\"").await;
 
     let started = Instant::now();
     let (status, _, body) = get(&gw.url("/slow?ms=2000")).await;
@@ -172,7 +150,7 @@ fn post(url: &str, body: Vec<u8>) -> Request<Full<Bytes>> {
 #[tokio::test]
 async fn declared_body_over_max_body_is_a_413_and_not_forwarded() {
     let upstream = Upstream::start().await;
-    let gw = gateway_with_server(&upstream, "max_body = \"1KB\"").await;
+    let gw = TestGateway::proxy_to(&upstream, "max_body = \"1KB\"", "").await;
 
     let (status, _, body) = send(post(&gw.url("/upload"), vec![b'x'; 2000])).await;
     assert_eq!(
@@ -213,7 +191,7 @@ fn chunked(path: &str, chunks: usize, chunk_size: usize) -> Vec<u8> {
 #[tokio::test]
 async fn chunked_body_over_max_body_is_a_413() {
     let upstream = Upstream::start().await;
-    let gw = gateway_with_server(&upstream, "max_body = \"1KB\"").await;
+    let gw = TestGateway::proxy_to(&upstream, "max_body = \"1KB\"", "").await;
 
     let raw = exchange(gw.addr, &chunked("/upload", 5, 500)).await;
     assert_eq!(status_line(&raw), "HTTP/1.1 413 Payload Too Large", "{raw}");
@@ -228,7 +206,7 @@ async fn chunked_body_over_max_body_is_a_413() {
 #[tokio::test]
 async fn ambiguous_framing_is_a_400_and_never_forwarded() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&routes(&upstream.url(), "")).await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
 
     for raw in [
         "POST /smuggle HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
@@ -259,7 +237,7 @@ async fn ambiguous_framing_is_a_400_and_never_forwarded() {
 #[tokio::test]
 async fn oversized_header_block_is_a_431() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&routes(&upstream.url(), "")).await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
 
     let big = "a".repeat(70 * 1024);
     let answer = exchange(
@@ -299,7 +277,7 @@ fn small_fields(count: usize, size: usize) -> Vec<(String, String)> {
 #[tokio::test]
 async fn heads_are_limited_by_size_alike_over_http1_and_http2() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&routes(&upstream.url(), "")).await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
     let h2 = common::h2c_client();
     // (fields, bytes each, expected): many small fields fit; 32 KB in all is the limit.
     // "host: 127.0.0.1:PORT" takes 25 or 26 bytes besides.
@@ -336,7 +314,7 @@ async fn heads_are_limited_by_size_alike_over_http1_and_http2() {
 #[tokio::test]
 async fn framing_is_checked_on_every_request_after_a_declined_upgrade_or_connect() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&routes(&upstream.url(), "")).await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
     let smuggle = "POST /smuggled HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
     for first in [
         // The upstream answers 200: it declines the switch.
@@ -363,7 +341,7 @@ async fn framing_is_checked_on_every_request_after_a_declined_upgrade_or_connect
 #[tokio::test]
 async fn a_request_needs_exactly_one_valid_host() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&routes(&upstream.url(), "")).await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
     for head in [
         "GET /h HTTP/1.1\r\nHost: app.example\r\nHost: admin.example\r\n",
         "GET /h HTTP/1.1\r\nHost: user@admin.example.com\r\n",
@@ -396,7 +374,7 @@ async fn a_request_needs_exactly_one_valid_host() {
 #[tokio::test]
 async fn transfer_codings_other_than_chunked_are_501_and_not_forwarded() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&routes(&upstream.url(), "")).await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
     let answer = exchange(
         gw.addr,
         b"POST /te HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
@@ -446,10 +424,11 @@ async fn body_reading_upstream() -> (String, tokio::sync::mpsc::UnboundedReceive
 #[tokio::test]
 async fn a_body_paused_longer_than_body_timeout_is_a_408_and_aborted_upstream() {
     let (url, mut upstream_connections) = body_reading_upstream().await;
-    let gw = TestGateway::start(&format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nbody_timeout = \"400ms\"\n{}",
-        routes(&url, "")
-    ))
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server("body_timeout = \"400ms\"")
+            .proxy_to(&url, ""),
+    )
     .await;
     let mut client = TcpStream::connect(gw.addr).await.unwrap();
     client
@@ -520,7 +499,7 @@ async fn half_heads_are_cut_off(addr: std::net::SocketAddr, partial: &[u8], keep
 #[tokio::test]
 async fn clients_that_never_finish_a_head_are_disconnected() {
     let upstream = Upstream::start().await;
-    let gw = gateway_with_server(&upstream, "header_timeout = \"300ms\"").await;
+    let gw = TestGateway::proxy_to(&upstream, "header_timeout = \"300ms\"", "").await;
     // A later head on a keep-alive connection is bounded too.
     let received = half_heads_are_cut_off(
         gw.addr,
@@ -536,7 +515,7 @@ async fn clients_that_never_finish_a_head_are_disconnected() {
 #[tokio::test]
 async fn admin_clients_that_never_finish_a_head_are_disconnected() {
     let upstream = Upstream::start().await;
-    let gw = gateway_with_server(&upstream, "header_timeout = \"300ms\"").await;
+    let gw = TestGateway::proxy_to(&upstream, "header_timeout = \"300ms\"", "").await;
     let received = half_heads_are_cut_off(
         gw.admin,
         b"GET /heal",

@@ -4,42 +4,40 @@
 mod common;
 
 use bytes::Bytes;
+use common::config::GatewayToml;
 use common::{TestGateway, Upstream, get, raw_request, send};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 
 async fn gateway(upstream: &Upstream) -> TestGateway {
-    TestGateway::start(&format!(
-        r#"
-[upstreams.app]
-url = "{}"
-
-[[routes]]
-name = "admin-only-host"
-host = "admin.example.com"
-path_prefix = "/"
-respond = {{ status = 403, body = "admin host\n" }}
-
-[[routes]]
-name = "wild"
-host = "*.example.com"
-path_prefix = "/w/"
-upstream = "app"
-
-[[routes]]
-name = "health"
-path = "/health"
-methods = ["GET"]
-respond = {{ status = 200, body = "healthy\n", content_type = "text/x-health" }}
-
-[[routes]]
-name = "public"
-path_prefix = "/public/"
-methods = ["GET", "POST"]
-upstream = "app"
-"#,
-        upstream.url()
-    ))
+    TestGateway::start(
+        GatewayToml::new()
+            .upstream("app", &upstream.url(), "")
+            .route(
+                "admin-only-host",
+                r#"host = "admin.example.com"
+                path_prefix = "/"
+                respond = { status = 403, body = "admin host\n" }"#,
+            )
+            .route(
+                "wild",
+                r#"host = "*.example.com"
+                path_prefix = "/w/"
+                upstream = "app""#,
+            )
+            .route(
+                "health",
+                r#"path = "/health"
+                methods = ["GET"]
+                respond = { status = 200, body = "healthy\n", content_type = "text/x-health" }"#,
+            )
+            .route(
+                "public",
+                r#"path_prefix = "/public/"
+                methods = ["GET", "POST"]
+                upstream = "app""#,
+            ),
+    )
     .await
 }
 
@@ -130,29 +128,27 @@ async fn paths_are_normalized_before_matching_and_forwarded_normalized() {
 #[tokio::test]
 async fn an_exact_script_path_also_matches_its_path_info() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&format!(
-        r#"
-[upstreams.app]
-url = "{}"
-
-[limits.login]
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-
-[[routes]]
-name = "login"
-path = "/login.php"
-upstream = "app"
-limits = ["login"]
-
-[[routes]]
-name = "site"
-path_prefix = "/"
-upstream = "app"
-"#,
-        upstream.url()
-    ))
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "login",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "1m""#,
+            )
+            .route(
+                "login",
+                r#"path = "/login.php"
+                upstream = "app"
+                limits = ["login"]"#,
+            )
+            .route(
+                "site",
+                r#"path_prefix = "/"
+                upstream = "app""#,
+            ),
+    )
     .await;
     let status = |path: &'static str| {
         let url = gw.url(path);

@@ -8,75 +8,67 @@ mod common;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use common::config::{GatewayToml, write_config};
 use common::{TestGateway, Upstream, closed_port, get, header_lines, raw_request, send};
 use floodgate::Config;
 use floodgate::reload::Reloader;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 
-fn config(upstream: &Upstream, dead_port: u16) -> String {
-    format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[server.errors]
-404 = {{ body = "<h1>Not found</h1>\n", content_type = "text/html" }}
-502 = {{ body_file = "errors/502.html", content_type = "text/html; charset=utf-8" }}
-
-[upstreams.app]
-url = "{}"
-
-[upstreams.gone]
-url = "http://127.0.0.1:{dead_port}"
-
-[limits.two]
-algorithm = "fixed_window"
-limit = 2
-window = "1m"
-message = "{{\"error\": \"slow down\"}}"
-content_type = "application/json"
-
-[[routes]]
-name = "api"
-path_prefix = "/api/"
-strip_prefix = "/api"
-upstream = "app"
-limits = ["two"]
-request_headers = {{ set = {{ "X-Gateway" = "floodgate" }}, remove = ["X-Debug"] }}
-response_headers = {{ set = {{ "X-Frame-Options" = "DENY" }}, remove = ["X-Powered-By", "Server"] }}
-
-[[routes]]
-name = "old_blog"
-path_prefix = "/blog"
-respond = {{ status = 301, headers = {{ "Location" = "https://blog.example.com/" }} }}
-response_headers = {{ set = {{ "X-Frame-Options" = "DENY" }} }}
-
-[[routes]]
-name = "moved"
-path_prefix = "/moved/"
-respond = {{ status = 308, headers = {{ "Location" = "https://${{host}}/new$request_uri", "X-Price" = "$$5" }} }}
-
-[[routes]]
-name = "same_host"
-path_prefix = "/evil.example/"
-respond = {{ status = 301, headers = {{ "Location" = "https://$host$request_uri" }} }}
-
-[[routes]]
-name = "gone"
-path = "/gone"
-upstream = "gone"
-response_headers = {{ set = {{ "X-Frame-Options" = "DENY" }} }}
-"#,
-        upstream.url()
-    )
+fn config(upstream: &Upstream, dead_port: u16) -> GatewayToml {
+    GatewayToml::new()
+        .table(
+            "server.errors",
+            r#"404 = { body = "<h1>Not found</h1>\n", content_type = "text/html" }
+            502 = { body_file = "errors/502.html", content_type = "text/html; charset=utf-8" }"#,
+        )
+        .upstream("app", &upstream.url(), "")
+        .upstream("gone", &format!("http://127.0.0.1:{dead_port}"), "")
+        .limit(
+            "two",
+            r#"algorithm = "fixed_window"
+            limit = 2
+            window = "1m"
+            message = "{\"error\": \"slow down\"}"
+            content_type = "application/json""#,
+        )
+        .route(
+            "api",
+            r#"path_prefix = "/api/"
+            strip_prefix = "/api"
+            upstream = "app"
+            limits = ["two"]
+            request_headers = { set = { "X-Gateway" = "floodgate" }, remove = ["X-Debug"] }
+            response_headers = { set = { "X-Frame-Options" = "DENY" }, remove = ["X-Powered-By", "Server"] }"#,
+        )
+        .route(
+            "old_blog",
+            r#"path_prefix = "/blog"
+            respond = { status = 301, headers = { "Location" = "https://blog.example.com/" } }
+            response_headers = { set = { "X-Frame-Options" = "DENY" } }"#,
+        )
+        .route(
+            "moved",
+            r#"path_prefix = "/moved/"
+            respond = { status = 308, headers = { "Location" = "https://${host}/new$request_uri", "X-Price" = "$$5" } }"#,
+        )
+        .route(
+            "same_host",
+            r#"path_prefix = "/evil.example/"
+            respond = { status = 301, headers = { "Location" = "https://$host$request_uri" } }"#,
+        )
+        .route(
+            "gone",
+            r#"path = "/gone"
+            upstream = "gone"
+            response_headers = { set = { "X-Frame-Options" = "DENY" } }"#,
+        )
 }
 
 async fn gateway(dir: &std::path::Path, upstream: &Upstream) -> (TestGateway, Arc<Reloader>) {
     std::fs::create_dir_all(dir.join("errors")).unwrap();
     std::fs::write(dir.join("errors/502.html"), "<h1>Upstream down</h1>\n").unwrap();
-    let path = dir.join("gateway.toml");
-    std::fs::write(&path, config(upstream, closed_port())).unwrap();
+    let path = write_config(dir, config(upstream, closed_port()));
     let gw = TestGateway::start_config(Config::load(&path).unwrap()).await;
     let reloader = Arc::new(Reloader::new(
         gw.shared.clone(),
@@ -424,12 +416,10 @@ fn an_error_page_larger_than_a_mebibyte_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("big.html"), vec![b'x'; 1024 * 1024 + 1]).unwrap();
     std::fs::write(dir.path().join("fits.html"), vec![b'x'; 1024 * 1024]).unwrap();
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(
-        &path,
+    let path = write_config(
+        dir.path(),
         "[server.errors]\n502 = { body_file = \"big.html\" }\n503 = { body_file = \"fits.html\" }\n",
-    )
-    .unwrap();
+    );
     let errors = Config::load(&path).unwrap_err().errors;
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert_eq!(errors[0].key, "server.errors.502.body_file");
@@ -439,32 +429,27 @@ fn an_error_page_larger_than_a_mebibyte_is_refused() {
 #[tokio::test]
 async fn server_rules_apply_to_every_answer_and_a_route_rule_comes_after_them() {
     let upstream = Upstream::start().await;
-    let config = format!(
-        r#"[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-request_headers = {{ set = {{ "X-Gateway" = "floodgate" }}, remove = ["X-Debug"] }}
-response_headers = {{ set = {{ "X-Frame-Options" = "DENY", "X-Content-Type-Options" = "nosniff" }}, remove = ["X-Powered-By"] }}
-
-[upstreams.app]
-url = "{}"
-
-[[routes]]
-name = "app"
-path_prefix = "/app/"
-upstream = "app"
-
-[[routes]]
-name = "embeddable"
-path_prefix = "/embed/"
-upstream = "app"
-request_headers = {{ set = {{ "X-Gateway" = "embed" }} }}
-response_headers = {{ set = {{ "X-Frame-Options" = "SAMEORIGIN" }} }}
-"#,
-        upstream.url()
-    );
-    let gw =
-        TestGateway::start_config(Config::parse(std::path::Path::new("gw.toml"), &config).unwrap()).await;
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server(
+                r#"request_headers = { set = { "X-Gateway" = "floodgate" }, remove = ["X-Debug"] }
+                response_headers = { set = { "X-Frame-Options" = "DENY", "X-Content-Type-Options" = "nosniff" }, remove = ["X-Powered-By"] }"#,
+            )
+            .upstream("app", &upstream.url(), "")
+            .route(
+                "app",
+                r#"path_prefix = "/app/"
+                upstream = "app""#,
+            )
+            .route(
+                "embeddable",
+                r#"path_prefix = "/embed/"
+                upstream = "app"
+                request_headers = { set = { "X-Gateway" = "embed" } }
+                response_headers = { set = { "X-Frame-Options" = "SAMEORIGIN" } }"#,
+            ),
+    )
+    .await;
     let request = Request::get(gw.url("/app/x"))
         .header("x-debug", "1")
         .header("x_debug", "1")
@@ -498,18 +483,16 @@ response_headers = {{ set = {{ "X-Frame-Options" = "SAMEORIGIN" }} }}
 #[tokio::test]
 async fn strip_prefix_takes_whole_segments_and_keeps_the_upstreams_own_path() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&format!(
-        r#"[upstreams.app]
-url = "{}/v1"
-
-[[routes]]
-name = "api"
-path_prefix = "/api"
-strip_prefix = "/api/"
-upstream = "app"
-"#,
-        upstream.url()
-    ))
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .upstream("app", &format!("{}/v1", upstream.url()), "")
+            .route(
+                "api",
+                r#"path_prefix = "/api"
+                strip_prefix = "/api/"
+                upstream = "app""#,
+            ),
+    )
     .await;
     for (sent, forwarded) in [
         ("/api/users?page=2", "GET /v1/users?page=2\n"),
@@ -531,19 +514,17 @@ upstream = "app"
 #[tokio::test]
 async fn a_header_both_set_and_removed_is_removed() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&format!(
-        r#"[upstreams.app]
-url = "{}"
-
-[[routes]]
-name = "app"
-path_prefix = "/"
-upstream = "app"
-request_headers = {{ set = {{ "X-Both" = "set", "X-Kept" = "set" }}, remove = ["X-Both"] }}
-response_headers = {{ set = {{ "X-Upstream" = "set", "X-Frame-Options" = "DENY" }}, remove = ["x-upstream"] }}
-"#,
-        upstream.url()
-    ))
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .upstream("app", &upstream.url(), "")
+            .route(
+                "app",
+                r#"path_prefix = "/"
+                upstream = "app"
+                request_headers = { set = { "X-Both" = "set", "X-Kept" = "set" }, remove = ["X-Both"] }
+                response_headers = { set = { "X-Upstream" = "set", "X-Frame-Options" = "DENY" }, remove = ["x-upstream"] }"#,
+            ),
+    )
     .await;
     let request = Request::get(gw.url("/x"))
         .header("x-both", "client")
@@ -563,39 +544,39 @@ response_headers = {{ set = {{ "X-Upstream" = "set", "X-Frame-Options" = "DENY" 
 #[tokio::test]
 async fn a_limit_rejection_keeps_its_message_where_an_error_page_has_its_status() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(&format!(
-        r#"[server.errors]
-503 = {{ body = "<h1>Busy</h1>\n", content_type = "text/html" }}
-
-[upstreams.app]
-url = "{}"
-
-[upstreams.capped]
-url = "{}"
-max_requests = 1
-queue = 0
-
-[limits.one]
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-status = 503
-message = "limited\n"
-
-[[routes]]
-name = "limited"
-path_prefix = "/limited"
-upstream = "app"
-limits = ["one"]
-
-[[routes]]
-name = "capped"
-path_prefix = "/capped"
-upstream = "capped"
-"#,
-        upstream.url(),
-        upstream.url()
-    ))
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .table(
+                "server.errors",
+                r#"503 = { body = "<h1>Busy</h1>\n", content_type = "text/html" }"#,
+            )
+            .upstream("app", &upstream.url(), "")
+            .upstream(
+                "capped",
+                &upstream.url(),
+                r#"max_requests = 1
+                queue = 0"#,
+            )
+            .limit(
+                "one",
+                r#"algorithm = "fixed_window"
+                limit = 1
+                window = "1m"
+                status = 503
+                message = "limited\n""#,
+            )
+            .route(
+                "limited",
+                r#"path_prefix = "/limited"
+                upstream = "app"
+                limits = ["one"]"#,
+            )
+            .route(
+                "capped",
+                r#"path_prefix = "/capped"
+                upstream = "capped""#,
+            ),
+    )
     .await;
     assert_eq!(get(&gw.url("/limited")).await.0, StatusCode::OK);
     let (status, headers, body) = get(&gw.url("/limited")).await;

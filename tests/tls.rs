@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::config::{GatewayToml, write_config};
 use common::tls::{NOT_AFTER, TestCa, connect, presented};
 use common::{TestGateway, Upstream, get, header_lines};
 use floodgate::Config;
@@ -29,16 +30,17 @@ async fn gateway(dir: &Path, upstream: &Upstream, certificates: &[&str], tls_key
         .iter()
         .map(|name| format!("{{ cert = \"{name}.crt\", key = \"{name}.key\" }}"))
         .collect();
-    let text = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nheader_timeout = \"500ms\"\n\n\
-         [server.tls]\nlisten = \"127.0.0.1:0\"\ncertificates = [{}]\n{tls_keys}\n\n\
-         [upstreams.app]\nurl = \"{}\"\n\n\
-         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
-        pairs.join(", "),
-        upstream.url()
-    );
-    let path = dir.join("gateway.toml");
-    std::fs::write(&path, text).unwrap();
+    let text = GatewayToml::new()
+        .server("header_timeout = \"500ms\"")
+        .table(
+            "server.tls",
+            &format!(
+                "listen = \"127.0.0.1:0\"\ncertificates = [{}]\n{tls_keys}",
+                pairs.join(", ")
+            ),
+        )
+        .proxy_to(&upstream.url(), "");
+    let path = write_config(dir, text);
     TestGateway::start_config(Config::load(&path).unwrap()).await
 }
 
@@ -413,12 +415,10 @@ async fn check_names_a_key_that_does_not_match_its_certificate() {
     a.write(dir.path(), "a");
     std::fs::write(dir.path().join("b.crt"), &b.cert).unwrap();
     std::fs::write(dir.path().join("b.key"), &a.key).unwrap();
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(
-        &path,
+    let path = write_config(
+        dir.path(),
         "[server.tls]\nlisten = \"127.0.0.1:0\"\ncertificates = [\n  { cert = \"a.crt\", key = \"a.key\" },\n  { cert = \"b.crt\", key = \"b.key\" },\n]\n",
-    )
-    .unwrap();
+    );
     let output = std::process::Command::new(common::process::BIN)
         .args(["check", "--config"])
         .arg(&path)
@@ -502,17 +502,8 @@ async fn an_https_upstream_is_used_with_its_ca_and_refused_without() {
     std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
     let (addr, _) = https_upstream(&ca).await;
     let config = |tls_ca: &str| {
-        let text = format!(
-            "[upstreams.app]\nurl = \"https://localhost:{}\"\n{tls_ca}\n\n\
-             [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
-            addr.port()
-        );
-        let path = dir.path().join("gateway.toml");
-        std::fs::write(
-            &path,
-            format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{text}"),
-        )
-        .unwrap();
+        let url = format!("https://localhost:{}", addr.port());
+        let path = write_config(dir.path(), GatewayToml::new().proxy_to(&url, tls_ca));
         Config::load(&path).unwrap()
     };
     let trusted = TestGateway::start_config(config("tls_ca = \"ca.pem\"")).await;
@@ -541,18 +532,14 @@ async fn active_checks_of_an_https_upstream_speak_tls() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
     let (addr, checks) = https_upstream(&ca).await;
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
-             [upstreams.app]\nurl = \"https://localhost:{}\"\ntls_ca = \"ca.pem\"\n\
-             health_check = {{ path = \"/health\", interval = \"50ms\", timeout = \"500ms\" }}\n\n\
-             [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
-            addr.port()
+    let path = write_config(
+        dir.path(),
+        GatewayToml::new().proxy_to(
+            &format!("https://localhost:{}", addr.port()),
+            r#"tls_ca = "ca.pem"
+            health_check = { path = "/health", interval = "50ms", timeout = "500ms" }"#,
         ),
-    )
-    .unwrap();
+    );
     let gw = TestGateway::start_config(Config::load(&path).unwrap()).await;
     // Several check rounds: two failures in a row would have taken it out.
     tokio::time::sleep(Duration::from_millis(400)).await;

@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::config::GatewayToml;
 use common::{TestGateway, Upstream, get, http1_client};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -176,11 +177,7 @@ async fn one_request_per_connection_upstream() -> (std::net::SocketAddr, tokio::
 #[tokio::test]
 async fn a_connection_the_upstream_closed_costs_no_request() {
     let (addr, upstream) = one_request_per_connection_upstream().await;
-    let gateway = TestGateway::start(&format!(
-        "[upstreams.app]\nurl = \"http://{addr}\"\n\n\
-         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n"
-    ))
-    .await;
+    let gateway = TestGateway::start(GatewayToml::new().proxy_to(&format!("http://{addr}"), "")).await;
     for i in 0..50 {
         let (status, _, body) = get(&gateway.url("/")).await;
         assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"), "request {i}");
@@ -237,11 +234,7 @@ async fn answers_before_the_body_upstream() -> (std::net::SocketAddr, tokio::tas
 #[tokio::test]
 async fn a_request_does_not_wait_behind_an_upload_the_upstream_answered_early() {
     let (addr, upstream) = answers_before_the_body_upstream().await;
-    let gateway = TestGateway::start(&format!(
-        "[upstreams.app]\nurl = \"http://{addr}\"\n\n\
-         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n"
-    ))
-    .await;
+    let gateway = TestGateway::start(GatewayToml::new().proxy_to(&format!("http://{addr}"), "")).await;
     // An upload of 10 bytes, of which the client sends 5 now and 5 after 1.5 s.
     let mut upload = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
     upload

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::config::{GatewayToml, config_file};
 use common::{TestGateway, Upstream, closed_port, get, send};
 use http::{Request, StatusCode};
 use http_body_util::Full;
@@ -17,8 +18,10 @@ use tokio::net::TcpListener;
 
 /// A gateway whose one route sends everything to `[upstreams.app]`, defined by `keys`.
 async fn gateway(keys: &str) -> TestGateway {
-    TestGateway::start(&format!(
-        "[upstreams.app]\n{keys}\n\n[[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n"
+    TestGateway::start(GatewayToml::new().table("upstreams.app", keys).route(
+        "app",
+        r#"path_prefix = "/"
+        upstream = "app""#,
     ))
     .await
 }
@@ -504,17 +507,26 @@ async fn a_reload_keeps_the_health_of_an_unchanged_upstream() {
     let live = Upstream::start().await;
     let dead = format!("http://127.0.0.1:{}", closed_port());
     let text = |greeting: &str| {
-        format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
-             [upstreams.app]\n{}\nfail_timeout = \"30s\"\n\n\
-             [[routes]]\nname = \"hello\"\npath = \"/hello\"\nrespond = {{ body = \"{greeting}\" }}\n\n\
-             [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
-            servers(&[dead.clone(), live.url()])
-        )
+        GatewayToml::new()
+            .table(
+                "upstreams.app",
+                &format!("{}\nfail_timeout = \"30s\"", servers(&[dead.clone(), live.url()])),
+            )
+            .route(
+                "hello",
+                &format!(
+                    r#"path = "/hello"
+                    respond = {{ body = "{greeting}" }}"#
+                ),
+            )
+            .route(
+                "app",
+                r#"path_prefix = "/"
+                upstream = "app""#,
+            )
+            .to_string()
     };
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, text("hello")).unwrap();
+    let (_dir, path) = config_file(text("hello"));
     let gw = TestGateway::start_config(Config::load(&path).unwrap()).await;
     assert_eq!(get(&gw.url("/a")).await.0, StatusCode::OK);
     assert_eq!(get(&gw.url("/b")).await.0, StatusCode::OK);
@@ -548,12 +560,9 @@ async fn with_redis_the_cap_is_shared_by_the_live_instances() {
         .await
         .unwrap();
     let app = Upstream::start().await;
-    let config = format!(
-        "[redis]\nurl = \"{}\"\n\n[upstreams.app]\nurl = \"{}\"\nmax_requests = 2\nqueue = 10\n\n\
-         [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
-        redis.url(),
-        app.url()
-    );
+    let config = GatewayToml::new()
+        .redis(&redis.url(), "")
+        .proxy_to(&app.url(), "max_requests = 2\nqueue = 10");
     let first = TestGateway::start(&config).await;
     let _second = TestGateway::start(&config).await;
     // Both heartbeats are seen within a few seconds.
@@ -644,15 +653,16 @@ async fn a_server_removed_by_a_reload_leaves_no_series_behind() {
 
     let (a, b) = (Upstream::start().await, Upstream::start().await);
     let text = |urls: &[String]| {
-        format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n[upstreams.app]\n{}\n\n\
-             [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
-            servers(urls)
-        )
+        GatewayToml::new()
+            .table("upstreams.app", &servers(urls))
+            .route(
+                "app",
+                r#"path_prefix = "/"
+                upstream = "app""#,
+            )
+            .to_string()
     };
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gateway.toml");
-    std::fs::write(&path, text(&[a.url(), b.url()])).unwrap();
+    let (_dir, path) = config_file(text(&[a.url(), b.url()]));
     let gw = TestGateway::start_config(Config::load(&path).unwrap()).await;
     let up = |u: &Upstream| {
         format!(

@@ -1,14 +1,19 @@
 //! Helpers for integration tests: a gateway in-process on port 0, a real upstream HTTP
-//! server that describes what it received, HTTP clients, and raw-socket requests.
+//! server that describes what it received, HTTP clients, and raw-socket requests. Its
+//! modules hold the rest: configurations (`config`), the binary as a child process
+//! (`process`), Redis and certificates.
 #![allow(dead_code)]
 
 pub(crate) mod redis_server;
+
+pub(crate) mod config;
 
 pub(crate) mod process;
 
 pub(crate) mod tls;
 
 use std::convert::Infallible;
+use std::fmt::Display;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -16,6 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use config::GatewayToml;
 use floodgate::{Config, Gateway};
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -42,25 +48,22 @@ pub(crate) struct TestGateway {
 }
 
 impl TestGateway {
-    /// Starts a gateway from `toml`; `listen`/`admin_listen` default to port 0 here.
-    pub(crate) async fn start(toml: &str) -> TestGateway {
-        let mut text = String::new();
-        if !toml.contains("[server]") {
-            text.push_str("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n");
-        }
-        text.push_str(toml);
+    /// Starts a gateway from `toml`: a [`GatewayToml`], or text with a `[server]` table of
+    /// its own.
+    pub(crate) async fn start(toml: impl Display) -> TestGateway {
+        let text = toml.to_string();
         let config = Config::parse(Path::new("test.toml"), &text).unwrap_or_else(|e| panic!("{e}"));
         TestGateway::start_config(config).await
     }
 
-    /// A gateway with one catch-all route to `upstream`: `server` is prepended (a
-    /// `[server]` table, or empty), `upstream_keys` added to `[upstreams.app]`.
-    pub(crate) async fn proxy_to(upstream: &Upstream, server: &str, upstream_keys: &str) -> TestGateway {
-        TestGateway::start(&format!(
-            "{server}\n[upstreams.app]\nurl = \"{}\"\n{upstream_keys}\n\n\
-             [[routes]]\nname = \"app\"\npath_prefix = \"/\"\nupstream = \"app\"\n",
-            upstream.url()
-        ))
+    /// A gateway with one catch-all route to `upstream` ([`GatewayToml::proxy_to`]):
+    /// `server_keys` added to `[server]`, `upstream_keys` to `[upstreams.app]`.
+    pub(crate) async fn proxy_to(upstream: &Upstream, server_keys: &str, upstream_keys: &str) -> TestGateway {
+        TestGateway::start(
+            GatewayToml::new()
+                .server(server_keys)
+                .proxy_to(&upstream.url(), upstream_keys),
+        )
         .await
     }
 

@@ -2,6 +2,7 @@
 //! directory, ports read back from the "floodgate listening" log line, standard output and
 //! error collected line by line, and the child killed on drop.
 
+use std::fmt::Display;
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
+
+use super::config::config_file;
 
 /// The compiled binary under test.
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
@@ -98,19 +101,12 @@ pub(crate) struct FloodgateProcess {
 type Lines = Arc<Mutex<Vec<String>>>;
 
 impl FloodgateProcess {
-    /// Writes `toml` to a temporary `gateway.toml` (with `listen` and `admin_listen` on port 0
-    /// unless it has a `[server]` table) and runs `floodgate --config` on it with `envs`.
-    /// Returns once the gateway logs that it listens; panics if it exits first.
-    pub(crate) fn start(toml: &str, envs: &[(&str, &str)]) -> FloodgateProcess {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = dir.path().join("gateway.toml");
-        let mut text = String::new();
-        if !toml.contains("[server]") {
-            text.push_str("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n");
-        }
-        text.push_str(toml);
-        std::fs::write(&config, text).expect("write config");
-
+    /// Writes `toml` (a [`GatewayToml`](super::config::GatewayToml), or text with a
+    /// `[server]` table of its own) to a temporary `gateway.toml` and runs
+    /// `floodgate --config` on it with `envs`. Returns once the gateway logs that it
+    /// listens; panics if it exits first.
+    pub(crate) fn start(toml: impl Display, envs: &[(&str, &str)]) -> FloodgateProcess {
+        let (dir, config) = config_file(toml);
         let config_arg = config.to_str().expect("utf-8 temp path").to_owned();
         let mut child = command(dir.path(), &["--config", &config_arg], envs)
             .stdin(Stdio::null())
