@@ -11,8 +11,6 @@
 
 mod common;
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,16 +18,13 @@ use bytes::Bytes;
 use common::config::GatewayToml;
 use common::process::FloodgateProcess;
 use common::redis_server::RedisServer;
+use common::stub::{ListeningStub, StubUpstream};
 use common::{TestGateway, Upstream, get, h2c_client, read_response};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
+use tokio::net::TcpStream;
 
 /// How much earlier than its turn a request may be seen: clock rounding only.
 const EARLY: Duration = Duration::from_millis(5);
@@ -38,41 +33,28 @@ const LATE: Duration = Duration::from_millis(150);
 
 /// An upstream that notes the path and arrival time of every request it receives.
 struct Recorder {
-    addr: SocketAddr,
+    stub: ListeningStub,
     arrivals: Arc<Mutex<Vec<(String, Instant)>>>,
-    task: JoinHandle<()>,
 }
 
 impl Recorder {
     async fn start() -> Recorder {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let arrivals = Arc::new(Mutex::new(Vec::new()));
         let log = arrivals.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let log = log.clone();
-                let service = service_fn(move |request: Request<Incoming>| {
-                    log.lock()
-                        .unwrap()
-                        .push((request.uri().path().to_owned(), Instant::now()));
-                    async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok\n")))) }
-                });
-                tokio::spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Recorder { addr, arrivals, task }
+        let stub = StubUpstream::http1()
+            .fallback_fn(move |request| {
+                log.lock()
+                    .unwrap()
+                    .push((request.uri().path().to_owned(), Instant::now()));
+                Response::new("ok\n")
+            })
+            .run()
+            .await;
+        Recorder { stub, arrivals }
     }
 
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.stub.url()
     }
 
     /// The requests received so far, in arrival order.
@@ -84,12 +66,6 @@ impl Recorder {
 
     fn paths(&self) -> Vec<String> {
         self.arrivals().into_iter().map(|(path, _)| path).collect()
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

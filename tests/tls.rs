@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::config::{GatewayToml, write_config};
+use common::stub::{ListeningStub, StubUpstream};
 use common::tls::{NOT_AFTER, TestCa, connect, presented};
 use common::{TestGateway, Upstream, get, header_lines};
 use floodgate::Config;
 use floodgate::reload::{Reloader, watch_file};
-use http::{Request, StatusCode, Version};
+use http::{Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Empty};
-use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -449,10 +449,9 @@ async fn check_names_a_key_that_does_not_match_its_certificate() {
     assert!(String::from_utf8_lossy(&output.stdout).contains("2 certificate(s)"));
 }
 
-/// An HTTPS upstream with a certificate for `localhost` from `ca`: answers 200 "secure".
-/// An HTTPS upstream for `localhost` answering every request; returns its address and
-/// the count of `/health` requests it answered.
-async fn https_upstream(ca: &TestCa) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+/// An HTTPS upstream for `localhost`, its certificate from `ca`, that answers every
+/// request with 200 "secure"; returns it and the count of `/health` requests it answered.
+async fn https_upstream(ca: &TestCa) -> (ListeningStub, Arc<AtomicUsize>) {
     let issued = ca.issue(&["localhost"]);
     let chain = vec![issued.der.clone()];
     let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(issued.key.as_bytes()).unwrap();
@@ -463,36 +462,17 @@ async fn https_upstream(ca: &TestCa) -> (std::net::SocketAddr, Arc<AtomicUsize>)
             .with_no_client_auth()
             .with_single_cert(chain, key)
             .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let checks = Arc::new(AtomicUsize::new(0));
     let counted = checks.clone();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let acceptor = acceptor.clone();
-            let counted = counted.clone();
-            tokio::spawn(async move {
-                let Ok(stream) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                    if request.uri().path() == "/health" {
-                        counted.fetch_add(1, Ordering::SeqCst);
-                    }
-                    async {
-                        Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
-                            Bytes::from("secure"),
-                        )))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    (addr, checks)
+    let upstream = StubUpstream::http1_tls(Arc::new(config))
+        .route_fn("/health", move |_| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Response::new("secure")
+        })
+        .fallback_fn(|_| Response::new("secure"))
+        .run()
+        .await;
+    (upstream, checks)
 }
 
 #[tokio::test]
@@ -500,9 +480,9 @@ async fn an_https_upstream_is_used_with_its_ca_and_refused_without() {
     let ca = TestCa::new("upstream ca");
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-    let (addr, _) = https_upstream(&ca).await;
+    let (upstream, _) = https_upstream(&ca).await;
     let config = |tls_ca: &str| {
-        let url = format!("https://localhost:{}", addr.port());
+        let url = format!("https://localhost:{}", upstream.addr.port());
         let path = write_config(dir.path(), GatewayToml::new().proxy_to(&url, tls_ca));
         Config::load(&path).unwrap()
     };
@@ -531,7 +511,8 @@ async fn active_checks_of_an_https_upstream_speak_tls() {
     let ca = TestCa::new("upstream ca");
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-    let (addr, checks) = https_upstream(&ca).await;
+    let (upstream, checks) = https_upstream(&ca).await;
+    let addr = upstream.addr;
     let path = write_config(
         dir.path(),
         GatewayToml::new().proxy_to(

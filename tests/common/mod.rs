@@ -1,7 +1,7 @@
 //! Helpers for integration tests: a gateway in-process on port 0, a real upstream HTTP
 //! server that describes what it received, HTTP clients, and raw-socket requests. Its
-//! modules hold the rest: configurations (`config`), the binary as a child process
-//! (`process`), Redis and certificates.
+//! modules hold the rest: configurations (`config`), stub upstreams that answer as a test
+//! says (`stub`), the binary as a child process (`process`), Redis and certificates.
 #![allow(dead_code)]
 
 pub(crate) mod redis_server;
@@ -9,6 +9,8 @@ pub(crate) mod redis_server;
 pub(crate) mod config;
 
 pub(crate) mod process;
+
+pub(crate) mod stub;
 
 pub(crate) mod tls;
 
