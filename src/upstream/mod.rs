@@ -16,7 +16,9 @@
 //! upstream's `timeout`; only then are the slots given back.
 
 mod balance;
+mod fastcgi;
 mod health;
+mod idle;
 pub(crate) mod pool;
 mod replay;
 mod server;
