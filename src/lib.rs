@@ -29,7 +29,7 @@ mod client_ip;
 pub mod config;
 mod connection;
 mod error;
-mod files;
+pub mod files;
 pub mod healthcheck;
 pub mod limit;
 pub mod logging;

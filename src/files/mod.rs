@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 pub(crate) mod php;
+pub(crate) mod serve;
 
 /// A site's root directory, resolved once at load.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,8 +24,11 @@ pub(crate) enum Found {
     File(PathBuf),
     /// A directory: its real path.
     Directory(PathBuf),
-    /// Nothing that may be served.
+    /// Nothing there.
     Nothing,
+    /// A hidden path, or one that leads outside the root: never served, never tried
+    /// further.
+    Forbidden,
 }
 
 impl Root {
@@ -44,19 +48,26 @@ impl Root {
         &self.real
     }
 
-    /// What the normalized request `path` names under the root: a file, a directory, or
-    /// nothing (absent, hidden, or outside the root once symlinks are resolved).
+    /// What the decoded request `path` names under the root: a file, a directory,
+    /// nothing, or something forbidden (hidden, or outside the root once symlinks are
+    /// resolved).
     pub(crate) fn find(&self, path: &str) -> Found {
         if hidden(path) {
-            return Found::Nothing;
+            return Found::Forbidden;
         }
         let relative = path.trim_start_matches('/');
         let candidate = self.real.join(relative);
         let Ok(real) = candidate.canonicalize() else {
-            return Found::Nothing;
+            // Absent: forbidden all the same if the part that exists leads outside.
+            let outside = candidate
+                .ancestors()
+                .skip(1)
+                .find_map(|existing| existing.canonicalize().ok())
+                .is_some_and(|real| !real.starts_with(&self.real));
+            return if outside { Found::Forbidden } else { Found::Nothing };
         };
         if !real.starts_with(&self.real) {
-            return Found::Nothing;
+            return Found::Forbidden;
         }
         match real.metadata() {
             Ok(metadata) if metadata.is_file() => Found::File(real),
@@ -100,8 +111,8 @@ mod tests {
         assert_eq!(root.find("/index.php"), Found::File(real.join("index.php")));
         assert_eq!(root.find("/blog"), Found::Directory(real.join("blog")));
         assert_eq!(root.find("/"), Found::Directory(real.clone()));
-        assert_eq!(root.find("/link"), Found::Nothing);
-        assert_eq!(root.find("/.env"), Found::Nothing);
+        assert_eq!(root.find("/link"), Found::Forbidden);
+        assert_eq!(root.find("/.env"), Found::Forbidden);
         assert_eq!(root.find("/missing"), Found::Nothing);
         assert!(Root::new(&site.path().join("index.php")).is_err());
         assert!(Root::new(&site.path().join("none")).is_err());

@@ -48,20 +48,17 @@ pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: &str) -> 
     };
     let front_controller = format!("/{index}");
     for candidate in [path, in_directory.as_str(), front_controller.as_str()] {
-        match split(candidate, split_path) {
-            Some((name, path_info)) => {
-                if let Found::File(_) = root.find(name) {
-                    return Choice::Run(Script {
-                        name: name.to_owned(),
-                        path_info: path_info.to_owned(),
-                    });
-                }
+        let split = split(candidate, split_path);
+        match (root.find(split.map_or(candidate, |(name, _)| name)), split) {
+            (Found::Forbidden, _) => return Choice::Nothing,
+            (Found::File(_), Some((name, path_info))) => {
+                return Choice::Run(Script {
+                    name: name.to_owned(),
+                    path_info: path_info.to_owned(),
+                });
             }
-            None => {
-                if let Found::File(file) = root.find(candidate) {
-                    return Choice::Serve(file);
-                }
-            }
+            (Found::File(file), None) => return Choice::Serve(file),
+            (Found::Directory(_) | Found::Nothing, _) => {}
         }
     }
     Choice::Nothing
@@ -74,7 +71,8 @@ fn split<'a>(path: &'a str, split_path: &str) -> Option<(&'a str, &'a str)> {
     for segment in path.split('/') {
         end += segment.len();
         let ends_with = segment.len() >= split_path.len()
-            && segment.as_bytes()[segment.len() - split_path.len()..].eq_ignore_ascii_case(split_path.as_bytes());
+            && segment.as_bytes()[segment.len() - split_path.len()..]
+                .eq_ignore_ascii_case(split_path.as_bytes());
         if ends_with && !segment.is_empty() {
             return Some(path.split_at(end));
         }
@@ -101,6 +99,13 @@ mod tests {
         make("/uploads/x.jpg", "<?php system($_GET['c']);");
         make("/style.CSS", "body{}");
         std::fs::create_dir_all(dir.path().join("empty")).unwrap();
+        let outside = dir
+            .path()
+            .parent()
+            .unwrap()
+            .join(format!("{}-outside", std::process::id()));
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.path().join("escape")).unwrap();
         let root = Root::new(dir.path()).unwrap();
         (dir, root)
     }
@@ -138,6 +143,10 @@ mod tests {
         // The upload itself is a file, served, never run.
         assert!(matches!(choose("/uploads/x.jpg"), Choice::Serve(_)));
         assert_eq!(choose("/.env"), Choice::Nothing);
+        // Hidden or outside the root: nothing, not even the front controller.
+        assert_eq!(choose("/.git/config"), Choice::Nothing);
+        assert_eq!(choose("/escape/x"), Choice::Nothing);
+        assert_eq!(choose("/escape"), Choice::Nothing);
     }
 
     #[test]

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
-use http_body_util::Either;
 use hyper::body::Incoming;
 
 pub mod limit_headers;
@@ -29,6 +28,7 @@ mod own_answer;
 pub(crate) mod request_head;
 pub mod request_key;
 mod response_body;
+mod site;
 pub(crate) mod state;
 
 use crate::access_log::AccessRecord;
@@ -46,6 +46,7 @@ use crate::proxy::headers::{
 use crate::proxy::request_body::RequestBody;
 use crate::router::normalize_host;
 use crate::upstream::{Upstream, tunnel};
+use http_body::Body as _;
 use limit_headers::LimitHeaders;
 use limits::{Action, LimitSettings, settle_attempts};
 use own_answer::OwnAnswer;
@@ -282,7 +283,9 @@ async fn serve(
         }
     }
     let response = match &route.target {
-        Target::Respond(respond) => respond_with(respond, route_host.as_deref(), request.uri()),
+        Target::Respond(respond) => {
+            respond_with(respond, route_host.as_deref(), request.uri()).map_err(OwnAnswer::from)
+        }
         Target::Upstream(upstream) => {
             // The key that picks the server, with `balance = "hash"`: a key part the
             // request repeats makes the client's address the key.
@@ -296,6 +299,11 @@ async fn serve(
                 route: route_config,
                 hash_tuple: hash_tuple.as_deref(),
                 instances: state.store.instances(),
+                host: route_config
+                    .site
+                    .as_ref()
+                    .and(route_host.as_deref())
+                    .map(str::to_owned),
             };
             let context = ForwardingContext {
                 peer: client.peer,
@@ -323,7 +331,7 @@ async fn serve(
         // floodgate's own answers (a 502, a 504) are not the app's: their units go back.
         settle_attempts(attempts, response.as_ref().ok().map(Response::status)).await;
     }
-    Ok(response?)
+    response
 }
 
 impl Client<'_> {
@@ -365,6 +373,8 @@ struct Destination<'a> {
     hash_tuple: Option<&'a str>,
     /// Live gateway instances sharing the upstream's `max_requests`.
     instances: u64,
+    /// The host name the client asked for, as routing saw it (for a site's PHP only).
+    host: Option<String>,
 }
 
 /// `redirect_http`: a 308 to the same host and target over HTTPS on `port`.
@@ -380,7 +390,7 @@ fn to_https(host: &str, port: u16, target: &Uri) -> OwnAnswer {
         format!("https://{name}:{port}{path}")
     };
     match HeaderValue::try_from(location) {
-        Ok(location) => OwnAnswer::ToHttps(location),
+        Ok(location) => OwnAnswer::Redirect(location),
         Err(_) => GatewayError::MalformedRequest("the request target cannot be redirected").into(),
     }
 }
@@ -451,14 +461,15 @@ async fn forward(
     server: &ServerConfig,
     connection: &InFlight,
     slots: Vec<ConcurrencySlot>,
-) -> Result<Response<Payload>, GatewayError> {
+) -> Result<Response<Payload>, OwnAnswer> {
     let upstream = destination.upstream;
     let max_body = server.max_body;
     if let (Some(limit), Some(length)) = (max_body, declared_length(&request))
         && length > limit
     {
-        return Err(GatewayError::BodyTooLarge);
+        return Err(GatewayError::BodyTooLarge.into());
     }
+    let declared = declared_length(&request);
     let upgrade = requested_upgrade(request.version(), request.headers());
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
 
@@ -473,6 +484,13 @@ async fn forward(
         },
         None => path,
     };
+    let script = match &destination.route.site {
+        None => None,
+        Some(site) => match site::target(site, path, parts.uri.query())? {
+            site::Target::Serve(file) => return site::serve_file(&file, &parts).await,
+            site::Target::Run(script) => Some((site, script)),
+        },
+    };
     let uri = upstream
         .uri_for(path, parts.uri.query())
         .map_err(|_| GatewayError::MalformedRequest("the request target cannot be forwarded"))?;
@@ -485,6 +503,18 @@ async fn forward(
     set_forwarding_headers(&mut parts.headers, context);
     apply_rules(&server.request_headers, &mut parts.headers);
     apply_rules(&destination.route.request_headers, &mut parts.headers);
+    if let (Some((site, script)), Some(fastcgi)) = (script, &upstream.config.fastcgi) {
+        let length = site::content_length(&parts, declared, body.is_end_stream())?;
+        let head = site::fastcgi_head(
+            &parts,
+            &script,
+            context,
+            (destination.host.as_deref(), length),
+            site,
+            &fastcgi.env,
+        );
+        parts.extensions.insert(head);
+    }
     if let Some(protocol) = upgrade {
         parts
             .headers
@@ -510,5 +540,5 @@ async fn forward(
         }
         _ => remove_hop_by_hop(response.headers_mut()),
     }
-    Ok(response.map(Either::Left))
+    Ok(response.map(Payload::Upstream))
 }

@@ -53,11 +53,6 @@ impl<C> IdlePool<C> {
         }
         None
     }
-
-    /// Connections idle now.
-    pub(super) fn len(&self) -> usize {
-        self.list().connections.len()
-    }
 }
 
 impl<C: Send + 'static> IdlePool<C> {

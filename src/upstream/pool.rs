@@ -310,7 +310,7 @@ where
 /// drops `keep` (what the request holds while the server works on it): the server is
 /// done with a request once it has sent all of its response. Read to its end, the
 /// connection goes back to the pool first.
-pub(crate) async fn discard<B: Send + 'static, K>(mut body: UpstreamBody<B>, keep: K, timeout: Duration) {
+pub(crate) async fn discard<B: Body + Unpin, K>(mut body: B, keep: K, timeout: Duration) {
     let rest = async { while let Some(Ok(_)) = body.frame().await {} };
     let _ = tokio::time::timeout(timeout, rest).await;
     drop(body);
@@ -547,7 +547,7 @@ mod tests {
         // Three at once: three connections, all idle afterwards.
         futures_util::future::join_all((0..3).map(|_| ok(&pool))).await;
         assert_eq!(open.load(Ordering::SeqCst), 3);
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         while started.elapsed() < limit * 3 {
             ok(&pool).await;
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -4,6 +4,8 @@
 
 pub(crate) mod redis_server;
 
+pub(crate) mod php_fpm;
+
 pub(crate) mod process;
 
 pub(crate) mod tls;

@@ -18,7 +18,7 @@ use tokio_util::io::poll_read_buf;
 
 use super::head;
 use super::pool::{Connection, Endpoint};
-use super::record::{self, ProtocolError, Received, Reader};
+use super::record::{self, ProtocolError, Reader, Received};
 use crate::proxy::request_body::{RequestBody, RequestBodyError};
 
 /// How much is read from PHP-FPM at a time.
@@ -63,7 +63,12 @@ pub(crate) struct Exchange {
 impl Exchange {
     /// An exchange of the request `head` (its begin and parameter records) and `body`
     /// on `connection`.
-    pub(super) fn new(connection: Connection, endpoint: Arc<Endpoint>, head: BytesMut, body: RequestBody) -> Self {
+    pub(super) fn new(
+        connection: Connection,
+        endpoint: Arc<Endpoint>,
+        head: BytesMut,
+        body: RequestBody,
+    ) -> Self {
         Exchange {
             connection: Some(connection),
             endpoint,
@@ -85,7 +90,7 @@ impl Exchange {
     }
 
     /// Takes back the request body (for another try), when none of it was read.
-    pub(super) fn into_body(mut self) -> Option<RequestBody> {
+    pub(super) fn into_body(mut self: Box<Self>) -> Option<RequestBody> {
         if self.body_read {
             return None;
         }
@@ -94,7 +99,10 @@ impl Exchange {
     }
 
     /// The response head: its status and headers.
-    pub(crate) fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<(StatusCode, HeaderMap), ExchangeError>> {
+    pub(crate) fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(StatusCode, HeaderMap), ExchangeError>> {
         loop {
             match ready!(self.poll_received(cx))? {
                 Received::Stdout(content) => {

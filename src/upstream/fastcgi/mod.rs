@@ -27,14 +27,15 @@ use exchange::Exchange;
 /// A response body from PHP-FPM, streamed as it is read; read to its end, its connection
 /// goes back to the pool.
 pub(crate) struct FastCgiBody {
-    /// `None` once ended.
-    exchange: Option<Exchange>,
+    /// `None` once ended. Boxed: an HTTP response body is what most responses carry, and
+    /// it need not be as large as an exchange.
+    exchange: Option<Box<Exchange>>,
 }
 
 impl FastCgiBody {
     /// Whether the body has been read to its end.
     pub(crate) fn is_finished(&self) -> bool {
-        self.exchange.as_ref().is_none_or(Exchange::is_ended)
+        self.exchange.as_deref().is_none_or(Exchange::is_ended)
     }
 }
 

@@ -9,7 +9,6 @@ use http::{HeaderMap, Method, Version};
 use super::record;
 use crate::files::php::Script;
 
-
 /// Where a request came from and arrived.
 pub(crate) struct Caller<'a> {
     /// The client's address, as floodgate decided it (trusted proxies applied).
@@ -62,7 +61,10 @@ pub(crate) fn request_head(
     let scheme = if caller.https { "https" } else { "http" };
     let mut params: Vec<(&[u8], &[u8])> = vec![
         (b"GATEWAY_INTERFACE", b"CGI/1.1"),
-        (b"SERVER_SOFTWARE", concat!("floodgate/", env!("CARGO_PKG_VERSION")).as_bytes()),
+        (
+            b"SERVER_SOFTWARE",
+            concat!("floodgate/", env!("CARGO_PKG_VERSION")).as_bytes(),
+        ),
         (b"SERVER_PROTOCOL", protocol.as_bytes()),
         (b"REQUEST_SCHEME", scheme.as_bytes()),
         (b"SERVER_NAME", caller.server_name.as_bytes()),
@@ -94,9 +96,32 @@ pub(crate) fn request_head(
         params.push((name.as_bytes(), value.as_bytes()));
     }
     let headers = http_variables(call.headers);
-    params.extend(headers.iter().map(|(name, value)| (name.as_slice(), value.as_slice())));
+    params.extend(
+        headers
+            .iter()
+            .map(|(name, value)| (name.as_slice(), value.as_slice())),
+    );
     record::params(&mut out, params);
     out.freeze()
+}
+
+/// The begin and parameter records of an active check: `GET` of the script `path`.
+pub(crate) fn check_head(path: &str) -> BytesMut {
+    let mut out = BytesMut::with_capacity(256);
+    record::begin_request(&mut out);
+    record::params(
+        &mut out,
+        [
+            (&b"GATEWAY_INTERFACE"[..], &b"CGI/1.1"[..]),
+            (b"REQUEST_METHOD", b"GET"),
+            (b"SCRIPT_NAME", path.as_bytes()),
+            (b"SCRIPT_FILENAME", path.as_bytes()),
+            (b"REQUEST_URI", path.as_bytes()),
+            (b"QUERY_STRING", b""),
+            (b"HTTP_USER_AGENT", b"floodgate-health-check"),
+        ],
+    );
+    out
 }
 
 /// Each request header as `HTTP_NAME` (upper case, `-` as `_`), repeated ones joined

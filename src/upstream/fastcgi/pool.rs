@@ -117,16 +117,14 @@ impl Endpoint {
 
     async fn connect(&self) -> Result<Connection, FastCgiError> {
         let opened = match &self.address {
-            Address::Tcp(address) => {
-                tokio::time::timeout(self.connect_timeout, TcpStream::connect(address))
-                    .await
-                    .map(|stream| {
-                        stream.map(|stream| {
-                            let _ = stream.set_nodelay(true);
-                            Either::Left(stream)
-                        })
+            Address::Tcp(address) => tokio::time::timeout(self.connect_timeout, TcpStream::connect(address))
+                .await
+                .map(|stream| {
+                    stream.map(|stream| {
+                        let _ = stream.set_nodelay(true);
+                        Either::Left(stream)
                     })
-            }
+                }),
             Address::Unix(path) => tokio::time::timeout(self.connect_timeout, UnixStream::connect(path))
                 .await
                 .map(|stream| stream.map(Either::Right)),
@@ -171,9 +169,16 @@ impl Pool {
         }
     }
 
-    /// Connections idle now.
-    pub(crate) fn idle(&self) -> usize {
-        self.endpoint.idle.len()
+    /// An active check: the status of a `GET` for the script `path` (PHP-FPM's
+    /// `ping.path`, a status page, or a script) on a connection of its own.
+    pub(crate) async fn check(&self, path: &str) -> Option<http::StatusCode> {
+        let connection = self.endpoint.connect().await.ok()?;
+        let head = super::params::check_head(path);
+        let mut exchange = Exchange::new(connection, self.endpoint.clone(), head, RequestBody::empty());
+        poll_fn(|cx| exchange.poll_head(cx))
+            .await
+            .ok()
+            .map(|(status, _)| status)
     }
 
     /// Sends the request whose begin and parameter records are `head`, with `body`, and
@@ -192,27 +197,43 @@ impl Pool {
         detach: bool,
     ) -> Result<Response<FastCgiBody>, Unsent> {
         loop {
-            let pooled = self.endpoint.idle.checkout(|connection| !connection.closed_while_idle());
+            let pooled = self
+                .endpoint
+                .idle
+                .checkout(|connection| !connection.closed_while_idle());
             let reused = pooled.is_some();
             let connection = match pooled {
                 Some(connection) => connection,
                 None => match self.endpoint.connect().await {
                     Ok(connection) => connection,
-                    Err(error) => return Err(Unsent { error, body: Some(body) }),
+                    Err(error) => {
+                        return Err(Unsent {
+                            error,
+                            body: Some(body),
+                        });
+                    }
                 },
             };
-            let exchange = Exchange::new(connection, self.endpoint.clone(), BytesMut::from(&head[..]), body);
+            let exchange = Box::new(Exchange::new(
+                connection,
+                self.endpoint.clone(),
+                BytesMut::from(&head[..]),
+                body,
+            ));
             let mut detached = Detached {
                 exchange: Some(exchange),
                 keep: detach.then_some(&mut *keep),
                 deadline,
                 timeout,
             };
-            let answer = poll_fn(|cx| detached.exchange.as_mut().expect("until answered").poll_head(cx)).await;
+            let answer =
+                poll_fn(|cx| detached.exchange.as_mut().expect("until answered").poll_head(cx)).await;
             let exchange = detached.exchange.take().expect("until answered");
             match answer {
                 Ok((status, headers)) => {
-                    let mut response = Response::new(FastCgiBody { exchange: Some(exchange) });
+                    let mut response = Response::new(FastCgiBody {
+                        exchange: Some(exchange),
+                    });
                     *response.status_mut() = status;
                     *response.headers_mut() = headers;
                     return Ok(response);
@@ -236,7 +257,7 @@ impl Pool {
 /// An exchange awaited for its head; dropped before (its client left) with `keep` (a cap
 /// counts the request) and before the deadline, it goes on in a task of its own.
 struct Detached<'a, K: Send + 'static> {
-    exchange: Option<Exchange>,
+    exchange: Option<Box<Exchange>>,
     keep: Option<&'a mut Option<K>>,
     deadline: tokio::time::Instant,
     timeout: Duration,

@@ -122,7 +122,9 @@ pub(super) enum Received {
     Stdout(Bytes),
     Stderr(Bytes),
     /// The request is complete, with the app's exit status.
-    End { app_status: u32 },
+    End {
+        app_status: u32,
+    },
 }
 
 /// Reads records from the front of `buffer` as they arrive.
@@ -225,7 +227,7 @@ mod tests {
     #[test]
     fn long_names_and_values_take_four_byte_lengths() {
         let mut out = BytesMut::new();
-        let long = vec![b'v'; 200];
+        let long = [b'v'; 200];
         params(&mut out, [(&b"SHORT"[..], &b"x"[..]), (&b"LONG"[..], &long[..])]);
         let content = &out[8..];
         assert_eq!(&content[..2], &[5, 1]);
