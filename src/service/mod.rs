@@ -33,10 +33,11 @@ pub(crate) mod state;
 
 use crate::access_log::AccessRecord;
 use crate::client_ip::{Peer, client_ip};
-use crate::config::{RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate};
+use crate::config::{RespondConfig, RouteConfig, ServerConfig, Site, TemplatePart, ValueTemplate};
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
+use crate::files::php::Script;
 use crate::limit::store::{ConcurrencySlot, Unit};
 use crate::metrics::{LimitOutcome, Metrics};
 use crate::path::normalize_path;
@@ -286,7 +287,20 @@ async fn serve(
         Target::Respond(respond) => {
             respond_with(respond, route_host.as_deref(), request.uri()).map_err(OwnAnswer::from)
         }
-        Target::Upstream(upstream) => {
+        Target::Upstream(upstream) => 'forwarded: {
+            let path = forwarded_path(route_config, path);
+            // A site's path comes to a file, served here, or a script for PHP-FPM.
+            let script = match &route_config.site {
+                None => None,
+                Some(site) => match site::target(site, path, request.uri().query()) {
+                    Err(answer) => break 'forwarded Err(answer),
+                    Ok(site::Target::Serve(file)) => {
+                        // Boxed: the request path's future need not hold a file open's.
+                        break 'forwarded Box::pin(site::serve_file(&file, &request)).await;
+                    }
+                    Ok(site::Target::Run(script)) => Some((site, script)),
+                },
+            };
             // The key that picks the server, with `balance = "hash"`: a key part the
             // request repeats makes the client's address the key.
             let hash_tuple = upstream.hash_key().map(|parts| {
@@ -318,7 +332,7 @@ async fn serve(
             forward(
                 &destination,
                 request,
-                path,
+                (path, script),
                 &context,
                 &state.config.server,
                 client.connection,
@@ -451,30 +465,9 @@ fn declared_length(request: &Request<Incoming>) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Rewrites the request for `upstream`, sends it and relays the response; `slots` (the
-/// request's concurrency-limit slots) are held with the exchange.
-async fn forward(
-    destination: &Destination<'_>,
-    mut request: Request<Incoming>,
-    path: &str,
-    context: &ForwardingContext<'_>,
-    server: &ServerConfig,
-    connection: &InFlight,
-    slots: Vec<ConcurrencySlot>,
-) -> Result<Response<Payload>, OwnAnswer> {
-    let upstream = destination.upstream;
-    let max_body = server.max_body;
-    if let (Some(limit), Some(length)) = (max_body, declared_length(&request))
-        && length > limit
-    {
-        return Err(GatewayError::BodyTooLarge.into());
-    }
-    let declared = declared_length(&request);
-    let upgrade = requested_upgrade(request.version(), request.headers());
-    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
-
-    let (mut parts, body) = request.into_parts();
-    let path = match &destination.route.strip_prefix {
+/// `path` as the upstream gets it: without the route's `strip_prefix`.
+fn forwarded_path<'a>(route: &RouteConfig, path: &'a str) -> &'a str {
+    match &route.strip_prefix {
         // Whole segments only: "/api" is stripped from "/api/users" and "/api", not from
         // "/apix" (which a `path_prefix = "/api"` route also matches).
         Some(prefix) => match path.strip_prefix(prefix.as_str()) {
@@ -483,14 +476,33 @@ async fn forward(
             _ => path,
         },
         None => path,
-    };
-    let script = match &destination.route.site {
-        None => None,
-        Some(site) => match site::target(site, path, parts.uri.query())? {
-            site::Target::Serve(file) => return site::serve_file(&file, &parts).await,
-            site::Target::Run(script) => Some((site, script)),
-        },
-    };
+    }
+}
+
+/// Rewrites the request for `upstream`, sends it and relays the response; `slots` (the
+/// request's concurrency-limit slots) are held with the exchange. `path` is without the
+/// route's prefix; `script`, for a site, what PHP-FPM runs.
+async fn forward(
+    destination: &Destination<'_>,
+    mut request: Request<Incoming>,
+    (path, script): (&str, Option<(&Site, Script)>),
+    context: &ForwardingContext<'_>,
+    server: &ServerConfig,
+    connection: &InFlight,
+    slots: Vec<ConcurrencySlot>,
+) -> Result<Response<Payload>, OwnAnswer> {
+    let upstream = destination.upstream;
+    let max_body = server.max_body;
+    let declared = declared_length(&request);
+    if let (Some(limit), Some(length)) = (max_body, declared)
+        && length > limit
+    {
+        return Err(GatewayError::BodyTooLarge.into());
+    }
+    let upgrade = requested_upgrade(request.version(), request.headers());
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
+
+    let (mut parts, body) = request.into_parts();
     let uri = upstream
         .uri_for(path, parts.uri.query())
         .map_err(|_| GatewayError::MalformedRequest("the request target cannot be forwarded"))?;

@@ -23,7 +23,8 @@ use crate::upstream::UpstreamBody;
 pub(crate) enum Payload {
     Upstream(UpstreamBody),
     Own(Own),
-    File(FileBody),
+    /// Boxed: most responses are not files, and need not be as large.
+    File(Box<FileBody>),
 }
 
 /// A body floodgate writes itself.
@@ -45,7 +46,7 @@ impl Body for Payload {
         match self.get_mut() {
             Payload::Upstream(body) => Pin::new(body).poll_frame(cx),
             Payload::Own(body) => Pin::new(body).poll_frame(cx).map_err(|never| match never {}),
-            Payload::File(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Payload::File(body) => Pin::new(body.as_mut()).poll_frame(cx).map_err(Into::into),
         }
     }
 

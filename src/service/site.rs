@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{Response, Version};
+use http::{Request, Response, Version};
 
 use super::own_answer::OwnAnswer;
 use super::response_body::Payload;
@@ -47,13 +47,13 @@ pub(super) fn target(site: &Site, path: &str, query: Option<&str>) -> Result<Tar
     }
 }
 
-/// The answer with `file`.
-pub(super) async fn serve_file(
+/// The answer to `request` with `file`.
+pub(super) async fn serve_file<B>(
     file: &std::path::Path,
-    parts: &Parts,
+    request: &Request<B>,
 ) -> Result<Response<Payload>, OwnAnswer> {
-    match serve::serve(file, &parts.method, &parts.headers).await {
-        Ok(response) => Ok(response.map(Payload::File)),
+    match serve::serve(file, request.method(), request.headers()).await {
+        Ok(response) => Ok(response.map(|body| Payload::File(Box::new(body)))),
         Err(status) if status == http::StatusCode::METHOD_NOT_ALLOWED => {
             Err(GatewayError::NotAFileMethod.into())
         }
