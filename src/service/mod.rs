@@ -292,13 +292,10 @@ async fn serve(
             // A site's path comes to a file, served here, or a script for PHP-FPM.
             let script = match &route_config.site {
                 None => None,
-                Some(site) => match site::target(site, path, request.uri().query()) {
-                    Err(answer) => break 'forwarded Err(answer),
-                    Ok(site::Target::Serve(file)) => {
-                        // Boxed: the request path's future need not hold a file open's.
-                        break 'forwarded Box::pin(site::serve_file(&file, &request)).await;
-                    }
-                    Ok(site::Target::Run(script)) => Some((site, script)),
+                // Boxed: the request path's future need not hold a site's.
+                Some(site) => match Box::pin(site::prepare(site, path, &request)).await {
+                    Err(answer) => break 'forwarded answer,
+                    Ok(script) => Some((site, script)),
                 },
             };
             // The key that picks the server, with `balance = "hash"`: a key part the

@@ -20,14 +20,28 @@ use crate::upstream::FastCgiHead;
 use crate::upstream::fastcgi::params::{Call, Caller, request_head};
 
 /// What a request to a site runs or gets.
-pub(super) enum Target {
+enum Target {
     Run(Script),
     Serve(PathBuf),
 }
 
-/// The target of the normalized `path` (after `strip_prefix`), or the answer instead: a
-/// `308` to the directory, a `404`, a `400` for a path that names no file.
-pub(super) fn target(site: &Site, path: &str, query: Option<&str>) -> Result<Target, OwnAnswer> {
+/// The script `request` runs, for the normalized `path` (after `strip_prefix`); or, in
+/// `Err`, the answer instead: the file, a `308` to the directory, a `404`, a `400` for a
+/// path that names no file.
+pub(super) async fn prepare<B>(
+    site: &Site,
+    path: &str,
+    request: &Request<B>,
+) -> Result<Script, Result<Response<Payload>, OwnAnswer>> {
+    match target(site, path, request.uri().query()) {
+        Ok(Target::Run(script)) => Ok(script),
+        Ok(Target::Serve(file)) => Err(serve_file(&file, request).await),
+        Err(answer) => Err(Err(answer)),
+    }
+}
+
+/// The target of `path`, or the answer instead.
+fn target(site: &Site, path: &str, query: Option<&str>) -> Result<Target, OwnAnswer> {
     let file_path = decode_file_path(path).map_err(GatewayError::BadPath)?;
     match php::choose(&site.root, &file_path, &site.index, &site.split_path) {
         Choice::Run(script) => Ok(Target::Run(script)),
@@ -48,10 +62,7 @@ pub(super) fn target(site: &Site, path: &str, query: Option<&str>) -> Result<Tar
 }
 
 /// The answer to `request` with `file`.
-pub(super) async fn serve_file<B>(
-    file: &std::path::Path,
-    request: &Request<B>,
-) -> Result<Response<Payload>, OwnAnswer> {
+async fn serve_file<B>(file: &std::path::Path, request: &Request<B>) -> Result<Response<Payload>, OwnAnswer> {
     match serve::serve(file, request.method(), request.headers()).await {
         Ok(response) => Ok(response.map(|body| Payload::File(Box::new(body)))),
         Err(status) if status == http::StatusCode::METHOD_NOT_ALLOWED => {
