@@ -36,6 +36,8 @@ impl TrustedProxies {
 pub(crate) struct Peer {
     /// The TCP peer's address and port.
     pub address: SocketAddr,
+    /// The port of the listener that accepted the connection.
+    pub local_port: u16,
     /// Whether the connection is TLS (the HTTPS listener).
     pub tls: bool,
     /// The address, IPv4-mapped IPv6 as IPv4.
@@ -47,12 +49,13 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    pub(crate) fn new(address: SocketAddr, tls: bool) -> Self {
+    pub(crate) fn new(address: SocketAddr, local_port: u16, tls: bool) -> Self {
         let ip = address.ip().to_canonical();
         let text = ip_text(ip);
         let value = HeaderValue::try_from(text.as_str()).expect("an IP address is a valid header value");
         Peer {
             address,
+            local_port,
             tls,
             ip,
             text,

@@ -63,6 +63,12 @@ impl UpstreamFailure {
 pub(crate) enum GatewayError {
     #[error("no route matches the request")]
     NoRoute,
+    #[error("no file or script under the site's root for the path")]
+    NotFound,
+    #[error("a method other than GET or HEAD for a file")]
+    NotAFileMethod,
+    #[error("a request body of unknown length for PHP-FPM")]
+    LengthRequired,
     #[error("the client's address is denied by {0}")]
     Forbidden(&'static str),
     #[error("bad request path: {0}")]
@@ -101,7 +107,9 @@ impl GatewayError {
     /// The status a client sees for this error.
     pub(crate) fn status(&self) -> StatusCode {
         match self {
-            GatewayError::NoRoute => StatusCode::NOT_FOUND,
+            GatewayError::NoRoute | GatewayError::NotFound => StatusCode::NOT_FOUND,
+            GatewayError::NotAFileMethod => StatusCode::METHOD_NOT_ALLOWED,
+            GatewayError::LengthRequired => StatusCode::LENGTH_REQUIRED,
             GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
             GatewayError::BadPath(_)
             | GatewayError::AmbiguousKey(_)
@@ -134,8 +142,11 @@ impl GatewayError {
         match self {
             GatewayError::AmbiguousFraming(_)
             | GatewayError::UnsupportedTransferCoding
-            | GatewayError::BodyTimeout => true,
+            | GatewayError::BodyTimeout
+            | GatewayError::LengthRequired => true,
             GatewayError::NoRoute
+            | GatewayError::NotFound
+            | GatewayError::NotAFileMethod
             | GatewayError::Forbidden(_)
             | GatewayError::BadPath(_)
             | GatewayError::AmbiguousKey(_)

@@ -29,6 +29,7 @@ mod client_ip;
 pub mod config;
 mod connection;
 mod error;
+pub mod files;
 pub mod healthcheck;
 pub mod limit;
 pub mod logging;

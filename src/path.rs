@@ -19,6 +19,8 @@ pub enum PathError {
     BadEscape,
     #[error("the path hides a dot segment behind an encoded slash")]
     EncodedTraversal,
+    #[error("the path names no file: it holds a NUL byte, a backslash, or bytes that are not UTF-8")]
+    NotAFileName,
 }
 
 /// Normalizes `path` (without its query string). Borrows when nothing changes.
@@ -82,6 +84,40 @@ fn hex_value(b: u8) -> Option<u8> {
 }
 
 /// Decodes `%XX` escapes of unreserved characters; keeps the others with upper-case hex.
+/// A normalized `path` with every escape decoded, as a file name under a site's root
+/// (`%20` a space, `%2F` a slash): `NotAFileName` when it holds a NUL byte or a backslash
+/// or is not UTF-8, `EncodedTraversal` when a decoded slash makes a dot segment.
+pub(crate) fn decode_file_path(path: &str) -> Result<String, PathError> {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hi = bytes.get(i + 1).copied().and_then(hex_value);
+            let lo = bytes.get(i + 2).copied().and_then(hex_value);
+            let (Some(hi), Some(lo)) = (hi, lo) else {
+                return Err(PathError::BadEscape);
+            };
+            out.push(hi << 4 | lo);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    let decoded = String::from_utf8(out).map_err(|_| PathError::NotAFileName)?;
+    if decoded.contains(['\0', '\\']) {
+        return Err(PathError::NotAFileName);
+    }
+    if decoded
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
+    {
+        return Err(PathError::EncodedTraversal);
+    }
+    Ok(decoded)
+}
+
 fn decode_unreserved(path: &str) -> Result<String, PathError> {
     let bytes = path.as_bytes();
     let mut out = String::with_capacity(path.len());
@@ -136,6 +172,17 @@ fn hides_dot_segment(segment: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_path_is_decoded_whole_and_refuses_what_names_no_file() {
+        assert_eq!(decode_file_path("/a%20b/c%2Fd.php").unwrap(), "/a b/c/d.php");
+        assert_eq!(decode_file_path("/caf%C3%A9").unwrap(), "/café");
+        assert_eq!(decode_file_path("/x.php%00.jpg"), Err(PathError::NotAFileName));
+        assert_eq!(decode_file_path("/a%5C..%5Cb"), Err(PathError::NotAFileName));
+        assert_eq!(decode_file_path("/%FF"), Err(PathError::NotAFileName));
+        assert_eq!(decode_file_path("/a%2F..%2Fb"), Err(PathError::EncodedTraversal));
+        assert_eq!(decode_file_path("/a%2"), Err(PathError::BadEscape));
+    }
 
     fn norm(path: &str) -> Result<String, PathError> {
         normalize_path(path).map(Cow::into_owned)

@@ -96,6 +96,7 @@ mod tests {
             strip_prefix: None,
             request_headers: Default::default(),
             response_headers: Default::default(),
+            site: None,
         }
     }
 

@@ -190,6 +190,7 @@ async fn accept_loop(
     closing: CancellationToken,
 ) {
     let builder = Arc::new(connection_builder());
+    let local_port = listener.local_addr().map_or(0, |address| address.port());
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -210,7 +211,7 @@ async fn accept_loop(
         };
         connections.spawn(serve_connection(
             stream,
-            Arc::new(Peer::new(peer, secure)),
+            Arc::new(Peer::new(peer, local_port, secure)),
             shared.clone(),
             builder.clone(),
             closing.clone(),

@@ -106,6 +106,7 @@ pub(crate) struct UpstreamFile {
     pub timeout: Option<Spanned<String>>,
     pub tls_ca: Option<Spanned<String>>,
     pub tls_server_name: Option<Spanned<String>>,
+    pub env: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
 }
 
 /// `health_check = { path, interval, timeout }`
@@ -135,6 +136,10 @@ pub(crate) struct RouteFile {
     pub strip_prefix: Option<Spanned<String>>,
     pub request_headers: Option<Spanned<HeaderRulesFile>>,
     pub response_headers: Option<Spanned<HeaderRulesFile>>,
+    pub root: Option<Spanned<String>>,
+    pub php_root: Option<Spanned<String>>,
+    pub index: Option<Spanned<String>>,
+    pub split_path: Option<Spanned<String>>,
 }
 
 /// A route's inline `respond = { ... }` table.

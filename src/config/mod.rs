@@ -8,6 +8,7 @@ mod error;
 mod file;
 mod limits;
 mod shaping;
+mod site;
 mod tls;
 mod upstreams;
 mod values;
@@ -32,10 +33,13 @@ pub use limits::{
     Concurrency, KeyPart, LimitConfig, LimitKind, Mode, Override, Overrides, RateLimit, RedisConfig,
 };
 pub use shaping::{ErrorPage, HeaderRules, TemplatePart, ValueTemplate};
+pub use site::Site;
 pub(crate) use tls::provider as tls_provider;
 pub use tls::{Certificate, TlsConfig, TlsVersion};
 pub(crate) use upstreams::server_name;
-pub use upstreams::{Balance, HealthCheck, UpstreamConfig, UpstreamServer, UpstreamTls};
+pub use upstreams::{
+    Balance, FastCgi, HealthCheck, ServerAddress, UpstreamConfig, UpstreamServer, UpstreamTls,
+};
 
 use crate::limit::MAX_LIMITS_PER_ROUTE;
 use crate::path::normalize_path;
@@ -132,6 +136,8 @@ pub struct RouteConfig {
     pub strip_prefix: Option<String>,
     pub request_headers: HeaderRules,
     pub response_headers: HeaderRules,
+    /// `root` and the keys that go with it.
+    pub site: Option<Site>,
 }
 
 impl RouteConfig {
@@ -237,7 +243,7 @@ impl Config {
         let redis = limits::validate_redis(raw.redis, &mut sink);
         let upstreams = upstreams::validate_upstreams(raw.upstreams, base, &mut sink);
         let limits = limits::validate_limits(raw.limits, &mut sink);
-        let routes = validate_routes(raw.routes, &upstreams, &limits, &mut sink);
+        let routes = validate_routes(raw.routes, &upstreams, &limits, base, &mut sink);
         sink.finish(path)?;
         Ok(Config {
             path: path.to_path_buf(),
@@ -513,10 +519,14 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
     }
 }
 
+/// Tables by name (`[upstreams.NAME]`, `[limits.NAME]`).
+type Named<T> = BTreeMap<String, Arc<T>>;
+
 fn validate_routes(
     raw: Vec<Spanned<RouteFile>>,
     upstreams: &BTreeMap<String, Arc<UpstreamConfig>>,
     limits: &BTreeMap<String, Arc<LimitConfig>>,
+    base: &Path,
     sink: &mut ErrorSink,
 ) -> Vec<RouteConfig> {
     let mut names = HashSet::new();
@@ -525,7 +535,7 @@ fn validate_routes(
         let key = format!("routes[{i}]");
         let span = route.span();
         let route = route.into_inner();
-        if let Some(route) = validate_route(&key, span, route, upstreams, limits, &mut names, sink) {
+        if let Some(route) = validate_route(&key, span, route, (upstreams, limits), base, &mut names, sink) {
             routes.push(route);
         }
     }
@@ -536,8 +546,8 @@ fn validate_route(
     key: &str,
     span: std::ops::Range<usize>,
     raw: RouteFile,
-    upstreams: &BTreeMap<String, Arc<UpstreamConfig>>,
-    limits: &BTreeMap<String, Arc<LimitConfig>>,
+    (upstreams, limits): (&Named<UpstreamConfig>, &Named<LimitConfig>),
+    base: &Path,
     names: &mut HashSet<String>,
     sink: &mut ErrorSink,
 ) -> Option<RouteConfig> {
@@ -589,6 +599,12 @@ fn validate_route(
             .collect::<Option<Vec<_>>>()
             .map(Some),
     };
+    let fastcgi = raw
+        .upstream
+        .as_ref()
+        .and_then(|name| upstreams.get(name.get_ref()))
+        .is_some_and(|upstream| upstream.fastcgi.is_some());
+    let site = site::site(key, &raw, fastcgi, base, sink);
     let target = match (&raw.upstream, raw.respond) {
         (Some(_), Some(respond)) => {
             sink.both(respond.span(), format!("{key}.respond"), "upstream", "respond");
@@ -698,6 +714,7 @@ fn validate_route(
         strip_prefix: strip_prefix?,
         request_headers: request_headers?,
         response_headers: response_headers?,
+        site: site?,
     })
 }
 

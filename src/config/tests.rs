@@ -76,7 +76,7 @@ respond = { status = 204 }
     assert_eq!(config.server.tunnel_idle_timeout, Duration::from_secs(600));
     assert_eq!(config.server.trusted_proxies.len(), 2);
     let app = &config.upstreams["app"];
-    assert_eq!(app.servers[0].authority.as_str(), "app.internal:80");
+    assert_eq!(app.servers[0].address.label(), "app.internal:80");
     assert_eq!(app.base_path, "/base");
     assert_eq!(app.connect_timeout, Duration::from_millis(250));
     let api = &config.routes[0];
@@ -532,9 +532,12 @@ queue_timeout = "2s"
     let servers: Vec<_> = php
         .servers
         .iter()
-        .map(|s| (s.authority.as_str(), s.weight))
+        .map(|s| (s.address.label(), s.weight))
         .collect();
-    assert_eq!(servers, [("10.0.0.5:9000", 1), ("10.0.0.6:9000", 2)]);
+    assert_eq!(
+        servers,
+        [("10.0.0.5:9000".to_owned(), 1), ("10.0.0.6:9000".to_owned(), 2)]
+    );
     assert_eq!(php.base_path, "/app");
     assert_eq!(
         php.balance,
@@ -645,7 +648,7 @@ fn an_https_upstream_defaults_to_port_443_and_the_system_roots() {
     let config =
         parse("[upstreams.app]\nurl = \"https://app.internal\"\ntls_server_name = \"app\"\n").unwrap();
     let app = &config.upstreams["app"];
-    assert_eq!(app.servers[0].authority.as_str(), "app.internal:443");
+    assert_eq!(app.servers[0].address.label(), "app.internal:443");
     let tls = app.tls.as_ref().unwrap();
     assert_eq!(tls.roots, None);
     assert_eq!(

@@ -3,14 +3,14 @@
 //! rotation, retries, and the concurrency cap with its queue.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::{CertificateDer, ServerName};
 
 use http::Uri;
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{Authority, PathAndQuery};
 use toml::Spanned;
 
 use super::error::ErrorSink;
@@ -58,6 +58,15 @@ pub struct UpstreamConfig {
     pub timeout: Duration,
     /// For `https://` servers.
     pub tls: Option<UpstreamTls>,
+    /// For `fastcgi://` servers.
+    pub fastcgi: Option<FastCgi>,
+}
+
+/// What `fastcgi://` servers are told besides the request.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FastCgi {
+    /// `env`: extra parameters, in name order.
+    pub env: Vec<(String, String)>,
 }
 
 /// How `https://` servers are checked.
@@ -72,9 +81,54 @@ pub struct UpstreamTls {
 /// One server of an upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamServer {
-    /// `host:port`, the port explicit: also the server's metric label.
-    pub authority: Authority,
+    pub address: ServerAddress,
     pub weight: u32,
+}
+
+/// Where a server listens.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ServerAddress {
+    /// `host:port`, the port explicit.
+    Tcp(Authority),
+    /// A unix socket (`fastcgi:///run/php/php8.2-fpm.sock`).
+    Unix(PathBuf),
+}
+
+impl ServerAddress {
+    /// The server's metric label: `host:port`, or the socket's path.
+    pub fn label(&self) -> String {
+        match self {
+            ServerAddress::Tcp(authority) => authority.to_string(),
+            ServerAddress::Unix(path) => path.display().to_string(),
+        }
+    }
+
+    /// The `host:port`, for a TCP server.
+    pub fn authority(&self) -> Option<&Authority> {
+        match self {
+            ServerAddress::Tcp(authority) => Some(authority),
+            ServerAddress::Unix(_) => None,
+        }
+    }
+}
+
+/// What an upstream's servers speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Scheme {
+    #[default]
+    Http,
+    Https,
+    FastCgi,
+}
+
+impl Scheme {
+    fn name(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+            Scheme::FastCgi => "fastcgi",
+        }
+    }
 }
 
 /// How requests are spread over an upstream's servers.
@@ -121,7 +175,7 @@ fn validate_upstream(
     let key = format!("upstreams.{name}");
     let servers = servers(&key, span.clone(), &raw, sink);
     let tls = match &servers {
-        Some((_, _, true)) => upstream_tls(&key, &raw, base, sink),
+        Some((_, _, Scheme::Https)) => upstream_tls(&key, &raw, base, sink),
         _ => {
             for (what, value) in [("tls_ca", &raw.tls_ca), ("tls_server_name", &raw.tls_server_name)] {
                 if let Some(value) = value {
@@ -181,19 +235,36 @@ fn validate_upstream(
         None => Some(None),
         Some(check) => health_check(&format!("{key}.health_check"), check.get_ref(), sink).map(Some),
     };
+    let fastcgi = match (&servers, &raw.env) {
+        (Some((_, _, Scheme::FastCgi)), env) => Some(Some(FastCgi {
+            env: fastcgi_env(&key, env.as_ref(), sink)?,
+        })),
+        (_, Some(env)) => {
+            sink.push(
+                Some(env.span()),
+                format!("{key}.env"),
+                "env applies only to fastcgi:// servers",
+            );
+            None
+        }
+        (_, None) => Some(None),
+    };
     let (servers, base_path, _) = servers?;
     let tls = tls?;
     if let Some(UpstreamTls {
         server_name: None, ..
     }) = &tls
-        && let Some(server) = servers.iter().find(|s| server_name(&s.authority).is_none())
+        && let Some(authority) = servers
+            .iter()
+            .filter_map(|s| s.address.authority())
+            .find(|authority| server_name(authority).is_none())
     {
         sink.push(
             Some(span),
             format!("{key}.tls_server_name"),
             format!(
                 "{} is not a name a certificate can have; set tls_server_name",
-                server.authority.host()
+                authority.host()
             ),
         );
         return None;
@@ -213,7 +284,31 @@ fn validate_upstream(
         connect_timeout,
         timeout,
         tls,
+        fastcgi: fastcgi?,
     })
+}
+
+/// `env`: names and values as PHP reads them from `$_SERVER`.
+fn fastcgi_env(
+    key: &str,
+    env: Option<&Spanned<BTreeMap<String, Spanned<String>>>>,
+    sink: &mut ErrorSink,
+) -> Option<Vec<(String, String)>> {
+    let mut valid = true;
+    let mut pairs = Vec::new();
+    for (name, value) in env.map(|env| env.get_ref().iter()).into_iter().flatten() {
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            sink.push(
+                Some(value.span()),
+                format!("{key}.env.{name}"),
+                "expected a name of letters, digits and _",
+            );
+            valid = false;
+            continue;
+        }
+        pairs.push((name.clone(), value.get_ref().clone()));
+    }
+    valid.then_some(pairs)
 }
 
 /// The name a server's certificate must have by default: its host.
@@ -254,10 +349,10 @@ fn servers(
     span: std::ops::Range<usize>,
     raw: &UpstreamFile,
     sink: &mut ErrorSink,
-) -> Option<(Vec<UpstreamServer>, String, bool)> {
+) -> Option<(Vec<UpstreamServer>, String, Scheme)> {
     let server = |url: &Spanned<String>, key: String, weight: u32, sink: &mut ErrorSink| {
         parse_spanned(url, key, sink, upstream_url)
-            .map(|(tls, authority, base_path)| (UpstreamServer { authority, weight }, (base_path, tls)))
+            .map(|(scheme, address, base_path)| (UpstreamServer { address, weight }, (base_path, scheme)))
     };
     match (&raw.url, &raw.servers) {
         (Some(url), None) => {
@@ -274,7 +369,7 @@ fn servers(
         }
         (None, Some(list)) => {
             let mut servers = Vec::with_capacity(list.get_ref().len());
-            let mut base: Option<(String, bool)> = None;
+            let mut base: Option<(String, Scheme)> = None;
             let mut seen = HashSet::new();
             let mut valid = true;
             for (i, entry) in list.get_ref().iter().enumerate() {
@@ -294,22 +389,22 @@ fn servers(
                                 Some(url.span()),
                                 format!("{at}.url"),
                                 format!(
-                                    "every server of an upstream must have the same scheme and path; expected {}{:?}, got {}{:?}",
-                                    if first.1 { "https " } else { "http " },
+                                    "every server of an upstream must have the same scheme and path; expected {} {:?}, got {} {:?}",
+                                    first.1.name(),
                                     first.0,
-                                    if here.1 { "https " } else { "http " },
+                                    here.1.name(),
                                     here.0
                                 ),
                             );
                             valid = false;
                         }
-                        if !seen.insert(server.authority.clone()) {
+                        if !seen.insert(server.address.clone()) {
                             sink.push(
                                 Some(entry.span()),
                                 at,
                                 format!(
                                     "{} is listed twice; give one entry a weight instead",
-                                    server.authority
+                                    server.address.label()
                                 ),
                             );
                             valid = false;
@@ -458,14 +553,30 @@ fn health_check(key: &str, raw: &HealthCheckFile, sink: &mut ErrorSink) -> Optio
     })
 }
 
-/// `http[s]://host[:port]/optional/base` → (TLS, authority with an explicit port, base
-/// path).
-fn upstream_url(text: &str) -> Result<(bool, Authority, String), String> {
-    let expected = || format!("expected an upstream URL such as \"http://127.0.0.1:9000\", got {text:?}");
-    let uri: Uri = text.trim().parse().map_err(|_| expected())?;
-    let (tls, default_port) = match uri.scheme() {
-        Some(scheme) if *scheme == Scheme::HTTP => (false, 80),
-        Some(scheme) if *scheme == Scheme::HTTPS => (true, 443),
+/// `http[s]://host[:port]/optional/base`, `fastcgi://host[:port]` or
+/// `fastcgi:///socket/path` → (scheme, address with an explicit port, base path).
+fn upstream_url(text: &str) -> Result<(Scheme, ServerAddress, String), String> {
+    let expected = || {
+        format!(
+            "expected an upstream URL such as \"http://127.0.0.1:9000\" or \"fastcgi://127.0.0.1:9000\", got {text:?}"
+        )
+    };
+    let text = text.trim();
+    if let Some(socket) = text
+        .strip_prefix("fastcgi://")
+        .filter(|rest| rest.starts_with('/'))
+    {
+        return Ok((
+            Scheme::FastCgi,
+            ServerAddress::Unix(PathBuf::from(socket)),
+            String::new(),
+        ));
+    }
+    let uri: Uri = text.parse().map_err(|_| expected())?;
+    let (scheme, default_port) = match uri.scheme_str() {
+        Some("http") => (Scheme::Http, 80),
+        Some("https") => (Scheme::Https, 443),
+        Some("fastcgi") => (Scheme::FastCgi, 9000),
         _ => return Err(expected()),
     };
     let authority = uri.authority().ok_or_else(expected)?;
@@ -484,5 +595,10 @@ fn upstream_url(text: &str) -> Result<(bool, Authority, String), String> {
             .map_err(|_| expected())?,
     };
     let base_path = uri.path().trim_end_matches('/').to_owned();
-    Ok((tls, authority, base_path))
+    if scheme == Scheme::FastCgi && !base_path.is_empty() {
+        return Err(format!(
+            "expected a fastcgi:// URL without a path (the script is chosen per request under the route's root), got {text:?}"
+        ));
+    }
+    Ok((scheme, ServerAddress::Tcp(authority), base_path))
 }

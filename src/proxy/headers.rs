@@ -299,7 +299,7 @@ mod tests {
     }
 
     fn peer() -> Peer {
-        Peer::new("10.0.0.1:40000".parse().unwrap(), false)
+        Peer::new("10.0.0.1:40000".parse().unwrap(), 8080, false)
     }
 
     fn all(headers: &HeaderMap, name: &str) -> Vec<String> {

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
-use http_body_util::Either;
 use hyper::body::Incoming;
 
 pub mod limit_headers;
@@ -29,14 +28,16 @@ mod own_answer;
 pub(crate) mod request_head;
 pub mod request_key;
 mod response_body;
+mod site;
 pub(crate) mod state;
 
 use crate::access_log::AccessRecord;
 use crate::client_ip::{Peer, client_ip};
-use crate::config::{RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate};
+use crate::config::{RespondConfig, RouteConfig, ServerConfig, Site, TemplatePart, ValueTemplate};
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
+use crate::files::php::Script;
 use crate::limit::store::{ConcurrencySlot, Unit};
 use crate::metrics::{LimitOutcome, Metrics};
 use crate::path::normalize_path;
@@ -46,6 +47,7 @@ use crate::proxy::headers::{
 use crate::proxy::request_body::RequestBody;
 use crate::router::normalize_host;
 use crate::upstream::{Upstream, tunnel};
+use http_body::Body as _;
 use limit_headers::LimitHeaders;
 use limits::{Action, LimitSettings, settle_attempts};
 use own_answer::OwnAnswer;
@@ -282,8 +284,20 @@ async fn serve(
         }
     }
     let response = match &route.target {
-        Target::Respond(respond) => respond_with(respond, route_host.as_deref(), request.uri()),
-        Target::Upstream(upstream) => {
+        Target::Respond(respond) => {
+            respond_with(respond, route_host.as_deref(), request.uri()).map_err(OwnAnswer::from)
+        }
+        Target::Upstream(upstream) => 'forwarded: {
+            let path = forwarded_path(route_config, path);
+            // A site's path comes to a file, served here, or a script for PHP-FPM.
+            let script = match &route_config.site {
+                None => None,
+                // Boxed: the request path's future need not hold a site's.
+                Some(site) => match Box::pin(site::prepare(site, path, &request)).await {
+                    Err(answer) => break 'forwarded answer,
+                    Ok(script) => Some((site, script)),
+                },
+            };
             // The key that picks the server, with `balance = "hash"`: a key part the
             // request repeats makes the client's address the key.
             let hash_tuple = upstream.hash_key().map(|parts| {
@@ -296,6 +310,11 @@ async fn serve(
                 route: route_config,
                 hash_tuple: hash_tuple.as_deref(),
                 instances: state.store.instances(),
+                host: route_config
+                    .site
+                    .as_ref()
+                    .and(route_host.as_deref())
+                    .map(str::to_owned),
             };
             let context = ForwardingContext {
                 peer: client.peer,
@@ -310,7 +329,7 @@ async fn serve(
             forward(
                 &destination,
                 request,
-                path,
+                (path, script),
                 &context,
                 &state.config.server,
                 client.connection,
@@ -323,7 +342,7 @@ async fn serve(
         // floodgate's own answers (a 502, a 504) are not the app's: their units go back.
         settle_attempts(attempts, response.as_ref().ok().map(Response::status)).await;
     }
-    Ok(response?)
+    response
 }
 
 impl Client<'_> {
@@ -365,6 +384,8 @@ struct Destination<'a> {
     hash_tuple: Option<&'a str>,
     /// Live gateway instances sharing the upstream's `max_requests`.
     instances: u64,
+    /// The host name the client asked for, as routing saw it (for a site's PHP only).
+    host: Option<String>,
 }
 
 /// `redirect_http`: a 308 to the same host and target over HTTPS on `port`.
@@ -380,7 +401,7 @@ fn to_https(host: &str, port: u16, target: &Uri) -> OwnAnswer {
         format!("https://{name}:{port}{path}")
     };
     match HeaderValue::try_from(location) {
-        Ok(location) => OwnAnswer::ToHttps(location),
+        Ok(location) => OwnAnswer::Redirect(location),
         Err(_) => GatewayError::MalformedRequest("the request target cannot be redirected").into(),
     }
 }
@@ -441,29 +462,9 @@ fn declared_length(request: &Request<Incoming>) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Rewrites the request for `upstream`, sends it and relays the response; `slots` (the
-/// request's concurrency-limit slots) are held with the exchange.
-async fn forward(
-    destination: &Destination<'_>,
-    mut request: Request<Incoming>,
-    path: &str,
-    context: &ForwardingContext<'_>,
-    server: &ServerConfig,
-    connection: &InFlight,
-    slots: Vec<ConcurrencySlot>,
-) -> Result<Response<Payload>, GatewayError> {
-    let upstream = destination.upstream;
-    let max_body = server.max_body;
-    if let (Some(limit), Some(length)) = (max_body, declared_length(&request))
-        && length > limit
-    {
-        return Err(GatewayError::BodyTooLarge);
-    }
-    let upgrade = requested_upgrade(request.version(), request.headers());
-    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
-
-    let (mut parts, body) = request.into_parts();
-    let path = match &destination.route.strip_prefix {
+/// `path` as the upstream gets it: without the route's `strip_prefix`.
+fn forwarded_path<'a>(route: &RouteConfig, path: &'a str) -> &'a str {
+    match &route.strip_prefix {
         // Whole segments only: "/api" is stripped from "/api/users" and "/api", not from
         // "/apix" (which a `path_prefix = "/api"` route also matches).
         Some(prefix) => match path.strip_prefix(prefix.as_str()) {
@@ -472,7 +473,33 @@ async fn forward(
             _ => path,
         },
         None => path,
-    };
+    }
+}
+
+/// Rewrites the request for `upstream`, sends it and relays the response; `slots` (the
+/// request's concurrency-limit slots) are held with the exchange. `path` is without the
+/// route's prefix; `script`, for a site, what PHP-FPM runs.
+async fn forward(
+    destination: &Destination<'_>,
+    mut request: Request<Incoming>,
+    (path, script): (&str, Option<(&Site, Script)>),
+    context: &ForwardingContext<'_>,
+    server: &ServerConfig,
+    connection: &InFlight,
+    slots: Vec<ConcurrencySlot>,
+) -> Result<Response<Payload>, OwnAnswer> {
+    let upstream = destination.upstream;
+    let max_body = server.max_body;
+    let declared = declared_length(&request);
+    if let (Some(limit), Some(length)) = (max_body, declared)
+        && length > limit
+    {
+        return Err(GatewayError::BodyTooLarge.into());
+    }
+    let upgrade = requested_upgrade(request.version(), request.headers());
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
+
+    let (mut parts, body) = request.into_parts();
     let uri = upstream
         .uri_for(path, parts.uri.query())
         .map_err(|_| GatewayError::MalformedRequest("the request target cannot be forwarded"))?;
@@ -485,6 +512,18 @@ async fn forward(
     set_forwarding_headers(&mut parts.headers, context);
     apply_rules(&server.request_headers, &mut parts.headers);
     apply_rules(&destination.route.request_headers, &mut parts.headers);
+    if let (Some((site, script)), Some(fastcgi)) = (script, &upstream.config.fastcgi) {
+        let length = site::content_length(&parts, declared, body.is_end_stream())?;
+        let head = site::fastcgi_head(
+            &parts,
+            &script,
+            context,
+            (destination.host.as_deref(), length),
+            site,
+            &fastcgi.env,
+        );
+        parts.extensions.insert(head);
+    }
     if let Some(protocol) = upgrade {
         parts
             .headers
@@ -510,5 +549,5 @@ async fn forward(
         }
         _ => remove_hop_by_hop(response.headers_mut()),
     }
-    Ok(response.map(Either::Left))
+    Ok(response.map(Payload::Upstream))
 }

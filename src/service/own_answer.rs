@@ -1,5 +1,5 @@
 //! The answers floodgate makes itself instead of relaying an upstream's: its errors (each
-//! [`GatewayError`] with its status), a limit's refusal, and the redirect to HTTPS; and
+//! [`GatewayError`] with its status), a limit's refusal, and its redirects; and
 //! [`render`], the one place each becomes a response (docs/configuration.md#status-codes).
 //! The outer handler then gives it what every response gets: the header rules, the
 //! rate-limit headers and HSTS.
@@ -22,8 +22,8 @@ pub(crate) enum OwnAnswer {
     Error(GatewayError),
     /// A limit refused the request.
     Refused(Refusal),
-    /// `redirect_http`: a 308 to this location.
-    ToHttps(HeaderValue),
+    /// A 308 to this location: `redirect_http`'s, or a site directory's with its slash.
+    Redirect(HeaderValue),
 }
 
 /// A limit's refusal: its status, and its `message` as the body, of its `content_type`.
@@ -71,7 +71,7 @@ pub(crate) fn render(
             Some(refusal.content_type.clone()),
             Some(refusal.retry_after),
         ),
-        OwnAnswer::ToHttps(_) => (StatusCode::PERMANENT_REDIRECT, Bytes::new(), None, None),
+        OwnAnswer::Redirect(_) => (StatusCode::PERMANENT_REDIRECT, Bytes::new(), None, None),
     };
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
@@ -83,8 +83,11 @@ pub(crate) fn render(
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     match answer {
-        OwnAnswer::ToHttps(location) => {
+        OwnAnswer::Redirect(location) => {
             headers.insert(header::LOCATION, location);
+        }
+        OwnAnswer::Error(GatewayError::NotAFileMethod) => {
+            headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         }
         // HTTP/2 ends only the stream; the connection-wide header is HTTP/1's alone.
         OwnAnswer::Error(error) if error.closes_connection() && version < Version::HTTP_2 => {

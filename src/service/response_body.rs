@@ -9,23 +9,62 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{Either, Full};
+use http_body_util::Full;
 use pin_project_lite::pin_project;
 
 use crate::access_log::AccessRecord;
 use crate::connection::InFlight;
+use crate::files::serve::FileBody;
 use crate::limit::store::ConcurrencySlot;
 use crate::upstream::UpstreamBody;
 
-/// What a response carries: the upstream's streamed body, or floodgate's own bytes.
-pub(super) type Payload = Either<UpstreamBody, Own>;
+/// What a response carries: the upstream's streamed body, floodgate's own bytes, or a
+/// site's file.
+pub(crate) enum Payload {
+    Upstream(UpstreamBody),
+    Own(Own),
+    /// Boxed: most responses are not files, and need not be as large.
+    File(Box<FileBody>),
+}
 
 /// A body floodgate writes itself.
-pub(super) fn full(bytes: impl Into<Bytes>) -> Payload {
-    Either::Right(Own {
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Payload {
+    Payload::Own(Own {
         body: Full::new(bytes.into()),
         slots: Vec::new(),
     })
+}
+
+impl Body for Payload {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Payload::Upstream(body) => Pin::new(body).poll_frame(cx),
+            Payload::Own(body) => Pin::new(body).poll_frame(cx).map_err(|never| match never {}),
+            Payload::File(body) => Pin::new(body.as_mut()).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Payload::Upstream(body) => body.is_end_stream(),
+            Payload::Own(body) => body.is_end_stream(),
+            Payload::File(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Payload::Upstream(body) => body.size_hint(),
+            Payload::Own(body) => body.size_hint(),
+            Payload::File(body) => body.size_hint(),
+        }
+    }
 }
 
 /// Floodgate's own bytes, and the concurrency slots of the request they answer.
@@ -57,7 +96,6 @@ impl Body for Own {
 pin_project! {
     /// The body sent to the client; logs the request when done.
     pub(crate) struct ResponseBody {
-        #[pin]
         inner: Payload,
         record: Option<AccessRecord>,
         bytes: u64,
@@ -84,7 +122,7 @@ impl ResponseBody {
         in_flight: InFlight,
         slots: Vec<ConcurrencySlot>,
     ) -> Self {
-        if let Either::Right(own) = &mut inner {
+        if let Payload::Own(own) = &mut inner {
             own.slots = slots;
         }
         ResponseBody {
@@ -105,7 +143,7 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
-        let polled = ready!(this.inner.poll_frame(cx));
+        let polled = ready!(Pin::new(this.inner).poll_frame(cx));
         if let Some(Ok(frame)) = &polled
             && let Some(data) = frame.data_ref()
         {

@@ -157,9 +157,9 @@ impl GatewayState {
                     let kept = config
                         .upstreams
                         .get(name)
-                        .is_some_and(|u| u.servers.iter().any(|s| s.authority == server.authority));
+                        .is_some_and(|u| u.servers.iter().any(|s| s.address == server.address));
                     if !kept {
-                        metrics.forget_upstream_server(name, server.authority.as_str());
+                        metrics.forget_upstream_server(name, &server.address.label());
                     }
                 }
             }

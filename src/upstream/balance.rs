@@ -196,6 +196,7 @@ mod tests {
 
     use super::*;
     use crate::upstream::pool::Pool;
+    use crate::upstream::server::Transport;
 
     fn servers(weights: &[u32]) -> Vec<Server> {
         weights
@@ -207,7 +208,7 @@ mod tests {
                 Server::new(
                     label.into(),
                     weight,
-                    (pool, None),
+                    Transport::Http { pool, tls: None },
                     (Gauge::default(), Gauge::default()),
                     None,
                 )

@@ -1,5 +1,6 @@
 //! Active health checks: every `interval`, each server of the upstream is sent
-//! `GET path` on a connection of its own; a 2xx or 3xx within `timeout` is healthy.
+//! `GET path` on a connection of its own (to PHP-FPM, a FastCGI request for the script
+//! `path`, as its `ping.path` answers); a 2xx or 3xx within `timeout` is healthy.
 //! The task ends when the upstream it checks is gone (replaced by a reload).
 
 use std::sync::{Arc, Weak};
@@ -10,7 +11,7 @@ use http_body_util::Empty;
 use tokio::time::MissedTickBehavior;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::server::Server;
+use super::server::{Server, Transport};
 use super::{Rotation, pool};
 use crate::config::HealthCheck;
 
@@ -39,10 +40,15 @@ async fn run(rotation: Weak<Rotation>, check: HealthCheck) {
 /// (closed when the check ends, answered or not).
 async fn probe(server: &Server, check: &HealthCheck) -> bool {
     let authority: &str = &server.label;
+    let tls = match &server.transport {
+        Transport::Http { tls, .. } => tls.as_ref(),
+        Transport::FastCgi(pool) => {
+            let status = tokio::time::timeout(check.timeout, pool.check(check.path.path())).await;
+            return matches!(status, Ok(Some(status)) if status.is_success() || status.is_redirection());
+        }
+    };
     let exchange = async {
-        let mut sender = pool::open::<Empty<Bytes>>(authority, server.tls.as_ref())
-            .await
-            .ok()?;
+        let mut sender = pool::open::<Empty<Bytes>>(authority, tls).await.ok()?;
         let request = Request::get(check.path.as_str())
             .header(header::HOST, authority)
             .header(header::CONNECTION, "close")

@@ -16,7 +16,9 @@
 //! upstream's `timeout`; only then are the slots given back.
 
 mod balance;
+pub(crate) mod fastcgi;
 mod health;
+mod idle;
 pub(crate) mod pool;
 mod replay;
 mod server;
@@ -42,7 +44,9 @@ use tokio::sync::oneshot;
 use tokio_rustls::TlsConnector;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::config::{Balance, KeyPart, UpstreamConfig, UpstreamTls, server_name, tls_provider};
+use crate::config::{
+    Balance, KeyPart, ServerAddress, UpstreamConfig, UpstreamTls, server_name, tls_provider,
+};
 use crate::error::{GatewayError, UpstreamFailure};
 use crate::limit::store::ConcurrencySlot;
 use crate::metrics::Metrics;
@@ -50,7 +54,7 @@ use crate::proxy::request_body::{RequestBody, RequestBodyError};
 use balance::Balancer;
 use pool::{Pool, SendError, Unsent};
 use replay::Replay;
-use server::Server;
+use server::{Server, Transport};
 pub(crate) use tunnel::tunnel;
 
 /// The servers a request has tried, by index.
@@ -77,24 +81,40 @@ impl Upstream {
             .servers
             .iter()
             .map(|server| {
-                let label: Arc<str> = Arc::from(server.authority.as_str());
-                let tls = client_tls.as_ref().map(|connector| pool::Tls {
-                    connector: connector.clone(),
-                    // Validation made sure one of the two is there.
-                    server_name: config
-                        .tls
-                        .as_ref()
-                        .and_then(|tls| tls.server_name.clone())
-                        .or_else(|| server_name(&server.authority))
-                        .expect("an https server has a name to check"),
-                });
+                let label: Arc<str> = Arc::from(server.address.label());
+                let transport = match (&server.address, &config.fastcgi) {
+                    (address, Some(_)) => Transport::FastCgi(fastcgi::Pool::new(
+                        match address {
+                            ServerAddress::Tcp(authority) => fastcgi::Address::Tcp(authority.to_string()),
+                            ServerAddress::Unix(path) => fastcgi::Address::Unix(path.clone()),
+                        },
+                        config.connect_timeout,
+                        (config.max_requests > 0).then_some(config.max_requests as usize),
+                    )),
+                    (ServerAddress::Tcp(authority), None) => {
+                        let tls = client_tls.as_ref().map(|connector| pool::Tls {
+                            connector: connector.clone(),
+                            // Validation made sure one of the two is there.
+                            server_name: config
+                                .tls
+                                .as_ref()
+                                .and_then(|tls| tls.server_name.clone())
+                                .or_else(|| server_name(authority))
+                                .expect("an https server has a name to check"),
+                        });
+                        Transport::Http {
+                            pool: Pool::new(label.to_string(), config.connect_timeout, tls.clone()),
+                            tls,
+                        }
+                    }
+                    (ServerAddress::Unix(_), None) => {
+                        unreachable!("only fastcgi:// servers are unix sockets")
+                    }
+                };
                 Server::new(
                     label.clone(),
                     server.weight,
-                    (
-                        Pool::new(label.to_string(), config.connect_timeout, tls.clone()),
-                        tls,
-                    ),
+                    transport,
                     metrics.upstream_server(&name, &label),
                     // One server is never taken out: there would be nowhere else to go.
                     (config.max_fails > 0 && !single).then_some((config.max_fails, config.fail_timeout)),
@@ -195,26 +215,43 @@ impl Upstream {
             let mut held = Some(held);
             let timeout = self.config.timeout;
             let deadline = tokio::time::Instant::now() + timeout;
-            let sent = (server.pool).send(request, deadline, timeout, &mut held, counted);
-            let answer = tokio::time::timeout_at(deadline, sent).await;
+            let tried = match &server.transport {
+                Transport::Http { pool, .. } => {
+                    let sent = pool.send(request, deadline, timeout, &mut held, counted);
+                    match tokio::time::timeout_at(deadline, sent).await {
+                        Ok(Ok(response)) => Ok(response.map(Transported::Http)),
+                        Ok(Err(Unsent { error, request })) => Err((classify(error)?, request)),
+                        Err(_elapsed) => Err((timed_out(), None)),
+                    }
+                }
+                Transport::FastCgi(pool) => {
+                    let (parts, body) = request.into_parts();
+                    let head = parts
+                        .extensions
+                        .get::<FastCgiHead>()
+                        .map(|head| head.0.clone())
+                        .unwrap_or_default();
+                    let sent = pool.send(&head, body, deadline, timeout, &mut held, counted);
+                    match tokio::time::timeout_at(deadline, sent).await {
+                        Ok(Ok(response)) => Ok(response.map(Transported::FastCgi)),
+                        Ok(Err(fastcgi::Unsent { error, body })) => Err((
+                            classify_fastcgi(error)?,
+                            body.map(|body| Request::from_parts(parts, body)),
+                        )),
+                        Err(_elapsed) => Err((timed_out(), None)),
+                    }
+                }
+            };
             let held = held.expect("taken only by an exchange whose client left");
-            let (kind, detail, unsent) = match answer {
-                Ok(Ok(response)) => {
+            let ((kind, detail), unsent) = match tried {
+                Ok(response) => {
                     server.succeeded();
                     return Ok(response.map(|inner| UpstreamBody {
                         inner: Some(inner),
                         held: Some(held),
                     }));
                 }
-                Ok(Err(Unsent { error, request })) => match classify(error) {
-                    Ok((kind, detail)) => (kind, detail, request),
-                    Err(client_error) => return Err(client_error),
-                },
-                Err(_elapsed) => (
-                    UpstreamFailure::Timeout,
-                    "no response headers in time".to_owned(),
-                    None,
-                ),
+                Err(failed) => failed,
             };
             // The server slot goes back with the rest of `held`; another try takes another.
             limits = held.limits;
@@ -288,15 +325,37 @@ fn classify(error: SendError) -> Result<(UpstreamFailure, String), GatewayError>
     let mut source = error.source();
     while let Some(cause) = source {
         if let Some(body_error) = cause.downcast_ref::<RequestBodyError>() {
-            return Err(match body_error {
-                RequestBodyError::TooLarge => GatewayError::BodyTooLarge,
-                RequestBodyError::TimedOut => GatewayError::BodyTimeout,
-                RequestBodyError::Client(_) => GatewayError::BadRequestBody(detail(&error)),
-            });
+            return Err(body_failure(body_error, &error));
         }
         source = cause.source();
     }
     Ok((UpstreamFailure::Reset, detail(&error)))
+}
+
+/// [`classify`] for a FastCGI server.
+fn classify_fastcgi(error: fastcgi::FastCgiError) -> Result<(UpstreamFailure, String), GatewayError> {
+    match &error {
+        fastcgi::FastCgiError::Connect { .. } | fastcgi::FastCgiError::ConnectTimeout(_) => {
+            Ok((UpstreamFailure::Connect, detail(&error)))
+        }
+        fastcgi::FastCgiError::Exchange(fastcgi::ExchangeError::Body(body_error)) => {
+            Err(body_failure(body_error, &error))
+        }
+        fastcgi::FastCgiError::Exchange(_) => Ok((UpstreamFailure::Reset, detail(&error))),
+    }
+}
+
+/// The answer to a request whose body failed on its way to the server.
+fn body_failure(body_error: &RequestBodyError, error: &dyn std::error::Error) -> GatewayError {
+    match body_error {
+        RequestBodyError::TooLarge => GatewayError::BodyTooLarge,
+        RequestBodyError::TimedOut => GatewayError::BodyTimeout,
+        RequestBodyError::Client(_) => GatewayError::BadRequestBody(detail(error)),
+    }
+}
+
+fn timed_out() -> (UpstreamFailure, String) {
+    (UpstreamFailure::Timeout, "no response headers in time".to_owned())
 }
 
 /// The error and its causes on one line, for the log; a cause whose text an error
@@ -596,14 +655,58 @@ impl Held {
 /// discarded in the background first.
 pub(crate) struct UpstreamBody {
     /// Taken when dropped.
-    inner: Option<pool::UpstreamBody<RequestBody>>,
+    inner: Option<Transported>,
     /// Taken by a tunnel, which holds it until it closes.
     held: Option<Held>,
 }
 
+/// A response body as its server's protocol carries it.
+enum Transported {
+    Http(pool::UpstreamBody<RequestBody>),
+    FastCgi(fastcgi::FastCgiBody),
+}
+
+impl Transported {
+    fn is_finished(&self) -> bool {
+        match self {
+            Transported::Http(body) => body.is_finished(),
+            Transported::FastCgi(body) => body.is_finished(),
+        }
+    }
+}
+
+impl Body for Transported {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Transported::Http(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Transported::FastCgi(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Transported::Http(body) => body.is_end_stream(),
+            Transported::FastCgi(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Transported::Http(body) => body.size_hint(),
+            Transported::FastCgi(body) => body.size_hint(),
+        }
+    }
+}
+
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -642,6 +745,11 @@ impl Drop for UpstreamBody {
         }
     }
 }
+
+/// A FastCGI request's begin and parameter records, built by the request path (which
+/// chose the script) and carried with the request to the server.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FastCgiHead(pub(crate) Bytes);
 
 #[cfg(test)]
 mod tests {

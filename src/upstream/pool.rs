@@ -3,11 +3,8 @@
 //! A connection goes back to the pool when the response body it carried has been read
 //! to its end (by the client, or by [`discard`] for a response whose client left while a
 //! cap counted the request); a response dropped half-way takes its connection with it,
-//! since hyper then closes it. Idle connections are used most recent first, so a busy
-//! gateway keeps only the connections its concurrency needs; one idle for
-//! [`IDLE_TIMEOUT`] is closed then, by a task that runs while the pool holds idle
-//! connections and wakes when the oldest is due, so that neither requests on the newer
-//! ones nor the lack of any request keep it open.
+//! since hyper then closes it. Idle connections are kept for [`IDLE_TIMEOUT`]
+//! ([`super::idle`]).
 //!
 //! A request that could not even be written, because the upstream had closed the idle
 //! connection it was given, is sent again on another connection (hyper hands it back
@@ -19,9 +16,9 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -34,6 +31,8 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+
+use super::idle::IdlePool;
 
 /// How long an idle connection is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -53,19 +52,6 @@ pub(crate) enum SendError {
     Exchange(#[from] hyper::Error),
 }
 
-struct Idle<B> {
-    sender: SendRequest<B>,
-    since: Instant,
-}
-
-/// An endpoint's idle connections.
-struct IdleList<B> {
-    /// Most recently used last, so idle longest first.
-    connections: Vec<Idle<B>>,
-    /// Whether a [`sweep`] task is running; it ends once no connection is idle.
-    swept: bool,
-}
-
 /// TLS to a server: the client configuration and the name its certificate must have.
 #[derive(Clone)]
 pub(crate) struct Tls {
@@ -79,76 +65,19 @@ struct Endpoint<B> {
     address: String,
     connect_timeout: Duration,
     tls: Option<Tls>,
-    idle_timeout: Duration,
-    idle: Mutex<IdleList<B>>,
-}
-
-impl<B> Endpoint<B> {
-    fn idle(&self) -> MutexGuard<'_, IdleList<B>> {
-        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The most recently used live connection.
-    fn checkout(&self) -> Option<SendRequest<B>> {
-        let mut idle = self.idle();
-        while let Some(connection) = idle.connections.pop() {
-            if !connection.sender.is_closed() {
-                return Some(connection.sender);
-            }
-        }
-        None
-    }
+    idle: Arc<IdlePool<SendRequest<B>>>,
 }
 
 impl<B: Send + 'static> Endpoint<B> {
-    fn check_in(self: &Arc<Self>, sender: SendRequest<B>) {
-        if sender.is_closed() {
-            return;
-        }
-        let start_sweep = {
-            let mut idle = self.idle();
-            if idle.connections.len() >= MAX_IDLE {
-                idle.connections.remove(0);
-            }
-            idle.connections.push(Idle {
-                sender,
-                since: Instant::now(),
-            });
-            !std::mem::replace(&mut idle.swept, true)
-        };
-        // Without a runtime (it is shutting down) no connection task runs either.
-        if start_sweep && let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(sweep(Arc::downgrade(self)));
-        }
+    /// The most recently used live connection.
+    fn checkout(&self) -> Option<SendRequest<B>> {
+        self.idle.checkout(|sender| !sender.is_closed())
     }
-}
 
-/// Closes `endpoint`'s connections as each reaches its idle timeout, sleeping until the
-/// oldest is due; ends when none is idle (the next check-in starts another) or the pool
-/// is gone.
-async fn sweep<B>(endpoint: Weak<Endpoint<B>>) {
-    loop {
-        let due = {
-            let Some(endpoint) = endpoint.upgrade() else {
-                return;
-            };
-            let mut idle = endpoint.idle();
-            let now = Instant::now();
-            let limit = endpoint.idle_timeout;
-            let expired = idle
-                .connections
-                .partition_point(|connection| now.duration_since(connection.since) >= limit);
-            // Dropping a connection's sender makes its task close it.
-            idle.connections.drain(..expired);
-            match idle.connections.first() {
-                Some(oldest) => oldest.since + limit,
-                None => {
-                    idle.swept = false;
-                    return;
-                }
-            }
-        };
-        tokio::time::sleep_until(due.into()).await;
+    fn check_in(&self, sender: SendRequest<B>) {
+        if !sender.is_closed() {
+            self.idle.check_in(sender);
+        }
     }
 }
 
@@ -246,11 +175,7 @@ where
                 address,
                 connect_timeout,
                 tls,
-                idle_timeout,
-                idle: Mutex::new(IdleList {
-                    connections: Vec::new(),
-                    swept: false,
-                }),
+                idle: Arc::new(IdlePool::new(idle_timeout, MAX_IDLE)),
             }),
         }
     }
@@ -385,7 +310,7 @@ where
 /// drops `keep` (what the request holds while the server works on it): the server is
 /// done with a request once it has sent all of its response. Read to its end, the
 /// connection goes back to the pool first.
-pub(crate) async fn discard<B: Send + 'static, K>(mut body: UpstreamBody<B>, keep: K, timeout: Duration) {
+pub(crate) async fn discard<B: Body + Unpin, K>(mut body: B, keep: K, timeout: Duration) {
     let rest = async { while let Some(Ok(_)) = body.frame().await {} };
     let _ = tokio::time::timeout(timeout, rest).await;
     drop(body);
@@ -622,7 +547,7 @@ mod tests {
         // Three at once: three connections, all idle afterwards.
         futures_util::future::join_all((0..3).map(|_| ok(&pool))).await;
         assert_eq!(open.load(Ordering::SeqCst), 3);
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         while started.elapsed() < limit * 3 {
             ok(&pool).await;
             tokio::time::sleep(Duration::from_millis(50)).await;

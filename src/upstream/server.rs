@@ -14,20 +14,30 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
 
+use super::fastcgi;
 use super::pool::{Pool, Tls};
 use crate::proxy::request_body::RequestBody;
+
+/// How requests reach a server.
+pub(super) enum Transport {
+    /// HTTP/1.1, over TLS for an `https://` server (also what active checks use).
+    Http {
+        pool: Pool<RequestBody>,
+        tls: Option<Tls>,
+    },
+    FastCgi(fastcgi::Pool),
+}
 
 /// Checks in a row that change what active health says.
 const CHECKS_TO_CHANGE: u8 = 2;
 
 /// One server and its state.
 pub(super) struct Server {
-    /// `host:port`: the metric label and the `Host` of active checks.
+    /// `host:port` (or a unix socket's path): the metric label and the `Host` of active
+    /// checks.
     pub(super) label: Arc<str>,
     pub(super) weight: u32,
-    pub(super) pool: Pool<RequestBody>,
-    /// TLS for active checks of an `https://` server (the pool's own).
-    pub(super) tls: Option<Tls>,
+    pub(super) transport: Transport,
     /// Requests in flight to the server (also its `floodgate_upstream_in_flight`).
     pub(super) in_flight: Gauge,
     health: Health,
@@ -37,7 +47,7 @@ impl Server {
     pub(super) fn new(
         label: Arc<str>,
         weight: u32,
-        (pool, tls): (Pool<RequestBody>, Option<Tls>),
+        transport: Transport,
         (up, in_flight): (Gauge, Gauge),
         passive: Option<(u32, Duration)>,
     ) -> Self {
@@ -45,8 +55,7 @@ impl Server {
         Server {
             label,
             weight,
-            pool,
-            tls,
+            transport,
             in_flight,
             health: Health {
                 troubled: AtomicBool::new(false),
@@ -223,7 +232,7 @@ mod tests {
         Server::new(
             "127.0.0.1:9".into(),
             1,
-            (pool, None),
+            Transport::Http { pool, tls: None },
             (Gauge::default(), Gauge::default()),
             passive,
         )

@@ -1,0 +1,167 @@
+//! Which file a request to a PHP site runs (docs/php-fpm.md#which-file-runs), as Caddy's
+//! `php_fastcgi` chooses: the path itself, its directory's index, or the front controller;
+//! a script only if floodgate saw it exist, so that `/uploads/x.jpg/y.php` never runs
+//! `x.jpg`.
+
+use std::path::PathBuf;
+
+use super::{Found, Root};
+
+/// Which script runs a request, as the file choice found it under the site's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Script {
+    /// The script's path from the root (`/index.php`).
+    pub(crate) name: String,
+    /// What follows the script in the path (`/x` of `/index.php/x`), or empty.
+    pub(crate) path_info: String,
+}
+
+/// What a request to a PHP site gets.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Choice {
+    /// `308` to the directory's path with its trailing slash (this, a relative target).
+    AddSlash(String),
+    /// Run this script.
+    Run(Script),
+    /// Serve this file.
+    Serve(PathBuf),
+    /// `404`.
+    Nothing,
+}
+
+/// The choice for the normalized `path` under `root`, with the directory index `index`
+/// (also the front controller) and scripts named by `split_path` (`.php`).
+pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: &str) -> Choice {
+    if super::hidden(path) {
+        return Choice::Nothing;
+    }
+    if !path.ends_with('/')
+        && matches!(root.find(path), Found::Directory(_))
+        && matches!(root.find(&format!("{path}/{index}")), Found::File(_))
+    {
+        return Choice::AddSlash(format!("{path}/"));
+    }
+    let in_directory = if path.ends_with('/') {
+        format!("{path}{index}")
+    } else {
+        format!("{path}/{index}")
+    };
+    let front_controller = format!("/{index}");
+    for candidate in [path, in_directory.as_str(), front_controller.as_str()] {
+        let split = split(candidate, split_path);
+        match (root.find(split.map_or(candidate, |(name, _)| name)), split) {
+            (Found::Forbidden, _) => return Choice::Nothing,
+            (Found::File(_), Some((name, path_info))) => {
+                return Choice::Run(Script {
+                    name: name.to_owned(),
+                    path_info: path_info.to_owned(),
+                });
+            }
+            (Found::File(file), None) => return Choice::Serve(file),
+            (Found::Directory(_) | Found::Nothing, _) => {}
+        }
+    }
+    Choice::Nothing
+}
+
+/// `path` split after the first segment that ends with `split_path` (any case): the
+/// script's name and what follows it.
+fn split<'a>(path: &'a str, split_path: &str) -> Option<(&'a str, &'a str)> {
+    let mut end = 0;
+    for segment in path.split('/') {
+        end += segment.len();
+        let ends_with = segment.len() >= split_path.len()
+            && segment.as_bytes()[segment.len() - split_path.len()..]
+                .eq_ignore_ascii_case(split_path.as_bytes());
+        if ends_with && !segment.is_empty() {
+            return Some(path.split_at(end));
+        }
+        end += 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn site() -> (tempfile::TempDir, Root) {
+        let dir = tempfile::tempdir().unwrap();
+        let make = |path: &str, content: &str| {
+            let full = dir.path().join(path.trim_start_matches('/'));
+            std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+            std::fs::write(full, content).unwrap();
+        };
+        make("/index.php", "<?php echo 'front';");
+        make("/login.php", "<?php");
+        make("/blog/index.php", "<?php");
+        make("/docs/guide.html", "<p>");
+        make("/uploads/x.jpg", "<?php system($_GET['c']);");
+        make("/style.CSS", "body{}");
+        std::fs::create_dir_all(dir.path().join("empty")).unwrap();
+        let outside = dir
+            .path()
+            .parent()
+            .unwrap()
+            .join(format!("{}-outside", std::process::id()));
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.path().join("escape")).unwrap();
+        let root = Root::new(dir.path()).unwrap();
+        (dir, root)
+    }
+
+    fn run(name: &str, path_info: &str) -> Choice {
+        Choice::Run(Script {
+            name: name.to_owned(),
+            path_info: path_info.to_owned(),
+        })
+    }
+
+    #[test]
+    fn the_file_its_directory_index_or_the_front_controller() {
+        let (_dir, root) = site();
+        let choose = |path| choose(&root, path, "index.php", ".php");
+        assert_eq!(choose("/login.php"), run("/login.php", ""));
+        assert_eq!(choose("/login.php/x/y"), run("/login.php", "/x/y"));
+        // The file system tells names apart by case: no such script, the front controller.
+        assert_eq!(choose("/LOGIN.PHP"), run("/index.php", ""));
+        assert_eq!(choose("/blog/"), run("/blog/index.php", ""));
+        assert_eq!(choose("/blog"), Choice::AddSlash("/blog/".into()));
+        assert_eq!(choose("/"), run("/index.php", ""));
+        assert_eq!(choose("/articles/42"), run("/index.php", ""));
+        assert_eq!(choose("/empty"), run("/index.php", ""));
+        assert!(matches!(choose("/docs/guide.html"), Choice::Serve(_)));
+    }
+
+    #[test]
+    fn a_script_runs_only_if_it_exists_whatever_the_path_says() {
+        let (_dir, root) = site();
+        let choose = |path| choose(&root, path, "index.php", ".php");
+        // x.jpg/y.php does not exist: the front controller runs, never x.jpg.
+        assert_eq!(choose("/uploads/x.jpg/y.php"), run("/index.php", ""));
+        assert_eq!(choose("/uploads/x.jpg.php"), run("/index.php", ""));
+        // The upload itself is a file, served, never run.
+        assert!(matches!(choose("/uploads/x.jpg"), Choice::Serve(_)));
+        assert_eq!(choose("/.env"), Choice::Nothing);
+        // Hidden or outside the root: nothing, not even the front controller.
+        assert_eq!(choose("/.git/config"), Choice::Nothing);
+        assert_eq!(choose("/escape/x"), Choice::Nothing);
+        assert_eq!(choose("/escape"), Choice::Nothing);
+    }
+
+    #[test]
+    fn without_a_front_controller_a_missing_path_is_nothing() {
+        let (_dir, root) = site();
+        assert_eq!(choose(&root, "/missing", "app.php", ".php"), Choice::Nothing);
+    }
+
+    #[test]
+    fn the_split_is_at_the_end_of_a_segment_in_any_case() {
+        assert_eq!(split("/a.php/b", ".php"), Some(("/a.php", "/b")));
+        assert_eq!(split("/a.PHP", ".php"), Some(("/a.PHP", "")));
+        assert_eq!(split("/a.phpx/b", ".php"), None);
+        assert_eq!(split("/x.php.bak", ".php"), None);
+        assert_eq!(split("/.php", ".php"), Some(("/.php", "")));
+        assert_eq!(split("/dir/", ".php"), None);
+    }
+}

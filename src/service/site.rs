@@ -1,0 +1,119 @@
+//! Requests to a route with a site (`root` and a FastCGI upstream, docs/php-fpm.md): which
+//! file the path comes to, the file itself when it is not a script, and what PHP-FPM is
+//! told when it is.
+
+use std::path::PathBuf;
+
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::{Request, Response, Version};
+
+use super::own_answer::OwnAnswer;
+use super::response_body::Payload;
+use crate::config::Site;
+use crate::error::GatewayError;
+use crate::files::php::{self, Choice, Script};
+use crate::files::serve;
+use crate::path::decode_file_path;
+use crate::proxy::headers::ForwardingContext;
+use crate::upstream::FastCgiHead;
+use crate::upstream::fastcgi::params::{Call, Caller, request_head};
+
+/// What a request to a site runs or gets.
+enum Target {
+    Run(Script),
+    Serve(PathBuf),
+}
+
+/// The script `request` runs, for the normalized `path` (after `strip_prefix`); or, in
+/// `Err`, the answer instead: the file, a `308` to the directory, a `404`, a `400` for a
+/// path that names no file.
+pub(super) async fn prepare<B>(
+    site: &Site,
+    path: &str,
+    request: &Request<B>,
+) -> Result<Script, Result<Response<Payload>, OwnAnswer>> {
+    match target(site, path, request.uri().query()) {
+        Ok(Target::Run(script)) => Ok(script),
+        Ok(Target::Serve(file)) => Err(serve_file(&file, request).await),
+        Err(answer) => Err(Err(answer)),
+    }
+}
+
+/// The target of `path`, or the answer instead.
+fn target(site: &Site, path: &str, query: Option<&str>) -> Result<Target, OwnAnswer> {
+    let file_path = decode_file_path(path).map_err(GatewayError::BadPath)?;
+    match php::choose(&site.root, &file_path, &site.index, &site.split_path) {
+        Choice::Run(script) => Ok(Target::Run(script)),
+        Choice::Serve(file) => Ok(Target::Serve(file)),
+        Choice::Nothing => Err(GatewayError::NotFound.into()),
+        Choice::AddSlash(_) => {
+            // Relative, as the client wrote the path, with its query.
+            let location = match query {
+                Some(query) => format!("{path}/?{query}"),
+                None => format!("{path}/"),
+            };
+            Err(match HeaderValue::try_from(location) {
+                Ok(location) => OwnAnswer::Redirect(location),
+                Err(_) => GatewayError::MalformedRequest("the request target cannot be redirected").into(),
+            })
+        }
+    }
+}
+
+/// The answer to `request` with `file`.
+async fn serve_file<B>(file: &std::path::Path, request: &Request<B>) -> Result<Response<Payload>, OwnAnswer> {
+    match serve::serve(file, request.method(), request.headers()).await {
+        Ok(response) => Ok(response.map(|body| Payload::File(Box::new(body)))),
+        Err(status) if status == http::StatusCode::METHOD_NOT_ALLOWED => {
+            Err(GatewayError::NotAFileMethod.into())
+        }
+        Err(_) => Err(GatewayError::NotFound.into()),
+    }
+}
+
+/// What PHP-FPM is told of the request in `parts` (its headers as they go upstream, its
+/// target and version as the client sent them) running `script`; `host` is the name the
+/// client asked for, `content_length` the body's when it has framing.
+pub(super) fn fastcgi_head(
+    parts: &Parts,
+    script: &Script,
+    context: &ForwardingContext<'_>,
+    (host, content_length): (Option<&str>, Option<u64>),
+    site: &Site,
+    env: &[(String, String)],
+) -> FastCgiHead {
+    let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
+    let call = Call {
+        method: &parts.method,
+        version: context.version,
+        target,
+        query: parts.uri.query().unwrap_or(""),
+        headers: &parts.headers,
+        content_length,
+    };
+    let caller = Caller {
+        address: context.client_ip,
+        port: context.peer.address.port(),
+        server_name: host.unwrap_or(""),
+        server_port: context.peer.local_port,
+        https: context.peer.tls,
+    };
+    FastCgiHead(request_head(&call, script, &caller, &site.php_root, env))
+}
+
+/// The length PHP-FPM is told: the declared one, `0` for a request without a body; a
+/// body of unknown length (chunked) cannot be told.
+pub(super) fn content_length(
+    parts: &Parts,
+    declared: Option<u64>,
+    empty: bool,
+) -> Result<Option<u64>, OwnAnswer> {
+    match declared {
+        Some(length) => Ok(Some(length)),
+        None if empty => Ok((parts.version < Version::HTTP_2
+            && parts.headers.contains_key(header::TRANSFER_ENCODING))
+        .then_some(0)),
+        None => Err(GatewayError::LengthRequired.into()),
+    }
+}

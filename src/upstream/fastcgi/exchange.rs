@@ -1,0 +1,223 @@
+//! One request on one connection to PHP-FPM: the request (begin, parameters, the body as
+//! `FCGI_STDIN` while it streams in), and the answer read back as it comes (the CGI head,
+//! then the body from `FCGI_STDOUT`; `FCGI_STDERR` to the log). Writing and reading go on
+//! together, so that a script that answers before it has read its whole body never waits
+//! on floodgate, nor floodgate on it. Neither side is buffered beyond one read and the
+//! records of one body frame: memory does not grow with the body or the response.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, StatusCode};
+use http_body::Body;
+use tokio::io::AsyncWrite;
+use tokio_util::io::poll_read_buf;
+
+use super::head;
+use super::pool::{Connection, Endpoint};
+use super::record::{self, ProtocolError, Reader, Received};
+use crate::proxy::request_body::{RequestBody, RequestBodyError};
+
+/// How much is read from PHP-FPM at a time.
+const READ_SIZE: usize = 16 * 1024;
+
+/// Why an exchange with PHP-FPM failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExchangeError {
+    #[error("the connection to PHP-FPM failed: {0}")]
+    Io(#[from] io::Error),
+    #[error("PHP-FPM closed the connection before it answered")]
+    Closed,
+    #[error("PHP-FPM sent something that is not FastCGI: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("PHP-FPM's response head is malformed: {0}")]
+    Malformed(&'static str),
+    #[error(transparent)]
+    Body(#[from] RequestBodyError),
+}
+
+/// A request on a connection, from the first byte written to the end of its answer.
+pub(crate) struct Exchange {
+    connection: Option<Connection>,
+    endpoint: Arc<Endpoint>,
+    /// Bytes to write: the head records, then the body's as it comes.
+    write: BytesMut,
+    /// The request body still to be read; `None` once its end is queued.
+    body: Option<RequestBody>,
+    reader: Reader,
+    /// `FCGI_STDOUT` content read while the head is incomplete.
+    head: BytesMut,
+    /// Content of `FCGI_STDOUT` read past the head, not yet handed out.
+    ahead: Option<Bytes>,
+    ended: bool,
+    /// Whether anything of the answer came: until then, a reused connection that closes
+    /// was closed by PHP-FPM while idle.
+    answered: bool,
+    /// Whether any of the request body was read.
+    body_read: bool,
+}
+
+impl Exchange {
+    /// An exchange of the request `head` (its begin and parameter records) and `body`
+    /// on `connection`.
+    pub(super) fn new(
+        connection: Connection,
+        endpoint: Arc<Endpoint>,
+        head: BytesMut,
+        body: RequestBody,
+    ) -> Self {
+        Exchange {
+            connection: Some(connection),
+            endpoint,
+            write: head,
+            body: Some(body),
+            reader: Reader::default(),
+            head: BytesMut::new(),
+            ahead: None,
+            ended: false,
+            answered: false,
+            body_read: false,
+        }
+    }
+
+    /// Whether the exchange failed before PHP-FPM sent anything back and before any of
+    /// the request body was read: then the request can go out again on another connection.
+    pub(super) fn unanswered_and_unread(&self) -> bool {
+        !self.answered && !self.body_read
+    }
+
+    /// Takes back the request body (for another try), when none of it was read.
+    pub(super) fn into_body(mut self: Box<Self>) -> Option<RequestBody> {
+        if self.body_read {
+            return None;
+        }
+        // A body that ended without data is as good as none.
+        Some(self.body.take().unwrap_or_else(RequestBody::empty))
+    }
+
+    /// The response head: its status and headers.
+    pub(crate) fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(StatusCode, HeaderMap), ExchangeError>> {
+        loop {
+            match ready!(self.poll_received(cx))? {
+                Received::Stdout(content) => {
+                    self.head.extend_from_slice(&content);
+                    if let Some(end) = head::end(&self.head) {
+                        let head = self.head.split_to(end);
+                        let parsed = head::parse(&head).map_err(ExchangeError::Malformed)?;
+                        let rest = std::mem::take(&mut self.head).freeze();
+                        self.ahead = Some(rest).filter(|rest| !rest.is_empty());
+                        return Poll::Ready(Ok(parsed));
+                    }
+                    if self.head.len() > head::MAX_HEAD {
+                        return Poll::Ready(Err(ExchangeError::Malformed("a head larger than 64 KB")));
+                    }
+                }
+                Received::Stderr(text) => self.endpoint.log_stderr(&text),
+                Received::End { .. } => return Poll::Ready(Err(ExchangeError::Malformed("no head"))),
+            }
+        }
+    }
+
+    /// The next piece of the response body; `None` at its end, when the connection goes
+    /// back to the pool if it can carry another request.
+    pub(crate) fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ExchangeError>>> {
+        if let Some(ahead) = self.ahead.take() {
+            return Poll::Ready(Some(Ok(ahead)));
+        }
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        loop {
+            match ready!(self.poll_received(cx)) {
+                Err(error) => return Poll::Ready(Some(Err(error))),
+                Ok(Received::Stdout(content)) if content.is_empty() => {}
+                Ok(Received::Stdout(content)) => return Poll::Ready(Some(Ok(content))),
+                Ok(Received::Stderr(text)) => self.endpoint.log_stderr(&text),
+                Ok(Received::End { .. }) => {
+                    self.ended = true;
+                    self.check_in();
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+
+    /// Whether the whole answer has been read.
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended && self.ahead.is_none()
+    }
+
+    /// The connection back to the pool, when the exchange left it clean: the whole
+    /// request written, the whole answer read.
+    fn check_in(&mut self) {
+        let Some(connection) = self.connection.take() else {
+            return;
+        };
+        if self.write.is_empty() && self.body.is_none() && !self.reader.mid_record() {
+            self.endpoint.check_in(connection);
+        }
+    }
+
+    /// The next record piece, writing what can be written meanwhile.
+    fn poll_received(&mut self, cx: &mut Context<'_>) -> Poll<Result<Received, ExchangeError>> {
+        loop {
+            self.poll_write(cx)?;
+            let connection = self.connection.as_mut().ok_or(ExchangeError::Closed)?;
+            if let Some(received) = self.reader.next(&mut connection.read)? {
+                self.answered = true;
+                return Poll::Ready(Ok(received));
+            }
+            let buffer = &mut connection.read;
+            buffer.reserve(READ_SIZE);
+            let filled = ready!(poll_read_buf(Pin::new(&mut connection.stream), cx, buffer))?;
+            if filled == 0 {
+                return Poll::Ready(Err(ExchangeError::Closed));
+            }
+        }
+    }
+
+    /// Writes what is queued, and queues the body's frames as they come, until either
+    /// would wait. Once the answer has ended, nothing more is written.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<(), ExchangeError> {
+        let Some(connection) = self.connection.as_mut() else {
+            return Ok(());
+        };
+        loop {
+            if !self.write.is_empty() {
+                match Pin::new(&mut connection.stream).poll_write(cx, &self.write)? {
+                    Poll::Ready(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
+                    Poll::Ready(n) => {
+                        let _ = self.write.split_to(n);
+                        continue;
+                    }
+                    Poll::Pending => return Ok(()),
+                }
+            }
+            let Some(body) = self.body.as_mut() else {
+                return Ok(());
+            };
+            match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        self.body_read = true;
+                        record::stdin(&mut self.write, &data);
+                    }
+                }
+                Poll::Ready(None) => {
+                    record::end_of_stdin(&mut self.write);
+                    self.body = None;
+                }
+                Poll::Ready(Some(Err(error))) => return Err(error.into()),
+                Poll::Pending => return Ok(()),
+            }
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! Keep-alive connections to one PHP-FPM server (TCP or a unix socket), and sending a
+//! request on one.
+//!
+//! Each open connection holds a PHP-FPM worker, idle ones included, so the pool keeps at
+//! most as many idle connections as the server's cap allows, and closes them sooner than
+//! HTTP ones. A pooled connection PHP-FPM closed meanwhile is noticed when taken, or when
+//! the request written on it meets the close before any answer and before any of the
+//! request body was read: the request then goes out on another connection.
+
+use std::future::poll_fn;
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::Response;
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
+use tokio_util::either::Either;
+
+use super::FastCgiBody;
+use super::exchange::{Exchange, ExchangeError};
+use crate::proxy::request_body::RequestBody;
+use crate::upstream::idle::IdlePool;
+
+/// How long an idle connection (and the PHP-FPM worker it holds) is kept.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle connections kept per server without a cap.
+const MAX_IDLE_UNCAPPED: usize = 16;
+
+/// Where a PHP-FPM server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Address {
+    /// `host:port`.
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Tcp(address) => f.write_str(address),
+            Address::Unix(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// A connection to PHP-FPM, and what was read on it and not yet used.
+pub(crate) struct Connection {
+    pub(super) stream: Either<TcpStream, UnixStream>,
+    pub(super) read: BytesMut,
+}
+
+impl Connection {
+    /// Whether PHP-FPM closed the idle connection (or sent on it unasked).
+    fn closed_while_idle(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        let mut buffer = ReadBuf::new(&mut probe);
+        let mut cx = Context::from_waker(Waker::noop());
+        !matches!(
+            Pin::new(&mut self.stream).poll_read(&mut cx, &mut buffer),
+            Poll::Pending
+        )
+    }
+}
+
+/// Why a request got no response from PHP-FPM.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FastCgiError {
+    #[error("cannot connect to {address}: {source}")]
+    Connect { address: String, source: io::Error },
+    #[error("cannot connect to {0}: no answer within the connect timeout")]
+    ConnectTimeout(String),
+    #[error(transparent)]
+    Exchange(#[from] ExchangeError),
+}
+
+/// One PHP-FPM server: its address, its idle connections, its stderr log.
+pub(crate) struct Endpoint {
+    address: Address,
+    connect_timeout: Duration,
+    idle: Arc<IdlePool<Connection>>,
+    /// When stderr was last logged, in milliseconds since `started`.
+    stderr_logged: AtomicU64,
+    started: Instant,
+}
+
+impl Endpoint {
+    pub(super) fn check_in(&self, connection: Connection) {
+        if connection.read.is_empty() {
+            self.idle.check_in(connection);
+        }
+    }
+
+    /// Logs what a script wrote to stderr, at most one line a second per server.
+    pub(super) fn log_stderr(&self, text: &[u8]) {
+        let now = self.started.elapsed().as_millis() as u64;
+        let last = self.stderr_logged.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < 1000 && last != 0 {
+            return;
+        }
+        if self
+            .stderr_logged
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        let line = String::from_utf8_lossy(text);
+        let line = line.lines().next().unwrap_or_default();
+        tracing::warn!(target: "fastcgi", server = %self.address, stderr = %line, "PHP wrote to stderr");
+    }
+
+    async fn connect(&self) -> Result<Connection, FastCgiError> {
+        let opened = match &self.address {
+            Address::Tcp(address) => tokio::time::timeout(self.connect_timeout, TcpStream::connect(address))
+                .await
+                .map(|stream| {
+                    stream.map(|stream| {
+                        let _ = stream.set_nodelay(true);
+                        Either::Left(stream)
+                    })
+                }),
+            Address::Unix(path) => tokio::time::timeout(self.connect_timeout, UnixStream::connect(path))
+                .await
+                .map(|stream| stream.map(Either::Right)),
+        };
+        match opened {
+            Ok(Ok(stream)) => Ok(Connection {
+                stream,
+                read: BytesMut::new(),
+            }),
+            Ok(Err(source)) => Err(FastCgiError::Connect {
+                address: self.address.to_string(),
+                source,
+            }),
+            Err(_) => Err(FastCgiError::ConnectTimeout(self.address.to_string())),
+        }
+    }
+}
+
+/// The connections to one PHP-FPM server.
+pub(crate) struct Pool {
+    endpoint: Arc<Endpoint>,
+}
+
+/// A request PHP-FPM did not answer, and its body when none of it was read.
+pub(crate) struct Unsent {
+    pub(crate) error: FastCgiError,
+    pub(crate) body: Option<RequestBody>,
+}
+
+impl Pool {
+    /// A pool for `address` that keeps at most `max_idle` idle connections (the server's
+    /// cap; `None`: no cap).
+    pub(crate) fn new(address: Address, connect_timeout: Duration, max_idle: Option<usize>) -> Self {
+        Pool {
+            endpoint: Arc::new(Endpoint {
+                address,
+                connect_timeout,
+                idle: Arc::new(IdlePool::new(IDLE_TIMEOUT, max_idle.unwrap_or(MAX_IDLE_UNCAPPED))),
+                stderr_logged: AtomicU64::new(0),
+                started: Instant::now(),
+            }),
+        }
+    }
+
+    /// An active check: the status of a `GET` for the script `path` (PHP-FPM's
+    /// `ping.path`, a status page, or a script) on a connection of its own.
+    pub(crate) async fn check(&self, path: &str) -> Option<http::StatusCode> {
+        let connection = self.endpoint.connect().await.ok()?;
+        let head = super::params::check_head(path);
+        let mut exchange = Exchange::new(connection, self.endpoint.clone(), head, RequestBody::empty());
+        poll_fn(|cx| exchange.poll_head(cx))
+            .await
+            .ok()
+            .map(|(status, _)| status)
+    }
+
+    /// Sends the request whose begin and parameter records are `head`, with `body`, and
+    /// waits for the response head. The caller bounds the wait (it drops this future);
+    /// `keep`, with `detach`, is what the request holds while PHP works on it: dropped
+    /// before the answer (its client left), the exchange goes on in a task of its own
+    /// until `deadline`, its answer read and discarded for at most `timeout`, and only
+    /// then is `keep` dropped.
+    pub(crate) async fn send<K: Send + 'static>(
+        &self,
+        head: &Bytes,
+        mut body: RequestBody,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+        keep: &mut Option<K>,
+        detach: bool,
+    ) -> Result<Response<FastCgiBody>, Unsent> {
+        loop {
+            let pooled = self
+                .endpoint
+                .idle
+                .checkout(|connection| !connection.closed_while_idle());
+            let reused = pooled.is_some();
+            let connection = match pooled {
+                Some(connection) => connection,
+                None => match self.endpoint.connect().await {
+                    Ok(connection) => connection,
+                    Err(error) => {
+                        return Err(Unsent {
+                            error,
+                            body: Some(body),
+                        });
+                    }
+                },
+            };
+            let exchange = Box::new(Exchange::new(
+                connection,
+                self.endpoint.clone(),
+                BytesMut::from(&head[..]),
+                body,
+            ));
+            let mut detached = Detached {
+                exchange: Some(exchange),
+                keep: detach.then_some(&mut *keep),
+                deadline,
+                timeout,
+            };
+            let answer =
+                poll_fn(|cx| detached.exchange.as_mut().expect("until answered").poll_head(cx)).await;
+            let exchange = detached.exchange.take().expect("until answered");
+            match answer {
+                Ok((status, headers)) => {
+                    let mut response = Response::new(FastCgiBody {
+                        exchange: Some(exchange),
+                    });
+                    *response.status_mut() = status;
+                    *response.headers_mut() = headers;
+                    return Ok(response);
+                }
+                Err(ExchangeError::Closed | ExchangeError::Io(_))
+                    if reused && exchange.unanswered_and_unread() =>
+                {
+                    body = exchange.into_body().expect("unread");
+                }
+                Err(error) => {
+                    return Err(Unsent {
+                        error: error.into(),
+                        body: exchange.into_body(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// An exchange awaited for its head; dropped before (its client left) with `keep` (a cap
+/// counts the request) and before the deadline, it goes on in a task of its own.
+struct Detached<'a, K: Send + 'static> {
+    exchange: Option<Box<Exchange>>,
+    keep: Option<&'a mut Option<K>>,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+}
+
+impl<K: Send + 'static> Drop for Detached<'_, K> {
+    fn drop(&mut self) {
+        let (Some(mut exchange), Some(keep)) = (self.exchange.take(), self.keep.take()) else {
+            return;
+        };
+        let (deadline, timeout) = (self.deadline, self.timeout);
+        if tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let keep = keep.take();
+        runtime.spawn(async move {
+            let head = tokio::time::timeout_at(deadline, poll_fn(|cx| exchange.poll_head(cx))).await;
+            if let Ok(Ok(_)) = head {
+                let rest = async { while let Some(Ok(_)) = poll_fn(|cx| exchange.poll_data(cx)).await {} };
+                let _ = tokio::time::timeout(timeout, rest).await;
+            }
+            drop(exchange);
+            drop(keep);
+        });
+    }
+}

@@ -1,0 +1,108 @@
+//! The idle connections of one upstream server, whatever they speak (HTTP/1.1 or
+//! FastCGI). The most recently used is taken first, so a busy gateway keeps only the
+//! connections its concurrency needs; one idle for the idle timeout is closed then, by a
+//! task that runs while connections are idle and wakes when the oldest is due, so that
+//! neither requests on the newer ones nor the lack of any request keep it open.
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+struct Idle<C> {
+    connection: C,
+    since: Instant,
+}
+
+struct IdleList<C> {
+    /// Most recently used last, so idle longest first.
+    connections: Vec<Idle<C>>,
+    /// Whether a [`sweep`] task is running; it ends once no connection is idle.
+    swept: bool,
+}
+
+/// Idle connections of type `C`, each kept at most `timeout`, at most `max` of them.
+pub(super) struct IdlePool<C> {
+    timeout: Duration,
+    max: usize,
+    list: Mutex<IdleList<C>>,
+}
+
+impl<C> IdlePool<C> {
+    pub(super) fn new(timeout: Duration, max: usize) -> Self {
+        IdlePool {
+            timeout,
+            max,
+            list: Mutex::new(IdleList {
+                connections: Vec::new(),
+                swept: false,
+            }),
+        }
+    }
+
+    fn list(&self) -> MutexGuard<'_, IdleList<C>> {
+        self.list.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The most recently used connection for which `usable` holds; the others found on
+    /// the way are closed (dropped).
+    pub(super) fn checkout(&self, mut usable: impl FnMut(&mut C) -> bool) -> Option<C> {
+        let mut list = self.list();
+        while let Some(mut idle) = list.connections.pop() {
+            if usable(&mut idle.connection) {
+                return Some(idle.connection);
+            }
+        }
+        None
+    }
+}
+
+impl<C: Send + 'static> IdlePool<C> {
+    /// Keeps `connection` for the next request; the one idle longest goes when `max` are.
+    pub(super) fn check_in(self: &Arc<Self>, connection: C) {
+        if self.max == 0 {
+            return;
+        }
+        let start_sweep = {
+            let mut list = self.list();
+            if list.connections.len() >= self.max {
+                list.connections.remove(0);
+            }
+            list.connections.push(Idle {
+                connection,
+                since: Instant::now(),
+            });
+            !std::mem::replace(&mut list.swept, true)
+        };
+        // Without a runtime (it is shutting down) no connection is used again either.
+        if start_sweep && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(sweep(Arc::downgrade(self)));
+        }
+    }
+}
+
+/// Closes the pool's connections as each reaches its idle timeout, sleeping until the
+/// oldest is due; ends when none is idle (the next check-in starts another) or the pool
+/// is gone.
+async fn sweep<C>(pool: Weak<IdlePool<C>>) {
+    loop {
+        let due = {
+            let Some(pool) = pool.upgrade() else {
+                return;
+            };
+            let mut list = pool.list();
+            let now = Instant::now();
+            let limit = pool.timeout;
+            let expired = list
+                .connections
+                .partition_point(|idle| now.duration_since(idle.since) >= limit);
+            list.connections.drain(..expired);
+            match list.connections.first() {
+                Some(oldest) => oldest.since + limit,
+                None => {
+                    list.swept = false;
+                    return;
+                }
+            }
+        };
+        tokio::time::sleep_until(due.into()).await;
+    }
+}

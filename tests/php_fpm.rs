@@ -1,0 +1,341 @@
+//! PHP-FPM behind floodgate with nothing between them (docs/php-fpm.md): the file choice
+//! and its parameters, the security rules each with an attack, CGI responses, request
+//! bodies, the cap in front of a small pool, pooled connections across a PHP-FPM restart,
+//! unix sockets and active checks. Real `php-fpm8.2` throughout.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::config::GatewayToml;
+use common::php_fpm::PhpFpm;
+use common::{TestGateway, get, raw_request, send};
+use floodgate::Config;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+
+/// The parameters a script reports, one `NAME=value` line each (`-` when unset).
+const DUMP: &str = r#"<?php
+foreach (['SCRIPT_NAME', 'SCRIPT_FILENAME', 'PATH_INFO', 'REQUEST_URI', 'QUERY_STRING',
+          'DOCUMENT_ROOT', 'REMOTE_ADDR', 'SERVER_NAME', 'SERVER_PORT', 'HTTPS', 'REQUEST_METHOD',
+          'CONTENT_LENGTH', 'HTTP_PROXY', 'HTTP_X_REAL_IP', 'HTTP_X_FORWARDED_FOR', 'APP_ENV'] as $k) {
+    echo $k, '=', $_SERVER[$k] ?? '-', "\n";
+}
+"#;
+
+/// A site with a front controller, a login script, a blog with its index, a stylesheet,
+/// an upload holding PHP code, a dotfile, and scripts for CGI answers and bodies.
+fn site(fpm: &PhpFpm) {
+    fpm.file("/dump.php", DUMP);
+    fpm.file("/index.php", "<?php echo \"front\\n\"; include 'dump.php';");
+    fpm.file("/login.php", "<?php echo \"login\\n\"; include 'dump.php';");
+    fpm.file(
+        "/blog/index.php",
+        "<?php echo \"blog\\n\"; include __DIR__ . '/../dump.php';",
+    );
+    fpm.file("/style.css", "body { color: red }");
+    fpm.file("/uploads/evil.jpg", "<?php echo 'EXECUTED';");
+    fpm.file("/.env", "SECRET=1");
+    fpm.file(
+        "/cgi.php",
+        r#"<?php
+switch ($_GET['do'] ?? '') {
+    case 'location': header('Location: /elsewhere'); break;
+    case 'teapot': http_response_code(418); break;
+    case 'cookies': setcookie('a', '1'); setcookie('b', '2'); break;
+    case 'stderr': error_log('secret-from-stderr'); break;
+}
+echo "done\n";
+"#,
+    );
+    fpm.file(
+        "/upload.php",
+        "<?php $b = file_get_contents('php://input'); echo strlen($b), ' ', md5($b);",
+    );
+    fpm.file("/slow.php", "<?php usleep(300000); echo 'slow';");
+}
+
+/// A gateway with one route to `fpm`'s site; `upstream_keys` go in `[upstreams.php]`.
+async fn gateway(fpm: &PhpFpm, upstream_keys: &str) -> TestGateway {
+    let root = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
+    TestGateway::start(
+        GatewayToml::new()
+            .upstream("php", &fpm.url(), upstream_keys)
+            .route("site", &root),
+    )
+    .await
+}
+
+/// The value of `NAME=` in a dump.
+fn param<'a>(body: &'a str, name: &str) -> &'a str {
+    body.lines()
+        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {name} in {body}"))
+}
+
+#[tokio::test]
+async fn the_front_controller_runs_what_no_file_answers_with_the_parameters_nginx_sends() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let gw = gateway(&fpm, "env = { APP_ENV = \"test\" }").await;
+    let root = fpm.site().canonicalize().unwrap().display().to_string();
+    let request = Request::get(gw.url("/articles/42?x=1&y=%20"))
+        .header("proxy", "http://evil.example:8080")
+        .header("x-real-ip", "6.6.6.6")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let (status, _, body) = send(request).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.starts_with("front\n"), "{body}");
+    assert_eq!(param(&body, "SCRIPT_NAME"), "/index.php");
+    assert_eq!(param(&body, "SCRIPT_FILENAME"), format!("{root}/index.php"));
+    assert_eq!(param(&body, "DOCUMENT_ROOT"), root);
+    assert_eq!(param(&body, "REQUEST_URI"), "/articles/42?x=1&y=%20");
+    assert_eq!(param(&body, "QUERY_STRING"), "x=1&y=%20");
+    assert_eq!(param(&body, "REMOTE_ADDR"), "127.0.0.1");
+    assert_eq!(param(&body, "SERVER_PORT"), gw.addr.port().to_string());
+    assert_eq!(param(&body, "REQUEST_METHOD"), "GET");
+    assert_eq!(param(&body, "HTTPS"), "-");
+    assert_eq!(param(&body, "APP_ENV"), "test");
+    // httpoxy: no Proxy header reaches PHP; the client's X-Real-IP is floodgate's.
+    assert_eq!(param(&body, "HTTP_PROXY"), "-");
+    assert_eq!(param(&body, "HTTP_X_REAL_IP"), "127.0.0.1");
+
+    let (_, _, body) = get(&gw.url("/login.php/x/y")).await;
+    assert!(body.starts_with("login\n"), "{body}");
+    assert_eq!(param(&body, "SCRIPT_NAME"), "/login.php");
+    assert_eq!(param(&body, "PATH_INFO"), "/x/y");
+
+    let (_, _, body) = get(&gw.url("/")).await;
+    assert!(body.starts_with("front\n"), "{body}");
+}
+
+#[tokio::test]
+async fn a_directory_gets_its_slash_then_its_index_and_a_file_is_served_with_validators() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let gw = gateway(&fpm, "").await;
+    let (status, headers, _) = get(&gw.url("/blog?page=2")).await;
+    assert_eq!(status, StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(headers["location"], "/blog/?page=2");
+    let (status, _, body) = get(&gw.url("/blog/")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.starts_with("blog\n"), "{body}");
+    assert_eq!(param(&body, "SCRIPT_NAME"), "/blog/index.php");
+
+    let (status, headers, body) = get(&gw.url("/style.css")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "body { color: red }");
+    assert_eq!(headers["content-type"], "text/css; charset=utf-8");
+    let request = Request::get(gw.url("/style.css"))
+        .header("if-none-match", headers["etag"].clone())
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    assert_eq!(send(request).await.0, StatusCode::NOT_MODIFIED);
+    let request = Request::post(gw.url("/style.css"))
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let (status, headers, _) = send(request).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(headers["allow"], "GET, HEAD");
+}
+
+#[tokio::test]
+async fn no_path_trick_runs_an_upload_or_reaches_a_hidden_file() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "outside").unwrap();
+    std::os::unix::fs::symlink(outside.path(), fpm.site().join("escape")).unwrap();
+    let gw = gateway(&fpm, "").await;
+    // The upload is a file: served as it is, never run.
+    let (status, _, body) = get(&gw.url("/uploads/evil.jpg")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "<?php echo 'EXECUTED';")
+    );
+    // A script name after it does not exist: the front controller runs, not the upload.
+    for path in [
+        "/uploads/evil.jpg/x.php",
+        "/uploads/evil.jpg.php",
+        "/uploads/evil.jpg/x.PHP",
+    ] {
+        let (status, _, body) = get(&gw.url(path)).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert!(
+            !body.contains("EXECUTED") && body.starts_with("front\n"),
+            "{path}: {body}"
+        );
+    }
+    // A NUL or a backslash names no file.
+    for path in ["/uploads/evil.jpg%00.php", "/uploads%5Cevil.jpg", "/index.php%00"] {
+        let answer = raw_request(
+            gw.addr,
+            format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+        assert!(!answer.contains("EXECUTED"), "{path}");
+    }
+    // Hidden and outside the root: 404, without the front controller.
+    for path in [
+        "/.env",
+        "/uploads/.env",
+        "/uploads/evil.jpg/.php",
+        "/escape/secret.txt",
+        "/escape/none",
+    ] {
+        let (status, _, body) = get(&gw.url(path)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        assert!(
+            !body.contains("SECRET") && !body.contains("outside") && !body.contains("front"),
+            "{path}"
+        );
+    }
+    // A script is run, never sent as its source.
+    let (_, _, body) = get(&gw.url("/login.php")).await;
+    assert!(body.starts_with("login\n") && !body.contains("<?php"), "{body}");
+}
+
+#[tokio::test]
+async fn cgi_status_location_and_cookies_become_the_response_and_stderr_stays_out() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let gw = gateway(&fpm, "").await;
+    let (status, headers, _) = get(&gw.url("/cgi.php?do=location")).await;
+    assert_eq!(status, StatusCode::FOUND);
+    assert_eq!(headers["location"], "/elsewhere");
+    assert_eq!(get(&gw.url("/cgi.php?do=teapot")).await.0.as_u16(), 418);
+    let (_, headers, _) = get(&gw.url("/cgi.php?do=cookies")).await;
+    let cookies: Vec<_> = headers.get_all("set-cookie").iter().collect();
+    assert_eq!(cookies, ["a=1", "b=2"]);
+    let (status, _, body) = get(&gw.url("/cgi.php?do=stderr")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "done\n"));
+}
+
+#[tokio::test]
+async fn a_body_streams_to_php_whole_and_one_of_unknown_length_is_refused() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let gw = gateway(&fpm, "").await;
+    let upload: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let digest = format!("{:x}", md5_of(&upload));
+    let request = Request::post(gw.url("/upload.php"))
+        .header("content-type", "application/octet-stream")
+        .body(Full::new(Bytes::from(upload)))
+        .unwrap();
+    let (status, _, body) = send(request).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, format!("1000000 {digest}"));
+    let chunked = "POST /upload.php HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    let answer = raw_request(gw.addr, chunked.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 411"), "{answer}");
+}
+
+/// MD5, for comparing with PHP's `md5()` (RFC 1321).
+fn md5_of(data: &[u8]) -> u128 {
+    let output = std::process::Command::new("md5sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(data)?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    let hex = String::from_utf8(output.stdout).unwrap();
+    u128::from_str_radix(hex.split_whitespace().next().unwrap(), 16).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cap_queues_what_a_small_pool_cannot_take_so_that_nothing_fails() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let gw = gateway(&fpm, "max_requests = 2\nqueue = 16\nqueue_timeout = \"10s\"").await;
+    let url = gw.url("/slow.php");
+    let answers = futures_util::future::join_all((0..8).map(|_| get(&url))).await;
+    for (status, _, body) in answers {
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "slow"));
+    }
+}
+
+#[tokio::test]
+async fn pooled_connections_survive_a_php_fpm_restart_and_unix_sockets_work() {
+    let mut fpm = PhpFpm::start(2);
+    site(&fpm);
+    let gw = gateway(&fpm, "").await;
+    for _ in 0..3 {
+        assert_eq!(get(&gw.url("/login.php")).await.0, StatusCode::OK);
+    }
+    fpm.restart();
+    for _ in 0..3 {
+        let (status, _, body) = get(&gw.url("/login.php")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
+    let unix = PhpFpm::start_unix(1);
+    site(&unix);
+    let gw = gateway(&unix, "").await;
+    let (status, _, body) = get(&gw.url("/login.php")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.starts_with("login\n"));
+}
+
+#[tokio::test]
+async fn an_active_check_asks_php_fpm_for_its_ping() {
+    let fpm = PhpFpm::start(1);
+    site(&fpm);
+    let dead = common::closed_port();
+    let servers = format!(
+        "servers = [\"{}\", \"fastcgi://127.0.0.1:{dead}\"]\n\
+         health_check = {{ path = \"/ping\", interval = \"100ms\", timeout = \"1s\" }}",
+        fpm.url()
+    );
+    let root = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .table("upstreams.php", &servers)
+            .route("site", &root),
+    )
+    .await;
+    let live = fpm.url().trim_start_matches("fastcgi://").to_owned();
+    let up = |server: String| format!("floodgate_upstream_server_up{{upstream=\"php\",server=\"{server}\"}}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let live_up = gw.metric(&up(live.clone())).await;
+        let dead_up = gw.metric(&up(format!("127.0.0.1:{dead}"))).await;
+        if live_up == 1.0 && dead_up == 0.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "live {live_up}, dead {dead_up}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn a_fastcgi_upstream_needs_a_root_that_exists() {
+    let check = |route_keys: &str| {
+        let text = format!(
+            "[upstreams.php]\nurl = \"fastcgi://127.0.0.1:9000\"\n\n\
+             [[routes]]\nname = \"site\"\nupstream = \"php\"\n{route_keys}\n"
+        );
+        Config::parse(std::path::Path::new("gw.toml"), &text)
+            .unwrap_err()
+            .errors
+    };
+    let errors = check("");
+    assert_eq!(errors[0].key, "routes[0].root", "{errors:?}");
+    let errors = check("root = \"/no/such/directory\"");
+    assert_eq!(errors[0].key, "routes[0].root", "{errors:?}");
+    assert!(errors[0].message.contains("/no/such/directory"), "{errors:?}");
+    let text = "[upstreams.php]\nurl = \"fastcgi://127.0.0.1:9000/app\"\n\n[[routes]]\nname = \"x\"\nupstream = \"php\"\nroot = \"/tmp\"\n";
+    let errors = Config::parse(std::path::Path::new("gw.toml"), text)
+        .unwrap_err()
+        .errors;
+    assert_eq!(errors[0].key, "upstreams.php.url", "{errors:?}");
+}
