@@ -36,6 +36,7 @@ use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::Either;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use rustls::RootCertStore;
@@ -219,7 +220,7 @@ impl Upstream {
                 Transport::Http { pool, .. } => {
                     let sent = pool.send(request, deadline, timeout, &mut held, counted);
                     match tokio::time::timeout_at(deadline, sent).await {
-                        Ok(Ok(response)) => Ok(response.map(Transported::Http)),
+                        Ok(Ok(response)) => Ok(response.map(Either::Left)),
                         Ok(Err(Unsent { error, request })) => Err((classify(error)?, request)),
                         Err(_elapsed) => Err((timed_out(), None)),
                     }
@@ -233,7 +234,7 @@ impl Upstream {
                         .unwrap_or_default();
                     let sent = pool.send(&head, body, deadline, timeout, &mut held, counted);
                     match tokio::time::timeout_at(deadline, sent).await {
-                        Ok(Ok(response)) => Ok(response.map(Transported::FastCgi)),
+                        Ok(Ok(response)) => Ok(response.map(Either::Right)),
                         Ok(Err(fastcgi::Unsent { error, body })) => Err((
                             classify_fastcgi(error)?,
                             body.map(|body| Request::from_parts(parts, body)),
@@ -661,46 +662,13 @@ pub(crate) struct UpstreamBody {
 }
 
 /// A response body as its server's protocol carries it.
-enum Transported {
-    Http(pool::UpstreamBody<RequestBody>),
-    FastCgi(fastcgi::FastCgiBody),
-}
+type Transported = Either<pool::UpstreamBody<RequestBody>, fastcgi::FastCgiBody>;
 
-impl Transported {
-    fn is_finished(&self) -> bool {
-        match self {
-            Transported::Http(body) => body.is_finished(),
-            Transported::FastCgi(body) => body.is_finished(),
-        }
-    }
-}
-
-impl Body for Transported {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.get_mut() {
-            Transported::Http(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
-            Transported::FastCgi(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Transported::Http(body) => body.is_end_stream(),
-            Transported::FastCgi(body) => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Transported::Http(body) => body.size_hint(),
-            Transported::FastCgi(body) => body.size_hint(),
-        }
+/// Whether `body` has been read to its end.
+fn finished(body: &Transported) -> bool {
+    match body {
+        Either::Left(body) => body.is_finished(),
+        Either::Right(body) => body.is_finished(),
     }
 }
 
@@ -733,7 +701,7 @@ impl Drop for UpstreamBody {
     fn drop(&mut self) {
         // Finished, or uncounted: the fields are dropped in order, the connection first.
         match (&self.inner, &self.held) {
-            (Some(body), Some(held)) if !body.is_finished() && held.counted() => {}
+            (Some(body), Some(held)) if !finished(body) && held.counted() => {}
             _ => return,
         }
         let (Some(body), Some(held)) = (self.inner.take(), self.held.take()) else {
