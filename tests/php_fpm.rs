@@ -339,3 +339,35 @@ fn a_fastcgi_upstream_needs_a_root_that_exists() {
         .errors;
     assert_eq!(errors[0].key, "upstreams.php.url", "{errors:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_of_a_page_that_fits_the_buffer_does_not_hold_php() {
+    use tokio::io::AsyncWriteExt;
+    let fpm = PhpFpm::start(1);
+    site(&fpm);
+    // Larger than what the sockets hold on the way (a few MB on loopback).
+    fpm.file("/big.php", "<?php echo str_repeat('x', 40000000);");
+    let gw = gateway(
+        &fpm,
+        "max_requests = 1\nqueue = 4\nqueue_timeout = \"3s\"\nresponse_buffer = \"64MB\"",
+    )
+    .await;
+    // A client that asks for the page and reads none of it, through a small window.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut slow = socket.connect(gw.addr).await.unwrap();
+    slow.write_all(b"GET /big.php HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // PHP's one worker and the one slot are free again: the next request goes through.
+    let started = std::time::Instant::now();
+    let (status, _, body) = get(&gw.url("/login.php")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(slow);
+}

@@ -107,6 +107,7 @@ pub(crate) struct UpstreamFile {
     pub tls_ca: Option<Spanned<String>>,
     pub tls_server_name: Option<Spanned<String>>,
     pub env: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    pub response_buffer: Option<Spanned<String>>,
 }
 
 /// `health_check = { path, interval, timeout }`

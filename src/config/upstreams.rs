@@ -27,6 +27,10 @@ const DEFAULT_QUEUE: u32 = 100;
 const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+/// `response_buffer` when the file does not set it.
+const DEFAULT_RESPONSE_BUFFER: usize = 1024 * 1024;
+/// The largest `response_buffer`: it is per request.
+const MAX_RESPONSE_BUFFER: u64 = 64 * 1024 * 1024;
 /// The largest `weight`: enough to express any practical ratio.
 const MAX_WEIGHT: i64 = 1000;
 /// The largest count a count key (`max_fails`, `retries`, `max_requests`, `queue`) takes.
@@ -60,6 +64,9 @@ pub struct UpstreamConfig {
     pub tls: Option<UpstreamTls>,
     /// For `fastcgi://` servers.
     pub fastcgi: Option<FastCgi>,
+    /// Bytes of a response read ahead of a slow client (with `max_requests`, or from
+    /// PHP-FPM).
+    pub response_buffer: usize,
 }
 
 /// What `fastcgi://` servers are told besides the request.
@@ -231,6 +238,16 @@ fn validate_upstream(
         sink,
     );
     let timeout = duration(&raw.timeout, "timeout", DEFAULT_TIMEOUT, sink);
+    let response_buffer = parse_or(
+        &raw.response_buffer,
+        &format!("{key}.response_buffer"),
+        DEFAULT_RESPONSE_BUFFER,
+        sink,
+        |text| match values::size(text)? {
+            size if size <= MAX_RESPONSE_BUFFER => Ok(size as usize),
+            _ => Err(format!("expected at most 64MB, got {text:?}")),
+        },
+    );
     let health_check = match &raw.health_check {
         None => Some(None),
         Some(check) => health_check(&format!("{key}.health_check"), check.get_ref(), sink).map(Some),
@@ -285,6 +302,7 @@ fn validate_upstream(
         timeout,
         tls,
         fastcgi: fastcgi?,
+        response_buffer,
     })
 }
 

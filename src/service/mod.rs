@@ -46,6 +46,7 @@ use crate::proxy::headers::{
 };
 use crate::proxy::request_body::RequestBody;
 use crate::router::normalize_host;
+use crate::upstream::read_ahead::ReadAhead;
 use crate::upstream::{Upstream, tunnel};
 use http_body::Body as _;
 use limit_headers::LimitHeaders;
@@ -549,5 +550,11 @@ async fn forward(
         }
         _ => remove_hop_by_hop(response.headers_mut()),
     }
-    Ok(response.map(Payload::Upstream))
+    let tunnelled = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+    match upstream.read_ahead() {
+        Some(limit) if !tunnelled && !response.body().is_end_stream() => {
+            Ok(response.map(|body| Payload::ReadAhead(ReadAhead::start(body, limit))))
+        }
+        _ => Ok(response.map(Payload::Upstream)),
+    }
 }

@@ -17,6 +17,7 @@ use crate::connection::InFlight;
 use crate::files::serve::FileBody;
 use crate::limit::store::ConcurrencySlot;
 use crate::upstream::UpstreamBody;
+use crate::upstream::read_ahead::ReadAhead;
 
 /// What a response carries: the upstream's streamed body, floodgate's own bytes, or a
 /// site's file.
@@ -25,6 +26,8 @@ pub(crate) enum Payload {
     Own(Own),
     /// Boxed: most responses are not files, and need not be as large.
     File(Box<FileBody>),
+    /// An upstream's body, read ahead of the client.
+    ReadAhead(ReadAhead),
 }
 
 /// A body floodgate writes itself.
@@ -47,6 +50,7 @@ impl Body for Payload {
             Payload::Upstream(body) => Pin::new(body).poll_frame(cx),
             Payload::Own(body) => Pin::new(body).poll_frame(cx).map_err(|never| match never {}),
             Payload::File(body) => Pin::new(body.as_mut()).poll_frame(cx).map_err(Into::into),
+            Payload::ReadAhead(body) => Pin::new(body).poll_frame(cx),
         }
     }
 
@@ -55,6 +59,7 @@ impl Body for Payload {
             Payload::Upstream(body) => body.is_end_stream(),
             Payload::Own(body) => body.is_end_stream(),
             Payload::File(body) => body.is_end_stream(),
+            Payload::ReadAhead(body) => body.is_end_stream(),
         }
     }
 
@@ -63,6 +68,7 @@ impl Body for Payload {
             Payload::Upstream(body) => body.size_hint(),
             Payload::Own(body) => body.size_hint(),
             Payload::File(body) => body.size_hint(),
+            Payload::ReadAhead(body) => body.size_hint(),
         }
     }
 }

@@ -20,6 +20,7 @@ pub(crate) mod fastcgi;
 mod health;
 mod idle;
 pub(crate) mod pool;
+pub(crate) mod read_ahead;
 mod replay;
 mod server;
 mod tunnel;
@@ -152,6 +153,13 @@ impl Upstream {
 
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.name
+    }
+
+    /// How much of a response is read ahead of a slow client: with a cap or from PHP-FPM,
+    /// unless `response_buffer` is 0.
+    pub(crate) fn read_ahead(&self) -> Option<usize> {
+        let capped = self.config.max_requests > 0 || self.config.fastcgi.is_some();
+        (capped && self.config.response_buffer > 0).then_some(self.config.response_buffer)
     }
 
     /// The key parts that pick a server (`balance = "hash"`), if any.
