@@ -553,7 +553,7 @@ async fn forward(
     let tunnelled = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
     match upstream.read_ahead() {
         Some(limit) if !tunnelled && !response.body().is_end_stream() => {
-            Ok(response.map(|body| Payload::ReadAhead(ReadAhead::start(body, limit))))
+            Ok(response.map(|body| Payload::ReadAhead(ReadAhead::new(body, limit))))
         }
         _ => Ok(response.map(Payload::Upstream)),
     }
