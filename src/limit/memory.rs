@@ -65,7 +65,7 @@ pub struct MemoryStore {
     /// Decisions whose new key a full store did not keep.
     not_kept: Counter,
     /// Concurrency limits' slots.
-    pub in_flight: InFlightCounts,
+    pub(crate) in_flight: InFlightCounts,
 }
 
 impl MemoryStore {
