@@ -1,6 +1,7 @@
-//! One conformance suite, run against both stores: the in-process store and Redis (a
-//! private `redis-server` per test). Windows are short and tolerances honest; Redis's clock
-//! is its `TIME`, the memory store's a monotonic clock.
+//! One conformance suite, run against both stores through the gateway's own
+//! [`LimitStore`]: the in-process store and Redis (a private `redis-server` per test).
+//! Windows are short and tolerances honest; Redis's clock is its `TIME`, the memory
+//! store's a monotonic clock. The tests of Redis's script alone ask [`RedisStore`].
 
 mod common;
 
@@ -8,63 +9,41 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
-use floodgate::limit::clock::MonotonicClock;
 use floodgate::limit::key::{MAX_KEY_LEN, encode_tuple, lock_key, store_key};
-use floodgate::limit::memory::MemoryStore;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::redis::RedisTarget;
+use floodgate::limit::store::{LimitStore, OnError, StoreAnswer};
 use floodgate::limit::{Algorithm, LimitCheck, LimitDecision, Lockout, Outcome, Peeked};
+use prometheus_client::metrics::counter::Counter;
 
 const MS: u64 = 1_000;
 
-enum Store {
-    Memory(Arc<MemoryStore>),
-    Redis(RedisStore, RedisServer),
-}
+/// A [`LimitStore`] whose every operation must succeed: a failure fails the test.
+struct Store(LimitStore);
 
 impl Store {
     async fn decide(&self, checks: &[LimitCheck]) -> Vec<LimitDecision> {
-        match self {
-            Store::Memory(store) => store.decide(checks).into_vec(),
-            Store::Redis(store, _) => store.decide(checks).await.expect("redis decides").into_vec(),
+        match self.0.decide(checks, OnError::Deny).await {
+            StoreAnswer::Decided(decisions) => decisions.into_vec(),
+            StoreAnswer::Failed(fallback) => panic!("the store failed: {fallback:?}"),
         }
     }
 
     async fn refund(&self, check: &LimitCheck) {
-        match self {
-            Store::Memory(store) => store.refund(check),
-            Store::Redis(store, _) => store.refund(check).await.expect("redis refunds"),
-        }
+        self.0.refund(check).await.expect("the store refunds");
     }
 
     async fn peek(&self, check: &LimitCheck) -> Peeked {
-        let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
-        match self {
-            Store::Memory(store) => store.peek(&check.key, lock),
-            Store::Redis(store, _) => store
-                .peek(&check.algorithm, &check.key, lock)
-                .await
-                .expect("redis reads"),
-        }
+        self.0.peek(check).await.expect("the store reads")
     }
 
     async fn clear(&self, check: &LimitCheck) {
-        let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
-        match self {
-            Store::Memory(store) => store.clear(&check.key, lock),
-            Store::Redis(store, _) => store.clear(&check.key, lock).await.expect("redis clears"),
-        }
+        self.0.clear(check).await.expect("the store clears");
     }
 
     async fn lock(&self, check: &LimitCheck) {
-        let lockout = check.lockout.clone().expect("a check with a lock-out");
-        match self {
-            Store::Memory(store) => store.lock(&lockout.key, lockout.micros),
-            Store::Redis(store, _) => store
-                .lock(&lockout.key, lockout.micros)
-                .await
-                .expect("redis locks"),
-        }
+        assert!(check.lockout.is_some(), "a check with a lock-out");
+        self.0.lock(check, OnError::Deny).await.expect("the store locks");
     }
 
     async fn one(&self, check: &LimitCheck) -> LimitDecision {
@@ -72,20 +51,33 @@ impl Store {
     }
 }
 
-async fn memory() -> Store {
-    Store::Memory(Arc::new(MemoryStore::new(
-        Arc::new(MonotonicClock::default()),
-        100_000,
-        prometheus_client::metrics::counter::Counter::default(),
-    )))
+fn memory() -> Store {
+    Store(LimitStore::memory(Counter::default()))
 }
 
-async fn redis() -> Store {
+/// The store on a private Redis, connected.
+async fn redis() -> (Store, RedisServer) {
+    let server = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
+    let store = LimitStore::redis(
+        &RedisTarget::Url(server.url()),
+        Duration::from_secs(2),
+        "fg",
+        Counter::default(),
+        Counter::default(),
+    )
+    .expect("a Redis store");
+    assert!(store.wait_ready(Duration::from_secs(10)).await, "connected");
+    (Store(store), server)
+}
+
+/// Redis's store alone (no heartbeat, no breaker), for the tests of what its script does
+/// and writes.
+async fn redis_alone() -> (RedisStore, RedisServer) {
     let server = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
     let store = RedisStore::connect(&RedisTarget::Url(server.url()), Duration::from_secs(2))
         .await
         .expect("connect");
-    Store::Redis(store, server)
+    (store, server)
 }
 
 fn check(name: &str, algorithm: Algorithm) -> LimitCheck {
@@ -593,7 +585,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    super::$name(super::memory().await).await;
+                    super::$name(super::memory()).await;
                 }
             )*
         }
@@ -601,7 +593,8 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    super::$name(super::redis().await).await;
+                    let (store, _server) = super::redis().await;
+                    super::$name(store).await;
                 }
             )*
         }
@@ -658,17 +651,15 @@ async fn packed_state(server: &RedisServer, key: &str) -> Vec<f64> {
 /// has nothing to give back to it.
 #[tokio::test]
 async fn a_state_in_no_known_form_starts_the_key_afresh() {
-    let store = redis().await;
-    let Store::Redis(redis, server) = &store else {
-        unreachable!()
-    };
+    let (store, server) = redis().await;
+    let server = &server;
     let hour = 3_600_000 * MS;
     let now = redis_now(server);
 
     let tokens = check("text-bucket", bucket(1.0, 3_600_000, 10));
     let text = format!("3:{now}");
     server.cli(&["set", &tokens.key, &text, "px", "60000"]);
-    redis.refund(&tokens).await.expect("a refund of nothing");
+    store.refund(&tokens).await;
     assert_eq!(server.cli(&["get", &tokens.key]).trim(), text);
     // A full bucket of 10, not the 3 the text says.
     assert_eq!(admitted_count(&store, &tokens, 4).await, 4);
@@ -710,7 +701,7 @@ async fn a_state_in_no_known_form_starts_the_key_afresh() {
 /// request with a lock-out), and a queue whose turn is a century away (a one-check request).
 #[tokio::test]
 async fn a_century_long_lockout_is_still_a_lockout() {
-    let store = redis().await;
+    let (store, _server) = redis().await;
     let century = 100 * 365 * 86_400_000 * MS;
     let mut limit = check("century", fixed(1, 60_000));
     let tuple = encode_tuple([b"198.51.100.7".as_slice()]);
@@ -775,10 +766,7 @@ async fn a_fixed_window_run_is_decided_as_its_requests_one_by_one() {
 /// run's decisions, having checked that both other keys got the same decisions and were
 /// left the same stored state and expiry, and that the run admitted two and refused four.
 async fn run_and_alone(algorithm: Algorithm) -> Vec<LimitDecision> {
-    let store = redis().await;
-    let Store::Redis(redis, server) = &store else {
-        unreachable!()
-    };
+    let (redis, server) = redis_alone().await;
     let limit = |name: &str| LimitCheck {
         cost: 2,
         ..check(name, algorithm)
@@ -801,7 +789,10 @@ async fn run_and_alone(algorithm: Algorithm) -> Vec<LimitDecision> {
             .collect::<Vec<_>>()
     };
     // The first call loads the script (a refused EVALSHA, then a second one).
-    store.one(&check("load-script", fixed(1, 60_000))).await;
+    redis
+        .decide(&[check("load-script", fixed(1, 60_000))])
+        .await
+        .expect("redis decides");
     // The same state for all three: 5 left (for the bucket, a fraction more by the next call).
     one_call(vec![&run, &a, &b]).await;
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -857,7 +848,7 @@ async fn run_and_alone(algorithm: Algorithm) -> Vec<LimitDecision> {
 /// runs: one script call of 3,840 keys, however slowly the machine runs the tasks.
 #[tokio::test]
 async fn a_call_of_thousands_of_keys_reads_and_writes_them_all() {
-    let store = Arc::new(redis().await);
+    let (store, server) = redis_alone().await;
     let bucket = bucket(1.0, 3_600_000, 1);
     let requests: Vec<Vec<LimitCheck>> = (0..60)
         .map(|request| {
@@ -871,7 +862,7 @@ async fn a_call_of_thousands_of_keys_reads_and_writes_them_all() {
             .iter()
             .map(|checks| {
                 let (store, checks) = (store.clone(), checks.clone());
-                tokio::spawn(async move { store.decide(&checks).await })
+                tokio::spawn(async move { store.decide(&checks).await.expect("redis decides") })
             })
             .collect();
         async move {
@@ -881,9 +872,6 @@ async fn a_call_of_thousands_of_keys_reads_and_writes_them_all() {
                 assert!(decisions.iter().all(|d| d.outcome == expected), "{decisions:?}");
             }
         }
-    };
-    let Store::Redis(_, server) = &*store else {
-        unreachable!()
     };
     decide_all(Outcome::Allowed).await;
     // The call spanned several MGETs and MSETs (commands a script runs are counted; so are
@@ -897,7 +885,7 @@ async fn a_call_of_thousands_of_keys_reads_and_writes_them_all() {
 
 #[tokio::test]
 async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
-    let store = redis().await;
+    let (store, server) = redis_alone().await;
     let long_client = "x".repeat(5_000);
     let tuple = encode_tuple([long_client.as_bytes(), b"GET"]);
     let algorithms = [
@@ -920,12 +908,12 @@ async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
             shadow: false,
         };
         for _ in 0..3 {
-            store.one(&limit).await;
+            store
+                .decide(std::slice::from_ref(&limit))
+                .await
+                .expect("redis decides");
         }
     }
-    let Store::Redis(_, server) = &store else {
-        unreachable!()
-    };
     let keys: Vec<String> = server.cli(&["--scan"]).lines().map(str::to_owned).collect();
     assert_eq!(keys.len(), 8, "{keys:?}");
     for key in keys {
@@ -940,8 +928,7 @@ async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
 /// operation (docs/operations.md#when-redis-fails) — the same for all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_fails_by_the_one_rule_under_each_policy() {
-    use floodgate::limit::store::{Fallback, LimitStore, OnError, StoreAnswer, Unit};
-    use prometheus_client::metrics::counter::Counter;
+    use floodgate::limit::store::{Fallback, Unit};
 
     let mut server = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
     let errors = Counter::default();
@@ -953,8 +940,7 @@ async fn every_operation_fails_by_the_one_rule_under_each_policy() {
         errors.clone(),
     )
     .expect("a Redis store");
-    store.wait_ready(Duration::from_secs(2)).await;
-    assert!(store.usable());
+    assert!(store.wait_ready(Duration::from_secs(2)).await);
     let lease = store
         .acquire("fg:leased", 1, Duration::from_secs(30), OnError::Allow)
         .await
@@ -1011,10 +997,7 @@ async fn every_operation_fails_by_the_one_rule_under_each_policy() {
         // What changes a decided request's state: lost, but for a lock-out under `local`,
         // which the fallback starts.
         let before = errors.get();
-        assert!(
-            store.refund(&limit, on_error).await.is_err(),
-            "{on_error:?} refund"
-        );
+        assert!(store.refund(&limit).await.is_err(), "{on_error:?} refund");
         failed(before)("refund");
         let before = errors.get();
         let locked = store.lock(&limit, on_error).await;
@@ -1037,18 +1020,15 @@ async fn every_operation_fails_by_the_one_rule_under_each_policy() {
         wait_for_more(&errors, before, "a dropped unit's refund").await;
         // The limit-state API's reads and reset answer the failure (503).
         let before = errors.get();
-        assert!(store.peek(&limit, on_error).await.is_err(), "{on_error:?} peek");
-        assert!(
-            store.in_flight("fg:slots", on_error).await.is_err(),
-            "{on_error:?} count"
-        );
-        assert!(store.clear(&limit, on_error).await.is_err(), "{on_error:?} clear");
+        assert!(store.peek(&limit).await.is_err(), "{on_error:?} peek");
+        assert!(store.in_flight("fg:slots").await.is_err(), "{on_error:?} count");
+        assert!(store.clear(&limit).await.is_err(), "{on_error:?} clear");
         assert_eq!(errors.get(), before + 3, "{on_error:?} peek, count, clear");
     }
 }
 
 /// Waits until `errors` counts more than `before` (a failure in a background task).
-async fn wait_for_more(errors: &prometheus_client::metrics::counter::Counter, before: u64, what: &str) {
+async fn wait_for_more(errors: &Counter, before: u64, what: &str) {
     tokio::time::timeout(Duration::from_secs(2), async {
         while errors.get() == before {
             tokio::time::sleep(Duration::from_millis(10)).await;

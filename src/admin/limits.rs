@@ -106,7 +106,7 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
         LimitKind::Concurrency(_) => {
             return match state
                 .store
-                .in_flight(&slots_key(prefix, &tuple, &limit.name), state.on_error)
+                .in_flight(&slots_key(prefix, &tuple, &limit.name))
                 .await
             {
                 Ok(in_flight) => json_answer(
@@ -135,7 +135,7 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
     }
     .check(prefix, &tuple, 1);
     match *method {
-        Method::GET => match state.store.peek(&check, state.on_error).await {
+        Method::GET => match state.store.peek(&check).await {
             Ok(peeked) => {
                 let now = peeked.key_state(algorithm);
                 json_answer(
@@ -151,7 +151,7 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
             }
             Err(error) => store_failed(&error),
         },
-        Method::DELETE => match state.store.clear(&check, state.on_error).await {
+        Method::DELETE => match state.store.clear(&check).await {
             Ok(()) => {
                 // This instance's remembered refusals go now; the others' within
                 // REMEMBERED_AT_MOST.

@@ -1,60 +1,55 @@
 //! Requests in flight per key, in process: the in-process store's concurrency limits (and
 //! the local fallback's, when Redis fails). A slot is taken when a request is admitted and
-//! given back when its response is done.
+//! given back when its response is done. Keys are held by identity in a [`ShardedMap`],
+//! as the store holds its own; a key with no slot taken is not held, so the map holds
+//! no more keys than there are requests in flight.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-
-use super::key::identity::KeyedHash;
+use super::sharded::ShardedMap;
 
 const SHARDS: usize = 16;
 
 /// Counts of requests in flight, by store key.
 pub struct InFlightCounts {
-    hash: KeyedHash,
-    shards: Vec<Mutex<HashMap<String, u64>>>,
+    counts: ShardedMap<u64, SHARDS>,
 }
 
 impl Default for InFlightCounts {
     fn default() -> Self {
         InFlightCounts {
-            hash: KeyedHash::random(),
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            counts: ShardedMap::unbounded(),
         }
     }
 }
 
 impl InFlightCounts {
-    fn shard(&self, key: &str) -> &Mutex<HashMap<String, u64>> {
-        &self.shards[(self.hash.of(key) >> 64) as usize % SHARDS]
-    }
-
     /// Takes a slot of `key` unless `limit` are taken.
     pub fn acquire(&self, key: &str, limit: u64) -> bool {
-        let mut counts = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
-        let count = counts.entry(key.to_owned()).or_insert(0);
-        if *count >= limit {
+        let identity = self.counts.identity(key);
+        let mut counts = self.counts.lock(identity);
+        let taken = counts.get(identity).copied().unwrap_or(0);
+        if taken >= limit {
             return false;
         }
-        *count += 1;
+        counts.insert(identity, taken + 1);
         true
     }
 
     /// Gives back a slot of `key`.
     pub fn release(&self, key: &str) {
-        let mut counts = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = counts.get_mut(key) {
+        let identity = self.counts.identity(key);
+        let mut counts = self.counts.lock(identity);
+        if let Some(count) = counts.get_mut(identity) {
             *count = count.saturating_sub(1);
             if *count == 0 {
-                counts.remove(key);
+                counts.remove(identity);
             }
         }
     }
 
     /// Slots of `key` taken now.
     pub fn count(&self, key: &str) -> u64 {
-        let counts = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
-        counts.get(key).copied().unwrap_or(0)
+        let identity = self.counts.identity(key);
+        self.counts.lock(identity).get(identity).copied().unwrap_or(0)
     }
 }
 

@@ -1,9 +1,9 @@
 //! The in-process store: the same semantics as Redis for a single instance.
 //!
-//! Keys are spread over shards, each behind its own mutex, so decisions for different
-//! clients rarely contend. One decision locks every shard its keys live in (in index
-//! order, so two decisions never deadlock) and runs [`super::decide_all`] under them:
-//! atomic and all-or-nothing like the Redis script. Entries expire after their TTL.
+//! Keys live in a [`ShardedMap`], by identity ([`KeySlot`]). One decision locks every
+//! shard its keys live in (together, so two decisions never deadlock) and runs
+//! [`super::decide_all`] under them: atomic and all-or-nothing like the Redis script.
+//! Entries expire after their TTL.
 //!
 //! A shard that reaches its share of `max_keys` first drops expired entries, then the
 //! entries whose state is closest to a fresh key's (a counter at 1, a full bucket: what
@@ -13,7 +13,7 @@
 //! one of them expires; new keys are then decided as fresh without being stored, and
 //! counted in `floodgate_store_keys_not_kept_total`.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
 use smallvec::SmallVec;
@@ -21,7 +21,8 @@ use smallvec::SmallVec;
 use super::algorithm::{State, refund};
 use super::clock::Clock;
 use super::inflight::InFlightCounts;
-use super::key::identity::{IdentityMap, KeyedHash};
+use super::key::identity::IdentityMap;
+use super::sharded::{Expiring, ShardedMap};
 use super::{Decisions, LimitCheck, Peeked, Used, Write, decide_all};
 
 /// Keys the gateway's in-process stores (the store, and Redis's local fallback) keep at
@@ -46,28 +47,25 @@ impl Entry {
     }
 }
 
-/// A key's identity in the store ([`KeyedHash`]): the store keeps 16 bytes per key
-/// instead of the text (which halves its memory), and clients cannot make two of their
-/// keys, or theirs and someone else's, collide.
-type KeySlot = u128;
-
-#[derive(Default)]
-struct Shard {
-    entries: IdentityMap<Entry>,
-    /// Until then the shard is full of entries it must keep: a new key is not stored.
-    full_until: u64,
+impl Expiring for Entry {
+    fn expires_at(&self) -> u64 {
+        self.expires_at
+    }
 }
+
+/// A key's identity in the store (a [`ShardedMap`] identity): the store keeps 16 bytes
+/// per key instead of the text (which halves its memory), and clients cannot make two of
+/// their keys, or theirs and someone else's, collide.
+type KeySlot = u128;
 
 /// The in-process rate-limit store.
 pub struct MemoryStore {
-    shards: Vec<Mutex<Shard>>,
-    hash: KeyedHash,
+    keys: ShardedMap<Entry, SHARDS>,
     clock: Arc<dyn Clock>,
-    max_per_shard: usize,
     /// Decisions whose new key a full store did not keep.
     not_kept: Counter,
     /// Concurrency limits' slots.
-    pub in_flight: InFlightCounts,
+    pub(crate) in_flight: InFlightCounts,
 }
 
 impl MemoryStore {
@@ -75,21 +73,25 @@ impl MemoryStore {
     /// the new keys it had no room for.
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize, not_kept: Counter) -> Self {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            hash: KeyedHash::random(),
+            keys: ShardedMap::bounded(max_keys),
             clock,
-            max_per_shard: max_keys.div_ceil(SHARDS).max(1),
             not_kept,
             in_flight: InFlightCounts::default(),
         }
     }
 
     fn slot(&self, key: &str) -> KeySlot {
-        self.hash.of(key)
+        self.keys.identity(key)
     }
 
-    fn shard_of(slot: KeySlot) -> usize {
-        (slot >> 64) as usize % SHARDS
+    /// `key`'s entry, if it is live at `now`.
+    fn live(&self, key: &str, now: u64) -> Option<Entry> {
+        let slot = self.slot(key);
+        self.keys
+            .lock(slot)
+            .get(slot)
+            .copied()
+            .filter(|entry| entry.expires_at > now)
     }
 
     /// Decides all of one request's limits, atomically.
@@ -109,39 +111,21 @@ impl MemoryStore {
                 .find(|(known, _)| std::ptr::eq(*known, key))
                 .map_or_else(|| self.slot(key), |&(_, slot)| slot)
         };
-        let mut indexes: SmallVec<[usize; 2]> = slots
-            .iter()
-            .map(|&(_, slot)| MemoryStore::shard_of(slot))
-            .collect();
-        indexes.sort_unstable();
-        indexes.dedup();
-        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); 2]> = indexes
-            .iter()
-            .map(|&i| {
-                (
-                    i,
-                    self.shards[i]
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner()),
-                )
-            })
-            .collect();
+        let mut shards = self.keys.lock_all(slots.iter().map(|&(_, slot)| slot));
         let now = self.clock.now_micros();
-        let live = |guards: &[(usize, MutexGuard<'_, Shard>)], key: &str| -> Option<Entry> {
+        let live = |key: &str| -> Option<Entry> {
             let slot = slot_of(key);
-            let shard = MemoryStore::shard_of(slot);
-            let (_, guard) = guards.iter().find(|(i, _)| *i == shard)?;
-            guard
-                .entries
-                .get(&slot)
+            shards
+                .shard(slot)?
+                .get(slot)
                 .copied()
                 .filter(|entry| entry.expires_at > now)
         };
         let (decisions, writes) = decide_all(
             checks,
             now,
-            |key| live(&guards, key).and_then(|entry| entry.state),
-            |key| live(&guards, key).map(|entry| entry.expires_at - now),
+            |key| live(key).and_then(|entry| entry.state),
+            |key| live(key).map(|entry| entry.expires_at - now),
         );
         let mut not_kept = false;
         for write in writes {
@@ -171,21 +155,18 @@ impl MemoryStore {
                 ),
             };
             let slot = slot_of(key);
-            let shard = MemoryStore::shard_of(slot);
-            let Some((_, guard)) = guards.iter_mut().find(|(i, _)| *i == shard) else {
+            let Some(shard) = shards.shard_mut(slot) else {
                 continue;
             };
-            if let Some(existing) = guard.entries.get_mut(&slot) {
+            if let Some(existing) = shard.get_mut(slot) {
                 if !(only_if_absent && existing.expires_at > now) {
                     *existing = entry;
                 }
                 continue;
             }
-            if guard.entries.len() >= self.max_per_shard && !make_room(guard, now, self.max_per_shard) {
+            if !shard.insert_new(slot, entry, now, evict_least_used) {
                 not_kept = true;
-                continue;
             }
-            guard.entries.insert(slot, entry);
         }
         if not_kept {
             self.not_kept.inc();
@@ -196,47 +177,29 @@ impl MemoryStore {
     /// Gives back what an admitted request consumed from `check`'s limit.
     pub fn refund(&self, check: &LimitCheck) {
         let slot = self.slot(&check.key);
-        let mut guard = self.shards[MemoryStore::shard_of(slot)]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut shard = self.keys.lock(slot);
         let now = self.clock.now_micros();
-        let existing = guard
-            .entries
-            .get(&slot)
-            .filter(|entry| entry.expires_at > now)
-            .copied();
-        let stored = existing.and_then(|entry| Some((entry.state?, entry.expires_at - now)));
-        if let (Some(existing), Some((state, ttl))) =
-            (existing, refund(&check.algorithm, stored, check.cost, now))
-        {
-            guard.entries.insert(
-                slot,
-                Entry {
-                    state: Some(state),
-                    expires_at: now + ttl,
-                    used: existing.used,
-                },
-            );
+        let Some(existing) = shard.get_mut(slot).filter(|entry| entry.expires_at > now) else {
+            return;
+        };
+        let stored = existing.state.map(|state| (state, existing.expires_at - now));
+        if let Some((state, ttl)) = refund(&check.algorithm, stored, check.cost, now) {
+            *existing = Entry {
+                state: Some(state),
+                expires_at: now + ttl,
+                used: existing.used,
+            };
         }
     }
 
     /// One key's live state and its lock's time left, without changing either.
     pub fn peek(&self, key: &str, lock: Option<&str>) -> Peeked {
         let now = self.clock.now_micros();
-        let live = |key: &str| {
-            let slot = self.slot(key);
-            let guard = self.shards[MemoryStore::shard_of(slot)]
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            guard
-                .entries
-                .get(&slot)
-                .copied()
-                .filter(|entry| entry.expires_at > now)
-        };
         Peeked {
-            state: live(key).and_then(|entry| entry.state),
-            lock_left: lock.and_then(live).map(|entry| entry.expires_at - now),
+            state: self.live(key, now).and_then(|entry| entry.state),
+            lock_left: lock
+                .and_then(|lock| self.live(lock, now))
+                .map(|entry| entry.expires_at - now),
             now,
         }
     }
@@ -245,15 +208,10 @@ impl MemoryStore {
     pub fn lock(&self, key: &str, ttl: u64) {
         let now = self.clock.now_micros();
         let slot = self.slot(key);
-        let mut guard = self.shards[MemoryStore::shard_of(slot)]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let live = guard
-            .entries
-            .get(&slot)
-            .is_some_and(|entry| entry.expires_at > now);
+        let mut shard = self.keys.lock(slot);
+        let live = shard.get(slot).is_some_and(|entry| entry.expires_at > now);
         if !live {
-            guard.entries.insert(
+            shard.insert(
                 slot,
                 Entry {
                     state: None,
@@ -268,20 +226,13 @@ impl MemoryStore {
     pub fn clear(&self, key: &str, lock: Option<&str>) {
         for key in std::iter::once(key).chain(lock) {
             let slot = self.slot(key);
-            self.shards[MemoryStore::shard_of(slot)]
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .entries
-                .remove(&slot);
+            self.keys.lock(slot).remove(slot);
         }
     }
 
     /// Keys currently held (expired ones included until they are swept).
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).entries.len())
-            .sum()
+        self.keys.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -289,47 +240,22 @@ impl MemoryStore {
     }
 }
 
-/// Makes room in a full shard: drops expired entries; if it is still full, the quarter of
-/// its share that is least used (see the module docs). Returns false when every entry
-/// left must be kept: the shard then keeps no new key until the first of them expires.
-fn make_room(shard: &mut Shard, now: u64, max: usize) -> bool {
-    if now < shard.full_until {
+/// What a full shard of live entries gives up (see the module docs): the quarter of its
+/// `share` that is least used, never an entry with nothing left or a lock. False when
+/// every entry must be kept.
+fn evict_least_used(entries: &mut IdentityMap<Entry>, share: usize) -> bool {
+    let mut ranks: Vec<(Used, u64)> = entries
+        .values()
+        .filter(|entry| entry.used < Used::ALL)
+        .map(Entry::eviction_rank)
+        .collect();
+    if ranks.is_empty() {
         return false;
     }
-    shard.entries.retain(|_, entry| entry.expires_at > now);
-    let mut room = shard.entries.len() < max;
-    if !room {
-        let mut ranks: Vec<(Used, u64)> = shard
-            .entries
-            .values()
-            .filter(|entry| entry.used < Used::ALL)
-            .map(Entry::eviction_rank)
-            .collect();
-        if ranks.is_empty() {
-            shard.full_until = shard
-                .entries
-                .values()
-                .map(|entry| entry.expires_at)
-                .min()
-                .unwrap_or(now);
-        } else {
-            let cut = (max / 4).clamp(1, ranks.len()) - 1;
-            let last_dropped = *ranks.select_nth_unstable(cut).1;
-            shard
-                .entries
-                .retain(|_, entry| entry.used == Used::ALL || entry.eviction_rank() > last_dropped);
-            room = true;
-        }
-    }
-    // Removed entries may leave tombstones, which the table reclaims only by growing: once
-    // they have taken room the share needs before its next sweep, the table is rebuilt at
-    // the share's size (a shard kept full by a client spraying keys would otherwise double).
-    if shard.entries.capacity() < max {
-        let mut rebuilt = IdentityMap::with_capacity_and_hasher(max, Default::default());
-        rebuilt.extend(shard.entries.drain());
-        shard.entries = rebuilt;
-    }
-    room
+    let cut = (share / 4).clamp(1, ranks.len()) - 1;
+    let last_dropped = *ranks.select_nth_unstable(cut).1;
+    entries.retain(|_, entry| entry.used == Used::ALL || entry.eviction_rank() > last_dropped);
+    true
 }
 
 #[cfg(test)]
@@ -421,10 +347,10 @@ mod tests {
         }
         assert!(store.len() <= max_keys + SHARDS, "{}", store.len());
         // ...and so does their memory: no shard's table outgrows its share of the keys.
-        let share = IdentityMap::<Entry>::with_capacity_and_hasher(store.max_per_shard, Default::default())
-            .capacity();
-        for shard in &store.shards {
-            let capacity = shard.lock().unwrap().entries.capacity();
+        let share =
+            IdentityMap::<Entry>::with_capacity_and_hasher(max_keys.div_ceil(SHARDS), Default::default())
+                .capacity();
+        for capacity in store.keys.capacities() {
             assert!(
                 capacity <= share,
                 "a shard holds {capacity} slots, its share needs {share}"

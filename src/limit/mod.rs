@@ -12,6 +12,7 @@ pub mod inflight;
 pub mod key;
 pub mod memory;
 pub mod redis;
+mod sharded;
 pub mod store;
 
 use std::time::Duration;

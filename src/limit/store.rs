@@ -1,6 +1,11 @@
-//! The store a gateway decides with (in-process, or Redis when `[redis]` is configured),
-//! and the one place that decides what a store failure means for a request (`on_error`).
+//! The store a gateway decides with, and what a request holds of it. Without `[redis]`
+//! the in-process store decides; with it Redis does, and under `on_error = "local"` the
+//! in-process store stands in while Redis fails, each limit divided by the live
+//! instances. What a failed Redis operation becomes is decided in one place
+//! ([`ResilientRedis::failed`]); [`LimitStore`] carries it out the same way for every
+//! operation.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,11 +17,12 @@ use super::redis::fallback::{Operation, Recovery, ResilientRedis};
 use super::redis::{RedisTarget, StoreError};
 use super::{Decisions, LimitCheck, Peeked};
 
-/// One of the two stores, chosen by the configuration.
+/// The gateway's store: the in-process store, behind Redis when it is configured.
 #[derive(Clone)]
-pub enum LimitStore {
-    Memory(Arc<MemoryStore>),
-    Redis(Arc<ResilientRedis>),
+pub struct LimitStore {
+    /// Decides without Redis; with Redis, stands in for it under `on_error = "local"`.
+    local: Arc<MemoryStore>,
+    redis: Option<Arc<ResilientRedis>>,
 }
 
 /// What a request gets when the store fails.
@@ -37,11 +43,10 @@ pub struct ConcurrencySlot(Held);
 enum Held {
     /// Not held anywhere: Redis failed and `on_error = "allow"` let the request through.
     Nothing,
+    /// In the in-process store's counts (without Redis, or in its stead).
     Counted(Arc<MemoryStore>, String),
-    /// In the local fallback's counts (Redis failed, `on_error = "local"`).
-    Fallback(Arc<ResilientRedis>, String),
-    /// A lease in Redis: its store, key and id, and the `on_error` it was taken under.
-    Lease(Arc<ResilientRedis>, String, String, OnError),
+    /// A lease in Redis: its key and id.
+    Lease(Arc<ResilientRedis>, String, String),
 }
 
 impl Drop for ConcurrencySlot {
@@ -49,14 +54,13 @@ impl Drop for ConcurrencySlot {
         match std::mem::replace(&mut self.0, Held::Nothing) {
             Held::Nothing => {}
             Held::Counted(store, key) => store.in_flight.release(&key),
-            Held::Fallback(store, key) => store.local_in_flight().0.release(&key),
-            Held::Lease(store, key, id, on_error) => store.release(key, id, on_error),
+            Held::Lease(redis, key, id) => redis.release(key, id),
         }
     }
 }
 
-/// What an admitted request took from one limit, in the store or the in-process fallback
-/// that decided, while it may still have to go back: a leaky-bucket request's place until
+/// What an admitted request took from one limit, in the store or the in-process store in
+/// Redis's stead, while it may still have to go back: a leaky-bucket request's place until
 /// its turn ([`Unit::keep`]), a failure-counting attempt's unit until its answer
 /// ([`Unit::settle`], docs/configuration.md#limitsnamecount). Dropped before either, it
 /// goes back (in the background): the client left, or floodgate answered itself.
@@ -70,16 +74,17 @@ pub struct Unit {
 
 /// Where a unit was taken.
 enum Taken {
+    /// In the store (Redis, or the in-process store without Redis).
     Store(LimitStore),
-    /// In the in-process fallback of a failing Redis (`on_error = "local"`).
-    Fallback(Arc<ResilientRedis>),
+    /// In the in-process store, in the stead of a failing Redis (`on_error = "local"`).
+    Fallback(LimitStore),
     /// Given back, or kept as a failure.
     Settled,
 }
 
 impl Unit {
-    /// The unit a decision of `store` (or of its in-process fallback, `by_fallback`) under
-    /// `on_error` took for `check`, leaving `remaining`.
+    /// The unit a decision of `store` (or of the in-process store in Redis's stead,
+    /// `by_fallback`) under `on_error` took for `check`, leaving `remaining`.
     pub fn taken(
         check: LimitCheck,
         store: &LimitStore,
@@ -87,13 +92,14 @@ impl Unit {
         by_fallback: bool,
         remaining: u64,
     ) -> Unit {
-        let taken = match store {
-            LimitStore::Redis(redis) if by_fallback => Taken::Fallback(redis.clone()),
-            _ => Taken::Store(store.clone()),
-        };
+        let store = store.clone();
         Unit {
             check,
-            taken,
+            taken: if by_fallback {
+                Taken::Fallback(store)
+            } else {
+                Taken::Store(store)
+            },
             last: remaining == 0,
             on_error,
         }
@@ -111,17 +117,15 @@ impl Unit {
         let check = &self.check;
         let result = match (taken, failure) {
             (Taken::Settled, _) => Ok(()),
-            (Taken::Store(store), false) => store.refund(check, self.on_error).await,
-            (Taken::Fallback(redis), false) => {
-                redis.refund_locally(check);
+            (Taken::Store(store), false) => store.refund(check).await,
+            (Taken::Fallback(store), false) => {
+                store.refund_locally(check);
                 Ok(())
             }
             (_, true) if !self.last => Ok(()),
             (Taken::Store(store), true) => store.lock(check, self.on_error).await,
-            (Taken::Fallback(redis), true) => {
-                if let Some(lockout) = &check.lockout {
-                    redis.lock_locally(&lockout.key, lockout.micros);
-                }
+            (Taken::Fallback(store), true) => {
+                store.lock_locally(check);
                 Ok(())
             }
         };
@@ -173,20 +177,62 @@ pub enum Fallback {
     Refuse,
 }
 
+/// What became of one operation.
+enum Done<T> {
+    /// The store did it: Redis, or the in-process store without Redis.
+    ByStore(T),
+    /// The in-process store did it in the stead of a failing Redis.
+    ByFallback(T),
+    /// Redis failed, and this is what the failure became (not [`Recovery::Local`]).
+    Failed(Recovery, StoreError),
+}
+
+impl<T> Done<T> {
+    /// The operation's result, for those whose failure leaves only the error.
+    fn result(self) -> Result<T, StoreError> {
+        match self {
+            Done::ByStore(done) | Done::ByFallback(done) => Ok(done),
+            Done::Failed(_, error) => Err(error),
+        }
+    }
+}
+
+/// Does an operation of a [`LimitStore`]: in Redis when it is configured (`$in_redis`, with
+/// `$redis` bound to it, awaited), else in the in-process store (`$locally`, with `$local`
+/// bound to it). A failure in Redis becomes what [`ResilientRedis::failed`] makes of it:
+/// under [`Recovery::Local`], `$locally`, the in-process store in Redis's stead. A macro
+/// rather than an async fn: the Redis call is awaited in the operation's own future, and
+/// the in-process store's path (every request's, without Redis) makes no future at all.
+macro_rules! run {
+    ($store:expr, $operation:expr, $redis:ident => $in_redis:expr, $local:ident => $locally:expr $(,)?) => {{
+        let store: &LimitStore = $store;
+        let locally = |$local: &Arc<MemoryStore>| $locally;
+        match &store.redis {
+            None => Done::ByStore(locally(&store.local)),
+            Some($redis) => match $in_redis.await {
+                Ok(done) => Done::ByStore(done),
+                Err(error) => match $redis.failed($operation, &error) {
+                    Recovery::Local => Done::ByFallback(locally(&store.local)),
+                    recovery => Done::Failed(recovery, error),
+                },
+            },
+        }
+    }};
+}
+
 impl LimitStore {
     /// The in-process store; `not_kept` counts the new keys a full store did not keep.
     pub fn memory(not_kept: Counter) -> Self {
-        LimitStore::Memory(Arc::new(MemoryStore::new(
-            Arc::new(MonotonicClock::default()),
-            memory::MAX_KEYS,
-            not_kept,
-        )))
+        LimitStore {
+            local: in_process(not_kept),
+            redis: None,
+        }
     }
 
     /// The Redis store at `target`, each decision within `timeout`, its heartbeat under
-    /// `prefix`; `local_not_kept` counts what the full local fallback did not keep, and
-    /// `errors` the operations that failed. Must run inside the runtime (it connects in
-    /// the background).
+    /// `prefix`; `local_not_kept` counts what the full in-process store in its stead did
+    /// not keep, and `errors` the operations that failed. Must run inside the runtime (it
+    /// connects in the background).
     pub fn redis(
         target: &RedisTarget,
         timeout: Duration,
@@ -194,98 +240,64 @@ impl LimitStore {
         local_not_kept: Counter,
         errors: Counter,
     ) -> Result<Self, StoreError> {
-        Ok(LimitStore::Redis(ResilientRedis::start(
-            target,
-            timeout,
-            prefix,
-            local_not_kept,
-            errors,
-        )?))
+        Ok(LimitStore {
+            local: in_process(local_not_kept),
+            redis: Some(ResilientRedis::start(target, timeout, prefix, errors)?),
+        })
     }
 
-    /// `check`'s key as stored, changing nothing.
-    pub async fn peek(&self, check: &LimitCheck, on_error: OnError) -> Result<Peeked, StoreError> {
-        let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
-        match self {
-            LimitStore::Memory(store) => Ok(store.peek(&check.key, lock)),
-            LimitStore::Redis(store) => {
-                let peeked = store.peek(&check.algorithm, &check.key, lock).await;
-                lost_on_failure(store, Operation::Peek, peeked, on_error)
-            }
-        }
-    }
-
-    /// Starts `check`'s lock-out (its key exhausted by a counted failure), unless it runs;
-    /// with Redis failing, in the in-process fallback under `on_error = "local"`.
-    pub async fn lock(&self, check: &LimitCheck, on_error: OnError) -> Result<(), StoreError> {
-        let Some(lockout) = &check.lockout else {
-            return Ok(());
-        };
-        match self {
-            LimitStore::Memory(store) => {
-                store.lock(&lockout.key, lockout.micros);
-                Ok(())
-            }
-            LimitStore::Redis(store) => match store.lock(&lockout.key, lockout.micros).await {
-                Ok(()) => Ok(()),
-                Err(error) => match store.failed(Operation::Lock, &error, on_error) {
-                    Recovery::Local => {
-                        store.lock_locally(&lockout.key, lockout.micros);
-                        Ok(())
-                    }
-                    Recovery::Admit | Recovery::Refuse | Recovery::Lost => Err(error),
-                },
-            },
-        }
-    }
-
-    /// Resets `check`'s key and lifts its lock-out (in Redis, for every instance).
-    pub async fn clear(&self, check: &LimitCheck, on_error: OnError) -> Result<(), StoreError> {
-        let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
-        match self {
-            LimitStore::Memory(store) => {
-                store.clear(&check.key, lock);
-                Ok(())
-            }
-            LimitStore::Redis(store) => {
-                let cleared = store.clear(&check.key, lock).await;
-                lost_on_failure(store, Operation::Clear, cleared, on_error)
-            }
-        }
-    }
-
-    /// Live gateway instances sharing the store's limits (1 for the in-process store).
-    pub fn instances(&self) -> u64 {
-        match self {
-            LimitStore::Memory(_) => 1,
-            LimitStore::Redis(store) => store.instances(),
-        }
+    /// Whether decisions are made in Redis (shared by the instances).
+    pub fn in_redis(&self) -> bool {
+        self.redis.is_some()
     }
 
     /// The `store` label of the store metrics.
     pub fn label(&self) -> &'static str {
-        match self {
-            LimitStore::Memory(_) => "memory",
-            LimitStore::Redis(_) => "redis",
+        if self.in_redis() { "redis" } else { "memory" }
+    }
+
+    /// Live gateway instances sharing the store's limits (1 for the in-process store).
+    pub fn instances(&self) -> u64 {
+        self.redis.as_ref().map_or(1, |redis| redis.instances())
+    }
+
+    /// Whether a gateway deciding with this store under `on_error` is ready for traffic:
+    /// under `deny` a failing store refuses every limited request; under `allow` and
+    /// `local` the gateway still serves.
+    pub fn ready(&self, on_error: OnError) -> bool {
+        on_error != OnError::Deny || self.usable()
+    }
+
+    /// Waits until the store can decide, at most `limit` (so that the first requests after
+    /// a start are decided by Redis when it is there; past `limit`, `on_error` applies
+    /// until it connects). Returns whether it can.
+    pub async fn wait_ready(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.usable() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        self.usable()
+    }
+
+    /// Whether decisions can currently be made by this store (not failing over).
+    fn usable(&self) -> bool {
+        self.redis.as_ref().is_none_or(|redis| redis.usable())
     }
 
     /// Decides `checks`, all or nothing; when the store fails, `on_error` decides.
     pub async fn decide(&self, checks: &[LimitCheck], on_error: OnError) -> StoreAnswer {
-        let store = match self {
-            LimitStore::Memory(store) => return StoreAnswer::Decided(store.decide(checks)),
-            LimitStore::Redis(store) => store,
-        };
-        let error = match store.decide(checks).await {
-            Ok(decisions) => return StoreAnswer::Decided(decisions),
-            Err(error) => error,
-        };
-        let fallback = match store.failed(Operation::Decide, &error, on_error) {
-            Recovery::Local => Fallback::Local(store.decide_locally(checks)),
-            Recovery::Admit => Fallback::Admit,
-            Recovery::Refuse | Recovery::Lost => Fallback::Refuse,
-        };
-        StoreAnswer::Failed(fallback)
+        let done = run!(
+            self,
+            Operation::Decide(on_error),
+            redis => redis.decide(checks),
+            local => local.decide(&self.local_checks(checks)),
+        );
+        match done {
+            Done::ByStore(decisions) => StoreAnswer::Decided(decisions),
+            Done::ByFallback(decisions) => StoreAnswer::Failed(Fallback::Local(decisions)),
+            Done::Failed(Recovery::Admit, _) => StoreAnswer::Failed(Fallback::Admit),
+            Done::Failed(..) => StoreAnswer::Failed(Fallback::Refuse),
+        }
     }
 
     /// Takes one of `limit` slots of `key` for a request, a lease of `lease` in Redis:
@@ -298,94 +310,118 @@ impl LimitStore {
         lease: Duration,
         on_error: OnError,
     ) -> Result<Option<ConcurrencySlot>, ()> {
-        let store = match self {
-            LimitStore::Memory(store) => {
-                return Ok(store
+        let done = run!(
+            self,
+            Operation::Acquire(on_error),
+            redis => async {
+                let id = redis.acquire(key, limit, lease).await?;
+                Ok(id.map(|id| ConcurrencySlot(Held::Lease(redis.clone(), key.to_owned(), id))))
+            },
+            local => {
+                let limit = self.redis.as_ref().map_or(limit, |redis| redis.slots_share(limit));
+                local
                     .in_flight
                     .acquire(key, limit)
-                    .then(|| ConcurrencySlot(Held::Counted(store.clone(), key.to_owned()))));
-            }
-            LimitStore::Redis(store) => store,
-        };
-        match store.acquire(key, limit, lease).await {
-            Ok(lease) => {
-                Ok(lease.map(|id| ConcurrencySlot(Held::Lease(store.clone(), key.to_owned(), id, on_error))))
-            }
-            Err(error) => match store.failed(Operation::Acquire, &error, on_error) {
-                Recovery::Admit => Ok(Some(ConcurrencySlot(Held::Nothing))),
-                Recovery::Refuse | Recovery::Lost => Err(()),
-                Recovery::Local => {
-                    let (counts, instances) = store.local_in_flight();
-                    let share = limit.div_ceil(instances).max(1);
-                    Ok(counts
-                        .acquire(key, share)
-                        .then(|| ConcurrencySlot(Held::Fallback(store.clone(), key.to_owned()))))
-                }
+                    .then(|| ConcurrencySlot(Held::Counted(local.clone(), key.to_owned())))
             },
-        }
-    }
-
-    /// Concurrency slots of `key` taken now.
-    pub async fn in_flight(&self, key: &str, on_error: OnError) -> Result<u64, StoreError> {
-        match self {
-            LimitStore::Memory(store) => Ok(store.in_flight.count(key)),
-            LimitStore::Redis(store) => {
-                let counted = store.leases(key).await;
-                lost_on_failure(store, Operation::Count, counted, on_error)
-            }
-        }
-    }
-
-    /// Whether a gateway deciding with this store under `on_error` is ready for traffic:
-    /// under `deny` a failing store refuses every limited request; under `allow` and
-    /// `local` the gateway still serves.
-    pub fn ready(&self, on_error: OnError) -> bool {
-        on_error != OnError::Deny || self.usable()
-    }
-
-    /// Waits until the store can decide, at most `limit` (so that the first requests after
-    /// a start are decided by Redis when it is there; past `limit`, `on_error` applies
-    /// until it connects).
-    pub async fn wait_ready(&self, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
-        while !self.usable() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
-    /// Whether decisions can currently be made by this store (not failing over).
-    pub fn usable(&self) -> bool {
-        match self {
-            LimitStore::Memory(_) => true,
-            LimitStore::Redis(store) => store.usable(),
+        );
+        match done {
+            Done::ByStore(slot) | Done::ByFallback(slot) => Ok(slot),
+            Done::Failed(Recovery::Admit, _) => Ok(Some(ConcurrencySlot(Held::Nothing))),
+            Done::Failed(..) => Err(()),
         }
     }
 
     /// Gives back what an admitted request consumed from `check`.
-    pub async fn refund(&self, check: &LimitCheck, on_error: OnError) -> Result<(), StoreError> {
-        match self {
-            LimitStore::Memory(store) => {
-                store.refund(check);
-                Ok(())
-            }
-            LimitStore::Redis(store) => {
-                let refunded = store.refund(check).await;
-                lost_on_failure(store, Operation::Refund, refunded, on_error)
-            }
+    pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
+        run!(
+            self,
+            Operation::Refund,
+            redis => redis.refund(check),
+            _local => self.refund_locally(check),
+        )
+        .result()
+    }
+
+    /// Starts `check`'s lock-out (its key exhausted by a counted failure), unless it runs;
+    /// with Redis failing, in the in-process store under `on_error = "local"`.
+    pub async fn lock(&self, check: &LimitCheck, on_error: OnError) -> Result<(), StoreError> {
+        let Some(lockout) = &check.lockout else {
+            return Ok(());
+        };
+        run!(
+            self,
+            Operation::Lock(on_error),
+            redis => redis.lock(&lockout.key, lockout.micros),
+            _local => self.lock_locally(check),
+        )
+        .result()
+    }
+
+    /// `check`'s key as stored, changing nothing.
+    pub async fn peek(&self, check: &LimitCheck) -> Result<Peeked, StoreError> {
+        let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
+        run!(
+            self,
+            Operation::Peek,
+            redis => redis.peek(&check.algorithm, &check.key, lock),
+            local => local.peek(&check.key, lock),
+        )
+        .result()
+    }
+
+    /// Concurrency slots of `key` taken now.
+    pub async fn in_flight(&self, key: &str) -> Result<u64, StoreError> {
+        run!(
+            self,
+            Operation::Count,
+            redis => redis.leases(key),
+            local => local.in_flight.count(key),
+        )
+        .result()
+    }
+
+    /// Resets `check`'s key and lifts its lock-out (in Redis, for every instance).
+    pub async fn clear(&self, check: &LimitCheck) -> Result<(), StoreError> {
+        let lock = check.lockout.as_ref().map(|lockout| lockout.key.as_str());
+        run!(
+            self,
+            Operation::Clear,
+            redis => redis.clear(&check.key, lock),
+            local => local.clear(&check.key, lock),
+        )
+        .result()
+    }
+
+    /// `checks` as the in-process store decides them: as they are without Redis; in its
+    /// stead, each limit's share for one of the live instances.
+    #[inline]
+    fn local_checks<'c>(&self, checks: &'c [LimitCheck]) -> Cow<'c, [LimitCheck]> {
+        match &self.redis {
+            None => Cow::Borrowed(checks),
+            Some(redis) => Cow::Owned(checks.iter().map(|check| redis.share(check)).collect()),
+        }
+    }
+
+    /// Gives back, in the in-process store, what it took for `check`.
+    fn refund_locally(&self, check: &LimitCheck) {
+        self.local
+            .refund(&self.local_checks(std::slice::from_ref(check))[0]);
+    }
+
+    /// Starts `check`'s lock-out in the in-process store, unless it runs.
+    fn lock_locally(&self, check: &LimitCheck) {
+        if let Some(lockout) = &check.lockout {
+            self.local.lock(&lockout.key, lockout.micros);
         }
     }
 }
 
-/// `result` of an operation that nothing stands in for when it fails
-/// ([`ResilientRedis::failed`] says so for each).
-fn lost_on_failure<T>(
-    store: &ResilientRedis,
-    operation: Operation,
-    result: Result<T, StoreError>,
-    on_error: OnError,
-) -> Result<T, StoreError> {
-    result.inspect_err(|error| {
-        let recovery = store.failed(operation, error, on_error);
-        debug_assert_eq!(recovery, Recovery::Lost, "{operation:?} has a fallback");
-    })
+/// An in-process store on the monotonic clock, of the gateway's size.
+fn in_process(not_kept: Counter) -> Arc<MemoryStore> {
+    Arc::new(MemoryStore::new(
+        Arc::new(MonotonicClock::default()),
+        memory::MAX_KEYS,
+        not_kept,
+    ))
 }

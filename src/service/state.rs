@@ -164,7 +164,7 @@ impl GatewayState {
                 }
             }
         }
-        let refusals = matches!(store, LimitStore::Redis(_)).then(RefusalCache::default);
+        let refusals = store.in_redis().then(RefusalCache::default);
         let tls = config.server.tls.as_ref().map(|tls| {
             let expiry: Vec<(String, i64)> = tls
                 .certificates

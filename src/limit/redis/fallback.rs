@@ -2,8 +2,10 @@
 //! cost `redis.timeout` on every request, a background probe that opens it while no
 //! decision shows Redis answering (so that readiness follows Redis without traffic) and
 //! closes it again as soon as Redis answers, a heartbeat that counts the live instances,
-//! and the in-process store that `on_error = "local"` falls back to with each limit
-//! divided by that count.
+//! the renewal of the concurrency leases this instance holds, and the one rule of what a
+//! failed operation becomes under each `on_error` ([`ResilientRedis::failed`]): for
+//! `local`, done by the in-process store (see [`crate::limit::store`]) with each limit
+//! divided by the live instance count ([`ResilientRedis::share`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -14,9 +16,6 @@ use prometheus_client::metrics::counter::Counter;
 
 use super::{RedisStore, RedisTarget, StoreError};
 use crate::limit::algorithm::Algorithm;
-use crate::limit::clock::MonotonicClock;
-use crate::limit::inflight::InFlightCounts;
-use crate::limit::memory::{self, MemoryStore};
 use crate::limit::store::OnError;
 use crate::limit::{Decisions, LimitCheck, Peeked};
 
@@ -62,20 +61,20 @@ impl Breaker {
 }
 
 /// An operation on the store, for the one rule of what its failure means
-/// ([`ResilientRedis::failed`]).
+/// ([`ResilientRedis::failed`]); those whose failure `on_error` decides carry it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
+pub(crate) enum Operation {
     /// Decide a request's rate limits.
-    Decide,
+    Decide(OnError),
     /// Take a concurrency slot.
-    Acquire,
+    Acquire(OnError),
     /// Give a concurrency slot back.
     Release,
     /// Give back what an admitted request consumed (a held request that left, an attempt
     /// that was not a failure).
     Refund,
     /// Start a lock-out (a counted failure that took the last of the room).
-    Lock,
+    Lock(OnError),
     /// Read a key's state (the limit-state API).
     Peek,
     /// Count a key's concurrency slots taken (the limit-state API).
@@ -86,7 +85,7 @@ pub enum Operation {
 
 /// What becomes of a failed operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recovery {
+pub(crate) enum Recovery {
     /// `on_error = "local"`: done in the in-process fallback store instead.
     Local,
     /// `on_error = "allow"`: the request goes on, unlimited by it.
@@ -98,13 +97,12 @@ pub enum Recovery {
     Lost,
 }
 
-/// The Redis store with its breaker, heartbeat and local fallback.
-pub struct ResilientRedis {
+/// The Redis store with its breaker, heartbeat and leases.
+pub(crate) struct ResilientRedis {
     redis: RedisStore,
     breaker: Breaker,
     /// `floodgate_store_errors_total{store="redis"}`.
     errors: Counter,
-    local: MemoryStore,
     /// Live instances last seen in Redis (at least 1).
     instances: AtomicU64,
     /// Whether a decision was answered since the last probe.
@@ -121,24 +119,17 @@ pub struct ResilientRedis {
 
 impl ResilientRedis {
     /// Starts connecting, probing and heart-beating (under `prefix`) in the background.
-    /// `local_not_kept` counts the new keys the full local fallback store did not keep.
     /// `errors` counts the operations that failed.
-    pub fn start(
+    pub(crate) fn start(
         target: &RedisTarget,
         timeout: Duration,
         prefix: &str,
-        local_not_kept: Counter,
         errors: Counter,
     ) -> Result<Arc<Self>, StoreError> {
         let store = Arc::new(ResilientRedis {
             redis: RedisStore::start(target, timeout)?,
             breaker: Breaker::default(),
             errors,
-            local: MemoryStore::new(
-                Arc::new(MonotonicClock::default()),
-                memory::MAX_KEYS,
-                local_not_kept,
-            ),
             instances: AtomicU64::new(1),
             answered: AtomicBool::new(false),
             leases: Mutex::default(),
@@ -154,12 +145,12 @@ impl ResilientRedis {
     }
 
     /// Live gateway instances sharing this Redis, as last seen (at least 1).
-    pub fn instances(&self) -> u64 {
+    pub(crate) fn instances(&self) -> u64 {
         self.instances.load(Ordering::Relaxed).max(1)
     }
 
     /// Decides in Redis, unless the breaker is open.
-    pub async fn decide(&self, checks: &[LimitCheck]) -> Result<Decisions, StoreError> {
+    pub(crate) async fn decide(&self, checks: &[LimitCheck]) -> Result<Decisions, StoreError> {
         let decided = self.through_breaker(self.redis.decide(checks)).await;
         if decided.is_ok() && !self.answered.load(Ordering::Relaxed) {
             self.answered.store(true, Ordering::Relaxed);
@@ -171,19 +162,21 @@ impl ResilientRedis {
     /// (`floodgate_store_errors_total`) and logged, and becomes what `on_error` makes of
     /// it for that operation (docs/operations.md#when-redis-fails). The breaker heard of it
     /// already, from the operation.
-    pub fn failed(&self, operation: Operation, error: &StoreError, on_error: OnError) -> Recovery {
+    pub(crate) fn failed(&self, operation: Operation, error: &StoreError) -> Recovery {
         self.errors.inc();
         tracing::debug!(redis = %self.address, ?operation, %error, "a rate-limit store operation failed");
-        match (operation, on_error) {
-            (Operation::Decide | Operation::Acquire, OnError::Allow) => Recovery::Admit,
-            (Operation::Decide | Operation::Acquire, OnError::Deny) => Recovery::Refuse,
-            (Operation::Decide | Operation::Acquire | Operation::Lock, OnError::Local) => Recovery::Local,
-            (Operation::Lock, OnError::Allow | OnError::Deny) => Recovery::Lost,
+        match operation {
+            Operation::Decide(OnError::Allow) | Operation::Acquire(OnError::Allow) => Recovery::Admit,
+            Operation::Decide(OnError::Deny) | Operation::Acquire(OnError::Deny) => Recovery::Refuse,
+            Operation::Decide(OnError::Local)
+            | Operation::Acquire(OnError::Local)
+            | Operation::Lock(OnError::Local) => Recovery::Local,
+            Operation::Lock(OnError::Allow | OnError::Deny) => Recovery::Lost,
             // The unit or the lease was taken in Redis: the in-process store has nothing
             // of it to give back.
-            (Operation::Release | Operation::Refund, _) => Recovery::Lost,
+            Operation::Release | Operation::Refund => Recovery::Lost,
             // The limit-state API reads and resets what every instance shares.
-            (Operation::Peek | Operation::Count | Operation::Clear, _) => Recovery::Lost,
+            Operation::Peek | Operation::Count | Operation::Clear => Recovery::Lost,
         }
     }
 
@@ -197,32 +190,23 @@ impl ResilientRedis {
         }
     }
 
-    /// Decides in the in-process store, each limit divided by the live instance count.
-    pub fn decide_locally(&self, checks: &[LimitCheck]) -> Decisions {
-        let scaled: Vec<LimitCheck> = checks.iter().map(|check| self.local_share(check)).collect();
-        self.local.decide(&scaled)
-    }
-
-    /// Gives back, in the in-process store, what [`Self::decide_locally`] took for `check`.
-    pub fn refund_locally(&self, check: &LimitCheck) {
-        self.local.refund(&self.local_share(check));
-    }
-
-    /// Starts lock-out `key` for `ttl` µs in the in-process store, unless it runs.
-    pub fn lock_locally(&self, key: &str, ttl: u64) {
-        self.local.lock(key, ttl);
-    }
-
-    /// `check` as the in-process store decides it: its limit divided by the live instances.
-    fn local_share(&self, check: &LimitCheck) -> LimitCheck {
+    /// `check` as the in-process store decides it in Redis's stead: its limit divided by
+    /// the live instances.
+    pub(crate) fn share(&self, check: &LimitCheck) -> LimitCheck {
         LimitCheck {
             algorithm: divided(check.algorithm, self.instances()),
             ..check.clone()
         }
     }
 
+    /// A concurrency limit of `limit` slots as the in-process store counts it in Redis's
+    /// stead: divided by the live instances (rounded up, at least 1).
+    pub(crate) fn slots_share(&self, limit: u64) -> u64 {
+        limit.div_ceil(self.instances()).max(1)
+    }
+
     /// Reads `key` (and its lock) in Redis, changing nothing, unless the breaker is open.
-    pub async fn peek(
+    pub(crate) async fn peek(
         &self,
         algorithm: &Algorithm,
         key: &str,
@@ -232,7 +216,7 @@ impl ResilientRedis {
     }
 
     /// Starts lock-out `key` for `ttl` µs in Redis, unless it runs or the breaker is open.
-    pub async fn lock(&self, key: &str, ttl: u64) -> Result<(), StoreError> {
+    pub(crate) async fn lock(&self, key: &str, ttl: u64) -> Result<(), StoreError> {
         self.through_breaker(self.redis.lock(key, ttl)).await
     }
 
@@ -255,14 +239,14 @@ impl ResilientRedis {
 
     /// Gives back what an admitted request consumed from `check`, unless the breaker is
     /// open.
-    pub async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
+    pub(crate) async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
         self.through_breaker(self.redis.refund(check)).await
     }
 
     /// Takes a concurrency slot of `key` (one of `limit`) as a lease of `lease` that this
     /// instance renews while it holds it: the lease's id, or `None` when every slot is
     /// taken.
-    pub async fn acquire(
+    pub(crate) async fn acquire(
         &self,
         key: &str,
         limit: u64,
@@ -287,32 +271,27 @@ impl ResilientRedis {
 
     /// Gives back lease `id` of `key` (in the background: nothing waits for it; lost, it
     /// expires).
-    pub fn release(self: &Arc<Self>, key: String, id: String, on_error: OnError) {
+    pub(crate) fn release(self: &Arc<Self>, key: String, id: String) {
         self.lock_leases().remove(&id);
         let store = self.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let released = store.through_breaker(store.redis.release(&key, &id)).await;
                 if let Err(error) = released {
-                    store.failed(Operation::Release, &error, on_error);
+                    store.failed(Operation::Release, &error);
                 }
             });
         }
     }
 
     /// Reads how many concurrency slots of `key` are taken, unless the breaker is open.
-    pub async fn leases(&self, key: &str) -> Result<u64, StoreError> {
+    pub(crate) async fn leases(&self, key: &str) -> Result<u64, StoreError> {
         self.through_breaker(self.redis.leases(key)).await
     }
 
     /// Resets `key` and lifts its lock-out, unless the breaker is open.
-    pub async fn clear(&self, key: &str, lock: Option<&str>) -> Result<(), StoreError> {
+    pub(crate) async fn clear(&self, key: &str, lock: Option<&str>) -> Result<(), StoreError> {
         self.through_breaker(self.redis.clear(key, lock)).await
-    }
-
-    /// The local fallback's concurrency slots, each limit divided by the live instances.
-    pub fn local_in_flight(&self) -> (&InFlightCounts, u64) {
-        (&self.local.in_flight, self.instances())
     }
 
     fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Duration)>> {
@@ -322,7 +301,7 @@ impl ResilientRedis {
     }
 
     /// Whether decisions can currently go to Redis.
-    pub fn usable(&self) -> bool {
+    pub(crate) fn usable(&self) -> bool {
         self.redis.connected() && !self.breaker.is_open()
     }
 }

@@ -12,11 +12,11 @@
 //! cache.
 
 use std::hash::Hasher;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::limit::key::identity::{IdentityMap, KeyedHash};
+use crate::limit::key::identity::KeyedHash;
+use crate::limit::sharded::{Expiring, ShardedMap};
 use crate::limit::{Algorithm, Decisions, LimitCheck, LimitDecision};
 
 const SHARDS: usize = 16;
@@ -28,15 +28,21 @@ const MAX_ENTRIES: usize = 65_536;
 
 struct Refusal {
     decided_at: Instant,
-    until: Instant,
+    /// Microseconds after the cache's epoch.
+    until: u64,
     decisions: Decisions,
+}
+
+impl Expiring for Refusal {
+    fn expires_at(&self) -> u64 {
+        self.until
+    }
 }
 
 /// Recent refusals by the identity of the checks refused.
 pub(crate) struct RefusalCache {
-    shards: Vec<Mutex<IdentityMap<Refusal>>>,
-    hash: KeyedHash,
-    /// When the cache was made: the origin of `holds_until`.
+    refusals: ShardedMap<Refusal, SHARDS>,
+    /// When the cache was made: the origin of its times.
     epoch: Instant,
     /// Microseconds after `epoch` until which some remembered refusal may hold: past it,
     /// no request needs its identity hashed or looked up.
@@ -46,8 +52,7 @@ pub(crate) struct RefusalCache {
 impl Default for RefusalCache {
     fn default() -> Self {
         RefusalCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(IdentityMap::default())).collect(),
-            hash: KeyedHash::random(),
+            refusals: ShardedMap::bounded(MAX_ENTRIES),
             epoch: Instant::now(),
             holds_until: AtomicU64::new(0),
         }
@@ -68,7 +73,7 @@ impl RefusalCache {
     /// The identity of a request's checks: a randomly keyed 128-bit hash of every key,
     /// algorithm parameter and cost.
     pub(crate) fn identity(&self, checks: &[LimitCheck]) -> u128 {
-        let mut state = self.hash.hasher();
+        let mut state = self.refusals.hasher();
         for check in checks {
             state.write(check.key.as_bytes());
             state.write_u8(0xff);
@@ -89,14 +94,11 @@ impl RefusalCache {
         KeyedHash::finish(&state)
     }
 
-    fn shard(&self, identity: u128) -> &Mutex<IdentityMap<Refusal>> {
-        &self.shards[(identity >> 64) as usize % SHARDS]
-    }
-
     /// The remembered refusal of these checks, if it still holds at `now`.
     pub(crate) fn get(&self, identity: u128, now: Instant) -> Option<Decisions> {
-        let shard = self.shard(identity).lock().unwrap_or_else(|p| p.into_inner());
-        let refusal = shard.get(&identity).filter(|r| r.until > now)?;
+        let at = self.micros_since_epoch(now);
+        let refusals = self.refusals.lock(identity);
+        let refusal = refusals.get(identity).filter(|r| r.until > at)?;
         let elapsed = now.saturating_duration_since(refusal.decided_at);
         Some(
             refusal
@@ -113,9 +115,7 @@ impl RefusalCache {
 
     /// Forgets every refusal (a key was reset).
     pub(crate) fn clear(&self) {
-        for shard in &self.shards {
-            shard.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        }
+        self.refusals.clear();
     }
 
     /// Remembers a refusal decided at `now` that holds for `holds_for`.
@@ -123,26 +123,26 @@ impl RefusalCache {
         if holds_for.is_zero() {
             return;
         }
-        let until = now + holds_for.min(REMEMBERED_AT_MOST);
-        self.holds_until.fetch_max(
-            self.micros_since_epoch(until).saturating_add(1),
-            Ordering::Relaxed,
-        );
-        let mut shard = self.shard(identity).lock().unwrap_or_else(|p| p.into_inner());
-        if shard.len() >= MAX_ENTRIES / SHARDS && !shard.contains_key(&identity) {
-            shard.retain(|_, refusal| refusal.until > now);
-            if shard.len() >= MAX_ENTRIES / SHARDS {
-                shard.clear();
+        let until = self.micros_since_epoch(now + holds_for.min(REMEMBERED_AT_MOST));
+        self.holds_until
+            .fetch_max(until.saturating_add(1), Ordering::Relaxed);
+        let refusal = Refusal {
+            decided_at: now,
+            until,
+            decisions,
+        };
+        let mut refusals = self.refusals.lock(identity);
+        match refusals.get_mut(identity) {
+            Some(remembered) => *remembered = refusal,
+            // A shard still full of refusals that hold forgets them all: each only spares
+            // a store call.
+            None => {
+                refusals.insert_new(identity, refusal, self.micros_since_epoch(now), |all, _| {
+                    all.clear();
+                    true
+                });
             }
         }
-        shard.insert(
-            identity,
-            Refusal {
-                decided_at: now,
-                until,
-                decisions,
-            },
-        );
     }
 }
 
