@@ -287,25 +287,40 @@ where
         let (Some(answer), Some(sender)) = (self.answer.take(), self.sender.take()) else {
             return;
         };
-        // Dropped by the deadline (read only now, on this rare path): the try failed.
-        let (deadline, timeout) = (self.deadline, self.timeout);
-        if tokio::time::Instant::now() >= deadline {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let keep = self.keep.take();
         let endpoint = self.endpoint.clone();
-        runtime.spawn(async move {
-            if let Ok(Ok(response)) = tokio::time::timeout_at(deadline, answer).await {
-                let body = UpstreamBody::of(response, sender, &endpoint).into_body();
-                discard(body, keep, timeout).await;
-            }
-        });
+        let body = async move {
+            let response = answer.await.ok()?;
+            Some(UpstreamBody::of(response, sender, &endpoint).into_body())
+        };
+        go_on(body, self.keep.take(), self.deadline, self.timeout);
     }
 }
 
+/// Goes on with an exchange whose client left, in a task of its own: waits for the
+/// response `body` until `deadline`, reads and discards it ([`discard`]), and only then
+/// drops `keep`. Past the deadline (read only now, on this rare path) the try failed, and
+/// nothing goes on.
+pub(super) fn go_on<B, K>(
+    body: impl Future<Output = Option<B>> + Send + 'static,
+    keep: K,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) where
+    B: Body + Send + Unpin + 'static,
+    K: Send + 'static,
+{
+    if tokio::time::Instant::now() >= deadline {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        if let Ok(Some(body)) = tokio::time::timeout_at(deadline, body).await {
+            discard(body, keep, timeout).await;
+        }
+    });
+}
 /// Reads and drops the rest of a response no one waits for, for at most `timeout`, then
 /// drops `keep` (what the request holds while the server works on it): the server is
 /// done with a request once it has sent all of its response. Read to its end, the

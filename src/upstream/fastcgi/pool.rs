@@ -26,6 +26,7 @@ use super::FastCgiBody;
 use super::exchange::{Exchange, ExchangeError};
 use crate::proxy::request_body::RequestBody;
 use crate::upstream::idle::IdlePool;
+use crate::upstream::pool::go_on;
 
 /// How long an idle connection (and the PHP-FPM worker it holds) is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -268,22 +269,12 @@ impl<K: Send + 'static> Drop for Detached<'_, K> {
         let (Some(mut exchange), Some(keep)) = (self.exchange.take(), self.keep.take()) else {
             return;
         };
-        let (deadline, timeout) = (self.deadline, self.timeout);
-        if tokio::time::Instant::now() >= deadline {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
+        let body = async move {
+            poll_fn(|cx| exchange.poll_head(cx)).await.ok()?;
+            Some(FastCgiBody {
+                exchange: Some(exchange),
+            })
         };
-        let keep = keep.take();
-        runtime.spawn(async move {
-            let head = tokio::time::timeout_at(deadline, poll_fn(|cx| exchange.poll_head(cx))).await;
-            if let Ok(Ok(_)) = head {
-                let rest = async { while let Some(Ok(_)) = poll_fn(|cx| exchange.poll_data(cx)).await {} };
-                let _ = tokio::time::timeout(timeout, rest).await;
-            }
-            drop(exchange);
-            drop(keep);
-        });
+        go_on(body, keep.take(), self.deadline, self.timeout);
     }
 }
