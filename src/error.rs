@@ -67,8 +67,8 @@ pub(crate) enum GatewayError {
     NotFound,
     #[error("a method other than GET or HEAD for a file")]
     NotAFileMethod,
-    #[error("a request body of unknown length for PHP-FPM")]
-    LengthRequired,
+    #[error("{0}")]
+    SpoolFailed(String),
     #[error("the client's address is denied by {0}")]
     Forbidden(&'static str),
     #[error("bad request path: {0}")]
@@ -109,7 +109,7 @@ impl GatewayError {
         match self {
             GatewayError::NoRoute | GatewayError::NotFound => StatusCode::NOT_FOUND,
             GatewayError::NotAFileMethod => StatusCode::METHOD_NOT_ALLOWED,
-            GatewayError::LengthRequired => StatusCode::LENGTH_REQUIRED,
+            GatewayError::SpoolFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
             GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
             GatewayError::BadPath(_)
             | GatewayError::AmbiguousKey(_)
@@ -143,7 +143,7 @@ impl GatewayError {
             GatewayError::AmbiguousFraming(_)
             | GatewayError::UnsupportedTransferCoding
             | GatewayError::BodyTimeout
-            | GatewayError::LengthRequired => true,
+            | GatewayError::SpoolFailed(_) => true,
             GatewayError::NoRoute
             | GatewayError::NotFound
             | GatewayError::NotAFileMethod

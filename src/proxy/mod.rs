@@ -3,3 +3,4 @@
 
 pub(crate) mod headers;
 pub(crate) mod request_body;
+pub(crate) mod spool;

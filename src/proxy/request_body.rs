@@ -13,6 +13,9 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
+use super::spool::Spooled;
+use crate::error::GatewayError;
+
 /// Why a request body stopped streaming.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RequestBodyError {
@@ -22,6 +25,8 @@ pub(crate) enum RequestBodyError {
     TimedOut,
     #[error("reading the request body failed: {0}")]
     Client(#[from] hyper::Error),
+    #[error("the request body could not be kept in a temporary file: {0}")]
+    Spool(#[from] std::io::Error),
 }
 
 pin_project! {
@@ -30,6 +35,8 @@ pin_project! {
     pub(crate) struct RequestBody {
         // `None`: no body (a request rebuilt to be tried again).
         inner: Option<Incoming>,
+        // A body read whole beforehand; then `inner` is `None`.
+        spooled: Option<Spooled>,
         remaining: Option<u64>,
         pause_limit: Duration,
         // Armed (lazily, and reset rather than replaced) when a read has to wait.
@@ -39,10 +46,23 @@ pin_project! {
     }
 }
 
+impl RequestBodyError {
+    /// The answer to a request whose body failed this way (`detail` for the log).
+    pub(crate) fn answer(&self, detail: String) -> GatewayError {
+        match self {
+            RequestBodyError::TooLarge => GatewayError::BodyTooLarge,
+            RequestBodyError::TimedOut => GatewayError::BodyTimeout,
+            RequestBodyError::Client(_) => GatewayError::BadRequestBody(detail),
+            RequestBodyError::Spool(_) => GatewayError::SpoolFailed(detail),
+        }
+    }
+}
+
 impl RequestBody {
     pub(crate) fn new(inner: Incoming, limit: Option<u64>, pause_limit: Duration) -> Self {
         RequestBody {
             inner: Some(inner),
+            spooled: None,
             remaining: limit,
             pause_limit,
             pause: None,
@@ -52,10 +72,19 @@ impl RequestBody {
 }
 
 impl RequestBody {
+    /// A body read whole beforehand ([`spool`](super::spool::spool)).
+    pub(crate) fn spooled(spooled: Spooled) -> Self {
+        RequestBody {
+            spooled: Some(spooled),
+            ..RequestBody::empty()
+        }
+    }
+
     /// A body with nothing in it.
     pub(crate) fn empty() -> Self {
         RequestBody {
             inner: None,
+            spooled: None,
             remaining: None,
             pause_limit: Duration::ZERO,
             pause: None,
@@ -74,7 +103,10 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
         let Some(inner) = this.inner.as_mut() else {
-            return Poll::Ready(None);
+            return match this.spooled.as_mut() {
+                Some(spooled) => Pin::new(spooled).poll_frame(cx).map_err(Into::into),
+                None => Poll::Ready(None),
+            };
         };
         let frame = match Pin::new(inner).poll_frame(cx) {
             Poll::Pending => {
@@ -109,12 +141,18 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Incoming::is_end_stream)
+        match (&self.inner, &self.spooled) {
+            (Some(inner), _) => inner.is_end_stream(),
+            (None, Some(spooled)) => spooled.is_end_stream(),
+            (None, None) => true,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Incoming::size_hint)
+        match (&self.inner, &self.spooled) {
+            (Some(inner), _) => inner.size_hint(),
+            (None, Some(spooled)) => spooled.size_hint(),
+            (None, None) => SizeHint::with_exact(0),
+        }
     }
 }

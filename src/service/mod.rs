@@ -513,8 +513,11 @@ async fn forward(
     set_forwarding_headers(&mut parts.headers, context);
     apply_rules(&server.request_headers, &mut parts.headers);
     apply_rules(&destination.route.request_headers, &mut parts.headers);
+    let mut body = RequestBody::new(body, max_body, server.body_timeout);
     if let (Some((site, script)), Some(fastcgi)) = (script, &upstream.config.fastcgi) {
-        let length = site::content_length(&parts, declared, body.is_end_stream())?;
+        // Boxed: the request path's future need not hold a body being read whole.
+        let (length, whole) = Box::pin(site::with_length(&parts, declared, body)).await?;
+        body = whole;
         let head = site::fastcgi_head(
             &parts,
             &script,
@@ -534,7 +537,7 @@ async fn forward(
     parts.uri = uri;
     parts.version = Version::HTTP_11;
 
-    let request = Request::from_parts(parts, RequestBody::new(body, max_body, server.body_timeout));
+    let request = Request::from_parts(parts, body);
     let mut response = upstream
         .send(request, destination.hash_tuple, destination.instances, slots)
         .await?;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response, Version};
+use http_body::Body as _;
 
 use super::own_answer::OwnAnswer;
 use super::response_body::Payload;
@@ -16,6 +17,8 @@ use crate::files::php::{self, Choice, Script};
 use crate::files::serve;
 use crate::path::decode_file_path;
 use crate::proxy::headers::ForwardingContext;
+use crate::proxy::request_body::RequestBody;
+use crate::proxy::spool::spool;
 use crate::upstream::FastCgiHead;
 use crate::upstream::fastcgi::params::{Call, Caller, request_head};
 
@@ -102,18 +105,23 @@ pub(super) fn fastcgi_head(
     FastCgiHead(request_head(&call, script, &caller, &site.php_root, env))
 }
 
-/// The length PHP-FPM is told: the declared one, `0` for a request without a body; a
-/// body of unknown length (chunked) cannot be told.
-pub(super) fn content_length(
+/// The length PHP-FPM is told of `body`, and the body to send: the declared length, `0`
+/// for a body-framed request without a body, nothing without framing; a body of unknown
+/// length (chunked) is read whole first, before PHP-FPM is contacted.
+pub(super) async fn with_length(
     parts: &Parts,
     declared: Option<u64>,
-    empty: bool,
-) -> Result<Option<u64>, OwnAnswer> {
-    match declared {
-        Some(length) => Ok(Some(length)),
-        None if empty => Ok((parts.version < Version::HTTP_2
-            && parts.headers.contains_key(header::TRANSFER_ENCODING))
-        .then_some(0)),
-        None => Err(GatewayError::LengthRequired.into()),
+    body: RequestBody,
+) -> Result<(Option<u64>, RequestBody), OwnAnswer> {
+    if let Some(length) = declared {
+        return Ok((Some(length), body));
     }
+    if body.is_end_stream() {
+        let framed = parts.version < Version::HTTP_2 && parts.headers.contains_key(header::TRANSFER_ENCODING);
+        return Ok((framed.then_some(0), body));
+    }
+    let spooled = spool(body)
+        .await
+        .map_err(|error| error.answer(error.to_string()))?;
+    Ok((Some(spooled.len()), RequestBody::spooled(spooled)))
 }

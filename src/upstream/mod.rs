@@ -334,7 +334,7 @@ fn classify(error: SendError) -> Result<(UpstreamFailure, String), GatewayError>
     let mut source = error.source();
     while let Some(cause) = source {
         if let Some(body_error) = cause.downcast_ref::<RequestBodyError>() {
-            return Err(body_failure(body_error, &error));
+            return Err(body_error.answer(detail(&error)));
         }
         source = cause.source();
     }
@@ -348,18 +348,9 @@ fn classify_fastcgi(error: fastcgi::FastCgiError) -> Result<(UpstreamFailure, St
             Ok((UpstreamFailure::Connect, detail(&error)))
         }
         fastcgi::FastCgiError::Exchange(fastcgi::ExchangeError::Body(body_error)) => {
-            Err(body_failure(body_error, &error))
+            Err(body_error.answer(detail(&error)))
         }
         fastcgi::FastCgiError::Exchange(_) => Ok((UpstreamFailure::Reset, detail(&error))),
-    }
-}
-
-/// The answer to a request whose body failed on its way to the server.
-fn body_failure(body_error: &RequestBodyError, error: &dyn std::error::Error) -> GatewayError {
-    match body_error {
-        RequestBodyError::TooLarge => GatewayError::BodyTooLarge,
-        RequestBodyError::TimedOut => GatewayError::BodyTimeout,
-        RequestBodyError::Client(_) => GatewayError::BadRequestBody(detail(error)),
     }
 }
 
