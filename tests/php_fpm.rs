@@ -242,7 +242,10 @@ async fn a_body_streams_to_php_and_one_of_unknown_length_is_read_whole_first() {
         let answer = raw_request(gw.addr, &raw).await;
         let digest = format!("{:x}", md5_of(part));
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        assert!(answer.contains(&format!("\r\n{size} {digest}\r\n")), "{size}: {answer}");
+        assert!(
+            answer.contains(&format!("\r\n{size} {digest}\r\n")),
+            "{size}: {answer}"
+        );
     }
 }
 

@@ -33,7 +33,7 @@ pub use limits::{
     Concurrency, KeyPart, LimitConfig, LimitKind, Mode, Override, Overrides, RateLimit, RedisConfig,
 };
 pub use shaping::{ErrorPage, HeaderRules, TemplatePart, ValueTemplate};
-pub use site::Site;
+pub use site::{Php, Site};
 pub(crate) use tls::provider as tls_provider;
 pub use tls::{Certificate, TlsConfig, TlsVersion};
 pub(crate) use upstreams::server_name;
@@ -213,6 +213,8 @@ impl PathMatch {
 pub enum RouteTarget {
     Upstream(Arc<UpstreamConfig>),
     Respond(RespondConfig),
+    /// The site's files (`root`) alone.
+    Files(Site),
 }
 
 /// A fixed response served by floodgate itself.
@@ -599,12 +601,20 @@ fn validate_route(
             .collect::<Option<Vec<_>>>()
             .map(Some),
     };
-    let fastcgi = raw
+    let beside = match raw
         .upstream
         .as_ref()
         .and_then(|name| upstreams.get(name.get_ref()))
-        .is_some_and(|upstream| upstream.fastcgi.is_some());
-    let site = site::site(key, &raw, fastcgi, base, sink);
+    {
+        Some(upstream) if upstream.fastcgi.is_some() => site::Beside::FastCgi,
+        Some(_) => site::Beside::Http,
+        None => site::Beside::Nothing,
+    };
+    let site = site::site(key, &raw, beside, base, sink);
+    let has_respond = raw.respond.is_some();
+    if let (Some(root), true) = (&raw.root, has_respond) {
+        sink.both(root.span(), format!("{key}.root"), "respond", "root");
+    }
     let target = match (&raw.upstream, raw.respond) {
         (Some(_), Some(respond)) => {
             sink.both(respond.span(), format!("{key}.respond"), "upstream", "respond");
@@ -635,11 +645,12 @@ fn validate_route(
             validate_respond(&format!("{key}.respond"), span, respond.into_inner(), sink)
                 .map(RouteTarget::Respond)
         }
+        (None, None) if raw.root.is_some() => None,
         (None, None) => {
             sink.push(
                 Some(span),
                 key.to_owned(),
-                "expected `upstream = \"NAME\"` or `respond = { status = ... }`",
+                "expected `upstream = \"NAME\"`, `respond = { status = ... }` or `root = \"DIRECTORY\"`",
             );
             None
         }
@@ -698,6 +709,13 @@ fn validate_route(
             None
         }
     };
+    // A route with `root` alone serves its site; one with an upstream has it beside.
+    let (target, site) = match (target, site?) {
+        (None, Some(site)) if raw.upstream.is_none() && !has_respond => {
+            (Some(RouteTarget::Files(site)), None)
+        }
+        (target, site) => (target, site),
+    };
     Some(RouteConfig {
         name: Arc::from(name.as_str()),
         host,
@@ -714,7 +732,7 @@ fn validate_route(
         strip_prefix: strip_prefix?,
         request_headers: request_headers?,
         response_headers: response_headers?,
-        site: site?,
+        site,
     })
 }
 

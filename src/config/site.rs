@@ -1,5 +1,6 @@
 //! A route's site (`root`, `index`, and for a FastCGI upstream `php_root` and
-//! `split_path`, docs/php-fpm.md#configuration): validated at load, the root opened once.
+//! `split_path`, docs/configuration.md#routesroot): validated at load, the root opened
+//! once.
 
 use std::path::Path;
 
@@ -10,30 +11,48 @@ use super::file::RouteFile;
 use super::parse_spanned;
 use crate::files::Root;
 
-/// A route's site files and how PHP-FPM sees them.
+/// A route's site files, and how PHP-FPM sees them when it runs the scripts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Site {
     pub root: Root,
-    /// The file a directory is answered with, and the front controller.
+    /// The file a directory is answered with (and, for PHP, the front controller).
     pub index: String,
+    /// With a FastCGI upstream.
+    pub php: Option<Php>,
+}
+
+/// How PHP-FPM sees a site.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Php {
     /// The root as PHP-FPM sees it (`SCRIPT_FILENAME` starts with it).
-    pub php_root: String,
+    pub root: String,
     /// Where a script's name ends in a path (`.php`).
     pub split_path: String,
 }
 
-/// The site of route `key`, whose upstream speaks FastCGI when `fastcgi`; `None` inside
-/// `Some` when the route has none. A relative `root` is from `base`, the configuration's
-/// directory.
+/// What a route with a site does besides serving files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Beside {
+    /// Nothing: a route with `root` alone.
+    Nothing,
+    /// Forwards what is not a file to an HTTP upstream.
+    Http,
+    /// Runs scripts through a FastCGI upstream.
+    FastCgi,
+}
+
+/// The site of route `key` (`None` inside `Some` when it has none). A relative `root` is
+/// from `base`, the configuration's directory.
 pub(super) fn site(
     key: &str,
     raw: &RouteFile,
-    fastcgi: bool,
+    beside: Beside,
     base: &Path,
     sink: &mut ErrorSink,
 ) -> Option<Option<Site>> {
+    let php_keys = [("php_root", &raw.php_root), ("split_path", &raw.split_path)];
     let Some(root) = &raw.root else {
-        if fastcgi {
+        if beside == Beside::FastCgi {
             sink.push(
                 Some(raw.name.span()),
                 format!("{key}.root"),
@@ -41,11 +60,7 @@ pub(super) fn site(
             );
             return None;
         }
-        for (what, value) in [
-            ("php_root", &raw.php_root),
-            ("index", &raw.index),
-            ("split_path", &raw.split_path),
-        ] {
+        for (what, value) in php_keys.into_iter().chain([("index", &raw.index)]) {
             if let Some(value) = value {
                 sink.push(
                     Some(value.span()),
@@ -57,13 +72,17 @@ pub(super) fn site(
         }
         return Some(None);
     };
-    if !fastcgi {
-        sink.push(
-            Some(root.span()),
-            format!("{key}.root"),
-            "root applies to a route with a fastcgi:// upstream (serving files without PHP is not built yet)",
-        );
-        return None;
+    if beside != Beside::FastCgi {
+        for (what, value) in php_keys {
+            if let Some(value) = value {
+                sink.push(
+                    Some(value.span()),
+                    format!("{key}.{what}"),
+                    format!("{what} applies only with a fastcgi:// upstream"),
+                );
+                return None;
+            }
+        }
     }
     let root = parse_spanned(root, format!("{key}.root"), sink, |text| {
         Root::new(&base.join(text))
@@ -79,22 +98,35 @@ pub(super) fn site(
             }
         }),
     };
-    let index = text(&raw.index, "index", "index.php", sink);
-    let split_path = text(&raw.split_path, "split_path", ".php", sink);
-    let php_root = match &raw.php_root {
-        None => Some(root.path().display().to_string()),
-        Some(value) => parse_spanned(value, format!("{key}.php_root"), sink, |text| {
-            if text.starts_with('/') {
-                Ok(text.trim_end_matches('/').to_owned())
-            } else {
-                Err(format!("expected an absolute path, got {text:?}"))
-            }
-        }),
+    let default_index = if beside == Beside::FastCgi {
+        "index.php"
+    } else {
+        "index.html"
+    };
+    let index = text(&raw.index, "index", default_index, sink);
+    let php = match beside {
+        Beside::FastCgi => {
+            let split_path = text(&raw.split_path, "split_path", ".php", sink);
+            let php_root = match &raw.php_root {
+                None => Some(root.path().display().to_string()),
+                Some(value) => parse_spanned(value, format!("{key}.php_root"), sink, |text| {
+                    if text.starts_with('/') {
+                        Ok(text.trim_end_matches('/').to_owned())
+                    } else {
+                        Err(format!("expected an absolute path, got {text:?}"))
+                    }
+                }),
+            };
+            Some(Php {
+                root: php_root?,
+                split_path: split_path?,
+            })
+        }
+        Beside::Http | Beside::Nothing => None,
     };
     Some(Some(Site {
         root,
         index: index?,
-        php_root: php_root?,
-        split_path: split_path?,
+        php,
     }))
 }

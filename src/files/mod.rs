@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-pub(crate) mod php;
+pub(crate) mod choice;
 pub(crate) mod serve;
 
 /// A site's root directory, resolved once at load.

@@ -33,11 +33,11 @@ pub(crate) mod state;
 
 use crate::access_log::AccessRecord;
 use crate::client_ip::{Peer, client_ip};
-use crate::config::{RespondConfig, RouteConfig, ServerConfig, Site, TemplatePart, ValueTemplate};
+use crate::config::{Php, RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate};
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
-use crate::files::php::Script;
+use crate::files::choice::Script;
 use crate::limit::store::{ConcurrencySlot, Unit};
 use crate::metrics::{LimitOutcome, Metrics};
 use crate::path::normalize_path;
@@ -288,6 +288,13 @@ async fn serve(
         Target::Respond(respond) => {
             respond_with(respond, route_host.as_deref(), request.uri()).map_err(OwnAnswer::from)
         }
+        Target::Files(site) => {
+            let path = forwarded_path(route_config, path);
+            match Box::pin(site::prepare(site, path, &request)).await {
+                Err(answer) => answer,
+                Ok(_) => Err(GatewayError::NotFound.into()),
+            }
+        }
         Target::Upstream(upstream) => 'forwarded: {
             let path = forwarded_path(route_config, path);
             // A site's path comes to a file, served here, or a script for PHP-FPM.
@@ -296,7 +303,11 @@ async fn serve(
                 // Boxed: the request path's future need not hold a site's.
                 Some(site) => match Box::pin(site::prepare(site, path, &request)).await {
                     Err(answer) => break 'forwarded answer,
-                    Ok(script) => Some((site, script)),
+                    Ok(site::Prepared::Run(script)) => site.php.as_ref().map(|php| (php, script)),
+                    Ok(site::Prepared::Unserved) if site.php.is_some() => {
+                        break 'forwarded Err(GatewayError::NotFound.into());
+                    }
+                    Ok(site::Prepared::Unserved) => None,
                 },
             };
             // The key that picks the server, with `balance = "hash"`: a key part the
@@ -483,7 +494,7 @@ fn forwarded_path<'a>(route: &RouteConfig, path: &'a str) -> &'a str {
 async fn forward(
     destination: &Destination<'_>,
     mut request: Request<Incoming>,
-    (path, script): (&str, Option<(&Site, Script)>),
+    (path, script): (&str, Option<(&Php, Script)>),
     context: &ForwardingContext<'_>,
     server: &ServerConfig,
     connection: &InFlight,
@@ -514,7 +525,7 @@ async fn forward(
     apply_rules(&server.request_headers, &mut parts.headers);
     apply_rules(&destination.route.request_headers, &mut parts.headers);
     let mut body = RequestBody::new(body, max_body, server.body_timeout);
-    if let (Some((site, script)), Some(fastcgi)) = (script, &upstream.config.fastcgi) {
+    if let (Some((php, script)), Some(fastcgi)) = (script, &upstream.config.fastcgi) {
         // Boxed: the request path's future need not hold a body being read whole.
         let (length, whole) = Box::pin(site::with_length(&parts, declared, body)).await?;
         body = whole;
@@ -523,7 +534,7 @@ async fn forward(
             &script,
             context,
             (destination.host.as_deref(), length),
-            site,
+            php,
             &fastcgi.env,
         );
         parts.extensions.insert(head);

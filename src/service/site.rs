@@ -1,8 +1,6 @@
-//! Requests to a route with a site (`root` and a FastCGI upstream, docs/php-fpm.md): which
-//! file the path comes to, the file itself when it is not a script, and what PHP-FPM is
-//! told when it is.
-
-use std::path::PathBuf;
+//! Requests to a route with a site (`root`, docs/configuration.md#routesroot): which file
+//! the path comes to, the file itself when it is not a script, and what PHP-FPM is told
+//! when it is (docs/php-fpm.md).
 
 use http::header::{self, HeaderValue};
 use http::request::Parts;
@@ -11,9 +9,9 @@ use http_body::Body as _;
 
 use super::own_answer::OwnAnswer;
 use super::response_body::Payload;
-use crate::config::Site;
+use crate::config::{Php, Site};
 use crate::error::GatewayError;
-use crate::files::php::{self, Choice, Script};
+use crate::files::choice::{self, Choice, Script};
 use crate::files::serve;
 use crate::path::decode_file_path;
 use crate::proxy::headers::ForwardingContext;
@@ -22,44 +20,40 @@ use crate::proxy::spool::spool;
 use crate::upstream::FastCgiHead;
 use crate::upstream::fastcgi::params::{Call, Caller, request_head};
 
-/// What a request to a site runs or gets.
-enum Target {
+/// What a request to a site comes to, besides an answer.
+pub(super) enum Prepared {
+    /// PHP-FPM runs this script.
     Run(Script),
-    Serve(PathBuf),
+    /// No file: the upstream's to answer (for a route with an HTTP upstream; `404`
+    /// otherwise).
+    Unserved,
 }
 
-/// The script `request` runs, for the normalized `path` (after `strip_prefix`); or, in
-/// `Err`, the answer instead: the file, a `308` to the directory, a `404`, a `400` for a
-/// path that names no file.
+/// What `request` comes to on `site`, for its normalized `path` (after `strip_prefix`);
+/// in `Err`, the answer instead: the file, a `308` to the directory, a `404` for a hidden
+/// path or one outside the root, a `400` for a path that names no file.
 pub(super) async fn prepare<B>(
     site: &Site,
     path: &str,
     request: &Request<B>,
-) -> Result<Script, Result<Response<Payload>, OwnAnswer>> {
-    match target(site, path, request.uri().query()) {
-        Ok(Target::Run(script)) => Ok(script),
-        Ok(Target::Serve(file)) => Err(serve_file(&file, request).await),
-        Err(answer) => Err(Err(answer)),
-    }
-}
-
-/// The target of `path`, or the answer instead.
-fn target(site: &Site, path: &str, query: Option<&str>) -> Result<Target, OwnAnswer> {
-    let file_path = decode_file_path(path).map_err(GatewayError::BadPath)?;
-    match php::choose(&site.root, &file_path, &site.index, &site.split_path) {
-        Choice::Run(script) => Ok(Target::Run(script)),
-        Choice::Serve(file) => Ok(Target::Serve(file)),
-        Choice::Nothing => Err(GatewayError::NotFound.into()),
+) -> Result<Prepared, Result<Response<Payload>, OwnAnswer>> {
+    let file_path = decode_file_path(path).map_err(|error| Err(GatewayError::BadPath(error).into()))?;
+    let split_path = site.php.as_ref().map(|php| php.split_path.as_str());
+    match choice::choose(&site.root, &file_path, &site.index, split_path) {
+        Choice::Run(script) => Ok(Prepared::Run(script)),
+        Choice::Nothing => Ok(Prepared::Unserved),
+        Choice::Serve(file) => Err(serve_file(&file, request).await),
+        Choice::Hidden => Err(Err(GatewayError::NotFound.into())),
         Choice::AddSlash(_) => {
             // Relative, as the client wrote the path, with its query.
-            let location = match query {
+            let location = match request.uri().query() {
                 Some(query) => format!("{path}/?{query}"),
                 None => format!("{path}/"),
             };
-            Err(match HeaderValue::try_from(location) {
+            Err(Err(match HeaderValue::try_from(location) {
                 Ok(location) => OwnAnswer::Redirect(location),
                 Err(_) => GatewayError::MalformedRequest("the request target cannot be redirected").into(),
-            })
+            }))
         }
     }
 }
@@ -83,7 +77,7 @@ pub(super) fn fastcgi_head(
     script: &Script,
     context: &ForwardingContext<'_>,
     (host, content_length): (Option<&str>, Option<u64>),
-    site: &Site,
+    php: &Php,
     env: &[(String, String)],
 ) -> FastCgiHead {
     let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
@@ -102,7 +96,7 @@ pub(super) fn fastcgi_head(
         server_port: context.peer.local_port,
         https: context.peer.tls,
     };
-    FastCgiHead(request_head(&call, script, &caller, &site.php_root, env))
+    FastCgiHead(request_head(&call, script, &caller, &php.root, env))
 }
 
 /// The length PHP-FPM is told of `body`, and the body to send: the declared length, `0`

@@ -10,7 +10,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::limits::RouteLimits;
 use crate::client_ip::TrustedProxies;
-use crate::config::{Config, DEFAULT_PREFIX, KeyPart, RedisConfig, RespondConfig, RouteTarget};
+use crate::config::{Config, DEFAULT_PREFIX, KeyPart, RedisConfig, RespondConfig, RouteTarget, Site};
 use crate::limit::redis::StoreError;
 use crate::limit::redis::refusals::RefusalCache;
 use crate::limit::store::{LimitStore, OnError};
@@ -67,6 +67,8 @@ pub(crate) struct RouteRuntime {
 pub(crate) enum Target {
     Upstream(Arc<Upstream>),
     Respond(RespondConfig),
+    /// A site's files alone.
+    Files(Site),
 }
 
 impl GatewayState {
@@ -110,6 +112,7 @@ impl GatewayState {
                         Target::Upstream(upstreams[upstream.name.as_str()].clone())
                     }
                     RouteTarget::Respond(respond) => Target::Respond(respond.clone()),
+                    RouteTarget::Files(site) => Target::Files(site.clone()),
                 },
                 limits: RouteLimits::new(route.limits.clone(), route.cost),
             })

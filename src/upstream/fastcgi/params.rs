@@ -7,7 +7,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, Version};
 
 use super::record;
-use crate::files::php::Script;
+use crate::files::choice::Script;
 
 /// Where a request came from and arrived.
 pub(crate) struct Caller<'a> {

@@ -1,7 +1,7 @@
-//! Which file a request to a PHP site runs (docs/php-fpm.md#which-file-runs), as Caddy's
-//! `php_fastcgi` chooses: the path itself, its directory's index, or the front controller;
-//! a script only if floodgate saw it exist, so that `/uploads/x.jpg/y.php` never runs
-//! `x.jpg`.
+//! Which file a request to a site comes to (docs/php-fpm.md#which-file-runs): the path
+//! itself, or its directory's index; for a PHP site, as Caddy's `php_fastcgi` chooses,
+//! also the front controller, and a script only if floodgate saw it exist, so that
+//! `/uploads/x.jpg/y.php` never runs `x.jpg`.
 
 use std::path::PathBuf;
 
@@ -25,15 +25,18 @@ pub(crate) enum Choice {
     Run(Script),
     /// Serve this file.
     Serve(PathBuf),
-    /// `404`.
+    /// No file: a `404`, or the upstream's to answer.
     Nothing,
+    /// A hidden path, or one outside the root: `404`, nothing else tried.
+    Hidden,
 }
 
-/// The choice for the normalized `path` under `root`, with the directory index `index`
-/// (also the front controller) and scripts named by `split_path` (`.php`).
-pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: &str) -> Choice {
+/// The choice for the decoded `path` under `root`, with the directory index `index`;
+/// for a PHP site, scripts named by `split_path` (`.php`) and `index` as the front
+/// controller.
+pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: Option<&str>) -> Choice {
     if super::hidden(path) {
-        return Choice::Nothing;
+        return Choice::Hidden;
     }
     if !path.ends_with('/')
         && matches!(root.find(path), Found::Directory(_))
@@ -46,11 +49,20 @@ pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: &str) -> 
     } else {
         format!("{path}/{index}")
     };
-    let front_controller = format!("/{index}");
-    for candidate in [path, in_directory.as_str(), front_controller.as_str()] {
-        let split = split(candidate, split_path);
+    let front_controller = split_path.map(|_| format!("/{index}"));
+    let candidates = [
+        Some(path),
+        Some(in_directory.as_str()),
+        front_controller.as_deref(),
+    ];
+    for candidate in candidates.into_iter().flatten() {
+        // Without PHP, a script is never sent as its source: it is no file to serve.
+        if split_path.is_none() && split(candidate, ".php").is_some() {
+            continue;
+        }
+        let split = split_path.and_then(|split_path| split(candidate, split_path));
         match (root.find(split.map_or(candidate, |(name, _)| name)), split) {
-            (Found::Forbidden, _) => return Choice::Nothing,
+            (Found::Forbidden, _) => return Choice::Hidden,
             (Found::File(_), Some((name, path_info))) => {
                 return Choice::Run(Script {
                     name: name.to_owned(),
@@ -120,7 +132,7 @@ mod tests {
     #[test]
     fn the_file_its_directory_index_or_the_front_controller() {
         let (_dir, root) = site();
-        let choose = |path| choose(&root, path, "index.php", ".php");
+        let choose = |path| choose(&root, path, "index.php", Some(".php"));
         assert_eq!(choose("/login.php"), run("/login.php", ""));
         assert_eq!(choose("/login.php/x/y"), run("/login.php", "/x/y"));
         // The file system tells names apart by case: no such script, the front controller.
@@ -136,23 +148,38 @@ mod tests {
     #[test]
     fn a_script_runs_only_if_it_exists_whatever_the_path_says() {
         let (_dir, root) = site();
-        let choose = |path| choose(&root, path, "index.php", ".php");
+        let choose = |path| choose(&root, path, "index.php", Some(".php"));
         // x.jpg/y.php does not exist: the front controller runs, never x.jpg.
         assert_eq!(choose("/uploads/x.jpg/y.php"), run("/index.php", ""));
         assert_eq!(choose("/uploads/x.jpg.php"), run("/index.php", ""));
         // The upload itself is a file, served, never run.
         assert!(matches!(choose("/uploads/x.jpg"), Choice::Serve(_)));
-        assert_eq!(choose("/.env"), Choice::Nothing);
+        assert_eq!(choose("/.env"), Choice::Hidden);
         // Hidden or outside the root: nothing, not even the front controller.
-        assert_eq!(choose("/.git/config"), Choice::Nothing);
-        assert_eq!(choose("/escape/x"), Choice::Nothing);
-        assert_eq!(choose("/escape"), Choice::Nothing);
+        assert_eq!(choose("/.git/config"), Choice::Hidden);
+        assert_eq!(choose("/escape/x"), Choice::Hidden);
+        assert_eq!(choose("/escape"), Choice::Hidden);
     }
 
     #[test]
     fn without_a_front_controller_a_missing_path_is_nothing() {
         let (_dir, root) = site();
-        assert_eq!(choose(&root, "/missing", "app.php", ".php"), Choice::Nothing);
+        assert_eq!(
+            choose(&root, "/missing", "app.php", Some(".php")),
+            Choice::Nothing
+        );
+    }
+
+    #[test]
+    fn a_site_without_php_serves_files_and_never_a_script() {
+        let (_dir, root) = site();
+        let choose = |path| choose(&root, path, "index.php", None);
+        assert_eq!(choose("/login.php"), Choice::Nothing);
+        assert_eq!(choose("/LOGIN.PHP"), Choice::Nothing);
+        assert!(matches!(choose("/docs/guide.html"), Choice::Serve(_)));
+        assert_eq!(choose("/login.php/x"), Choice::Nothing);
+        assert_eq!(choose("/articles/42"), Choice::Nothing);
+        assert_eq!(choose("/.env"), Choice::Hidden);
     }
 
     #[test]
