@@ -131,5 +131,8 @@ fn the_keys_of_a_site_go_where_they_apply() {
         ["routes[0].root"]
     );
     assert_eq!(errors("root = \"/no/such/directory\""), ["routes[0].root"]);
-    assert_eq!(errors("upstream = \"app\"\nindex = \"index.html\""), ["routes[0].index"]);
+    assert_eq!(
+        errors("upstream = \"app\"\nindex = \"index.html\""),
+        ["routes[0].index"]
+    );
 }
