@@ -334,7 +334,7 @@ async fn an_active_check_asks_php_fpm_for_its_ping() {
 }
 
 #[test]
-fn a_fastcgi_upstream_needs_a_root_that_exists() {
+fn a_fastcgi_upstream_needs_a_root_that_exists_and_a_cap_is_advised() {
     let check = |route_keys: &str| {
         let text = format!(
             "[upstreams.php]\nurl = \"fastcgi://127.0.0.1:9000\"\n\n\
@@ -349,6 +349,23 @@ fn a_fastcgi_upstream_needs_a_root_that_exists() {
     let errors = check("root = \"/no/such/directory\"");
     assert_eq!(errors[0].key, "routes[0].root", "{errors:?}");
     assert!(errors[0].message.contains("/no/such/directory"), "{errors:?}");
+    let site = tempfile::tempdir().unwrap();
+    let uncapped = format!(
+        "[upstreams.php]\nurl = \"fastcgi://127.0.0.1:9000\"\n\n\
+         [[routes]]\nname = \"site\"\nupstream = \"php\"\nroot = \"{}\"\n",
+        site.path().display()
+    );
+    let config = Config::parse(std::path::Path::new("gw.toml"), &uncapped).unwrap();
+    let warnings = config.warnings();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.starts_with("upstreams.php: a fastcgi:// upstream without max_requests")),
+        "{warnings:?}"
+    );
+    let capped = uncapped.replace("9000\"\n", "9000\"\nmax_requests = 4\n");
+    let config = Config::parse(std::path::Path::new("gw.toml"), &capped).unwrap();
+    assert!(config.warnings().is_empty(), "{:?}", config.warnings());
     let text = "[upstreams.php]\nurl = \"fastcgi://127.0.0.1:9000/app\"\n\n[[routes]]\nname = \"x\"\nupstream = \"php\"\nroot = \"/tmp\"\n";
     let errors = Config::parse(std::path::Path::new("gw.toml"), text)
         .unwrap_err()

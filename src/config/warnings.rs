@@ -1,7 +1,7 @@
 //! What a valid configuration may still get wrong, for `floodgate check` and the log at
-//! load: certificates past their notAfter, and login protection that PHP can reach
-//! around (a route restricted to some methods, or an exact path a front controller also
-//! answers under other spellings).
+//! load: certificates past their notAfter, login protection that PHP can reach around (a
+//! route restricted to some methods, or an exact path a front controller also answers
+//! under other spellings), and a PHP-FPM pool floodgate does not cap.
 
 use super::{Config, PathMatch, RouteConfig, RouteTarget};
 
@@ -10,6 +10,20 @@ const LOGIN_WORDS: [&str; 6] = ["login", "signin", "sign-in", "logon", "auth", "
 
 pub(super) fn warnings(config: &Config) -> Vec<String> {
     let mut warnings = expired_certificates(config);
+    warnings.extend(
+        config
+            .upstreams
+            .values()
+            .filter(|upstream| upstream.fastcgi.is_some() && upstream.max_requests == 0)
+            .map(|upstream| {
+                format!(
+                    "upstreams.{}: a fastcgi:// upstream without max_requests; set it to PHP-FPM's \
+                     pm.max_children, so that requests wait in floodgate's queue rather than \
+                     PHP-FPM's backlog",
+                    upstream.name
+                )
+            }),
+    );
     for (i, route) in config.routes.iter().enumerate() {
         if guards_a_login(route) {
             warnings.extend(login_reached_around(&config.routes, i));
