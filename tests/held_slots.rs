@@ -441,3 +441,22 @@ async fn a_client_that_leaves_during_the_body_keeps_its_server_slot_until_the_ap
     a_client_that_leaves_keeps_its_slot_until_the_app_answered(Cap::MaxRequests, Leave::CloseHttp1DuringBody)
         .await;
 }
+
+/// A request a cap counts that gets no response head within the upstream's `timeout` is
+/// a `504` like any other, and its slot is free for the next request at once: nothing
+/// goes on after the deadline.
+#[tokio::test]
+async fn a_counted_request_that_times_out_answers_504_and_frees_its_slot() {
+    let app = Upstream::start().await;
+    let gw = gateway(
+        &app,
+        "",
+        "max_requests = 1\nqueue_timeout = \"200ms\"\ntimeout = \"300ms\"",
+        Some(4),
+    )
+    .await;
+    let (status, _, body) = get(&gw.url("/slow?ms=2000")).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+    let (status, _, body) = get(&gw.url("/next")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}

@@ -292,17 +292,17 @@ where
             let response = answer.await.ok()?;
             Some(UpstreamBody::of(response, sender, &endpoint).into_body())
         };
-        go_on(body, self.keep.take(), self.deadline, self.timeout);
+        go_on(body, self.keep, self.deadline, self.timeout);
     }
 }
 
-/// Goes on with an exchange whose client left, in a task of its own: waits for the
-/// response `body` until `deadline`, reads and discards it ([`discard`]), and only then
-/// drops `keep`. Past the deadline (read only now, on this rare path) the try failed, and
-/// nothing goes on.
+/// Goes on with an exchange whose client left, in a task of its own: takes `keep`, waits
+/// for the response `body` until `deadline`, reads and discards it ([`discard`]), and
+/// only then drops what it took. Past the deadline (read only now, on this rare path) the
+/// try failed: nothing goes on, and `keep` stays with the caller, who answers the failure.
 pub(super) fn go_on<B, K>(
     body: impl Future<Output = Option<B>> + Send + 'static,
-    keep: K,
+    keep: &mut Option<K>,
     deadline: tokio::time::Instant,
     timeout: Duration,
 ) where
@@ -315,6 +315,7 @@ pub(super) fn go_on<B, K>(
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
+    let keep = keep.take();
     runtime.spawn(async move {
         if let Ok(Some(body)) = tokio::time::timeout_at(deadline, body).await {
             discard(body, keep, timeout).await;

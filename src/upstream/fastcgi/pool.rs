@@ -275,6 +275,6 @@ impl<K: Send + 'static> Drop for Detached<'_, K> {
                 exchange: Some(exchange),
             })
         };
-        go_on(body, keep.take(), self.deadline, self.timeout);
+        go_on(body, keep, self.deadline, self.timeout);
     }
 }
