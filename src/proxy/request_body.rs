@@ -35,8 +35,9 @@ pin_project! {
     pub(crate) struct RequestBody {
         // `None`: no body (a request rebuilt to be tried again).
         inner: Option<Incoming>,
-        // A body read whole beforehand; then `inner` is `None`.
-        spooled: Option<Spooled>,
+        // A body read whole beforehand; then `inner` is `None`. Boxed: a request body
+        // that streams (nearly all) need not be as large as a spooled one.
+        spooled: Option<Box<Spooled>>,
         remaining: Option<u64>,
         pause_limit: Duration,
         // Armed (lazily, and reset rather than replaced) when a read has to wait.
@@ -75,7 +76,7 @@ impl RequestBody {
     /// A body read whole beforehand ([`spool`](super::spool::spool)).
     pub(crate) fn spooled(spooled: Spooled) -> Self {
         RequestBody {
-            spooled: Some(spooled),
+            spooled: Some(Box::new(spooled)),
             ..RequestBody::empty()
         }
     }
@@ -104,7 +105,7 @@ impl Body for RequestBody {
         let this = self.project();
         let Some(inner) = this.inner.as_mut() else {
             return match this.spooled.as_mut() {
-                Some(spooled) => Pin::new(spooled).poll_frame(cx).map_err(Into::into),
+                Some(spooled) => Pin::new(spooled.as_mut()).poll_frame(cx).map_err(Into::into),
                 None => Poll::Ready(None),
             };
         };

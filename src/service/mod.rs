@@ -289,19 +289,20 @@ async fn serve(
             respond_with(respond, route_host.as_deref(), request.uri()).map_err(OwnAnswer::from)
         }
         Target::Files(site) => {
-            let path = forwarded_path(route_config, path);
-            match Box::pin(site::prepare(site, path, &request)).await {
+            let forwarded = forwarded_path(route_config, path);
+            match Box::pin(site::prepare(site, forwarded, &request)).await {
                 Err(answer) => answer,
                 Ok(_) => Err(GatewayError::NotFound.into()),
             }
         }
         Target::Upstream(upstream) => 'forwarded: {
-            let path = forwarded_path(route_config, path);
+            // The path as the upstream gets it; limits and `hash` keys read the client's.
+            let forwarded = forwarded_path(route_config, path);
             // A site's path comes to a file, served here, or a script for PHP-FPM.
             let script = match &route_config.site {
                 None => None,
                 // Boxed: the request path's future need not hold a site's.
-                Some(site) => match Box::pin(site::prepare(site, path, &request)).await {
+                Some(site) => match Box::pin(site::prepare(site, forwarded, &request)).await {
                     Err(answer) => break 'forwarded answer,
                     Ok(site::Prepared::Run(script)) => site.php.as_ref().map(|php| (php, script)),
                     Ok(site::Prepared::Unserved) if site.php.is_some() => {
@@ -341,7 +342,7 @@ async fn serve(
             forward(
                 &destination,
                 request,
-                (path, script),
+                (forwarded, script),
                 &context,
                 &state.config.server,
                 client.connection,
