@@ -687,3 +687,35 @@ async fn a_server_removed_by_a_reload_leaves_no_series_behind() {
     assert!(series(&metrics, &a), "the kept server's series went");
     assert!(!series(&metrics, &b), "the removed server's series stayed");
 }
+
+/// A `path` key part of `hash` reads the client's path, not the one `strip_prefix` left:
+/// `/a/x` and `/b/x` (both forwarded as `/x`) are different keys.
+#[tokio::test]
+async fn a_hash_on_the_path_reads_the_clients_path_not_the_stripped_one() {
+    let upstreams = [Upstream::start().await, Upstream::start().await];
+    let urls: Vec<String> = upstreams.iter().map(Upstream::url).collect();
+    let upstream = format!("{}\nbalance = \"hash\"\nhash_key = [\"path\"]", servers(&urls));
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .table("upstreams.app", &upstream)
+            .route(
+                "a",
+                "path_prefix = \"/a/\"\nstrip_prefix = \"/a\"\nupstream = \"app\"",
+            )
+            .route(
+                "b",
+                "path_prefix = \"/b/\"\nstrip_prefix = \"/b\"\nupstream = \"app\"",
+            ),
+    )
+    .await;
+    let all: Vec<&Upstream> = upstreams.iter().collect();
+    let get = |path: String| Request::get(gw.url(&path)).body(Full::default()).unwrap();
+    let mut apart = 0;
+    for i in 0..20 {
+        let a = served_by(&all, get(format!("/a/x{i}"))).await;
+        let b = served_by(&all, get(format!("/b/x{i}"))).await;
+        apart += usize::from(a != b);
+    }
+    // With the stripped path as the key, every pair would go to one server.
+    assert!(apart > 0, "every /a/xN and /b/xN went to the same server");
+}
