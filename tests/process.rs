@@ -268,6 +268,11 @@ fn workers_sets_the_runtime_thread_count() {
     for workers in [2, cpus + 1] {
         let gateway =
             FloodgateProcess::start(GatewayToml::new().server(&format!("workers = {workers}")), &[]);
+        // A thread has its parent's name until it has started and named itself.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while runtime_threads(&gateway) < workers && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert_eq!(
             runtime_threads(&gateway),
             workers,
