@@ -404,3 +404,29 @@ async fn a_slow_reader_of_a_page_that_fits_the_buffer_does_not_hold_php() {
     );
     drop(slow);
 }
+
+#[tokio::test]
+async fn a_request_a_server_never_answered_goes_to_the_next_with_its_parameters() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    // A server that takes the connection and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("fastcgi://{}", silent.local_addr().unwrap());
+    let servers = format!(
+        "servers = [\"{silent_url}\", \"{}\"]\nbalance = \"round_robin\"\nretries = 1\ntimeout = \"300ms\"",
+        fpm.url()
+    );
+    let root = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .table("upstreams.php", &servers)
+            .route("site", &root),
+    )
+    .await;
+    for _ in 0..2 {
+        let (status, _, body) = get(&gw.url("/login.php/x")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(param(&body, "PATH_INFO"), "/x");
+    }
+    drop(silent);
+}
