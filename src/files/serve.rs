@@ -21,6 +21,16 @@ pub(crate) struct FileBody {
     remaining: u64,
 }
 
+impl FileBody {
+    /// The `length` bytes of `file`, from where it stands, streamed.
+    pub(crate) fn new(file: tokio::fs::File, length: u64) -> Self {
+        FileBody {
+            stream: Some(ReaderStream::with_capacity(file, 64 * 1024)),
+            remaining: length,
+        }
+    }
+}
+
 impl Body for FileBody {
     type Data = Bytes;
     type Error = io::Error;
@@ -95,10 +105,7 @@ pub(crate) async fn serve(
         .headers_mut()
         .insert(header::CONTENT_LENGTH, HeaderValue::from(metadata.len()));
     if method == Method::GET {
-        *response.body_mut() = FileBody {
-            stream: Some(ReaderStream::with_capacity(opened, 64 * 1024)),
-            remaining: metadata.len(),
-        };
+        *response.body_mut() = FileBody::new(opened, metadata.len());
     }
     Ok(response)
 }

@@ -8,13 +8,12 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use futures_util::Stream;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
-use tokio_util::io::ReaderStream;
 
 use super::request_body::{RequestBody, RequestBodyError};
+use crate::files::serve::FileBody;
 
 /// The most a body is kept in memory.
 const IN_MEMORY: usize = 64 * 1024;
@@ -28,7 +27,7 @@ pub(crate) struct Spooled {
 enum Content {
     /// `None` once sent.
     Memory(Option<Bytes>),
-    File(ReaderStream<tokio::fs::File>),
+    File(FileBody),
 }
 
 impl Spooled {
@@ -69,7 +68,7 @@ pub(crate) async fn spool(mut body: RequestBody) -> Result<Spooled, RequestBodyE
         Some(mut file) => {
             file.flush().await?;
             file.rewind().await?;
-            Content::File(ReaderStream::with_capacity(file, IN_MEMORY))
+            Content::File(FileBody::new(file, length))
         }
     };
     Ok(Spooled { length, content })
@@ -87,16 +86,14 @@ impl Body for Spooled {
             Content::Memory(bytes) => {
                 Poll::Ready(bytes.take().filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b))))
             }
-            Content::File(stream) => Pin::new(stream)
-                .poll_next(cx)
-                .map(|next| next.map(|data| data.map(Frame::data))),
+            Content::File(body) => Pin::new(body).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.content {
             Content::Memory(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
-            Content::File(_) => self.length == 0,
+            Content::File(body) => body.is_end_stream(),
         }
     }
 
