@@ -26,6 +26,7 @@
 mod access_log;
 mod admin;
 mod client_ip;
+mod compression;
 pub mod config;
 mod connection;
 mod error;

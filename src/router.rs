@@ -97,6 +97,7 @@ mod tests {
             request_headers: Default::default(),
             response_headers: Default::default(),
             site: None,
+            compress: false,
         }
     }
 

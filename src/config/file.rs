@@ -141,6 +141,7 @@ pub(crate) struct RouteFile {
     pub php_root: Option<Spanned<String>>,
     pub index: Option<Spanned<String>>,
     pub split_path: Option<Spanned<String>>,
+    pub compress: Option<bool>,
 }
 
 /// A route's inline `respond = { ... }` table.

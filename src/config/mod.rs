@@ -138,6 +138,8 @@ pub struct RouteConfig {
     pub response_headers: HeaderRules,
     /// `root` and the keys that go with it.
     pub site: Option<Site>,
+    /// Whether responses are compressed for clients that accept it.
+    pub compress: bool,
 }
 
 impl RouteConfig {
@@ -733,6 +735,7 @@ fn validate_route(
         request_headers: request_headers?,
         response_headers: response_headers?,
         site,
+        compress: raw.compress.unwrap_or(false),
     })
 }
 

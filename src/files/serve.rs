@@ -1,33 +1,79 @@
 //! Answering a request with a file: `GET` and `HEAD`, the type by extension, validators
 //! (`Last-Modified`, a strong `ETag` of modification time and size) and the `304` they
-//! allow, the body streamed from disk so that memory does not grow with the file.
+//! allow, a single byte range (`206`, `416`), a precompressed sibling (`app.js.br`) for a
+//! client that accepts its coding, and the body streamed from disk so that memory does not
+//! grow with the file.
+//!
+//! The file is opened and measured in place, as the file choice looked it up, and a small
+//! one is read at once: from the page cache this costs less than a hop to the blocking
+//! pool (docs/performance.md#files).
 
-use std::io;
-use std::path::Path;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncReadExt, Take};
 use tokio_util::io::ReaderStream;
 
-/// A file's content on its way to the client; empty for a `HEAD` or a `304`.
+use crate::compression::{Accepted, Coding, vary_on_encoding};
+
+/// Files up to this size are read whole when opened; larger ones stream.
+const READ_AT_ONCE: u64 = 64 * 1024;
+
+/// The size of a streamed file's reads.
+const STREAM_CHUNK: usize = 64 * 1024;
+
+/// A file's content on its way to the client; empty for a `HEAD`, a `304` or a `416`.
 pub(crate) struct FileBody {
-    stream: Option<ReaderStream<tokio::fs::File>>,
+    content: Content,
     remaining: u64,
+}
+
+enum Content {
+    /// Read already, or nothing to send.
+    Read(Option<Bytes>),
+    /// Read as the client takes it.
+    Streamed(ReaderStream<Take<tokio::fs::File>>),
 }
 
 impl FileBody {
     /// The `length` bytes of `file`, from where it stands, streamed.
     pub(crate) fn new(file: tokio::fs::File, length: u64) -> Self {
         FileBody {
-            stream: Some(ReaderStream::with_capacity(file, 64 * 1024)),
+            content: Content::Streamed(ReaderStream::with_capacity(file.take(length), STREAM_CHUNK)),
             remaining: length,
         }
+    }
+
+    fn empty() -> Self {
+        FileBody {
+            content: Content::Read(None),
+            remaining: 0,
+        }
+    }
+
+    /// `length` bytes of `file` from `start`: read now when they are few, else streamed.
+    fn part(mut file: File, start: u64, length: u64) -> io::Result<Self> {
+        if start > 0 {
+            file.seek(SeekFrom::Start(start))?;
+        }
+        if length > READ_AT_ONCE {
+            return Ok(FileBody::new(tokio::fs::File::from_std(file), length));
+        }
+        let mut bytes = BytesMut::zeroed(length as usize);
+        file.read_exact(&mut bytes)?;
+        Ok(FileBody {
+            content: Content::Read(Some(bytes.freeze())),
+            remaining: length,
+        })
     }
 }
 
@@ -39,17 +85,22 @@ impl Body for FileBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        let Some(stream) = self.stream.as_mut() else {
-            return Poll::Ready(None);
+        let polled = match &mut self.content {
+            Content::Read(bytes) => Poll::Ready(bytes.take().map(Ok)),
+            Content::Streamed(stream) => Pin::new(stream).poll_next(cx),
         };
-        match Pin::new(stream).poll_next(cx) {
+        match polled {
             Poll::Ready(Some(Ok(data))) => {
                 self.remaining = self.remaining.saturating_sub(data.len() as u64);
                 Poll::Ready(Some(Ok(Frame::data(data))))
             }
             Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(error))),
             Poll::Ready(None) => {
-                self.stream = None;
+                self.content = Content::Read(None);
+                if self.remaining > 0 {
+                    // The file shrank under us: the length sent can no longer be kept.
+                    return Poll::Ready(Some(Err(io::Error::from(io::ErrorKind::UnexpectedEof))));
+                }
                 Poll::Ready(None)
             }
             Poll::Pending => Poll::Pending,
@@ -57,7 +108,7 @@ impl Body for FileBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.stream.is_none() || self.remaining == 0
+        self.remaining == 0
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -67,7 +118,7 @@ impl Body for FileBody {
 
 /// The answer to `method` for `file`, given the request's `headers`: `Err` with the
 /// status for a method other than `GET` and `HEAD` (`405`) or a file that cannot be read.
-pub(crate) async fn serve(
+pub(crate) fn serve(
     file: &Path,
     method: &Method,
     headers: &HeaderMap,
@@ -75,39 +126,177 @@ pub(crate) async fn serve(
     if method != Method::GET && method != Method::HEAD {
         return Err(StatusCode::METHOD_NOT_ALLOWED);
     }
-    let opened = tokio::fs::File::open(file)
-        .await
-        .map_err(|_| StatusCode::NOT_FOUND)?;
-    let metadata = opened.metadata().await.map_err(|_| StatusCode::NOT_FOUND)?;
+    let siblings = Siblings::of(file);
+    let coding = siblings.choose(Accepted::from_headers(headers));
+    let chosen = match coding {
+        Some(coding) => Siblings::path(file, coding),
+        None => file.to_path_buf(),
+    };
+    let opened = File::open(&chosen).map_err(|_| StatusCode::NOT_FOUND)?;
+    let metadata = opened.metadata().map_err(|_| StatusCode::NOT_FOUND)?;
     if !metadata.is_file() {
         return Err(StatusCode::NOT_FOUND);
     }
+    let length = metadata.len();
     let modified = metadata.modified().unwrap_or(UNIX_EPOCH);
     let since_epoch = modified.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let etag = format!("\"{:x}-{:x}\"", since_epoch.as_secs(), metadata.len());
-    let mut response = Response::new(FileBody {
-        stream: None,
-        remaining: 0,
-    });
+    let etag = match coding {
+        None => format!("\"{:x}-{:x}\"", since_epoch.as_secs(), length),
+        Some(coding) => format!(
+            "\"{:x}-{:x}-{}\"",
+            since_epoch.as_secs(),
+            length,
+            coding.extension()
+        ),
+    };
+    let last_modified = httpdate::fmt_http_date(modified);
+    let mut response = Response::new(FileBody::empty());
     let out = response.headers_mut();
     out.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type(file)));
     if let Ok(etag) = HeaderValue::try_from(etag.as_str()) {
         out.insert(header::ETAG, etag);
     }
-    if let Ok(date) = HeaderValue::try_from(httpdate::fmt_http_date(modified)) {
+    if let Ok(date) = HeaderValue::try_from(last_modified.as_str()) {
         out.insert(header::LAST_MODIFIED, date);
+    }
+    if siblings.any() {
+        vary_on_encoding(out);
+    }
+    if let Some(coding) = coding {
+        out.insert(header::CONTENT_ENCODING, HeaderValue::from_static(coding.token()));
     }
     if not_modified(headers, &etag, modified) {
         *response.status_mut() = StatusCode::NOT_MODIFIED;
         return Ok(response);
     }
+    out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    let range = headers
+        .get(header::RANGE)
+        .filter(|_| if_range_holds(headers, &etag, &last_modified))
+        .and_then(|range| range.to_str().ok())
+        .and_then(|range| Range::parse(range, length));
+    let (start, count) = match range {
+        None => (0, length),
+        Some(Range::Unsatisfiable) => {
+            *response.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
+            let all = format!("bytes */{length}");
+            response.headers_mut().insert(
+                header::CONTENT_RANGE,
+                HeaderValue::try_from(all).expect("digits are a header value"),
+            );
+            return Ok(response);
+        }
+        Some(Range::Bytes { first, last }) => {
+            *response.status_mut() = StatusCode::PARTIAL_CONTENT;
+            let part = format!("bytes {first}-{last}/{length}");
+            response.headers_mut().insert(
+                header::CONTENT_RANGE,
+                HeaderValue::try_from(part).expect("digits are a header value"),
+            );
+            (first, last - first + 1)
+        }
+    };
     response
         .headers_mut()
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(metadata.len()));
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(count));
     if method == Method::GET {
-        *response.body_mut() = FileBody::new(opened, metadata.len());
+        *response.body_mut() = FileBody::part(opened, start, count).map_err(|_| StatusCode::NOT_FOUND)?;
     }
     Ok(response)
+}
+
+/// Which precompressed siblings of a file exist: regular files (not symlinks, which could
+/// lead outside the root) named as the file with a coding's extension added.
+struct Siblings([bool; 3]);
+
+impl Siblings {
+    fn of(file: &Path) -> Siblings {
+        Siblings(Coding::ALL.map(|coding| {
+            std::fs::symlink_metadata(Siblings::path(file, coding)).is_ok_and(|metadata| metadata.is_file())
+        }))
+    }
+
+    fn path(file: &Path, coding: Coding) -> PathBuf {
+        let mut name = file.as_os_str().to_owned();
+        name.push(".");
+        name.push(coding.extension());
+        PathBuf::from(name)
+    }
+
+    fn any(&self) -> bool {
+        self.0.contains(&true)
+    }
+
+    /// The sibling the client prefers among those that exist.
+    fn choose(&self, accepted: Accepted) -> Option<Coding> {
+        if !self.any() {
+            return None;
+        }
+        accepted.best(|coding| self.0[Coding::ALL.iter().position(|c| *c == coding).unwrap_or(0)])
+    }
+}
+
+/// A request's `Range`, as far as a file server honours it.
+#[derive(Debug, PartialEq, Eq)]
+enum Range {
+    /// Bytes `first` to `last`, both included, within the file.
+    Bytes { first: u64, last: u64 },
+    /// A range that starts beyond the end: `416`.
+    Unsatisfiable,
+}
+
+impl Range {
+    /// A single `bytes` range of a file of `length` bytes (RFC 9110 §14.1.2); `None` for
+    /// anything else (several ranges, another unit, a malformed one), which is answered
+    /// with the whole file, as the RFC allows.
+    fn parse(value: &str, length: u64) -> Option<Range> {
+        let spec = value.trim().strip_prefix("bytes=")?.trim();
+        if spec.contains(',') {
+            return None;
+        }
+        let (first, last) = spec.split_once('-')?;
+        let number = |text: &str| -> Option<u64> {
+            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            // Too many digits to be a position in any file: beyond its end.
+            Some(text.parse().unwrap_or(u64::MAX))
+        };
+        let (first, last) = match (first.trim(), last.trim()) {
+            ("", suffix) => {
+                let suffix = number(suffix)?;
+                if suffix == 0 || length == 0 {
+                    return Some(Range::Unsatisfiable);
+                }
+                (length.saturating_sub(suffix), length - 1)
+            }
+            (first, "") => (number(first)?, u64::MAX),
+            (first, last) => {
+                let (first, last) = (number(first)?, number(last)?);
+                if last < first {
+                    return None;
+                }
+                (first, last)
+            }
+        };
+        if first >= length {
+            return Some(Range::Unsatisfiable);
+        }
+        Some(Range::Bytes {
+            first,
+            last: last.min(length - 1),
+        })
+    }
+}
+
+/// Whether a `Range` applies: no `If-Range`, or one that names the current
+/// representation by its strong `ETag` or its exact `Last-Modified`.
+fn if_range_holds(headers: &HeaderMap, etag: &str, last_modified: &str) -> bool {
+    match headers.get(header::IF_RANGE).map(HeaderValue::to_str) {
+        None => true,
+        Some(Ok(value)) => value.trim() == etag || value.trim() == last_modified,
+        Some(Err(_)) => false,
+    }
 }
 
 /// Whether the client's copy is current: `If-None-Match` names the ETag (or `*`), or,
@@ -187,7 +376,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("style.css");
         std::fs::write(&file, "body{}").unwrap();
-        let response = serve(&file, &Method::GET, &HeaderMap::new()).await.unwrap();
+        let response = serve(&file, &Method::GET, &HeaderMap::new()).unwrap();
         assert_eq!(response.headers()["content-type"], "text/css; charset=utf-8");
         assert_eq!(response.headers()["content-length"], "6");
         let etag = response.headers()["etag"].clone();
@@ -196,29 +385,189 @@ mod tests {
 
         let mut conditional = HeaderMap::new();
         conditional.insert(header::IF_NONE_MATCH, etag.clone());
-        let response = serve(&file, &Method::GET, &conditional).await.unwrap();
+        let response = serve(&file, &Method::GET, &conditional).unwrap();
         assert_eq!(response.status(), StatusCode::NOT_MODIFIED);
         assert!(body(response).await.is_empty());
 
         let mut by_date = HeaderMap::new();
         by_date.insert(header::IF_MODIFIED_SINCE, modified);
         assert_eq!(
-            serve(&file, &Method::GET, &by_date).await.unwrap().status(),
+            serve(&file, &Method::GET, &by_date).unwrap().status(),
             StatusCode::NOT_MODIFIED
         );
         let mut other = HeaderMap::new();
         other.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"other\""));
         assert_eq!(
-            serve(&file, &Method::GET, &other).await.unwrap().status(),
+            serve(&file, &Method::GET, &other).unwrap().status(),
             StatusCode::OK
         );
 
-        let head = serve(&file, &Method::HEAD, &HeaderMap::new()).await.unwrap();
+        let head = serve(&file, &Method::HEAD, &HeaderMap::new()).unwrap();
         assert_eq!(head.headers()["content-length"], "6");
         assert!(body(head).await.is_empty());
         assert_eq!(
-            serve(&file, &Method::POST, &HeaderMap::new()).await.err(),
+            serve(&file, &Method::POST, &HeaderMap::new()).err(),
             Some(StatusCode::METHOD_NOT_ALLOWED)
         );
+    }
+
+    fn with(pairs: &[(header::HeaderName, &'static str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(name, HeaderValue::from_static(value));
+        }
+        headers
+    }
+
+    #[tokio::test]
+    async fn a_single_range_is_a_part_and_one_beyond_the_end_a_416() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("data.bin");
+        std::fs::write(&file, b"0123456789").unwrap();
+        let part =
+            |range: &'static str| serve(&file, &Method::GET, &with(&[(header::RANGE, range)])).unwrap();
+        let response = part("bytes=2-4");
+        assert_eq!(response.status(), StatusCode::PARTIAL_CONTENT);
+        assert_eq!(response.headers()["content-range"], "bytes 2-4/10");
+        assert_eq!(response.headers()["content-length"], "3");
+        assert_eq!(body(response).await, b"234");
+        assert_eq!(body(part("bytes=7-")).await, b"789");
+        assert_eq!(body(part("bytes=-3")).await, b"789");
+        assert_eq!(body(part("bytes=-30")).await, b"0123456789");
+        assert_eq!(part("bytes=8-1000").headers()["content-range"], "bytes 8-9/10");
+        for unsatisfiable in ["bytes=10-", "bytes=99999999999999999999999-", "bytes=-0"] {
+            let response = part(unsatisfiable);
+            assert_eq!(
+                response.status(),
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "{unsatisfiable}"
+            );
+            assert_eq!(response.headers()["content-range"], "bytes */10");
+            assert!(body(response).await.is_empty());
+        }
+        // Several ranges, another unit, nonsense: the whole file.
+        for ignored in ["bytes=0-1,3-4", "items=0-1", "bytes=4-2", "bytes=a-b", "bytes=-"] {
+            let response = part(ignored);
+            assert_eq!(response.status(), StatusCode::OK, "{ignored}");
+            assert_eq!(response.headers()["accept-ranges"], "bytes");
+            assert_eq!(body(response).await, b"0123456789");
+        }
+    }
+
+    #[tokio::test]
+    async fn if_range_keeps_a_part_only_of_the_same_representation() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("data.bin");
+        std::fs::write(&file, b"0123456789").unwrap();
+        let whole = serve(&file, &Method::GET, &HeaderMap::new()).unwrap();
+        let mut headers = with(&[(header::RANGE, "bytes=0-0")]);
+        headers.insert(header::IF_RANGE, whole.headers()["etag"].clone());
+        assert_eq!(
+            serve(&file, &Method::GET, &headers).unwrap().status(),
+            StatusCode::PARTIAL_CONTENT
+        );
+        headers.insert(header::IF_RANGE, whole.headers()["last-modified"].clone());
+        assert_eq!(
+            serve(&file, &Method::GET, &headers).unwrap().status(),
+            StatusCode::PARTIAL_CONTENT
+        );
+        headers.insert(header::IF_RANGE, HeaderValue::from_static("\"stale\""));
+        assert_eq!(
+            serve(&file, &Method::GET, &headers).unwrap().status(),
+            StatusCode::OK
+        );
+        // A weak tag never matches for a range.
+        let weak = format!("W/{}", whole.headers()["etag"].to_str().unwrap());
+        headers.insert(header::IF_RANGE, HeaderValue::try_from(weak).unwrap());
+        assert_eq!(
+            serve(&file, &Method::GET, &headers).unwrap().status(),
+            StatusCode::OK
+        );
+    }
+
+    #[tokio::test]
+    async fn a_precompressed_sibling_goes_to_a_client_that_accepts_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("app.js");
+        std::fs::write(&file, "plain").unwrap();
+        std::fs::write(dir.path().join("app.js.br"), "BROTLI").unwrap();
+        std::fs::write(dir.path().join("app.js.gz"), "GZIP!!!").unwrap();
+        let get = |accept: &'static str| {
+            serve(&file, &Method::GET, &with(&[(header::ACCEPT_ENCODING, accept)])).unwrap()
+        };
+
+        let brotli = get("gzip, deflate, br, zstd");
+        assert_eq!(brotli.headers()["content-encoding"], "br");
+        assert_eq!(brotli.headers()["content-type"], "text/javascript; charset=utf-8");
+        assert_eq!(brotli.headers()["vary"], "Accept-Encoding");
+        let brotli_tag = brotli.headers()["etag"].clone();
+        assert_eq!(body(brotli).await, b"BROTLI");
+
+        let gzip = get("gzip");
+        assert_eq!(gzip.headers()["content-encoding"], "gzip");
+        assert_ne!(gzip.headers()["etag"], brotli_tag);
+        assert_eq!(body(gzip).await, b"GZIP!!!");
+
+        let plain = get("identity");
+        assert!(!plain.headers().contains_key(header::CONTENT_ENCODING));
+        assert_eq!(plain.headers()["vary"], "Accept-Encoding");
+        assert_ne!(plain.headers()["etag"], brotli_tag);
+        assert_eq!(body(plain).await, b"plain");
+
+        // A range applies to the representation chosen; its tag revalidates it alone.
+        let mut headers = with(&[(header::ACCEPT_ENCODING, "br"), (header::RANGE, "bytes=0-1")]);
+        assert_eq!(body(serve(&file, &Method::GET, &headers).unwrap()).await, b"BR");
+        headers.insert(header::IF_NONE_MATCH, brotli_tag);
+        assert_eq!(
+            serve(&file, &Method::GET, &headers).unwrap().status(),
+            StatusCode::NOT_MODIFIED
+        );
+        headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+        assert_eq!(
+            serve(&file, &Method::GET, &headers).unwrap().status(),
+            StatusCode::PARTIAL_CONTENT
+        );
+
+        // A file without siblings varies on nothing.
+        std::fs::write(dir.path().join("logo.svg"), "<svg/>").unwrap();
+        let alone = serve(
+            &dir.path().join("logo.svg"),
+            &Method::GET,
+            &with(&[(header::ACCEPT_ENCODING, "br")]),
+        )
+        .unwrap();
+        assert!(!alone.headers().contains_key(header::VARY));
+    }
+
+    #[tokio::test]
+    async fn a_sibling_that_is_a_symlink_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "SECRET").unwrap();
+        let file = dir.path().join("app.js");
+        std::fs::write(&file, "plain").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("app.js.gz")).unwrap();
+        let response = serve(&file, &Method::GET, &with(&[(header::ACCEPT_ENCODING, "gzip")])).unwrap();
+        assert!(!response.headers().contains_key(header::CONTENT_ENCODING));
+        assert_eq!(body(response).await, b"plain");
+    }
+
+    #[tokio::test]
+    async fn a_large_file_streams_in_parts_and_a_range_of_it_stops_at_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("big.bin");
+        let content: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&file, &content).unwrap();
+        assert_eq!(
+            body(serve(&file, &Method::GET, &HeaderMap::new()).unwrap()).await,
+            content
+        );
+        let response = serve(
+            &file,
+            &Method::GET,
+            &with(&[(header::RANGE, "bytes=1000-200999")]),
+        )
+        .unwrap();
+        assert_eq!(body(response).await, &content[1000..201_000]);
     }
 }

@@ -33,6 +33,7 @@ pub(crate) mod state;
 
 use crate::access_log::AccessRecord;
 use crate::client_ip::{Peer, client_ip};
+use crate::compression::Accepted;
 use crate::config::{Php, RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate};
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
@@ -136,7 +137,10 @@ pub(crate) async fn handle(
     for (name, value) in leftovers.limit_headers {
         response.headers_mut().append(name, value);
     }
-    let slots = leftovers.slots;
+    response.body_mut().hold(leftovers.slots);
+    if let Some(accepted) = leftovers.compress {
+        response = response_body::compress(response, accepted, &record.method);
+    }
     if peer.tls
         && let Some(hsts) = state.config.server.tls.as_ref().and_then(|tls| tls.hsts.clone())
     {
@@ -145,7 +149,7 @@ pub(crate) async fn handle(
             .insert(header::STRICT_TRANSPORT_SECURITY, hsts);
     }
     record.status = response.status().as_u16();
-    Ok(response.map(|body| ResponseBody::new(body, record, in_flight, slots)))
+    Ok(response.map(|body| ResponseBody::new(body, record, in_flight)))
 }
 
 /// What the inner handler leaves for the outer one besides the response: the rate-limit
@@ -157,6 +161,8 @@ struct Leftovers {
     limit_headers: LimitHeaders,
     slots: Vec<ConcurrencySlot>,
     route: Option<usize>,
+    /// For a route with `compress`, what the client accepts.
+    compress: Option<Accepted>,
 }
 
 /// The access record of a request not answered yet. hyper drops the request's future when
@@ -249,6 +255,9 @@ async fn serve(
     let route_config = &state.router.routes()[index];
     record.route = route_config.name.clone();
     leftovers.route = Some(index);
+    if route_config.compress {
+        leftovers.compress = Some(Accepted::from_headers(request.headers()));
+    }
     if !route_config.admits(client.ip) {
         return Err(GatewayError::Forbidden("the route's allow or deny").into());
     }

@@ -12,7 +12,10 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project_lite::pin_project;
 
+use http::{Method, Response, StatusCode};
+
 use crate::access_log::AccessRecord;
+use crate::compression::{self, Accepted, Encoded};
 use crate::connection::InFlight;
 use crate::files::serve::FileBody;
 use crate::limit::store::ConcurrencySlot;
@@ -20,7 +23,7 @@ use crate::upstream::UpstreamBody;
 use crate::upstream::read_ahead::ReadAhead;
 
 /// What a response carries: the upstream's streamed body, floodgate's own bytes, or a
-/// site's file.
+/// site's file; any of them compressed on the way.
 pub(crate) enum Payload {
     Upstream(UpstreamBody),
     Own(Own),
@@ -28,6 +31,41 @@ pub(crate) enum Payload {
     File(Box<FileBody>),
     /// An upstream's body, read ahead of the client.
     ReadAhead(ReadAhead),
+    /// Any of the above, compressed.
+    Encoded(Box<Encoded>),
+}
+
+impl Payload {
+    /// Has floodgate's own body hold `slots`, the concurrency slots of the request it
+    /// answers, until written (a forwarded request's travel with its upstream exchange).
+    pub(crate) fn hold(&mut self, slots: Vec<ConcurrencySlot>) {
+        if let Payload::Own(own) = self {
+            own.slots = slots;
+        }
+    }
+}
+
+/// `response` as a route with `compress` sends it to a client that accepts `accepted`
+/// (docs/configuration.md#routescompress): encoded when it may be and the client takes a
+/// coding, with `Vary` whenever it may be; a `HEAD` or `304` gets the headers alone.
+pub(crate) fn compress(
+    mut response: Response<Payload>,
+    accepted: Accepted,
+    method: &Method,
+) -> Response<Payload> {
+    let status = response.status();
+    if !compression::compressible(status, response.headers()) {
+        return response;
+    }
+    compression::vary_on_encoding(response.headers_mut());
+    let Some(coding) = accepted.best(|_| true) else {
+        return response;
+    };
+    compression::encode_headers(response.headers_mut(), coding);
+    if status == StatusCode::NOT_MODIFIED || method == Method::HEAD {
+        return response;
+    }
+    response.map(|body| Payload::Encoded(Box::new(Encoded::new(body, coding))))
 }
 
 /// A body floodgate writes itself.
@@ -51,6 +89,7 @@ impl Body for Payload {
             Payload::Own(body) => Pin::new(body).poll_frame(cx).map_err(|never| match never {}),
             Payload::File(body) => Pin::new(body.as_mut()).poll_frame(cx).map_err(Into::into),
             Payload::ReadAhead(body) => Pin::new(body).poll_frame(cx),
+            Payload::Encoded(body) => Pin::new(body.as_mut()).poll_frame(cx).map_err(Into::into),
         }
     }
 
@@ -60,6 +99,7 @@ impl Body for Payload {
             Payload::Own(body) => body.is_end_stream(),
             Payload::File(body) => body.is_end_stream(),
             Payload::ReadAhead(body) => body.is_end_stream(),
+            Payload::Encoded(body) => body.is_end_stream(),
         }
     }
 
@@ -69,6 +109,7 @@ impl Body for Payload {
             Payload::Own(body) => body.size_hint(),
             Payload::File(body) => body.size_hint(),
             Payload::ReadAhead(body) => body.size_hint(),
+            Payload::Encoded(body) => body.size_hint(),
         }
     }
 }
@@ -120,17 +161,7 @@ pin_project! {
 }
 
 impl ResponseBody {
-    /// `slots` are the concurrency slots of a request floodgate answered itself (a
-    /// forwarded one's are with its exchange).
-    pub(crate) fn new(
-        mut inner: Payload,
-        record: AccessRecord,
-        in_flight: InFlight,
-        slots: Vec<ConcurrencySlot>,
-    ) -> Self {
-        if let Payload::Own(own) = &mut inner {
-            own.slots = slots;
-        }
+    pub(crate) fn new(inner: Payload, record: AccessRecord, in_flight: InFlight) -> Self {
         ResponseBody {
             inner,
             record: Some(record),

@@ -42,7 +42,7 @@ pub(super) async fn prepare<B>(
     match choice::choose(&site.root, &file_path, &site.index, split_path) {
         Choice::Run(script) => Ok(Prepared::Run(script)),
         Choice::Nothing => Ok(Prepared::Unserved),
-        Choice::Serve(file) => Err(serve_file(&file, request).await),
+        Choice::Serve(file) => Err(serve_file(&file, request)),
         Choice::Hidden => Err(Err(GatewayError::NotFound.into())),
         Choice::AddSlash(_) => {
             // Relative, as the client wrote the path, with its query.
@@ -59,8 +59,8 @@ pub(super) async fn prepare<B>(
 }
 
 /// The answer to `request` with `file`.
-async fn serve_file<B>(file: &std::path::Path, request: &Request<B>) -> Result<Response<Payload>, OwnAnswer> {
-    match serve::serve(file, request.method(), request.headers()).await {
+fn serve_file<B>(file: &std::path::Path, request: &Request<B>) -> Result<Response<Payload>, OwnAnswer> {
+    match serve::serve(file, request.method(), request.headers()) {
         Ok(response) => Ok(response.map(|body| Payload::File(Box::new(body)))),
         Err(status) if status == http::StatusCode::METHOD_NOT_ALLOWED => {
             Err(GatewayError::NotAFileMethod.into())

@@ -1,0 +1,428 @@
+//! Content codings (docs/configuration.md#routescompress): which of zstd, br and gzip a
+//! client's `Accept-Encoding` prefers, which responses may be compressed on the way out,
+//! and the streaming encoder that does it.
+//!
+//! The file server picks precompressed siblings (`app.js.br`) by the same preference.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use async_compression::Level;
+use async_compression::tokio::bufread::{BrotliEncoder, GzipEncoder, ZstdEncoder};
+use bytes::Bytes;
+use futures_util::{Stream, TryStreamExt};
+use http::StatusCode;
+use http::header::{self, HeaderMap, HeaderValue};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyDataStream;
+use tokio_util::io::{ReaderStream, StreamReader};
+
+/// The codings floodgate sends, in the order it prefers them when a client accepts
+/// several equally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Coding {
+    Zstd,
+    Brotli,
+    Gzip,
+}
+
+impl Coding {
+    /// Every coding, most preferred first.
+    pub(crate) const ALL: [Coding; 3] = [Coding::Zstd, Coding::Brotli, Coding::Gzip];
+
+    /// The `Content-Encoding` token.
+    pub(crate) fn token(self) -> &'static str {
+        match self {
+            Coding::Zstd => "zstd",
+            Coding::Brotli => "br",
+            Coding::Gzip => "gzip",
+        }
+    }
+
+    /// The extension of a precompressed sibling file.
+    pub(crate) fn extension(self) -> &'static str {
+        match self {
+            Coding::Zstd => "zst",
+            Coding::Brotli => "br",
+            Coding::Gzip => "gz",
+        }
+    }
+}
+
+/// A client's `Accept-Encoding`: the quality (in thousandths) it gives each of
+/// [`Coding::ALL`]; 0 is "not acceptable".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Accepted([u16; 3]);
+
+impl Accepted {
+    /// What the `Accept-Encoding` fields of `headers` accept. A coding the client does
+    /// not name takes the quality of `*`, or none; an element that does not parse is
+    /// ignored.
+    pub(crate) fn from_headers(headers: &HeaderMap) -> Accepted {
+        let mut named = [None::<u16>; 3];
+        let mut any = None;
+        for value in headers.get_all(header::ACCEPT_ENCODING) {
+            let Ok(value) = value.to_str() else { continue };
+            for element in value.split(',') {
+                let mut parts = element.split(';');
+                let coding = parts.next().unwrap_or_default().trim();
+                let Some(quality) = quality(parts) else { continue };
+                let slot = if coding == "*" {
+                    &mut any
+                } else if let Some(index) = Coding::ALL.iter().position(|c| {
+                    coding.eq_ignore_ascii_case(c.token())
+                        || (*c == Coding::Gzip && coding.eq_ignore_ascii_case("x-gzip"))
+                }) {
+                    &mut named[index]
+                } else {
+                    continue;
+                };
+                *slot = Some(quality);
+            }
+        }
+        Accepted(named.map(|quality| quality.or(any).unwrap_or(0)))
+    }
+
+    /// The coding the client prefers among those `available`, if it accepts any.
+    pub(crate) fn best(self, available: impl Fn(Coding) -> bool) -> Option<Coding> {
+        let mut best: Option<(Coding, u16)> = None;
+        for (coding, quality) in Coding::ALL.into_iter().zip(self.0) {
+            if quality > best.map_or(0, |(_, q)| q) && available(coding) {
+                best = Some((coding, quality));
+            }
+        }
+        best.map(|(coding, _)| coding)
+    }
+}
+
+/// The quality of an `Accept-Encoding` element from its parameters: 1 without `q`,
+/// `None` when `q` is not a quality value (RFC 9110 §12.4.2).
+fn quality<'a>(parameters: impl Iterator<Item = &'a str>) -> Option<u16> {
+    let mut quality = 1000;
+    for parameter in parameters {
+        let (name, value) = parameter.split_once('=')?;
+        if !name.trim().eq_ignore_ascii_case("q") {
+            continue;
+        }
+        let value = value.trim();
+        let (whole, fraction) = value.split_once('.').unwrap_or((value, ""));
+        if fraction.len() > 3 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let thousandths = fraction.bytes().chain(std::iter::repeat(b'0')).take(3);
+        let fraction = thousandths.fold(0u16, |sum, digit| sum * 10 + u16::from(digit - b'0'));
+        quality = match whole {
+            "0" => fraction,
+            "1" if fraction == 0 => 1000,
+            _ => return None,
+        };
+    }
+    Some(quality)
+}
+
+/// Responses shorter than this are sent as they are.
+const MIN_LENGTH: u64 = 1024;
+
+/// Whether a response with `status` and `headers` is one a route with `compress` encodes when the client accepts a coding: a text-like type,
+/// not already encoded, not a part, not an event stream, no `no-transform`, at least
+/// 1 KB when its length is known.
+pub(crate) fn compressible(status: StatusCode, headers: &HeaderMap) -> bool {
+    if status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::PARTIAL_CONTENT
+        || headers.contains_key(header::CONTENT_RANGE)
+    {
+        return false;
+    }
+    let encoded = headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|value| !value.as_bytes().eq_ignore_ascii_case(b"identity"));
+    let no_transform = headers.get_all(header::CACHE_CONTROL).iter().any(|value| {
+        value.to_str().is_ok_and(|text| {
+            text.split(',')
+                .any(|directive| directive.trim().eq_ignore_ascii_case("no-transform"))
+        })
+    });
+    let short = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse::<u64>().ok())
+        .is_some_and(|length| length < MIN_LENGTH);
+    let text_like = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(text_like);
+    text_like && !encoded && !no_transform && !short
+}
+
+/// Whether a `Content-Type` is text that compresses: `text/*` (not an event stream),
+/// JSON, JavaScript, XML, SVG, wasm, and any `+json` or `+xml` type.
+fn text_like(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    let lower = essence.to_ascii_lowercase();
+    let Some((kind, subtype)) = lower.split_once('/') else {
+        return false;
+    };
+    match kind {
+        "text" => subtype != "event-stream",
+        "application" => {
+            matches!(
+                subtype,
+                "json"
+                    | "javascript"
+                    | "x-javascript"
+                    | "ecmascript"
+                    | "xml"
+                    | "wasm"
+                    | "xhtml+xml"
+                    | "manifest+json"
+                    | "ld+json"
+            ) || subtype.ends_with("+json")
+                || subtype.ends_with("+xml")
+        }
+        "image" => subtype == "svg+xml",
+        _ => false,
+    }
+}
+
+/// Adds `Accept-Encoding` to the `Vary` of `headers`, unless it is there (or `*` is).
+pub(crate) fn vary_on_encoding(headers: &mut HeaderMap) {
+    let present = headers.get_all(header::VARY).iter().any(|value| {
+        value.to_str().is_ok_and(|text| {
+            text.split(',').any(|name| {
+                let name = name.trim();
+                name == "*" || name.eq_ignore_ascii_case("accept-encoding")
+            })
+        })
+    });
+    if !present {
+        headers.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    }
+}
+
+/// Marks `headers` as those of the `coding` of the representation they describe: the
+/// coding named, the length unknown, a strong `ETag` made weak (the bytes differ, the
+/// content does not), ranges no longer offered.
+pub(crate) fn encode_headers(headers: &mut HeaderMap, coding: Coding) {
+    headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static(coding.token()));
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::ACCEPT_RANGES);
+    if let Some(etag) = headers.get(header::ETAG)
+        && !etag.as_bytes().starts_with(b"W/")
+    {
+        let mut weak = b"W/".to_vec();
+        weak.extend_from_slice(etag.as_bytes());
+        if let Ok(weak) = HeaderValue::from_bytes(&weak) {
+            headers.insert(header::ETAG, weak);
+        }
+    }
+}
+
+/// The quality levels: zstd's default, gzip's default, and the brotli quality whose CPU
+/// cost is no more than gzip's (docs/performance.md#compression).
+const ZSTD_LEVEL: i32 = 3;
+const GZIP_LEVEL: i32 = 6;
+const BROTLI_QUALITY: i32 = 4;
+
+type Chunks = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
+
+/// A body encoded with a coding as it streams; trailers are not kept.
+pub(crate) struct Encoded {
+    chunks: Chunks,
+    done: bool,
+}
+
+impl Encoded {
+    /// `body`, encoded with `coding`.
+    pub(crate) fn new<B>(body: B, coding: Coding) -> Encoded
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let source = BodyDataStream::new(body).map_err(|error| io::Error::other(error.into()));
+        let reader = StreamReader::new(source);
+        let chunks: Chunks = match coding {
+            Coding::Zstd => Box::pin(ReaderStream::new(ZstdEncoder::with_quality(
+                reader,
+                Level::Precise(ZSTD_LEVEL),
+            ))),
+            Coding::Brotli => Box::pin(ReaderStream::new(BrotliEncoder::with_quality(
+                reader,
+                Level::Precise(BROTLI_QUALITY),
+            ))),
+            Coding::Gzip => Box::pin(ReaderStream::new(GzipEncoder::with_quality(
+                reader,
+                Level::Precise(GZIP_LEVEL),
+            ))),
+        };
+        Encoded { chunks, done: false }
+    }
+}
+
+impl Body for Encoded {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.chunks.as_mut().poll_next(cx) {
+            Poll::Ready(Some(chunk)) => Poll::Ready(Some(chunk.map(Frame::data))),
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accepted(value: &'static str) -> Accepted {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static(value));
+        Accepted::from_headers(&headers)
+    }
+
+    #[test]
+    fn the_client_chooses_by_quality_and_floodgate_breaks_ties() {
+        let all = |_| true;
+        assert_eq!(accepted("gzip, deflate, br, zstd").best(all), Some(Coding::Zstd));
+        assert_eq!(accepted("gzip, br").best(all), Some(Coding::Brotli));
+        assert_eq!(accepted("gzip;q=1, br;q=0.5").best(all), Some(Coding::Gzip));
+        assert_eq!(accepted("br;q=0, gzip;q=0.1").best(all), Some(Coding::Gzip));
+        assert_eq!(accepted("*").best(all), Some(Coding::Zstd));
+        assert_eq!(accepted("*;q=0.5, zstd;q=0").best(all), Some(Coding::Brotli));
+        assert_eq!(accepted("identity").best(all), None);
+        assert_eq!(accepted("x-gzip").best(all), Some(Coding::Gzip));
+        assert_eq!(accepted("GZIP;Q=0.5").best(all), Some(Coding::Gzip));
+        assert_eq!(Accepted::from_headers(&HeaderMap::new()).best(all), None);
+        // Only what is available: a precompressed sibling that exists.
+        assert_eq!(
+            accepted("zstd, br, gzip").best(|c| c == Coding::Gzip),
+            Some(Coding::Gzip)
+        );
+        assert_eq!(accepted("br").best(|c| c == Coding::Gzip), None);
+    }
+
+    #[test]
+    fn a_quality_that_does_not_parse_drops_its_element() {
+        let all = |_| true;
+        assert_eq!(accepted("br;q=2, gzip").best(all), Some(Coding::Gzip));
+        assert_eq!(accepted("br;q=0.5555, gzip;q=0.1").best(all), Some(Coding::Gzip));
+        assert_eq!(accepted("br;q=, gzip;q=0.1").best(all), Some(Coding::Gzip));
+        assert_eq!(accepted("br;q=1.000").best(all), Some(Coding::Brotli));
+        assert_eq!(accepted("br;q=1.001").best(all), None);
+        assert_eq!(accepted("br;q=0.000").best(all), None);
+    }
+
+    fn response(content_type: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        headers
+    }
+
+    #[test]
+    fn what_may_be_compressed() {
+        let ok = StatusCode::OK;
+        for text in [
+            "text/html; charset=utf-8",
+            "application/json",
+            "application/problem+json",
+            "application/atom+xml",
+            "image/svg+xml",
+            "text/javascript",
+            "application/wasm",
+        ] {
+            assert!(compressible(ok, &response(text)), "{text}");
+        }
+        for other in [
+            "image/png",
+            "application/octet-stream",
+            "text/event-stream",
+            "video/mp4",
+        ] {
+            assert!(!compressible(ok, &response(other)), "{other}");
+        }
+        let mut encoded = response("text/html");
+        encoded.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        assert!(!compressible(ok, &encoded));
+        let mut no_transform = response("text/html");
+        no_transform.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("public, No-Transform"),
+        );
+        assert!(!compressible(ok, &no_transform));
+        let mut short = response("text/html");
+        short.insert(header::CONTENT_LENGTH, HeaderValue::from_static("1023"));
+        assert!(!compressible(ok, &short));
+        short.insert(header::CONTENT_LENGTH, HeaderValue::from_static("1024"));
+        assert!(compressible(ok, &short));
+        assert!(!compressible(StatusCode::PARTIAL_CONTENT, &response("text/html")));
+        assert!(compressible(StatusCode::NOT_FOUND, &response("text/html")));
+    }
+
+    #[test]
+    fn vary_is_added_once() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::VARY, HeaderValue::from_static("Origin"));
+        vary_on_encoding(&mut headers);
+        vary_on_encoding(&mut headers);
+        let vary: Vec<_> = headers.get_all(header::VARY).iter().collect();
+        assert_eq!(vary, ["Origin", "Accept-Encoding"]);
+    }
+
+    #[test]
+    fn encoded_headers_weaken_the_etag_and_drop_the_length() {
+        let mut headers = response("text/css");
+        headers.insert(header::ETAG, HeaderValue::from_static("\"abc\""));
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5000"));
+        headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        encode_headers(&mut headers, Coding::Brotli);
+        assert_eq!(headers["content-encoding"], "br");
+        assert_eq!(headers["etag"], "W/\"abc\"");
+        assert!(!headers.contains_key(header::CONTENT_LENGTH));
+        assert!(!headers.contains_key(header::ACCEPT_RANGES));
+    }
+
+    #[tokio::test]
+    async fn every_coding_decodes_to_the_original() {
+        use async_compression::tokio::bufread::{BrotliDecoder, GzipDecoder, ZstdDecoder};
+        use http_body_util::BodyExt;
+        use tokio::io::AsyncReadExt;
+        let original: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| format!("line {i}\n").into_bytes())
+            .collect();
+        for coding in Coding::ALL {
+            let body = http_body_util::Full::new(Bytes::from(original.clone()));
+            let encoded = Encoded::new(body, coding).collect().await.unwrap().to_bytes();
+            assert!(encoded.len() < original.len() / 4, "{coding:?}");
+            let mut decoded = Vec::new();
+            let input = &encoded[..];
+            match coding {
+                Coding::Zstd => ZstdDecoder::new(input).read_to_end(&mut decoded).await,
+                Coding::Brotli => BrotliDecoder::new(input).read_to_end(&mut decoded).await,
+                Coding::Gzip => GzipDecoder::new(input).read_to_end(&mut decoded).await,
+            }
+            .unwrap();
+            assert_eq!(decoded, original, "{coding:?}");
+        }
+    }
+}
