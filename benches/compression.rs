@@ -51,25 +51,21 @@ fn codings(c: &mut Criterion) {
         b.iter(|| runtime.block_on(drain(ZstdEncoder::with_quality(&page[..], Level::Precise(3)))))
     });
     group.finish();
-    for (name, size) in [
-        (
-            "gzip_6",
-            runtime.block_on(drain(GzipEncoder::with_quality(&page[..], Level::Precise(6)))),
-        ),
-        (
-            "brotli_4",
-            runtime.block_on(drain(BrotliEncoder::with_quality(&page[..], Level::Precise(4)))),
-        ),
-        (
-            "brotli_5",
-            runtime.block_on(drain(BrotliEncoder::with_quality(&page[..], Level::Precise(5)))),
-        ),
-        (
-            "zstd_3",
-            runtime.block_on(drain(ZstdEncoder::with_quality(&page[..], Level::Precise(3)))),
-        ),
-    ] {
-        println!("{name}: {} -> {size} bytes", page.len());
+    let size = |name: &str, bytes: usize| println!("{name}: {} -> {bytes} bytes", page.len());
+    size(
+        "gzip_6",
+        runtime.block_on(drain(GzipEncoder::with_quality(&page[..], Level::Precise(6)))),
+    );
+    size(
+        "zstd_3",
+        runtime.block_on(drain(ZstdEncoder::with_quality(&page[..], Level::Precise(3)))),
+    );
+    for quality in [3, 4, 5] {
+        let bytes = runtime.block_on(drain(BrotliEncoder::with_quality(
+            &page[..],
+            Level::Precise(quality),
+        )));
+        size(&format!("brotli_{quality}"), bytes);
     }
 }
 

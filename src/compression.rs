@@ -224,7 +224,7 @@ pub(crate) fn encode_headers(headers: &mut HeaderMap, coding: Coding) {
 /// cost is no more than gzip's (docs/performance.md#compression).
 const ZSTD_LEVEL: i32 = 3;
 const GZIP_LEVEL: i32 = 6;
-const BROTLI_QUALITY: i32 = 4;
+const BROTLI_QUALITY: i32 = 3;
 
 type Chunks = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
 

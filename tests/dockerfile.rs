@@ -820,8 +820,13 @@ fn the_compose_example_builds_this_image_and_mounts_its_config_where_the_image_r
         "the example's gateway.toml is mounted where the image reads its config"
     );
     for (line, expected) in [
-        ("image: php:8-apache\n", None),
+        ("image: php:8.2-fpm\n", None),
         ("- ./php:/var/www/html:ro\n", Some("php/index.php")),
+        ("- ./php:/etc/floodgate/php:ro\n", Some("php/style.css")),
+        (
+            "- ./php-fpm/pool.conf:/usr/local/etc/php-fpm.d/zz-floodgate.conf:ro\n",
+            Some("php-fpm/pool.conf"),
+        ),
         ("context: ./go\n", Some("go/Dockerfile")),
         ("image: redis:", None),
     ] {

@@ -1,15 +1,18 @@
 //! The compose example's topology without Docker: the real `floodgate` binary running
 //! `examples/compose/gateway.toml` (service names replaced by local addresses, the PHP
-//! upstream's `timeout` 1 s, Redis's 5 s), a private `redis-server`, the example PHP app
-//! under `php -S` (Debian `php-cli`) and the example Go app (`go build`, Debian
-//! `golang-go`). Clients connect from distinct loopback addresses (127.0.0.2, ...), so
+//! upstream's `timeout` 1 s, Redis's 5 s, the site's directory the example's `php/`), a
+//! private `redis-server`, the example PHP app under PHP-FPM (Debian `php8.2-fpm`, with the
+//! example's pool, spoken to in FastCGI as in the containers) and the example Go app (`go
+//! build`, Debian `golang-go`). Clients connect from distinct loopback addresses (127.0.0.2, ...), so
 //! per-IP limits and the addresses the apps see are those of different clients.
 //!
 //! What it pins:
 //! - each route's limits and rate-limit headers, exact, with the counters in Redis;
-//! - PHP and Go see the client in X-Real-IP and X-Forwarded-For, never a planted value,
-//!   and `X_Forwarded_For` (PHP's `HTTP_X_FORWARDED_FOR`) never reaches PHP;
-//! - PHP's X-Powered-By never reaches the client;
+//! - PHP and Go see the client in X-Real-IP and X-Forwarded-For (PHP also in REMOTE_ADDR),
+//!   never a planted value, and `X_Forwarded_For` (PHP's `HTTP_X_FORWARDED_FOR`) never
+//!   reaches PHP;
+//! - PHP's X-Powered-By never reaches the client; the site's static file is served by
+//!   floodgate, compressed, and a script's source never;
 //! - a POST form and a multipart upload reach PHP intact; a slow page is a 504;
 //! - failed logins (`count = "failures"`) lock a client out after the fifth, its next
 //!   attempts never reaching PHP, and the limit-state API shows and lifts the lock;
@@ -17,7 +20,7 @@
 //!   stays on one server, sessions spread over both, and killing a server loses no
 //!   request.
 //!
-//! `php`, `go` and `redis-server` are required: without them these tests fail, they do not
+//! `php-fpm8.2`, `go` and `redis-server` are required: without them these tests fail, they do not
 //! skip (`.ci/run` installs them).
 
 mod common;
@@ -40,6 +43,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use tokio::io::AsyncReadExt as _;
 
 use common::process::FloodgateProcess;
 use common::redis_server::RedisServer;
@@ -107,8 +111,8 @@ fn go_app_binary() -> &'static Path {
     })
 }
 
-/// A child process killed with its whole process group on drop (`php -S` with workers
-/// forks; killing only the parent would leave the workers listening).
+/// A child process killed with its whole process group on drop (PHP-FPM forks its workers;
+/// killing only the master would leave them running).
 struct Group {
     child: Child,
 }
@@ -134,14 +138,15 @@ impl Drop for Group {
     }
 }
 
-/// `php -S` serving the example PHP app, with 4 workers (the slow page must not block the
-/// others).
+/// PHP-FPM (Debian's `php-fpm8.2`) running the example PHP app with the example's own pool
+/// (`php-fpm/pool.conf`: the containers' 10 static workers), listening on a free port
+/// instead of the containers' 9000, with an access log.
 struct Php {
     addr: SocketAddr,
-    /// Its standard error: the server's log, a line per request answered.
+    /// Its access log: a line `ADDRESS [STATUS]: METHOD REQUEST_URI` per request answered.
     log: PathBuf,
     _process: Group,
-    _logs: tempfile::TempDir,
+    _dir: tempfile::TempDir,
 }
 
 impl Php {
@@ -151,26 +156,38 @@ impl Php {
 
     /// With `-d` settings `ini` (`name=value`) and extra environment variables `envs`.
     fn start_with(ini: &[String], envs: &[(&str, &str)]) -> Php {
-        require("php", &["--version"], "php-cli");
-        let logs = tempfile::tempdir().unwrap();
-        let docroot = repo().join(EXAMPLE).join("php");
-        // `php -S` cannot report a port it picked; take a free one, and another if it was
-        // taken meanwhile.
+        require("php-fpm8.2", &["--version"], "php8.2-fpm");
+        let dir = tempfile::tempdir().unwrap();
+        let pool = repo().join(EXAMPLE).join("php-fpm/pool.conf");
+        // A free port now may be taken before PHP-FPM binds it: then another.
         for _ in 0..5 {
             let addr = SocketAddr::from(([127, 0, 0, 1], closed_port()));
-            let log = logs.path().join(format!("php-{}.log", addr.port()));
+            let port = addr.port();
+            let log = dir.path().join(format!("access-{port}.log"));
+            let errors = dir.path().join(format!("error-{port}.log"));
+            let config = dir.path().join(format!("fpm-{port}.conf"));
+            std::fs::write(
+                &config,
+                format!(
+                    "[global]\npid = {dir}/fpm-{port}.pid\nerror_log = {errors}\ndaemonize = no\n\n\
+                     include = {pool}\n\n[www]\nlisten = {addr}\naccess.log = {log}\n\
+                     access.format = \"%{{REMOTE_ADDR}}e [%s]: %m %{{REQUEST_URI}}e\"\n",
+                    dir = dir.path().display(),
+                    errors = errors.display(),
+                    pool = pool.display(),
+                    log = log.display(),
+                ),
+            )
+            .unwrap();
             let mut process = Group::spawn(
-                Command::new("php")
+                Command::new("php-fpm8.2")
+                    .args(["-F", "-R", "-y"])
+                    .arg(&config)
                     .args(ini.iter().flat_map(|setting| ["-d", setting]))
-                    .arg("-S")
-                    .arg(addr.to_string())
-                    .arg("-t")
-                    .arg(&docroot)
-                    .env("PHP_CLI_SERVER_WORKERS", "4")
                     .envs(envs.iter().copied())
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
-                    .stderr(std::fs::File::create(&log).unwrap()),
+                    .stderr(Stdio::null()),
             );
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
@@ -179,28 +196,28 @@ impl Php {
                         addr,
                         log,
                         _process: process,
-                        _logs: logs,
+                        _dir: dir,
                     };
                 }
                 if process.child.try_wait().unwrap().is_some() || Instant::now() > deadline {
                     eprintln!(
-                        "php -S on {addr} did not start:\n{}",
-                        std::fs::read_to_string(&log).unwrap_or_default()
+                        "php-fpm on {addr} did not start:\n{}",
+                        std::fs::read_to_string(&errors).unwrap_or_default()
                     );
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        panic!("php -S did not start (see the logs above)");
+        panic!("php-fpm did not start (see the logs above)");
     }
 
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("fastcgi://{}", self.addr)
     }
 
     /// How many requests the server logged as `request` (`POST /login.php`) answered with
-    /// `status`: its log has a line `... 127.0.0.1:PORT [401]: POST /login.php` for each.
+    /// `status`: its log has a line `127.0.0.9 [401]: POST /login.php` for each.
     fn logged(&self, status: u16, request: &str) -> usize {
         let line_end = format!("[{status}]: {request}");
         std::fs::read_to_string(&self.log)
@@ -293,7 +310,7 @@ fn replace_once(text: &str, from: &str, to: &str) -> String {
 }
 
 /// The example's PHP servers line (two containers, `php-a` and `php-b`).
-const EXAMPLE_PHP_SERVERS: &str = "servers = [\"http://php-a:80\", \"http://php-b:80\"]";
+const EXAMPLE_PHP_SERVERS: &str = "servers = [\"fastcgi://php-a:9000\", \"fastcgi://php-b:9000\"]";
 
 /// The example's `gateway.toml` with local listeners, Redis at `redis_url`, and `rewrites`.
 fn example_config(redis_url: &str, rewrites: Vec<(&str, String)>) -> String {
@@ -313,6 +330,13 @@ fn example_config(redis_url: &str, rewrites: Vec<(&str, String)>) -> String {
         .map(|page| (page, repo().join(EXAMPLE).join(page).display().to_string()));
     for (from, to) in local.into_iter().chain(pages).chain(rewrites) {
         config = replace_once(&config, from, &to);
+    }
+    // The site's directory, which floodgate and PHP-FPM both see where it is here (two
+    // routes have it).
+    let site = repo().join(EXAMPLE).join("php").display().to_string();
+    for (from, to) in [("root = \"php\"", &site), ("php_root = \"/var/www/html\"", &site)] {
+        assert_eq!(config.matches(from).count(), 2, "{EXAMPLE}/gateway.toml: {from}");
+        config = config.replace(from, &from.replace(from.split('"').nth(1).unwrap(), to));
     }
     config
 }
@@ -467,7 +491,10 @@ async fn php_sees_the_real_client_and_the_php_route_has_its_quota_headers() {
 
     let php = first.json();
     assert_eq!(php["app"], "php");
-    assert_eq!(php["REMOTE_ADDR"], "127.0.0.1", "PHP's peer is floodgate");
+    assert_eq!(
+        php["REMOTE_ADDR"], "127.0.0.2",
+        "floodgate gives PHP the client's address"
+    );
     assert_eq!(php["HTTP_X_REAL_IP"], "127.0.0.2");
     assert_eq!(php["HTTP_X_FORWARDED_FOR"], "127.0.0.2");
     assert_eq!(php["headers"]["HTTP_VIA"], "1.1 floodgate");
@@ -641,7 +668,7 @@ async fn the_per_ip_quota_is_shared_by_both_routes_and_refuses_the_301st() {
 async fn php_finds_its_session_among_http2_cookie_crumbs() {
     let topology = Topology::start();
     let client = common::h2c_client();
-    // New to every run: php -S keeps its session files in the system's temporary directory.
+    // New to every run: PHP keeps its session files in the system's temporary directory.
     let session = format!(
         "crumbs{}",
         std::time::SystemTime::now()
@@ -667,6 +694,64 @@ async fn php_finds_its_session_among_http2_cookie_crumbs() {
     assert_eq!(counts, [1, 2, 3]);
 }
 
+/// The route's `root` is the example's `php/`: floodgate serves its static file itself and
+/// runs scripts on PHP-FPM, a path that names none on the front controller (index.php);
+/// with the route's `compress`, a page PHP sends goes out compressed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floodgate_serves_the_sites_files_and_php_runs_its_scripts() {
+    let topology = Topology::start();
+    let client = client_from("127.0.0.11");
+    let on_disk = std::fs::read_to_string(repo().join(EXAMPLE).join("php/style.css")).unwrap();
+    let css = send(&client, get(&topology.url("/style.css")).body(empty()).unwrap()).await;
+    assert_eq!(css.status, StatusCode::OK);
+    assert_eq!(css.header("content-type"), "text/css; charset=utf-8");
+    assert!(css.headers.contains_key("etag") && css.headers.contains_key("last-modified"));
+    assert_eq!(css.body, on_disk);
+    // The route's limit counts files too.
+    assert_eq!(css.header("ratelimit"), "\"per_ip_minute\";r=299;t=60");
+
+    // No file: the front controller runs, with the path the client asked for.
+    let page = send(
+        &client,
+        get(&topology.url("/no/such/page?x=1")).body(empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert_eq!(page.json()["uri"], "/no/such/page?x=1");
+
+    // A page of a few KB, for a client that accepts gzip: compressed, and whole.
+    let padding = "p".repeat(3000);
+    let compressed = client
+        .request(
+            get(&topology.url("/"))
+                .header("accept-encoding", "gzip")
+                .header("x-padding", &padding)
+                .body(empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(compressed.headers()["content-encoding"], "gzip");
+    assert_eq!(compressed.headers()["vary"], "Accept-Encoding");
+    let encoded = compressed.into_body().collect().await.unwrap().to_bytes();
+    let mut decoded = String::new();
+    async_compression::tokio::bufread::GzipDecoder::new(&encoded[..])
+        .read_to_string(&mut decoded)
+        .await
+        .unwrap();
+    let php: Value = serde_json::from_str(&decoded).unwrap();
+    assert_eq!(php["headers"]["HTTP_X_PADDING"], padding.as_str());
+
+    // PHP-FPM saw the scripts, never the file.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while topology.php.logged(200, "GET /no/such/page?x=1") == 0 {
+        assert!(Instant::now() < deadline, "PHP-FPM did not log the page");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = std::fs::read_to_string(&topology.php.log).unwrap();
+    assert!(!log.contains("style.css"), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folded_forwarding_header_never_reaches_php() {
     let topology = Topology::start();
@@ -674,15 +759,8 @@ async fn a_folded_forwarding_header_never_reaches_php() {
                X_Real_IP: 1.2.3.4\r\nX.Forwarded.Proto: gopher\r\nX.Debug: 1\r\n\
                Connection: close\r\n\r\n";
 
-    // Sent to PHP directly, the underscore spelling becomes HTTP_X_FORWARDED_FOR: the attack.
-    let direct = raw_body(&raw_request(topology.php.addr, raw.as_bytes()).await);
-    let direct: Value = serde_json::from_str(&direct).unwrap();
-    assert_eq!(direct["HTTP_X_FORWARDED_FOR"], "1.2.3.4", "{direct}");
-    assert_eq!(direct["HTTP_X_REAL_IP"], "1.2.3.4", "{direct}");
-    assert_eq!(direct["headers"]["HTTP_X_FORWARDED_PROTO"], "gopher", "{direct}");
-    assert_eq!(direct["headers"]["HTTP_X_DEBUG"], "1", "{direct}");
-
-    // Through floodgate, PHP sees only floodgate's values.
+    // Passed on as HTTP_* parameters, the underscore spelling would become
+    // HTTP_X_FORWARDED_FOR: the attack. Through floodgate, PHP sees only floodgate's values.
     let response = raw_request(topology.gateway.listen, raw.as_bytes()).await;
     assert!(response.starts_with("HTTP/1.1 200 "), "{response}");
     let body = raw_body(&response);
@@ -832,7 +910,7 @@ async fn admin_metrics(topology: &Topology) -> String {
 /// The demo credentials in login.php.
 const LOGIN_USER: &str = "demo";
 const LOGIN_PASSWORD: &str = "floodgate-demo";
-/// What `php -S` logs for a login attempt.
+/// What PHP-FPM logs for a login attempt.
 const LOGIN: &str = "POST /login.php";
 
 /// `server.admin_token` of the example's gateway.toml.
@@ -1124,7 +1202,7 @@ async fn failed_logins_lock_a_client_out_before_php_and_the_admin_api_lifts_the_
     );
 }
 
-// Sticky sessions: the example's two PHP servers (`php-a`, `php-b`) under `php -S`, each
+// Sticky sessions: the example's two PHP servers (`php-a`, `php-b`) under PHP-FPM, each
 // told its name in APP_SERVER, behind the example's `[upstreams.php]` (`balance = "hash"`
 // on the PHPSESSID cookie, its health check, `max_requests` and queue), with
 // examples/compose/php/session.php counting each session's requests.
@@ -1187,16 +1265,6 @@ impl Sessions {
                 ),
             ],
         );
-        // The example's health page answers on both (the checks run every 5 s: too slowly
-        // for these tests to see one fail).
-        let example: toml::Table = config.parse().expect("the example's TOML");
-        let health = example["upstreams"]["php"]["health_check"]["path"]
-            .as_str()
-            .expect("a health_check path");
-        for (name, server) in &php {
-            let (status, _, body) = common::get(&format!("{}{health}", server.url())).await;
-            assert_eq!((status, body.as_str()), (StatusCode::OK, "ok\n"), "{name}");
-        }
         let gateway = FloodgateProcess::start(&config, &[]);
         Sessions {
             gateway,

@@ -6,9 +6,10 @@
 //                   when the upstream's `timeout` is shorter)
 //   /form.php       a form with a file upload
 //
-// Behind floodgate REMOTE_ADDR is floodgate itself; the client is HTTP_X_REAL_IP (and the
-// last HTTP_X_FORWARDED_FOR entry), which floodgate sets and a client cannot plant, not even
-// as `X_Forwarded_For` (PHP would read that spelling as the same variable).
+// floodgate speaks FastCGI to PHP-FPM and gives REMOTE_ADDR as the client it decided (its
+// trusted_proxies applied), as HTTP_X_REAL_IP and the last HTTP_X_FORWARDED_FOR entry: a
+// client cannot plant any of them, not even as `X_Forwarded_For` (PHP would read that
+// spelling as the same variable; floodgate drops headers with underscores).
 
 $sleep = isset($_GET['sleep']) ? (int) $_GET['sleep'] : 0;
 if ($sleep > 0) {
