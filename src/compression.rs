@@ -86,13 +86,20 @@ impl Accepted {
 
     /// The coding the client prefers among those `available`, if it accepts any.
     pub(crate) fn best(self, available: impl Fn(Coding) -> bool) -> Option<Coding> {
-        let mut best: Option<(Coding, u16)> = None;
-        for (coding, quality) in Coding::ALL.into_iter().zip(self.0) {
-            if quality > best.map_or(0, |(_, q)| q) && available(coding) {
-                best = Some((coding, quality));
-            }
-        }
-        best.map(|(coding, _)| coding)
+        self.ranked().find(|coding| available(*coding))
+    }
+
+    /// The codings the client accepts, the one it prefers first (floodgate's order among
+    /// equals).
+    pub(crate) fn ranked(self) -> impl Iterator<Item = Coding> {
+        let mut ranked: Vec<(Coding, u16)> = Coding::ALL
+            .into_iter()
+            .zip(self.0)
+            .filter(|(_, quality)| *quality > 0)
+            .collect();
+        // Stable: equals keep the order of `Coding::ALL`.
+        ranked.sort_by_key(|(_, quality)| std::cmp::Reverse(*quality));
+        ranked.into_iter().map(|(coding, _)| coding)
     }
 }
 

@@ -3,9 +3,7 @@
 //! also the front controller, and a script only if floodgate saw it exist, so that
 //! `/uploads/x.jpg/y.php` never runs `x.jpg`.
 
-use std::path::PathBuf;
-
-use super::{Found, Root};
+use super::{Found, Opened, Root};
 
 /// Which script runs a request, as the file choice found it under the site's root.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,8 +21,8 @@ pub(crate) enum Choice {
     AddSlash(String),
     /// Run this script.
     Run(Script),
-    /// Serve this file.
-    Serve(PathBuf),
+    /// Serve this file: its path from the root, and the file.
+    Serve(String, Opened),
     /// No file: a `404`, or the upstream's to answer.
     Nothing,
     /// A hidden path, or one outside the root: `404`, nothing else tried.
@@ -38,8 +36,10 @@ pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: Option<&s
     if super::hidden(path) {
         return Choice::Hidden;
     }
+    // The path itself is looked up once, whether as a directory or as the first candidate.
+    let mut found_path = Some(root.find(path));
     if !path.ends_with('/')
-        && matches!(root.find(path), Found::Directory(_))
+        && found_path == Some(Found::Directory)
         && matches!(root.find(&format!("{path}/{index}")), Found::File(_))
     {
         return Choice::AddSlash(format!("{path}/"));
@@ -61,7 +61,12 @@ pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: Option<&s
             continue;
         }
         let split = split_path.and_then(|split_path| split(candidate, split_path));
-        match (root.find(split.map_or(candidate, |(name, _)| name)), split) {
+        let name = split.map_or(candidate, |(name, _)| name);
+        let found = match found_path.take() {
+            Some(found) if name == path => found,
+            _ => root.find(name),
+        };
+        match (found, split) {
             (Found::Forbidden, _) => return Choice::Hidden,
             (Found::File(_), Some((name, path_info))) => {
                 return Choice::Run(Script {
@@ -69,8 +74,8 @@ pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: Option<&s
                     path_info: path_info.to_owned(),
                 });
             }
-            (Found::File(file), None) => return Choice::Serve(file),
-            (Found::Directory(_) | Found::Nothing, _) => {}
+            (Found::File(opened), None) => return Choice::Serve(candidate.to_owned(), opened),
+            (Found::Directory | Found::Nothing, _) => {}
         }
     }
     Choice::Nothing
@@ -142,7 +147,7 @@ mod tests {
         assert_eq!(choose("/"), run("/index.php", ""));
         assert_eq!(choose("/articles/42"), run("/index.php", ""));
         assert_eq!(choose("/empty"), run("/index.php", ""));
-        assert!(matches!(choose("/docs/guide.html"), Choice::Serve(_)));
+        assert!(matches!(choose("/docs/guide.html"), Choice::Serve(..)));
     }
 
     #[test]
@@ -153,7 +158,7 @@ mod tests {
         assert_eq!(choose("/uploads/x.jpg/y.php"), run("/index.php", ""));
         assert_eq!(choose("/uploads/x.jpg.php"), run("/index.php", ""));
         // The upload itself is a file, served, never run.
-        assert!(matches!(choose("/uploads/x.jpg"), Choice::Serve(_)));
+        assert!(matches!(choose("/uploads/x.jpg"), Choice::Serve(..)));
         assert_eq!(choose("/.env"), Choice::Hidden);
         // Hidden or outside the root: nothing, not even the front controller.
         assert_eq!(choose("/.git/config"), Choice::Hidden);
@@ -176,7 +181,7 @@ mod tests {
         let choose = |path| choose(&root, path, "index.php", None);
         assert_eq!(choose("/login.php"), Choice::Nothing);
         assert_eq!(choose("/LOGIN.PHP"), Choice::Nothing);
-        assert!(matches!(choose("/docs/guide.html"), Choice::Serve(_)));
+        assert!(matches!(choose("/docs/guide.html"), Choice::Serve(..)));
         assert_eq!(choose("/login.php/x"), Choice::Nothing);
         assert_eq!(choose("/articles/42"), Choice::Nothing);
         assert_eq!(choose("/.env"), Choice::Hidden);

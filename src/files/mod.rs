@@ -5,31 +5,67 @@
 //! does a path whose real location, symlinks resolved, is outside the root: both are
 //! answered as absent, before anything else looks at the disk.
 
+use std::fs::{File, Metadata};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
 
 pub(crate) mod choice;
 pub(crate) mod serve;
 
-/// A site's root directory, resolved once at load.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A site's root directory, resolved and opened once at load.
+#[derive(Debug, Clone)]
 pub struct Root {
     /// The directory, symlinks resolved.
     real: PathBuf,
+    /// The directory itself, which lookups start from.
+    directory: Arc<File>,
 }
+
+impl PartialEq for Root {
+    fn eq(&self, other: &Root) -> bool {
+        self.real == other.real
+    }
+}
+
+impl Eq for Root {}
+
+/// A file opened under a root, with what it is.
+#[derive(Debug)]
+pub(crate) struct Opened {
+    pub(crate) file: File,
+    pub(crate) metadata: Metadata,
+}
+
+impl PartialEq for Opened {
+    fn eq(&self, other: &Opened) -> bool {
+        (self.metadata.dev(), self.metadata.ino()) == (other.metadata.dev(), other.metadata.ino())
+    }
+}
+
+impl Eq for Opened {}
 
 /// What a request path names under a root.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Found {
-    /// A regular file: its real path.
-    File(PathBuf),
-    /// A directory: its real path.
-    Directory(PathBuf),
+    /// A regular file, open.
+    File(Opened),
+    /// A directory.
+    Directory,
     /// Nothing there.
     Nothing,
     /// A hidden path, or one that leads outside the root: never served, never tried
     /// further.
     Forbidden,
 }
+
+/// Whether the kernel refused `openat2` (before Linux 5.6, or a seccomp profile that does
+/// not know it): lookups then resolve the path in user space.
+static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 
 impl Root {
     /// `directory` as a root: it must exist and be a directory.
@@ -40,7 +76,12 @@ impl Root {
         if !real.is_dir() {
             return Err(format!("{} is not a directory", directory.display()));
         }
-        Ok(Root { real })
+        let opened =
+            File::open(&real).map_err(|error| format!("cannot open {}: {error}", directory.display()))?;
+        Ok(Root {
+            real,
+            directory: Arc::new(opened),
+        })
     }
 
     /// The directory, symlinks resolved.
@@ -48,14 +89,45 @@ impl Root {
         &self.real
     }
 
-    /// What the decoded request `path` names under the root: a file, a directory,
-    /// nothing, or something forbidden (hidden, or outside the root once symlinks are
-    /// resolved).
+    /// What the decoded request `path` names under the root: a file (opened), a
+    /// directory, nothing, or something forbidden (hidden, or outside the root once
+    /// symlinks are resolved).
+    ///
+    /// The kernel resolves the path beneath the root in one `openat2` call
+    /// (`RESOLVE_BENEATH`), refusing any step outside it; a refusal, which an absolute
+    /// symlink also gets, is looked at again in user space, which alone tells a symlink
+    /// that stays inside from one that leaves.
     pub(crate) fn find(&self, path: &str) -> Found {
         if hidden(path) {
             return Found::Forbidden;
         }
         let relative = path.trim_start_matches('/');
+        let relative = if relative.is_empty() { "." } else { relative };
+        if !NO_OPENAT2.load(Ordering::Relaxed) {
+            let opened = rustix::fs::openat2(
+                self.directory.as_ref(),
+                relative,
+                // Non-blocking: a FIFO must not hold the worker until a writer comes.
+                OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+            );
+            match opened {
+                Ok(fd) => return Found::opened(File::from(fd)),
+                Err(Errno::NOENT | Errno::NOTDIR | Errno::ACCESS | Errno::LOOP | Errno::NAMETOOLONG) => {
+                    return Found::Nothing;
+                }
+                Err(Errno::NOSYS | Errno::PERM) => NO_OPENAT2.store(true, Ordering::Relaxed),
+                // EXDEV (a step outside, or an absolute symlink), EAGAIN (a rename
+                // meanwhile), anything else: resolved below.
+                Err(_) => {}
+            }
+        }
+        self.find_resolving(relative)
+    }
+
+    /// [`Root::find`] resolving the path in user space, component by component.
+    fn find_resolving(&self, relative: &str) -> Found {
         let candidate = self.real.join(relative);
         let Ok(real) = candidate.canonicalize() else {
             // Absent: forbidden all the same if the part that exists leads outside.
@@ -69,9 +141,24 @@ impl Root {
         if !real.starts_with(&self.real) {
             return Found::Forbidden;
         }
-        match real.metadata() {
-            Ok(metadata) if metadata.is_file() => Found::File(real),
-            Ok(metadata) if metadata.is_dir() => Found::Directory(real),
+        use std::os::unix::fs::OpenOptionsExt as _;
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags((OFlags::NONBLOCK | OFlags::NOCTTY).bits() as i32)
+            .open(&real)
+        {
+            Ok(file) => Found::opened(file),
+            Err(_) => Found::Nothing,
+        }
+    }
+}
+
+impl Found {
+    /// What an opened `file` is.
+    fn opened(file: File) -> Found {
+        match file.metadata() {
+            Ok(metadata) if metadata.is_file() => Found::File(Opened { file, metadata }),
+            Ok(metadata) if metadata.is_dir() => Found::Directory,
             _ => Found::Nothing,
         }
     }
@@ -86,6 +173,22 @@ pub(crate) fn hidden(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fifo_is_nothing_and_does_not_block() {
+        let site = tempfile::tempdir().unwrap();
+        let fifo = site.path().join("pipe");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let root = Root::new(site.path()).unwrap();
+        assert_eq!(root.find("/pipe"), Found::Nothing);
+        assert_eq!(root.find_resolving("pipe"), Found::Nothing);
+    }
 
     #[test]
     fn hidden_segments_name_nothing_except_well_known() {
@@ -106,14 +209,31 @@ mod tests {
         std::fs::write(outside.path().join("secret"), "s").unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret"), site.path().join("link")).unwrap();
         std::fs::write(site.path().join(".env"), "KEY=1").unwrap();
+        std::fs::create_dir(site.path().join("inner")).unwrap();
+        std::os::unix::fs::symlink("../index.php", site.path().join("inner/up")).unwrap();
+        std::os::unix::fs::symlink(site.path().join("index.php"), site.path().join("absolute")).unwrap();
+        std::os::unix::fs::symlink("../../../../../../../../etc/passwd", site.path().join("climb")).unwrap();
         let root = Root::new(site.path()).unwrap();
-        let real = site.path().canonicalize().unwrap();
-        assert_eq!(root.find("/index.php"), Found::File(real.join("index.php")));
-        assert_eq!(root.find("/blog"), Found::Directory(real.join("blog")));
-        assert_eq!(root.find("/"), Found::Directory(real.clone()));
-        assert_eq!(root.find("/link"), Found::Forbidden);
+        for find in [Root::find, |root: &Root, path: &str| {
+            root.find_resolving(path.trim_start_matches('/'))
+        }] {
+            let file = |path| match find(&root, path) {
+                Found::File(opened) => opened.metadata.len(),
+                other => panic!("{path}: {other:?}"),
+            };
+            assert_eq!(file("/index.php"), 5);
+            // Symlinks that stay inside, relative or absolute, are followed.
+            assert_eq!(file("/inner/up"), 5);
+            assert_eq!(file("/absolute"), 5);
+            assert_eq!(find(&root, "/blog"), Found::Directory);
+            assert_eq!(find(&root, "/"), Found::Directory);
+            assert_eq!(find(&root, "/link"), Found::Forbidden);
+            assert_eq!(find(&root, "/climb"), Found::Forbidden);
+            assert_eq!(find(&root, "/link/more"), Found::Forbidden);
+            assert_eq!(find(&root, "/missing"), Found::Nothing);
+            assert_eq!(find(&root, "/index.php/x"), Found::Nothing);
+        }
         assert_eq!(root.find("/.env"), Found::Forbidden);
-        assert_eq!(root.find("/missing"), Found::Nothing);
         assert!(Root::new(&site.path().join("index.php")).is_err());
         assert!(Root::new(&site.path().join("none")).is_err());
     }

@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -23,7 +23,8 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, Take};
 use tokio_util::io::ReaderStream;
 
-use crate::compression::{Accepted, Coding, vary_on_encoding};
+use super::{Found, Opened, Root};
+use crate::compression::{Accepted, vary_on_encoding};
 
 /// Files up to this size are read whole when opened; larger ones stream.
 const READ_AT_ONCE: u64 = 64 * 1024;
@@ -116,27 +117,36 @@ impl Body for FileBody {
     }
 }
 
-/// The answer to `method` for `file`, given the request's `headers`: `Err` with the
-/// status for a method other than `GET` and `HEAD` (`405`) or a file that cannot be read.
+/// The answer to `method` for `file`, found at `path` under `root`, given the request's
+/// `headers`: `Err` with the status for a method other than `GET` and `HEAD` (`405`) or a
+/// file that cannot be read.
 pub(crate) fn serve(
-    file: &Path,
+    root: &Root,
+    path: &str,
+    file: Opened,
     method: &Method,
     headers: &HeaderMap,
 ) -> Result<Response<FileBody>, StatusCode> {
     if method != Method::GET && method != Method::HEAD {
         return Err(StatusCode::METHOD_NOT_ALLOWED);
     }
-    let siblings = Siblings::of(file);
-    let coding = siblings.choose(Accepted::from_headers(headers));
-    let chosen = match coding {
-        Some(coding) => Siblings::path(file, coding),
-        None => file.to_path_buf(),
+    // The sibling of the coding the client prefers, of those it accepts, that exists.
+    let sibling = Accepted::from_headers(headers).ranked().find_map(|coding| {
+        match root.find(&format!("{path}.{}", coding.extension())) {
+            Found::File(opened) => Some((coding, opened)),
+            _ => None,
+        }
+    });
+    let (
+        coding,
+        Opened {
+            file: opened,
+            metadata,
+        },
+    ) = match sibling {
+        Some((coding, sibling)) => (Some(coding), sibling),
+        None => (None, file),
     };
-    let opened = File::open(&chosen).map_err(|_| StatusCode::NOT_FOUND)?;
-    let metadata = opened.metadata().map_err(|_| StatusCode::NOT_FOUND)?;
-    if !metadata.is_file() {
-        return Err(StatusCode::NOT_FOUND);
-    }
     let length = metadata.len();
     let modified = metadata.modified().unwrap_or(UNIX_EPOCH);
     let since_epoch = modified.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -152,17 +162,18 @@ pub(crate) fn serve(
     let last_modified = httpdate::fmt_http_date(modified);
     let mut response = Response::new(FileBody::empty());
     let out = response.headers_mut();
-    out.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type(file)));
+    out.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type(Path::new(path))),
+    );
     if let Ok(etag) = HeaderValue::try_from(etag.as_str()) {
         out.insert(header::ETAG, etag);
     }
     if let Ok(date) = HeaderValue::try_from(last_modified.as_str()) {
         out.insert(header::LAST_MODIFIED, date);
     }
-    if siblings.any() {
-        vary_on_encoding(out);
-    }
     if let Some(coding) = coding {
+        vary_on_encoding(out);
         out.insert(header::CONTENT_ENCODING, HeaderValue::from_static(coding.token()));
     }
     if not_modified(headers, &etag, modified) {
@@ -203,37 +214,6 @@ pub(crate) fn serve(
         *response.body_mut() = FileBody::part(opened, start, count).map_err(|_| StatusCode::NOT_FOUND)?;
     }
     Ok(response)
-}
-
-/// Which precompressed siblings of a file exist: regular files (not symlinks, which could
-/// lead outside the root) named as the file with a coding's extension added.
-struct Siblings([bool; 3]);
-
-impl Siblings {
-    fn of(file: &Path) -> Siblings {
-        Siblings(Coding::ALL.map(|coding| {
-            std::fs::symlink_metadata(Siblings::path(file, coding)).is_ok_and(|metadata| metadata.is_file())
-        }))
-    }
-
-    fn path(file: &Path, coding: Coding) -> PathBuf {
-        let mut name = file.as_os_str().to_owned();
-        name.push(".");
-        name.push(coding.extension());
-        PathBuf::from(name)
-    }
-
-    fn any(&self) -> bool {
-        self.0.contains(&true)
-    }
-
-    /// The sibling the client prefers among those that exist.
-    fn choose(&self, accepted: Accepted) -> Option<Coding> {
-        if !self.any() {
-            return None;
-        }
-        accepted.best(|coding| self.0[Coding::ALL.iter().position(|c| *c == coding).unwrap_or(0)])
-    }
 }
 
 /// A request's `Range`, as far as a file server honours it.
@@ -366,6 +346,16 @@ fn content_type(file: &Path) -> &'static str {
 mod tests {
     use super::*;
 
+    /// `serve` for `file`, with its directory as the root.
+    fn serve_at(file: &Path, method: &Method, headers: &HeaderMap) -> Result<Response<FileBody>, StatusCode> {
+        let root = Root::new(file.parent().unwrap()).unwrap();
+        let path = format!("/{}", file.file_name().unwrap().to_str().unwrap());
+        let Found::File(opened) = root.find(&path) else {
+            panic!("{path}: no file");
+        };
+        serve(&root, &path, opened, method, headers)
+    }
+
     async fn body(response: Response<FileBody>) -> Vec<u8> {
         use http_body_util::BodyExt;
         response.into_body().collect().await.unwrap().to_bytes().to_vec()
@@ -376,7 +366,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("style.css");
         std::fs::write(&file, "body{}").unwrap();
-        let response = serve(&file, &Method::GET, &HeaderMap::new()).unwrap();
+        let response = serve_at(&file, &Method::GET, &HeaderMap::new()).unwrap();
         assert_eq!(response.headers()["content-type"], "text/css; charset=utf-8");
         assert_eq!(response.headers()["content-length"], "6");
         let etag = response.headers()["etag"].clone();
@@ -385,28 +375,28 @@ mod tests {
 
         let mut conditional = HeaderMap::new();
         conditional.insert(header::IF_NONE_MATCH, etag.clone());
-        let response = serve(&file, &Method::GET, &conditional).unwrap();
+        let response = serve_at(&file, &Method::GET, &conditional).unwrap();
         assert_eq!(response.status(), StatusCode::NOT_MODIFIED);
         assert!(body(response).await.is_empty());
 
         let mut by_date = HeaderMap::new();
         by_date.insert(header::IF_MODIFIED_SINCE, modified);
         assert_eq!(
-            serve(&file, &Method::GET, &by_date).unwrap().status(),
+            serve_at(&file, &Method::GET, &by_date).unwrap().status(),
             StatusCode::NOT_MODIFIED
         );
         let mut other = HeaderMap::new();
         other.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"other\""));
         assert_eq!(
-            serve(&file, &Method::GET, &other).unwrap().status(),
+            serve_at(&file, &Method::GET, &other).unwrap().status(),
             StatusCode::OK
         );
 
-        let head = serve(&file, &Method::HEAD, &HeaderMap::new()).unwrap();
+        let head = serve_at(&file, &Method::HEAD, &HeaderMap::new()).unwrap();
         assert_eq!(head.headers()["content-length"], "6");
         assert!(body(head).await.is_empty());
         assert_eq!(
-            serve(&file, &Method::POST, &HeaderMap::new()).err(),
+            serve_at(&file, &Method::POST, &HeaderMap::new()).err(),
             Some(StatusCode::METHOD_NOT_ALLOWED)
         );
     }
@@ -425,7 +415,7 @@ mod tests {
         let file = dir.path().join("data.bin");
         std::fs::write(&file, b"0123456789").unwrap();
         let part =
-            |range: &'static str| serve(&file, &Method::GET, &with(&[(header::RANGE, range)])).unwrap();
+            |range: &'static str| serve_at(&file, &Method::GET, &with(&[(header::RANGE, range)])).unwrap();
         let response = part("bytes=2-4");
         assert_eq!(response.status(), StatusCode::PARTIAL_CONTENT);
         assert_eq!(response.headers()["content-range"], "bytes 2-4/10");
@@ -459,28 +449,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("data.bin");
         std::fs::write(&file, b"0123456789").unwrap();
-        let whole = serve(&file, &Method::GET, &HeaderMap::new()).unwrap();
+        let whole = serve_at(&file, &Method::GET, &HeaderMap::new()).unwrap();
         let mut headers = with(&[(header::RANGE, "bytes=0-0")]);
         headers.insert(header::IF_RANGE, whole.headers()["etag"].clone());
         assert_eq!(
-            serve(&file, &Method::GET, &headers).unwrap().status(),
+            serve_at(&file, &Method::GET, &headers).unwrap().status(),
             StatusCode::PARTIAL_CONTENT
         );
         headers.insert(header::IF_RANGE, whole.headers()["last-modified"].clone());
         assert_eq!(
-            serve(&file, &Method::GET, &headers).unwrap().status(),
+            serve_at(&file, &Method::GET, &headers).unwrap().status(),
             StatusCode::PARTIAL_CONTENT
         );
         headers.insert(header::IF_RANGE, HeaderValue::from_static("\"stale\""));
         assert_eq!(
-            serve(&file, &Method::GET, &headers).unwrap().status(),
+            serve_at(&file, &Method::GET, &headers).unwrap().status(),
             StatusCode::OK
         );
         // A weak tag never matches for a range.
         let weak = format!("W/{}", whole.headers()["etag"].to_str().unwrap());
         headers.insert(header::IF_RANGE, HeaderValue::try_from(weak).unwrap());
         assert_eq!(
-            serve(&file, &Method::GET, &headers).unwrap().status(),
+            serve_at(&file, &Method::GET, &headers).unwrap().status(),
             StatusCode::OK
         );
     }
@@ -493,7 +483,7 @@ mod tests {
         std::fs::write(dir.path().join("app.js.br"), "BROTLI").unwrap();
         std::fs::write(dir.path().join("app.js.gz"), "GZIP!!!").unwrap();
         let get = |accept: &'static str| {
-            serve(&file, &Method::GET, &with(&[(header::ACCEPT_ENCODING, accept)])).unwrap()
+            serve_at(&file, &Method::GET, &with(&[(header::ACCEPT_ENCODING, accept)])).unwrap()
         };
 
         let brotli = get("gzip, deflate, br, zstd");
@@ -508,29 +498,34 @@ mod tests {
         assert_ne!(gzip.headers()["etag"], brotli_tag);
         assert_eq!(body(gzip).await, b"GZIP!!!");
 
+        // Siblings are looked for only in the codings the client accepts (as nginx's
+        // gzip_static does): a client that accepts none gets the file, varying on nothing.
         let plain = get("identity");
         assert!(!plain.headers().contains_key(header::CONTENT_ENCODING));
-        assert_eq!(plain.headers()["vary"], "Accept-Encoding");
+        assert!(!plain.headers().contains_key(header::VARY));
         assert_ne!(plain.headers()["etag"], brotli_tag);
         assert_eq!(body(plain).await, b"plain");
 
         // A range applies to the representation chosen; its tag revalidates it alone.
         let mut headers = with(&[(header::ACCEPT_ENCODING, "br"), (header::RANGE, "bytes=0-1")]);
-        assert_eq!(body(serve(&file, &Method::GET, &headers).unwrap()).await, b"BR");
+        assert_eq!(
+            body(serve_at(&file, &Method::GET, &headers).unwrap()).await,
+            b"BR"
+        );
         headers.insert(header::IF_NONE_MATCH, brotli_tag);
         assert_eq!(
-            serve(&file, &Method::GET, &headers).unwrap().status(),
+            serve_at(&file, &Method::GET, &headers).unwrap().status(),
             StatusCode::NOT_MODIFIED
         );
         headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
         assert_eq!(
-            serve(&file, &Method::GET, &headers).unwrap().status(),
+            serve_at(&file, &Method::GET, &headers).unwrap().status(),
             StatusCode::PARTIAL_CONTENT
         );
 
         // A file without siblings varies on nothing.
         std::fs::write(dir.path().join("logo.svg"), "<svg/>").unwrap();
-        let alone = serve(
+        let alone = serve_at(
             &dir.path().join("logo.svg"),
             &Method::GET,
             &with(&[(header::ACCEPT_ENCODING, "br")]),
@@ -540,14 +535,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_sibling_that_is_a_symlink_is_not_followed() {
+    async fn a_sibling_that_leads_outside_the_root_is_not_used() {
         let dir = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
         std::fs::write(outside.path().join("secret"), "SECRET").unwrap();
         let file = dir.path().join("app.js");
         std::fs::write(&file, "plain").unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("app.js.gz")).unwrap();
-        let response = serve(&file, &Method::GET, &with(&[(header::ACCEPT_ENCODING, "gzip")])).unwrap();
+        let response = serve_at(&file, &Method::GET, &with(&[(header::ACCEPT_ENCODING, "gzip")])).unwrap();
         assert!(!response.headers().contains_key(header::CONTENT_ENCODING));
         assert_eq!(body(response).await, b"plain");
     }
@@ -559,10 +554,10 @@ mod tests {
         let content: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&file, &content).unwrap();
         assert_eq!(
-            body(serve(&file, &Method::GET, &HeaderMap::new()).unwrap()).await,
+            body(serve_at(&file, &Method::GET, &HeaderMap::new()).unwrap()).await,
             content
         );
-        let response = serve(
+        let response = serve_at(
             &file,
             &Method::GET,
             &with(&[(header::RANGE, "bytes=1000-200999")]),

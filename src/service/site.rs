@@ -11,6 +11,7 @@ use super::own_answer::OwnAnswer;
 use super::response_body::Payload;
 use crate::config::{Php, Site};
 use crate::error::GatewayError;
+use crate::files::Opened;
 use crate::files::choice::{self, Choice, Script};
 use crate::files::serve;
 use crate::path::decode_file_path;
@@ -42,7 +43,7 @@ pub(super) async fn prepare<B>(
     match choice::choose(&site.root, &file_path, &site.index, split_path) {
         Choice::Run(script) => Ok(Prepared::Run(script)),
         Choice::Nothing => Ok(Prepared::Unserved),
-        Choice::Serve(file) => Err(serve_file(&file, request)),
+        Choice::Serve(file_path, file) => Err(serve_file(site, &file_path, file, request)),
         Choice::Hidden => Err(Err(GatewayError::NotFound.into())),
         Choice::AddSlash(_) => {
             // Relative, as the client wrote the path, with its query.
@@ -58,9 +59,14 @@ pub(super) async fn prepare<B>(
     }
 }
 
-/// The answer to `request` with `file`.
-fn serve_file<B>(file: &std::path::Path, request: &Request<B>) -> Result<Response<Payload>, OwnAnswer> {
-    match serve::serve(file, request.method(), request.headers()) {
+/// The answer to `request` with `file`, at `path` on `site`.
+fn serve_file<B>(
+    site: &Site,
+    path: &str,
+    file: Opened,
+    request: &Request<B>,
+) -> Result<Response<Payload>, OwnAnswer> {
+    match serve::serve(&site.root, path, file, request.method(), request.headers()) {
         Ok(response) => Ok(response.map(|body| Payload::File(Box::new(body)))),
         Err(status) if status == http::StatusCode::METHOD_NOT_ALLOWED => {
             Err(GatewayError::NotAFileMethod.into())

@@ -58,6 +58,8 @@ pub(crate) struct Exchange {
     answered: bool,
     /// Whether any of the request body was read.
     body_read: bool,
+    /// A failure found while looking past a piece already handed out: the next one.
+    deferred: Option<ExchangeError>,
 }
 
 impl Exchange {
@@ -80,6 +82,7 @@ impl Exchange {
             ended: false,
             answered: false,
             body_read: false,
+            deferred: None,
         }
     }
 
@@ -127,30 +130,63 @@ impl Exchange {
     /// The next piece of the response body; `None` at its end, when the connection goes
     /// back to the pool if it can carry another request.
     pub(crate) fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ExchangeError>>> {
-        if let Some(ahead) = self.ahead.take() {
-            return Poll::Ready(Some(Ok(ahead)));
+        if let Some(error) = self.deferred.take() {
+            return Poll::Ready(Some(Err(error)));
         }
-        if self.ended {
-            return Poll::Ready(None);
-        }
+        let data = match self.ahead.take() {
+            Some(ahead) => ahead,
+            None if self.ended => return Poll::Ready(None),
+            None => loop {
+                match ready!(self.poll_received(cx)) {
+                    Err(error) => return Poll::Ready(Some(Err(error))),
+                    Ok(Received::Stdout(content)) if content.is_empty() => {}
+                    Ok(Received::Stdout(content)) => break content,
+                    Ok(Received::Stderr(text)) => self.endpoint.log_stderr(&text),
+                    Ok(Received::End { .. }) => {
+                        self.ended = true;
+                        self.check_in();
+                        return Poll::Ready(None);
+                    }
+                }
+            },
+        };
+        self.look_past();
+        Poll::Ready(Some(Ok(data)))
+    }
+
+    /// Takes in the records already read past the piece about to be handed out, up to the
+    /// next content: when the answer's end is among them, the body knows it is done with
+    /// this piece, and the client's response ends in the same write (no task reads ahead
+    /// of a response that is all there).
+    fn look_past(&mut self) {
+        let Some(connection) = self.connection.as_mut() else {
+            return;
+        };
         loop {
-            match ready!(self.poll_received(cx)) {
-                Err(error) => return Poll::Ready(Some(Err(error))),
-                Ok(Received::Stdout(content)) if content.is_empty() => {}
-                Ok(Received::Stdout(content)) => return Poll::Ready(Some(Ok(content))),
-                Ok(Received::Stderr(text)) => self.endpoint.log_stderr(&text),
-                Ok(Received::End { .. }) => {
+            match self.reader.next(&mut connection.read) {
+                Ok(None) => return,
+                Ok(Some(Received::Stdout(content))) if content.is_empty() => {}
+                Ok(Some(Received::Stdout(content))) => {
+                    self.ahead = Some(content);
+                    return;
+                }
+                Ok(Some(Received::Stderr(text))) => self.endpoint.log_stderr(&text),
+                Ok(Some(Received::End { .. })) => {
                     self.ended = true;
                     self.check_in();
-                    return Poll::Ready(None);
+                    return;
+                }
+                Err(error) => {
+                    self.deferred = Some(error.into());
+                    return;
                 }
             }
         }
     }
 
-    /// Whether the whole answer has been read.
+    /// Whether the whole answer has been read and handed out.
     pub(crate) fn is_ended(&self) -> bool {
-        self.ended && self.ahead.is_none()
+        self.ended && self.ahead.is_none() && self.deferred.is_none()
     }
 
     /// The connection back to the pool, when the exchange left it clean: the whole
@@ -189,6 +225,11 @@ impl Exchange {
             return Ok(());
         };
         loop {
+            // A request without a body ends its stdin in the same write as its head.
+            if self.body.as_ref().is_some_and(|body| body.is_end_stream()) {
+                record::end_of_stdin(&mut self.write);
+                self.body = None;
+            }
             if !self.write.is_empty() {
                 match Pin::new(&mut connection.stream).poll_write(cx, &self.write)? {
                     Poll::Ready(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),

@@ -61,6 +61,6 @@ impl Body for FastCgiBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.exchange.is_none()
+        self.exchange.as_deref().is_none_or(Exchange::is_ended)
     }
 }
