@@ -19,7 +19,9 @@ use http_body_util::Full;
 const DUMP: &str = r#"<?php
 foreach (['SCRIPT_NAME', 'SCRIPT_FILENAME', 'PATH_INFO', 'REQUEST_URI', 'QUERY_STRING',
           'DOCUMENT_ROOT', 'REMOTE_ADDR', 'SERVER_NAME', 'SERVER_PORT', 'HTTPS', 'REQUEST_METHOD',
-          'CONTENT_LENGTH', 'HTTP_PROXY', 'HTTP_X_REAL_IP', 'HTTP_X_FORWARDED_FOR', 'APP_ENV'] as $k) {
+          'CONTENT_LENGTH', 'HTTP_PROXY', 'HTTP_X_REAL_IP', 'HTTP_X_FORWARDED_FOR', 'APP_ENV',
+          'PATH_TRANSLATED', 'DOCUMENT_URI', 'REQUEST_SCHEME', 'SERVER_PROTOCOL',
+          'GATEWAY_INTERFACE', 'SERVER_SOFTWARE', 'REMOTE_PORT'] as $k) {
     echo $k, '=', $_SERVER[$k] ?? '-', "\n";
 }
 "#;
@@ -97,6 +99,23 @@ async fn the_front_controller_runs_what_no_file_answers_with_the_parameters_ngin
     assert_eq!(param(&body, "SERVER_PORT"), gw.addr.port().to_string());
     assert_eq!(param(&body, "REQUEST_METHOD"), "GET");
     assert_eq!(param(&body, "HTTPS"), "-");
+    assert_eq!(param(&body, "REQUEST_SCHEME"), "http");
+    assert_eq!(param(&body, "SERVER_PROTOCOL"), "HTTP/1.1");
+    assert_eq!(param(&body, "GATEWAY_INTERFACE"), "CGI/1.1");
+    assert!(
+        param(&body, "SERVER_SOFTWARE").starts_with("floodgate/"),
+        "{body}"
+    );
+    assert!(
+        param(&body, "REMOTE_PORT")
+            .parse::<u16>()
+            .is_ok_and(|port| port > 0),
+        "{body}"
+    );
+    // The front controller ran: nginx's $document_uri after try_files, no PATH_INFO.
+    assert_eq!(param(&body, "DOCUMENT_URI"), "/index.php");
+    assert_eq!(param(&body, "PATH_INFO"), "");
+    assert_eq!(param(&body, "PATH_TRANSLATED"), "-");
     assert_eq!(param(&body, "APP_ENV"), "test");
     // httpoxy: no Proxy header reaches PHP; the client's X-Real-IP is floodgate's.
     assert_eq!(param(&body, "HTTP_PROXY"), "-");
@@ -106,6 +125,17 @@ async fn the_front_controller_runs_what_no_file_answers_with_the_parameters_ngin
     assert!(body.starts_with("login\n"), "{body}");
     assert_eq!(param(&body, "SCRIPT_NAME"), "/login.php");
     assert_eq!(param(&body, "PATH_INFO"), "/x/y");
+    assert_eq!(param(&body, "PATH_TRANSLATED"), format!("{root}/x/y"));
+    assert_eq!(param(&body, "DOCUMENT_URI"), "/login.php/x/y");
+
+    // A HEAD runs the script and gets its head, no body.
+    let head = Request::head(gw.url("/login.php"))
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let (status, headers, body) = send(head).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers["content-type"].to_str().unwrap().starts_with("text/html"));
+    assert_eq!(body, "");
 
     let (_, _, body) = get(&gw.url("/")).await;
     assert!(body.starts_with("front\n"), "{body}");
@@ -429,4 +459,87 @@ async fn a_request_a_server_never_answered_goes_to_the_next_with_its_parameters(
         assert_eq!(param(&body, "PATH_INFO"), "/x");
     }
     drop(silent);
+}
+
+/// Over TLS, PHP is told so (`HTTPS=on`, the scheme), and the protocol the client spoke.
+#[tokio::test]
+async fn over_tls_php_is_told_https_the_scheme_and_the_protocol() {
+    use common::tls::{TestCa, connect};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let ca = TestCa::new("php ca");
+    let dir = tempfile::tempdir().unwrap();
+    ca.issue(&["a.test"]).write(dir.path(), "site");
+    let text = GatewayToml::new()
+        .table(
+            "server.tls",
+            "listen = \"127.0.0.1:0\"\ncertificates = [{ cert = \"site.crt\", key = \"site.key\" }]",
+        )
+        .upstream("php", &fpm.url(), "")
+        .route(
+            "site",
+            &format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display()),
+        );
+    let path = common::config::write_config(dir.path(), text);
+    let gw = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    let stream = connect(&ca.client(&[b"h2"]), gw.tls.unwrap(), "a.test").await;
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let response = sender
+        .send_request(
+            Request::get("https://a.test/dump.php")
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    use http_body_util::BodyExt as _;
+    let body = String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert_eq!(param(&body, "HTTPS"), "on");
+    assert_eq!(param(&body, "REQUEST_SCHEME"), "https");
+    assert_eq!(param(&body, "SERVER_PROTOCOL"), "HTTP/2.0");
+    assert_eq!(param(&body, "SERVER_NAME"), "a.test");
+    assert_eq!(param(&body, "SERVER_PORT"), gw.tls.unwrap().port().to_string());
+}
+
+/// A server that answers anything but FastCGI is a `502`, as a broken HTTP upstream is.
+#[tokio::test]
+async fn a_response_that_is_not_fastcgi_is_a_502() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = [0; 4096];
+                let _ = stream.read(&mut buffer).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(site.path().join("index.php"), "<?php echo 1;").unwrap();
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .upstream(
+                "php",
+                &format!("fastcgi://{addr}"),
+                "max_requests = 1\nretries = 0",
+            )
+            .route(
+                "site",
+                &format!("upstream = \"php\"\nroot = \"{}\"", site.path().display()),
+            ),
+    )
+    .await;
+    let (status, _, body) = get(&gw.url("/")).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(!body.contains("HTTP/1.1"), "{body}");
 }
