@@ -4,7 +4,9 @@
 #
 #   cargo build --release && ROUNDS=3 DUR=5 bash bench/php_fpm.sh
 #
-# One PHP-FPM pool (pm = static, CHILDREN workers) and one site directory: hello.php
+# Two identical PHP-FPM pools (pm = static, CHILDREN workers), one for each server (a
+# kept-alive FastCGI connection holds a worker, so servers sharing a pool would wait for
+# each other's idle connections), and one site directory: hello.php
 # (`echo "hello"`), a 4 KB file and a 100 MB file. nginx (1 worker; fastcgi_pass with
 # keep-alive connections, root + try_files, sendfile) and floodgate (workers = 1; a
 # fastcgi:// upstream with max_requests = CHILDREN, the route's root) serve the same three.
@@ -42,18 +44,22 @@ head -c $((100 * 1024 * 1024)) /dev/urandom >"$SITE/file100m.bin"
 # nginx's worker runs as www-data.
 chmod -R a+rX "$RUN"
 
-cat >"$RUN/fpm.conf" <<CONF
+NGINX_FPM_PORT=$FPM_PORT
+FLOODGATE_FPM_PORT=$((FPM_PORT + 10))
+for port in $NGINX_FPM_PORT $FLOODGATE_FPM_PORT; do
+  cat >"$RUN/fpm-$port.conf" <<CONF
 [global]
-pid = $RUN/fpm.pid
-error_log = $RUN/fpm.log
+pid = $RUN/fpm-$port.pid
+error_log = $RUN/fpm-$port.log
 daemonize = no
 [www]
-listen = 127.0.0.1:$FPM_PORT
+listen = 127.0.0.1:$port
 pm = static
 pm.max_children = $CHILDREN
 CONF
-$SERVER php-fpm8.2 -F -R -y "$RUN/fpm.conf" >/dev/null 2>&1 &
-pids+=($!)
+  $SERVER php-fpm8.2 -F -R -y "$RUN/fpm-$port.conf" >/dev/null 2>&1 &
+  pids+=($!)
+done
 
 # nginx as the usual PHP site: a try_files front controller, PHP through fastcgi_pass with
 # kept-alive connections, files with sendfile.
@@ -72,7 +78,7 @@ http {
   keepalive_requests 10000000;
   client_body_temp_path $RUN/nginx; fastcgi_temp_path $RUN/nginx; proxy_temp_path $RUN/nginx;
   uwsgi_temp_path $RUN/nginx; scgi_temp_path $RUN/nginx;
-  upstream php { server 127.0.0.1:$FPM_PORT; keepalive $CHILDREN; }
+  upstream php { server 127.0.0.1:$NGINX_FPM_PORT; keepalive $CHILDREN; }
   server {
     listen 127.0.0.1:$NGINX_PORT;
     root $SITE;
@@ -99,7 +105,7 @@ admin_listen = "127.0.0.1:0"
 workers = 1
 
 [upstreams.php]
-url = "fastcgi://127.0.0.1:$FPM_PORT"
+url = "fastcgi://127.0.0.1:$FLOODGATE_FPM_PORT"
 max_requests = $CHILDREN
 
 [[routes]]
@@ -125,7 +131,7 @@ ticks() { local t=0 p; for p in "$1" $(pgrep -P "$1" || true); do t=$((t + $(awk
 # The resident set of the server process (nginx: its worker).
 rss_kb() { local p=$1; [ "$p" = "$NGINX_PID" ] && p=$(pgrep -P "$NGINX_PID" | head -1); awk '/VmRSS/ {print $2}' "/proc/$p/status"; }
 CLK=$(getconf CLK_TCK)
-CSV=$RUN/php_fpm.csv
+CSV=${OUT:-$RUN}/php_fpm.csv
 echo "round,scenario,server,rps,mb_per_s,cpu_us_per_req,rss_before_kb,rss_peak_kb" >"$CSV"
 bytes() { awk -v v="$1" 'BEGIN{ m=1; if (v ~ /GB$/) m=1024*1024*1024; else if (v ~ /MB$/) m=1024*1024; else if (v ~ /KB$/) m=1024; sub(/[KMG]?B$/,"",v); printf "%.1f", v*m/1048576 }'; }
 

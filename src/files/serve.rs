@@ -30,7 +30,7 @@ use crate::compression::{Accepted, vary_on_encoding};
 const READ_AT_ONCE: u64 = 64 * 1024;
 
 /// The size of a streamed file's reads.
-const STREAM_CHUNK: usize = 64 * 1024;
+const STREAM_CHUNK: usize = 256 * 1024;
 
 /// A file's content on its way to the client; empty for a `HEAD`, a `304` or a `416`.
 pub(crate) struct FileBody {
