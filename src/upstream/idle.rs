@@ -106,3 +106,33 @@ async fn sweep<C>(pool: Weak<IdlePool<C>>) {
         tokio::time::sleep_until(due.into()).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_newest_is_taken_first_the_oldest_goes_past_max_and_idle_ones_close() {
+        let pool = Arc::new(IdlePool::new(Duration::from_millis(100), 2));
+        for connection in [1, 2, 3] {
+            pool.check_in(connection);
+        }
+        // At most two kept: the first went; the newest comes out first.
+        assert_eq!(pool.checkout(|_| true), Some(3));
+        assert_eq!(pool.checkout(|_| true), Some(2));
+        assert_eq!(pool.checkout(|_| true), None);
+
+        // An unusable one found on the way is closed, not kept.
+        pool.check_in(4);
+        pool.check_in(5);
+        assert_eq!(pool.checkout(|c| *c == 4), Some(4));
+        assert_eq!(pool.checkout(|_| true), None);
+
+        // Idle past the timeout: closed by the sweep, without any request coming.
+        pool.check_in(6);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(pool.list().connections.is_empty());
+        assert!(!pool.list().swept, "the sweep ends once nothing is idle");
+        assert_eq!(pool.checkout(|_| true), None);
+    }
+}
