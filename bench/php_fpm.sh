@@ -62,38 +62,18 @@ CONF
 done
 
 # nginx as the usual PHP site: a try_files front controller, PHP through fastcgi_pass with
-# kept-alive connections, files with sendfile.
-mkdir -p "$RUN/nginx"
-cat >"$RUN/nginx/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $RUN/nginx/nginx.pid;
-error_log $RUN/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  include /etc/nginx/mime.types;
-  sendfile on;
-  tcp_nopush on;
-  keepalive_requests 10000000;
-  client_body_temp_path $RUN/nginx; fastcgi_temp_path $RUN/nginx; proxy_temp_path $RUN/nginx;
-  uwsgi_temp_path $RUN/nginx; scgi_temp_path $RUN/nginx;
-  upstream php { server 127.0.0.1:$NGINX_FPM_PORT; keepalive $CHILDREN; }
-  server {
-    listen 127.0.0.1:$NGINX_PORT;
-    root $SITE;
-    index index.php;
-    location / { try_files \$uri \$uri/ /index.php?\$query_string; }
+# kept-alive connections, files with sendfile (bench/common.sh's server, this location).
+nginx_config "$RUN/nginx" "$NGINX_PORT" \
+  "include /etc/nginx/mime.types; sendfile on; tcp_nopush on;
+  upstream php { server 127.0.0.1:$NGINX_FPM_PORT; keepalive $CHILDREN; }" \
+  "root $SITE; index index.php; try_files \$uri \$uri/ /index.php?\$query_string;
     location ~ \.php\$ {
       try_files \$uri =404;
       include /etc/nginx/fastcgi_params;
       fastcgi_param SCRIPT_FILENAME \$document_root\$fastcgi_script_name;
       fastcgi_keep_conn on;
       fastcgi_pass php;
-    }
-  }
-}
-CONF
+    }"
 $SERVER nginx -c "$RUN/nginx/nginx.conf" &
 pids+=($!)
 NGINX_PID=$!
@@ -127,7 +107,7 @@ for port in $NGINX_PORT $FLOODGATE_PORT; do
   cmp -s <(curl -s "http://127.0.0.1:$port/file4k.txt") "$SITE/file4k.txt" || { echo "the 4 KB file differs on $port" >&2; exit 1; }
 done
 
-ticks() { local t=0 p; for p in "$1" $(pgrep -P "$1" || true); do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+ticks() { local user kernel; read -r user kernel < <(cpu_ticks "$1"); echo $((user + kernel)); }
 # The resident set of the server process (nginx: its worker).
 rss_kb() { local p=$1; [ "$p" = "$NGINX_PID" ] && p=$(pgrep -P "$NGINX_PID" | head -1); awk '/VmRSS/ {print $2}' "/proc/$p/status"; }
 CLK=$(getconf CLK_TCK)

@@ -6,7 +6,6 @@
 
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use async_compression::Level;
 use async_compression::tokio::bufread::{BrotliEncoder, GzipEncoder, ZstdEncoder};
@@ -14,8 +13,9 @@ use bytes::Bytes;
 use futures_util::{Stream, TryStreamExt};
 use http::StatusCode;
 use http::header::{self, HeaderMap, HeaderValue};
-use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyDataStream;
+use http_body::{Body, Frame};
+use http_body_util::{BodyDataStream, StreamBody};
+use tokio::io::AsyncRead;
 use tokio_util::io::{ReaderStream, StreamReader};
 
 /// The codings floodgate sends, in the order it prefers them when a client accepts
@@ -92,14 +92,13 @@ impl Accepted {
     /// The codings the client accepts, the one it prefers first (floodgate's order among
     /// equals).
     pub(crate) fn ranked(self) -> impl Iterator<Item = Coding> {
-        let mut ranked: Vec<(Coding, u16)> = Coding::ALL
-            .into_iter()
-            .zip(self.0)
-            .filter(|(_, quality)| *quality > 0)
-            .collect();
-        // Stable: equals keep the order of `Coding::ALL`.
+        let mut ranked: [(Coding, u16); 3] = std::array::from_fn(|i| (Coding::ALL[i], self.0[i]));
+        // Stable, so equals keep the order of `Coding::ALL`; in place, three elements.
         ranked.sort_by_key(|(_, quality)| std::cmp::Reverse(*quality));
-        ranked.into_iter().map(|(coding, _)| coding)
+        ranked
+            .into_iter()
+            .filter(|(_, quality)| *quality > 0)
+            .map(|(coding, _)| coding)
     }
 }
 
@@ -168,29 +167,24 @@ pub(crate) fn compressible(status: StatusCode, headers: &HeaderMap) -> bool {
 /// JSON, JavaScript, XML, SVG, wasm, and any `+json` or `+xml` type.
 fn text_like(content_type: &str) -> bool {
     let essence = content_type.split(';').next().unwrap_or_default().trim();
-    let lower = essence.to_ascii_lowercase();
-    let Some((kind, subtype)) = lower.split_once('/') else {
+    let Some((kind, subtype)) = essence.split_once('/') else {
         return false;
     };
-    match kind {
-        "text" => subtype != "event-stream",
-        "application" => {
-            matches!(
-                subtype,
-                "json"
-                    | "javascript"
-                    | "x-javascript"
-                    | "ecmascript"
-                    | "xml"
-                    | "wasm"
-                    | "xhtml+xml"
-                    | "manifest+json"
-                    | "ld+json"
-            ) || subtype.ends_with("+json")
-                || subtype.ends_with("+xml")
-        }
-        "image" => subtype == "svg+xml",
-        _ => false,
+    let is = |name: &str| subtype.eq_ignore_ascii_case(name);
+    let suffixed = |suffix: &str| {
+        subtype.len() > suffix.len()
+            && subtype.as_bytes()[subtype.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
+    };
+    if kind.eq_ignore_ascii_case("text") {
+        !is("event-stream")
+    } else if kind.eq_ignore_ascii_case("application") {
+        ["json", "javascript", "x-javascript", "ecmascript", "xml", "wasm"]
+            .into_iter()
+            .any(is)
+            || suffixed("+json")
+            || suffixed("+xml")
+    } else {
+        kind.eq_ignore_ascii_case("image") && is("svg+xml")
     }
 }
 
@@ -233,69 +227,32 @@ const ZSTD_LEVEL: i32 = 3;
 const GZIP_LEVEL: i32 = 6;
 const BROTLI_QUALITY: i32 = 3;
 
-type Chunks = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
-
 /// A body encoded with a coding as it streams; trailers are not kept.
-pub(crate) struct Encoded {
-    chunks: Chunks,
-    done: bool,
+pub(crate) type Encoded = StreamBody<Pin<Box<dyn Stream<Item = io::Result<Frame<Bytes>>> + Send>>>;
+
+/// `body`, encoded with `coding`: async-compression's encoder reading the body's data.
+pub(crate) fn encode<B>(body: B, coding: Coding) -> Encoded
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let source = BodyDataStream::new(body).map_err(|error| io::Error::other(error.into()));
+    let reader = StreamReader::new(source);
+    StreamBody::new(match coding {
+        Coding::Zstd => frames(ZstdEncoder::with_quality(reader, Level::Precise(ZSTD_LEVEL))),
+        Coding::Brotli => frames(BrotliEncoder::with_quality(
+            reader,
+            Level::Precise(BROTLI_QUALITY),
+        )),
+        Coding::Gzip => frames(GzipEncoder::with_quality(reader, Level::Precise(GZIP_LEVEL))),
+    })
 }
 
-impl Encoded {
-    /// `body`, encoded with `coding`.
-    pub(crate) fn new<B>(body: B, coding: Coding) -> Encoded
-    where
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let source = BodyDataStream::new(body).map_err(|error| io::Error::other(error.into()));
-        let reader = StreamReader::new(source);
-        let chunks: Chunks = match coding {
-            Coding::Zstd => Box::pin(ReaderStream::new(ZstdEncoder::with_quality(
-                reader,
-                Level::Precise(ZSTD_LEVEL),
-            ))),
-            Coding::Brotli => Box::pin(ReaderStream::new(BrotliEncoder::with_quality(
-                reader,
-                Level::Precise(BROTLI_QUALITY),
-            ))),
-            Coding::Gzip => Box::pin(ReaderStream::new(GzipEncoder::with_quality(
-                reader,
-                Level::Precise(GZIP_LEVEL),
-            ))),
-        };
-        Encoded { chunks, done: false }
-    }
-}
-
-impl Body for Encoded {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        match self.chunks.as_mut().poll_next(cx) {
-            Poll::Ready(Some(chunk)) => Poll::Ready(Some(chunk.map(Frame::data))),
-            Poll::Ready(None) => {
-                self.done = true;
-                Poll::Ready(None)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
-    }
+/// What `encoder` writes, as body frames.
+fn frames(
+    encoder: impl AsyncRead + Send + 'static,
+) -> Pin<Box<dyn Stream<Item = io::Result<Frame<Bytes>>> + Send>> {
+    Box::pin(ReaderStream::new(encoder).map_ok(Frame::data))
 }
 
 #[cfg(test)]
@@ -419,7 +376,7 @@ mod tests {
             .collect();
         for coding in Coding::ALL {
             let body = http_body_util::Full::new(Bytes::from(original.clone()));
-            let encoded = Encoded::new(body, coding).collect().await.unwrap().to_bytes();
+            let encoded = encode(body, coding).collect().await.unwrap().to_bytes();
             assert!(encoded.len() < original.len() / 4, "{coding:?}");
             let mut decoded = Vec::new();
             let input = &encoded[..];

@@ -60,11 +60,17 @@ echo "done\n";
 
 /// A gateway with one route to `fpm`'s site; `upstream_keys` go in `[upstreams.php]`.
 async fn gateway(fpm: &PhpFpm, upstream_keys: &str) -> TestGateway {
-    let root = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
+    site_gateway(fpm.site(), &format!("url = \"{}\"\n{upstream_keys}", fpm.url())).await
+}
+
+/// A gateway with one route to the site in `root`, run by `[upstreams.php]` with `upstream`
+/// (its servers and keys).
+async fn site_gateway(root: &std::path::Path, upstream: &str) -> TestGateway {
+    let route = format!("upstream = \"php\"\nroot = \"{}\"", root.display());
     TestGateway::start(
         GatewayToml::new()
-            .upstream("php", &fpm.url(), upstream_keys)
-            .route("site", &root),
+            .table("upstreams.php", upstream)
+            .route("site", &route),
     )
     .await
 }
@@ -339,13 +345,7 @@ async fn an_active_check_asks_php_fpm_for_its_ping() {
          health_check = {{ path = \"/ping\", interval = \"100ms\", timeout = \"1s\" }}",
         fpm.url()
     );
-    let root = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
-    let gw = TestGateway::start(
-        GatewayToml::new()
-            .table("upstreams.php", &servers)
-            .route("site", &root),
-    )
-    .await;
+    let gw = site_gateway(fpm.site(), &servers).await;
     let live = fpm.url().trim_start_matches("fastcgi://").to_owned();
     let up = |server: String| format!("floodgate_upstream_server_up{{upstream=\"php\",server=\"{server}\"}}");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -462,13 +462,7 @@ async fn a_request_a_server_never_answered_goes_to_the_next_with_its_parameters(
         "servers = [\"{silent_url}\", \"{}\"]\nbalance = \"round_robin\"\nretries = 1\ntimeout = \"300ms\"",
         fpm.url()
     );
-    let root = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
-    let gw = TestGateway::start(
-        GatewayToml::new()
-            .table("upstreams.php", &servers)
-            .route("site", &root),
-    )
-    .await;
+    let gw = site_gateway(fpm.site(), &servers).await;
     for _ in 0..2 {
         let (status, _, body) = get(&gw.url("/login.php/x")).await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -542,19 +536,8 @@ async fn a_response_that_is_not_fastcgi_is_a_502() {
     });
     let site = tempfile::tempdir().unwrap();
     std::fs::write(site.path().join("index.php"), "<?php echo 1;").unwrap();
-    let gw = TestGateway::start(
-        GatewayToml::new()
-            .upstream(
-                "php",
-                &format!("fastcgi://{addr}"),
-                "max_requests = 1\nretries = 0",
-            )
-            .route(
-                "site",
-                &format!("upstream = \"php\"\nroot = \"{}\"", site.path().display()),
-            ),
-    )
-    .await;
+    let upstream = format!("url = \"fastcgi://{addr}\"\nmax_requests = 1\nretries = 0");
+    let gw = site_gateway(site.path(), &upstream).await;
     let (status, _, body) = get(&gw.url("/")).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert!(!body.contains("HTTP/1.1"), "{body}");

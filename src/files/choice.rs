@@ -37,48 +37,60 @@ pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: Option<&s
         return Choice::Hidden;
     }
     // The path itself is looked up once, whether as a directory or as the first candidate.
-    let mut found_path = Some(root.find(path));
+    let found = root.find(path);
     if !path.ends_with('/')
-        && found_path == Some(Found::Directory)
+        && found == Found::Directory
         && matches!(root.find(&format!("{path}/{index}")), Found::File(_))
     {
         return Choice::AddSlash(format!("{path}/"));
+    }
+    if let Some(choice) = attempt(root, path, split_path, Some(found)) {
+        return choice;
     }
     let in_directory = if path.ends_with('/') {
         format!("{path}{index}")
     } else {
         format!("{path}/{index}")
     };
-    let front_controller = split_path.map(|_| format!("/{index}"));
-    let candidates = [
-        Some(path),
-        Some(in_directory.as_str()),
-        front_controller.as_deref(),
-    ];
-    for candidate in candidates.into_iter().flatten() {
-        // Without PHP, a script is never sent as its source: it is no file to serve.
-        if split_path.is_none() && split(candidate, ".php").is_some() {
-            continue;
-        }
-        let split = split_path.and_then(|split_path| split(candidate, split_path));
-        let name = split.map_or(candidate, |(name, _)| name);
-        let found = match found_path.take() {
-            Some(found) if name == path => found,
-            _ => root.find(name),
-        };
-        match (found, split) {
-            (Found::Forbidden, _) => return Choice::Hidden,
-            (Found::File(_), Some((name, path_info))) => {
-                return Choice::Run(Script {
-                    name: name.to_owned(),
-                    path_info: path_info.to_owned(),
-                });
-            }
-            (Found::File(opened), None) => return Choice::Serve(candidate.to_owned(), opened),
-            (Found::Directory | Found::Nothing, _) => {}
-        }
+    if let Some(choice) = attempt(root, &in_directory, split_path, None) {
+        return choice;
+    }
+    if split_path.is_some()
+        && let Some(choice) = attempt(root, &format!("/{index}"), split_path, None)
+    {
+        return choice;
     }
     Choice::Nothing
+}
+
+/// What `candidate` comes to, if it is a script to run, a file to serve, or forbidden;
+/// `looked_up` is what the candidate's own path was found to be, when it was looked up
+/// already.
+fn attempt(
+    root: &Root,
+    candidate: &str,
+    split_path: Option<&str>,
+    looked_up: Option<Found>,
+) -> Option<Choice> {
+    // Without PHP, a script is never sent as its source: it is no file to serve.
+    if split_path.is_none() && split(candidate, ".php").is_some() {
+        return None;
+    }
+    let split = split_path.and_then(|split_path| split(candidate, split_path));
+    let name = split.map_or(candidate, |(name, _)| name);
+    let found = match looked_up {
+        Some(found) if name == candidate => found,
+        _ => root.find(name),
+    };
+    match (found, split) {
+        (Found::Forbidden, _) => Some(Choice::Hidden),
+        (Found::File(_), Some((name, path_info))) => Some(Choice::Run(Script {
+            name: name.to_owned(),
+            path_info: path_info.to_owned(),
+        })),
+        (Found::File(opened), None) => Some(Choice::Serve(candidate.to_owned(), opened)),
+        (Found::Directory | Found::Nothing, _) => None,
+    }
 }
 
 /// `path` split after the first segment that ends with `split_path` (any case): the

@@ -304,41 +304,47 @@ fn not_modified(headers: &HeaderMap, etag: &str, modified: SystemTime) -> bool {
 
 /// The `Content-Type` of a file, by its extension.
 fn content_type(file: &Path) -> &'static str {
-    let extension = file
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .unwrap_or_default();
-    match extension.as_str() {
-        "html" | "htm" => "text/html; charset=utf-8",
-        "css" => "text/css; charset=utf-8",
-        "js" | "mjs" => "text/javascript; charset=utf-8",
-        "json" | "map" => "application/json",
-        "txt" => "text/plain; charset=utf-8",
-        "xml" => "application/xml",
-        "csv" => "text/csv; charset=utf-8",
-        "md" => "text/markdown; charset=utf-8",
-        "svg" => "image/svg+xml",
-        "png" => "image/png",
-        "jpg" | "jpeg" => "image/jpeg",
-        "gif" => "image/gif",
-        "webp" => "image/webp",
-        "avif" => "image/avif",
-        "ico" => "image/x-icon",
-        "woff" => "font/woff",
-        "woff2" => "font/woff2",
-        "ttf" => "font/ttf",
-        "otf" => "font/otf",
-        "pdf" => "application/pdf",
-        "wasm" => "application/wasm",
-        "zip" => "application/zip",
-        "gz" => "application/gzip",
-        "mp4" => "video/mp4",
-        "webm" => "video/webm",
-        "mp3" => "audio/mpeg",
-        "ogg" => "audio/ogg",
-        "wav" => "audio/wav",
-        _ => "application/octet-stream",
+    const UNKNOWN: &str = "application/octet-stream";
+    let Some(extension) = file.extension().and_then(|e| e.to_str()) else {
+        return UNKNOWN;
+    };
+    // Lower-cased on the stack: the longest extension below (`woff2`) fits.
+    let mut lower = [0u8; 5];
+    let Some(lower) = lower.get_mut(..extension.len()) else {
+        return UNKNOWN;
+    };
+    lower.copy_from_slice(extension.as_bytes());
+    lower.make_ascii_lowercase();
+    match &*lower {
+        b"html" | b"htm" => "text/html; charset=utf-8",
+        b"css" => "text/css; charset=utf-8",
+        b"js" | b"mjs" => "text/javascript; charset=utf-8",
+        b"json" | b"map" => "application/json",
+        b"txt" => "text/plain; charset=utf-8",
+        b"xml" => "application/xml",
+        b"csv" => "text/csv; charset=utf-8",
+        b"md" => "text/markdown; charset=utf-8",
+        b"svg" => "image/svg+xml",
+        b"png" => "image/png",
+        b"jpg" | b"jpeg" => "image/jpeg",
+        b"gif" => "image/gif",
+        b"webp" => "image/webp",
+        b"avif" => "image/avif",
+        b"ico" => "image/x-icon",
+        b"woff" => "font/woff",
+        b"woff2" => "font/woff2",
+        b"ttf" => "font/ttf",
+        b"otf" => "font/otf",
+        b"pdf" => "application/pdf",
+        b"wasm" => "application/wasm",
+        b"zip" => "application/zip",
+        b"gz" => "application/gzip",
+        b"mp4" => "video/mp4",
+        b"webm" => "video/webm",
+        b"mp3" => "audio/mpeg",
+        b"ogg" => "audio/ogg",
+        b"wav" => "audio/wav",
+        _ => UNKNOWN,
     }
 }
 
@@ -354,6 +360,17 @@ mod tests {
             panic!("{path}: no file");
         };
         serve(&root, &path, opened, method, headers)
+    }
+
+    #[test]
+    fn the_type_comes_from_the_extension_in_any_case() {
+        assert_eq!(content_type(Path::new("fonts/A.WOFF2")), "font/woff2");
+        assert_eq!(content_type(Path::new("site.Css")), "text/css; charset=utf-8");
+        assert_eq!(
+            content_type(Path::new("x.longextension")),
+            "application/octet-stream"
+        );
+        assert_eq!(content_type(Path::new("Makefile")), "application/octet-stream");
     }
 
     async fn body(response: Response<FileBody>) -> Vec<u8> {

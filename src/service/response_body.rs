@@ -8,11 +8,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
+use http::{Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project_lite::pin_project;
-
-use http::{Method, Response, StatusCode};
 
 use crate::access_log::AccessRecord;
 use crate::compression::{self, Accepted, Encoded};
@@ -32,7 +31,7 @@ pub(crate) enum Payload {
     /// An upstream's body, read ahead of the client.
     ReadAhead(ReadAhead),
     /// Any of the above, compressed.
-    Encoded(Box<Encoded>),
+    Encoded(Encoded),
 }
 
 impl Payload {
@@ -65,7 +64,7 @@ pub(crate) fn compress(
     if status == StatusCode::NOT_MODIFIED || method == Method::HEAD {
         return response;
     }
-    response.map(|body| Payload::Encoded(Box::new(Encoded::new(body, coding))))
+    response.map(|body| Payload::Encoded(compression::encode(body, coding)))
 }
 
 /// A body floodgate writes itself.
@@ -89,7 +88,7 @@ impl Body for Payload {
             Payload::Own(body) => Pin::new(body).poll_frame(cx).map_err(|never| match never {}),
             Payload::File(body) => Pin::new(body.as_mut()).poll_frame(cx).map_err(Into::into),
             Payload::ReadAhead(body) => Pin::new(body).poll_frame(cx),
-            Payload::Encoded(body) => Pin::new(body.as_mut()).poll_frame(cx).map_err(Into::into),
+            Payload::Encoded(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
         }
     }
 

@@ -667,7 +667,7 @@ type Transported = Either<pool::UpstreamBody<RequestBody>, fastcgi::FastCgiBody>
 fn finished(body: &Transported) -> bool {
     match body {
         Either::Left(body) => body.is_finished(),
-        Either::Right(body) => body.is_finished(),
+        Either::Right(body) => body.is_end_stream(),
     }
 }
 

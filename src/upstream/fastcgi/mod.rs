@@ -32,13 +32,6 @@ pub(crate) struct FastCgiBody {
     exchange: Option<Box<Exchange>>,
 }
 
-impl FastCgiBody {
-    /// Whether the body has been read to its end.
-    pub(crate) fn is_finished(&self) -> bool {
-        self.exchange.as_deref().is_none_or(Exchange::is_ended)
-    }
-}
-
 impl Body for FastCgiBody {
     type Data = Bytes;
     type Error = ExchangeError;
