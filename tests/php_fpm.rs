@@ -542,3 +542,70 @@ async fn a_response_that_is_not_fastcgi_is_a_502() {
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert!(!body.contains("HTTP/1.1"), "{body}");
 }
+
+/// `CONTENT_LENGTH` goes with every request that has body framing, `0` for an empty body,
+/// the spooled length for a chunked one, and not at all without framing.
+#[tokio::test]
+async fn content_length_is_sent_whenever_the_request_has_body_framing() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let gw = gateway(&fpm, "").await;
+    let (_, _, body) = get(&gw.url("/dump.php")).await;
+    assert_eq!(param(&body, "CONTENT_LENGTH"), "-");
+    let empty = Request::post(gw.url("/dump.php"))
+        .header("content-length", "0")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let (_, _, body) = send(empty).await;
+    assert_eq!(param(&body, "CONTENT_LENGTH"), "0");
+    let chunked = b"POST /dump.php HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n3\r\n!!!\r\n0\r\n\r\n";
+    let answer = raw_request(gw.addr, chunked).await;
+    assert!(answer.contains("\nCONTENT_LENGTH=8\n"), "{answer}");
+}
+
+/// A unix-socket server is labelled by its socket path in the metrics.
+#[tokio::test]
+async fn a_unix_socket_server_is_labelled_by_its_path() {
+    let fpm = PhpFpm::start_unix(1);
+    site(&fpm);
+    let gw = gateway(&fpm, "").await;
+    assert_eq!(get(&gw.url("/login.php")).await.0, StatusCode::OK);
+    let (_, _, metrics) = get(&gw.admin_url("/metrics")).await;
+    let socket = fpm.url().trim_start_matches("fastcgi://").to_owned();
+    let series = format!("floodgate_upstream_server_up{{upstream=\"php\",server=\"{socket}\"}} 1");
+    assert!(metrics.lines().any(|line| line == series), "{series}\n{metrics}");
+}
+
+/// What PHP writes to stderr is logged at `warn`, target `fastcgi`, at most one line a
+/// second per server, and never reaches the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stderr_is_logged_once_a_second_at_most() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let config = GatewayToml::new()
+        .upstream("php", &fpm.url(), "max_requests = 2")
+        .route(
+            "site",
+            &format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display()),
+        );
+    let gateway = common::process::FloodgateProcess::start(config, &[]);
+    for _ in 0..3 {
+        let (status, _, body) = get(&gateway.url("/cgi.php?do=stderr")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "done\n"));
+    }
+    let line = gateway
+        .wait_for_line(Duration::from_secs(5), |line| {
+            line.contains("PHP wrote to stderr")
+        })
+        .expect("a stderr line in the log");
+    assert!(line.contains("WARN") && line.contains("fastcgi"), "{line}");
+    assert!(line.contains("secret-from-stderr"), "{line}");
+    // The three requests came within a second: one line.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let logged = gateway
+        .stdout_lines()
+        .into_iter()
+        .filter(|line| line.contains("PHP wrote to stderr"))
+        .count();
+    assert_eq!(logged, 1, "{:?}", gateway.stdout_lines());
+}
