@@ -167,7 +167,7 @@ impl Found {
 /// Whether `path` has a segment starting with `.`, other than under `/.well-known/`.
 pub(crate) fn hidden(path: &str) -> bool {
     let rest = path.strip_prefix("/.well-known/").unwrap_or(path);
-    rest.split('/').any(|segment| segment.starts_with('.'))
+    rest.starts_with('.') || rest.as_bytes().windows(2).any(|pair| pair == b"/.")
 }
 
 #[cfg(test)]
@@ -198,6 +198,9 @@ mod tests {
         assert!(!hidden("/.well-known/acme-challenge/x"));
         assert!(!hidden("/index.php"));
         assert!(!hidden("/"));
+        assert!(hidden(".env"));
+        assert!(hidden("/a/."));
+        assert!(!hidden("/a.b/c.d"));
     }
 
     #[test]

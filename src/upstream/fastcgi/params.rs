@@ -4,9 +4,9 @@
 use std::net::IpAddr;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, Method, Version};
+use http::{HeaderMap, HeaderValue, Method, Version};
 
-use super::record;
+use super::record::{self, Params};
 use crate::files::choice::Script;
 
 /// Where a request came from and arrived.
@@ -45,13 +45,7 @@ pub(crate) fn request_head(
 ) -> Bytes {
     let mut out = BytesMut::with_capacity(1024);
     record::begin_request(&mut out);
-    let script_filename = format!("{php_root}{}", script.name);
-    let document_uri = format!("{}{}", script.name, script.path_info);
-    let mut numbers = itoa::Buffer::new();
-    let mut ports = itoa::Buffer::new();
-    let remote_addr = crate::client_ip::ip_text(caller.address);
-    let content_length = call.content_length.map(|length| length.to_string());
-    let path_translated = (!script.path_info.is_empty()).then(|| format!("{php_root}{}", script.path_info));
+    let mut params = Params::new(&mut out);
     let protocol = match call.version {
         Version::HTTP_10 => "HTTP/1.0",
         Version::HTTP_2 => "HTTP/2.0",
@@ -59,49 +53,48 @@ pub(crate) fn request_head(
         _ => "HTTP/1.1",
     };
     let scheme = if caller.https { "https" } else { "http" };
-    let mut params: Vec<(&[u8], &[u8])> = vec![
-        (b"GATEWAY_INTERFACE", b"CGI/1.1"),
-        (
-            b"SERVER_SOFTWARE",
-            concat!("floodgate/", env!("CARGO_PKG_VERSION")).as_bytes(),
-        ),
-        (b"SERVER_PROTOCOL", protocol.as_bytes()),
-        (b"REQUEST_SCHEME", scheme.as_bytes()),
-        (b"SERVER_NAME", caller.server_name.as_bytes()),
-        (b"SERVER_PORT", numbers.format(caller.server_port).as_bytes()),
-        (b"REMOTE_ADDR", remote_addr.as_bytes()),
-        (b"REMOTE_PORT", ports.format(caller.port).as_bytes()),
-        (b"REQUEST_METHOD", call.method.as_str().as_bytes()),
-        (b"REQUEST_URI", call.target.as_bytes()),
-        (b"QUERY_STRING", call.query.as_bytes()),
-        (b"DOCUMENT_ROOT", php_root.as_bytes()),
-        (b"DOCUMENT_URI", document_uri.as_bytes()),
-        (b"SCRIPT_NAME", script.name.as_bytes()),
-        (b"SCRIPT_FILENAME", script_filename.as_bytes()),
-        (b"PATH_INFO", script.path_info.as_bytes()),
-    ];
-    if let Some(translated) = &path_translated {
-        params.push((b"PATH_TRANSLATED", translated.as_bytes()));
+    let mut number = itoa::Buffer::new();
+    let php_root = php_root.as_bytes();
+    let (name, path_info) = (script.name.as_bytes(), script.path_info.as_bytes());
+    params.pair(b"GATEWAY_INTERFACE", b"CGI/1.1");
+    params.pair(
+        b"SERVER_SOFTWARE",
+        concat!("floodgate/", env!("CARGO_PKG_VERSION")).as_bytes(),
+    );
+    params.pair(b"SERVER_PROTOCOL", protocol.as_bytes());
+    params.pair(b"REQUEST_SCHEME", scheme.as_bytes());
+    params.pair(b"SERVER_NAME", caller.server_name.as_bytes());
+    params.pair(b"SERVER_PORT", number.format(caller.server_port).as_bytes());
+    params.pair(
+        b"REMOTE_ADDR",
+        crate::client_ip::ip_text(caller.address).as_bytes(),
+    );
+    params.pair(b"REMOTE_PORT", number.format(caller.port).as_bytes());
+    params.pair(b"REQUEST_METHOD", call.method.as_str().as_bytes());
+    params.pair(b"REQUEST_URI", call.target.as_bytes());
+    params.pair(b"QUERY_STRING", call.query.as_bytes());
+    params.pair(b"DOCUMENT_ROOT", php_root);
+    params.pair_parts(b"DOCUMENT_URI", &[name, path_info]);
+    params.pair(b"SCRIPT_NAME", name);
+    params.pair_parts(b"SCRIPT_FILENAME", &[php_root, name]);
+    params.pair(b"PATH_INFO", path_info);
+    if !path_info.is_empty() {
+        params.pair_parts(b"PATH_TRANSLATED", &[php_root, path_info]);
     }
     if caller.https {
-        params.push((b"HTTPS", b"on"));
+        params.pair(b"HTTPS", b"on");
     }
-    if let Some(length) = &content_length {
-        params.push((b"CONTENT_LENGTH", length.as_bytes()));
+    if let Some(length) = call.content_length {
+        params.pair(b"CONTENT_LENGTH", number.format(length).as_bytes());
     }
     if let Some(content_type) = call.headers.get(http::header::CONTENT_TYPE) {
-        params.push((b"CONTENT_TYPE", content_type.as_bytes()));
+        params.pair(b"CONTENT_TYPE", content_type.as_bytes());
     }
     for (name, value) in env {
-        params.push((name.as_bytes(), value.as_bytes()));
+        params.pair(name.as_bytes(), value.as_bytes());
     }
-    let headers = http_variables(call.headers);
-    params.extend(
-        headers
-            .iter()
-            .map(|(name, value)| (name.as_slice(), value.as_slice())),
-    );
-    record::params(&mut out, params);
+    http_variables(&mut params, call.headers);
+    params.finish();
     out.freeze()
 }
 
@@ -109,47 +102,55 @@ pub(crate) fn request_head(
 pub(crate) fn check_head(path: &str) -> BytesMut {
     let mut out = BytesMut::with_capacity(256);
     record::begin_request(&mut out);
-    record::params(
-        &mut out,
-        [
-            (&b"GATEWAY_INTERFACE"[..], &b"CGI/1.1"[..]),
-            (b"REQUEST_METHOD", b"GET"),
-            (b"SCRIPT_NAME", path.as_bytes()),
-            (b"SCRIPT_FILENAME", path.as_bytes()),
-            (b"REQUEST_URI", path.as_bytes()),
-            (b"QUERY_STRING", b""),
-            (b"HTTP_USER_AGENT", b"floodgate-health-check"),
-        ],
-    );
+    let mut params = Params::new(&mut out);
+    params.pair(b"GATEWAY_INTERFACE", b"CGI/1.1");
+    params.pair(b"REQUEST_METHOD", b"GET");
+    params.pair(b"SCRIPT_NAME", path.as_bytes());
+    params.pair(b"SCRIPT_FILENAME", path.as_bytes());
+    params.pair(b"REQUEST_URI", path.as_bytes());
+    params.pair(b"QUERY_STRING", b"");
+    params.pair(b"HTTP_USER_AGENT", b"floodgate-health-check");
+    params.finish();
     out
 }
 
 /// Each request header as `HTTP_NAME` (upper case, `-` as `_`), repeated ones joined
 /// with `, `; `Proxy` never (httpoxy), nor a name holding `_`, which would pass for the
 /// `-` spelling of another.
-fn http_variables(headers: &HeaderMap) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let mut variables: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(headers.keys_len());
-    for name in headers.keys() {
+fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) {
+    const PREFIX: &[u8] = b"HTTP_";
+    // A name's values come one after the other.
+    let mut values = headers.iter().peekable();
+    let mut repeated: Vec<&HeaderValue> = Vec::new();
+    while let Some((name, first)) = values.next() {
+        repeated.clear();
+        while let Some((_, value)) = values.next_if(|(next, _)| *next == name) {
+            repeated.push(value);
+        }
         let text = name.as_str();
         if text == "proxy" || text.contains('_') {
             continue;
         }
-        let mut variable = Vec::with_capacity(5 + text.len());
-        variable.extend_from_slice(b"HTTP_");
-        variable.extend(
-            text.bytes()
-                .map(|b| if b == b'-' { b'_' } else { b.to_ascii_uppercase() }),
-        );
-        let mut value = Vec::new();
-        for (i, part) in headers.get_all(name).iter().enumerate() {
-            if i > 0 {
-                value.extend_from_slice(b", ");
+        let value_len = first.len() + repeated.iter().map(|value| 2 + value.len()).sum::<usize>();
+        params.pair_with(PREFIX.len() + text.len(), value_len, |out| {
+            out.extend_from_slice(PREFIX);
+            let start = out.len();
+            out.extend_from_slice(text.as_bytes());
+            // Header names are lower case already.
+            for byte in &mut out[start..] {
+                *byte = if *byte == b'-' {
+                    b'_'
+                } else {
+                    byte.to_ascii_uppercase()
+                };
             }
-            value.extend_from_slice(part.as_bytes());
-        }
-        variables.push((variable, value));
+            out.extend_from_slice(first.as_bytes());
+            for value in &repeated {
+                out.extend_from_slice(b", ");
+                out.extend_from_slice(value.as_bytes());
+            }
+        });
     }
-    variables
 }
 
 #[cfg(test)]
@@ -164,9 +165,125 @@ mod tests {
         headers.insert("x_real_ip", "6.6.6.6".parse().unwrap());
         headers.append("accept", "a".parse().unwrap());
         headers.append("accept", "b".parse().unwrap());
-        let variables = http_variables(&headers);
-        let names: Vec<&[u8]> = variables.iter().map(|(n, _)| n.as_slice()).collect();
-        assert_eq!(names, [&b"HTTP_X_REAL_IP"[..], b"HTTP_ACCEPT"]);
-        assert_eq!(variables[1].1, b"a, b");
+        headers.append("accept", "c".parse().unwrap());
+        headers.insert("x-last", "z".parse().unwrap());
+        let mut out = BytesMut::new();
+        let mut params = Params::new(&mut out);
+        http_variables(&mut params, &headers);
+        params.finish();
+        assert_eq!(
+            decoded(&out),
+            [
+                (&b"HTTP_X_REAL_IP"[..], &b"1.2.3.4"[..]),
+                (b"HTTP_ACCEPT", b"a, b, c"),
+                (b"HTTP_X_LAST", b"z"),
+            ]
+            .map(|(name, value)| (name.to_vec(), value.to_vec()))
+        );
+    }
+
+    #[test]
+    fn the_cgi_variables_of_a_script_with_path_info() {
+        let mut headers = HeaderMap::new();
+        headers.insert("host", "shop.example:8080".parse().unwrap());
+        headers.insert("content-type", "text/plain".parse().unwrap());
+        let call = Call {
+            method: &Method::POST,
+            version: Version::HTTP_11,
+            target: "/index.php/cart?id=7",
+            query: "id=7",
+            headers: &headers,
+            content_length: Some(12),
+        };
+        let script = Script {
+            name: "/index.php".into(),
+            path_info: "/cart".into(),
+        };
+        let caller = Caller {
+            address: "203.0.113.9".parse().unwrap(),
+            port: 50123,
+            server_name: "shop.example",
+            server_port: 8443,
+            https: true,
+        };
+        let env = [("APP_ENV".to_owned(), "prod".to_owned())];
+        let head = request_head(&call, &script, &caller, "/var/www", &env);
+        let variables = decoded(&head);
+        let get = |name: &str| {
+            let found: Vec<&[u8]> = variables
+                .iter()
+                .filter(|(n, _)| n == name.as_bytes())
+                .map(|(_, v)| v.as_slice())
+                .collect();
+            assert_eq!(found.len(), 1, "{name} once");
+            String::from_utf8(found[0].to_vec()).unwrap()
+        };
+        for (name, value) in [
+            ("GATEWAY_INTERFACE", "CGI/1.1"),
+            ("SERVER_PROTOCOL", "HTTP/1.1"),
+            ("REQUEST_SCHEME", "https"),
+            ("SERVER_NAME", "shop.example"),
+            ("SERVER_PORT", "8443"),
+            ("REMOTE_ADDR", "203.0.113.9"),
+            ("REMOTE_PORT", "50123"),
+            ("REQUEST_METHOD", "POST"),
+            ("REQUEST_URI", "/index.php/cart?id=7"),
+            ("QUERY_STRING", "id=7"),
+            ("DOCUMENT_ROOT", "/var/www"),
+            ("DOCUMENT_URI", "/index.php/cart"),
+            ("SCRIPT_NAME", "/index.php"),
+            ("SCRIPT_FILENAME", "/var/www/index.php"),
+            ("PATH_INFO", "/cart"),
+            ("PATH_TRANSLATED", "/var/www/cart"),
+            ("HTTPS", "on"),
+            ("CONTENT_LENGTH", "12"),
+            ("CONTENT_TYPE", "text/plain"),
+            ("APP_ENV", "prod"),
+            ("HTTP_HOST", "shop.example:8080"),
+            ("HTTP_CONTENT_TYPE", "text/plain"),
+        ] {
+            assert_eq!(get(name), value, "{name}");
+        }
+        assert!(get("SERVER_SOFTWARE").starts_with("floodgate/"));
+        assert_eq!(variables.len(), 23);
+    }
+
+    /// The name-value pairs of the PARAMS records in `wire` (after its begin record).
+    fn decoded(wire: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut stream = Vec::new();
+        let mut rest = wire;
+        while !rest.is_empty() {
+            let len = usize::from(u16::from_be_bytes([rest[4], rest[5]]));
+            let padding = usize::from(rest[6]);
+            if rest[1] == 4 {
+                stream.extend_from_slice(&rest[8..8 + len]);
+            }
+            rest = &rest[8 + len + padding..];
+        }
+        let mut stream = &stream[..];
+        let mut pairs = Vec::new();
+        while !stream.is_empty() {
+            let name_len = length(&mut stream);
+            let value_len = length(&mut stream);
+            pairs.push((
+                stream[..name_len].to_vec(),
+                stream[name_len..name_len + value_len].to_vec(),
+            ));
+            stream = &stream[name_len + value_len..];
+        }
+        pairs
+    }
+
+    /// A pair's length from the front of `stream`: one byte, or four with the high bit set.
+    fn length(stream: &mut &[u8]) -> usize {
+        if stream[0] < 0x80 {
+            let len = usize::from(stream[0]);
+            *stream = &stream[1..];
+            len
+        } else {
+            let len = u32::from_be_bytes([stream[0] & 0x7f, stream[1], stream[2], stream[3]]);
+            *stream = &stream[4..];
+            len as usize
+        }
     }
 }

@@ -36,22 +36,32 @@ impl Kind {
     }
 }
 
-/// Appends a record header for `len` bytes of content of `kind`, padded to 8 bytes.
-fn header(out: &mut BytesMut, kind: Kind, len: usize) -> usize {
+/// The header of a record of `kind` with `len` bytes of content, and the padding that
+/// follows the content to a multiple of 8 bytes.
+fn header(kind: Kind, len: usize) -> ([u8; HEADER_LEN], usize) {
     debug_assert!(len <= MAX_CONTENT);
     let padding = (8 - len % 8) % 8;
-    out.put_u8(VERSION);
-    out.put_u8(kind as u8);
-    out.put_u16(REQUEST_ID);
-    out.put_u16(len as u16);
-    out.put_u8(padding as u8);
-    out.put_u8(0);
-    padding
+    let [len_high, len_low] = (len as u16).to_be_bytes();
+    let [id_high, id_low] = REQUEST_ID.to_be_bytes();
+    (
+        [
+            VERSION,
+            kind as u8,
+            id_high,
+            id_low,
+            len_high,
+            len_low,
+            padding as u8,
+            0,
+        ],
+        padding,
+    )
 }
 
 /// Appends one record of `kind` holding `content` (at most [`MAX_CONTENT`] bytes).
 fn record(out: &mut BytesMut, kind: Kind, content: &[u8]) {
-    let padding = header(out, kind, content.len());
+    let (header, padding) = header(kind, content.len());
+    out.extend_from_slice(&header);
     out.extend_from_slice(content);
     out.put_bytes(0, padding);
 }
@@ -66,26 +76,83 @@ pub(super) fn begin_request(out: &mut BytesMut) {
     record(out, Kind::BeginRequest, &body);
 }
 
-/// The `FCGI_PARAMS` stream: `params` as name-value pairs, then its empty end record.
-pub(super) fn params<'a>(out: &mut BytesMut, params: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) {
-    let mut pairs = BytesMut::new();
-    for (name, value) in params {
-        length(&mut pairs, name.len());
-        length(&mut pairs, value.len());
-        pairs.extend_from_slice(name);
-        pairs.extend_from_slice(value);
-    }
-    for chunk in pairs.chunks(MAX_CONTENT) {
-        record(out, Kind::Params, chunk);
-    }
-    record(out, Kind::Params, &[]);
+/// The `FCGI_PARAMS` stream, written as its name-value pairs come: straight into the
+/// output after room for a record header, framed when [`Params::finish`] knows the length.
+pub(super) struct Params<'a> {
+    out: &'a mut BytesMut,
+    /// Where the pairs start in `out`, after the first record's header.
+    start: usize,
 }
 
-/// A name-value pair's length: one byte below 128, else four with the high bit set.
-fn length(out: &mut BytesMut, len: usize) {
+impl<'a> Params<'a> {
+    pub(super) fn new(out: &'a mut BytesMut) -> Params<'a> {
+        out.put_bytes(0, HEADER_LEN);
+        let start = out.len();
+        Params { out, start }
+    }
+
+    /// Appends the pair `name` = `value`.
+    pub(super) fn pair(&mut self, name: &[u8], value: &[u8]) {
+        self.pair_with(name.len(), value.len(), |out| {
+            out.extend_from_slice(name);
+            out.extend_from_slice(value);
+        });
+    }
+
+    /// Appends the pair `name` = the `parts` one after the other.
+    pub(super) fn pair_parts(&mut self, name: &[u8], parts: &[&[u8]]) {
+        let value_len = parts.iter().map(|part| part.len()).sum();
+        self.pair_with(name.len(), value_len, |out| {
+            out.extend_from_slice(name);
+            for part in parts {
+                out.extend_from_slice(part);
+            }
+        });
+    }
+
+    /// Appends a pair whose name is `name_len` bytes and whose value is `value_len`:
+    /// `write` appends the name and then the value, exactly that many bytes.
+    pub(super) fn pair_with(&mut self, name_len: usize, value_len: usize, write: impl FnOnce(&mut BytesMut)) {
+        let mut lengths = [0u8; 8];
+        let used = length(&mut lengths, name_len);
+        let used = used + length(&mut lengths[used..], value_len);
+        self.out.reserve(used + name_len + value_len);
+        self.out.extend_from_slice(&lengths[..used]);
+        let before = self.out.len();
+        write(self.out);
+        debug_assert_eq!(self.out.len() - before, name_len + value_len);
+    }
+
+    /// Frames the pairs in records of at most [`MAX_CONTENT`] bytes and ends the stream.
+    pub(super) fn finish(self) {
+        let content = self.out.len() - self.start;
+        if content <= MAX_CONTENT {
+            let (header, padding) = header(Kind::Params, content);
+            self.out[self.start - HEADER_LEN..self.start].copy_from_slice(&header);
+            self.out.put_bytes(0, padding);
+        } else {
+            let pairs = self.out.split_off(self.start);
+            self.out.truncate(self.start - HEADER_LEN);
+            for chunk in pairs.chunks(MAX_CONTENT) {
+                record(self.out, Kind::Params, chunk);
+            }
+        }
+        record(self.out, Kind::Params, &[]);
+    }
+}
+
+/// A name-value pair's length at the start of `out`: one byte below 128, else four with
+/// the high bit set; how many bytes it took.
+fn length(out: &mut [u8], len: usize) -> usize {
     match u8::try_from(len) {
-        Ok(short) if short < 0x80 => out.put_u8(short),
-        _ => out.put_u32(len as u32 | 0x8000_0000),
+        Ok(short) if short < 0x80 => {
+            out[0] = short;
+            1
+        }
+        _ => {
+            out[..4].copy_from_slice(&(len as u32 | 0x8000_0000).to_be_bytes());
+            4
+        }
     }
 }
 
@@ -216,6 +283,27 @@ mod tests {
         out
     }
 
+    fn params<'a>(out: &mut BytesMut, pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) {
+        let mut params = Params::new(out);
+        for (name, value) in pairs {
+            params.pair(name, value);
+        }
+        params.finish();
+    }
+
+    /// The kinds and contents of the records in `wire`, padding checked and dropped.
+    fn records(mut wire: &[u8]) -> Vec<(u8, Vec<u8>)> {
+        let mut records = Vec::new();
+        while !wire.is_empty() {
+            let len = usize::from(u16::from_be_bytes([wire[4], wire[5]]));
+            let padding = usize::from(wire[6]);
+            assert_eq!((len + padding) % 8, 0);
+            records.push((wire[1], wire[HEADER_LEN..HEADER_LEN + len].to_vec()));
+            wire = &wire[HEADER_LEN + len + padding..];
+        }
+        records
+    }
+
     #[test]
     fn records_are_padded_to_eight_bytes() {
         let out = encoded(Kind::Stdin, b"hello");
@@ -241,19 +329,34 @@ mod tests {
     fn params_larger_than_a_record_are_split() {
         let mut out = BytesMut::new();
         let value = vec![b'v'; 70_000];
-        params(&mut out, [(&b"BIG"[..], &value[..])]);
-        let first = usize::from(u16::from_be_bytes([out[4], out[5]]));
-        assert_eq!(first, MAX_CONTENT);
+        params(&mut out, [(&b"A"[..], &b"b"[..]), (&b"BIG"[..], &value[..])]);
+        let records = records(&out);
+        let lengths: Vec<usize> = records.iter().map(|(_, content)| content.len()).collect();
+        // 1+1+1+1 and 1+4+3+70 000 bytes of pairs: a full record, the rest, the end.
+        assert_eq!(lengths, [MAX_CONTENT, 4 + 70_008 - MAX_CONTENT, 0]);
+        assert!(records.iter().all(|(kind, _)| *kind == Kind::Params as u8));
+        let stream: Vec<u8> = records.into_iter().flat_map(|(_, content)| content).collect();
+        assert_eq!(&stream[..4], b"\x01\x01Ab");
+        assert_eq!(&stream[4..12], &[3, 0x80, 0x01, 0x11, 0x70, b'B', b'I', b'G']);
+        assert!(stream[12..].iter().all(|&b| b == b'v'));
+    }
+
+    #[test]
+    fn a_short_params_stream_is_one_padded_record_and_its_end() {
+        let mut out = BytesMut::new();
+        begin_request(&mut out);
+        params(&mut out, [(&b"AB"[..], &b"cde"[..])]);
+        let records = records(&out);
+        assert_eq!(records.len(), 3);
+        assert_eq!(records[1], (Kind::Params as u8, b"\x02\x03ABcde".to_vec()));
+        assert_eq!(records[2], (Kind::Params as u8, vec![]));
     }
 
     #[test]
     fn content_comes_out_as_it_arrives_and_padding_is_skipped() {
         let mut wire = encoded(Kind::Stdout, b"Status: 200\r\n\r\nhi");
         wire.extend_from_slice(&encoded(Kind::Stderr, b"oops"));
-        let mut end = BytesMut::new();
-        header(&mut end, Kind::EndRequest, 8);
-        end.extend_from_slice(&[0, 0, 0, 7, 0, 0, 0, 0]);
-        wire.extend_from_slice(&end);
+        wire.extend_from_slice(&encoded(Kind::EndRequest, &[0, 0, 0, 7, 0, 0, 0, 0]));
         let mut reader = Reader::default();
         let mut buffer = BytesMut::new();
         let mut got = Vec::new();
