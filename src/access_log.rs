@@ -1,13 +1,15 @@
 //! The access log: one `tracing` event per request, target `access`, written
-//! when the response body is finished, together with the request metrics.
+//! when the response body is finished, together with the request metrics and the
+//! request's span.
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use http::Method;
+use http::{HeaderValue, Method};
 
 use crate::metrics::{LimitOutcome, Metrics};
+use crate::trace::{RequestEnd, RequestTrace};
 
 /// What is known about a request by the time its response starts.
 pub(crate) struct AccessRecord {
@@ -20,14 +22,50 @@ pub(crate) struct AccessRecord {
     pub client_ip: IpAddr,
     /// What the route's limits made of the request.
     pub limit_outcome: LimitOutcome,
+    /// The request's ID, unless `server.request_id` is off.
+    pub request_id: Option<HeaderValue>,
+    pub trace: RequestTrace,
+    /// The server of the last upstream try, and its time until the response head.
+    pub upstream: Option<(Arc<str>, Duration)>,
 }
 
 impl AccessRecord {
-    /// Emits the log event and records the request metrics.
+    /// The record of a request that started at `start`, counted in
+    /// `floodgate_requests_in_flight` until it is finished.
+    pub(crate) fn new(
+        metrics: Arc<Metrics>,
+        start: Instant,
+        method: Method,
+        client_ip: IpAddr,
+        trace: RequestTrace,
+        no_route: Arc<str>,
+    ) -> AccessRecord {
+        metrics.requests_in_flight().inc();
+        AccessRecord {
+            metrics,
+            start,
+            method,
+            path: String::new(),
+            route: no_route,
+            status: 0,
+            client_ip,
+            limit_outcome: LimitOutcome::None,
+            request_id: None,
+            trace,
+            upstream: None,
+        }
+    }
+
+    /// Emits the log event, records the request metrics and ends the request's span.
     pub(crate) fn finish(self, bytes: u64) {
         let elapsed = self.start.elapsed();
+        self.metrics.requests_in_flight().dec();
         self.metrics
             .record_request(&self.route, self.status, elapsed.as_secs_f64());
+        let (upstream_server, upstream_duration) = match &self.upstream {
+            Some((server, duration)) => (Some(&**server), Some(duration.as_secs_f64() * 1000.0)),
+            None => (None, None),
+        };
         tracing::info!(
             target: "access",
             method = %self.method,
@@ -38,6 +76,17 @@ impl AccessRecord {
             client_ip = %self.client_ip,
             bytes,
             limit = self.limit_outcome.as_str(),
+            request_id = self.request_id.as_ref().and_then(|id| id.to_str().ok()),
+            trace_id = %self.trace.trace_id,
+            upstream_server,
+            upstream_duration_ms = upstream_duration,
         );
+        self.trace.end(RequestEnd {
+            method: &self.method,
+            route: &self.route,
+            status: self.status,
+            client_ip: self.client_ip,
+            limit_outcome: self.limit_outcome.as_str(),
+        });
     }
 }

@@ -42,6 +42,7 @@ pub mod router;
 pub mod server;
 pub mod service;
 mod tls;
+mod trace;
 mod upstream;
 
 pub use config::{Config, ConfigErrors};

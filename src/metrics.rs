@@ -109,6 +109,20 @@ struct StoreLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+}
+
+/// The series of one server of an upstream.
+pub(crate) struct ServerSeries {
+    /// 1 while in rotation.
+    pub(crate) up: Gauge,
+    pub(crate) in_flight: Gauge,
+    /// Until the response head, per try.
+    pub(crate) duration: Histogram,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ReloadLabels {
     result: &'static str,
 }
@@ -189,6 +203,10 @@ pub(crate) struct Metrics {
     upstream_queue_depth: Family<UpstreamLabels, Gauge>,
     server_up: Family<ServerLabels, Gauge>,
     server_in_flight: Family<ServerLabels, Gauge>,
+    upstream_duration: HistogramFamily<ServerLabels>,
+    requests_in_flight: Gauge,
+    spans_dropped: Counter,
+    breaker_open: Family<StoreLabels, Gauge>,
     tls_handshake_errors: Counter,
     dropped_headers: Counter,
     certificate_expiry: Family<CertificateLabels, Gauge>,
@@ -253,6 +271,42 @@ impl Metrics {
             "Requests in flight to a server, by upstream and server (host:port)",
             server_in_flight.clone(),
         );
+        let upstream_duration: HistogramFamily<ServerLabels> =
+            Family::new_with_constructor(duration_histogram);
+        registry.register(
+            "floodgate_upstream_duration_seconds",
+            "Time from sending a request to a server until its response head, by upstream and server",
+            upstream_duration.clone(),
+        );
+        let requests_in_flight = Gauge::default();
+        registry.register(
+            "floodgate_requests_in_flight",
+            "Requests on the plain and TLS listeners not yet answered in full",
+            requests_in_flight.clone(),
+        );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register(
+            "floodgate_build_info",
+            "floodgate's version, always 1",
+            build_info,
+        );
+        let spans_dropped = Counter::default();
+        registry.register(
+            "floodgate_trace_spans_dropped",
+            "Trace spans not exported: the export queue was full, or the export failed",
+            spans_dropped.clone(),
+        );
+        let breaker_open = Family::<StoreLabels, Gauge>::default();
+        registry.register(
+            "floodgate_store_breaker_open",
+            "1 while the store's circuit breaker is open (Redis is not asked), by store",
+            breaker_open.clone(),
+        );
         let tls_handshake_errors = Counter::default();
         registry.register(
             "floodgate_tls_handshake_errors",
@@ -312,6 +366,10 @@ impl Metrics {
             upstream_queue_depth,
             server_up,
             server_in_flight,
+            upstream_duration,
+            requests_in_flight,
+            spans_dropped,
+            breaker_open,
             tls_handshake_errors,
             dropped_headers,
             certificate_expiry,
@@ -406,18 +464,35 @@ impl Metrics {
         };
         self.server_up.remove(&labels);
         self.server_in_flight.remove(&labels);
+        self.upstream_duration.remove(&labels);
     }
 
-    /// The in-rotation and in-flight gauges of `server` of `upstream`.
-    pub(crate) fn upstream_server(&self, upstream: &Arc<str>, server: &Arc<str>) -> (Gauge, Gauge) {
+    /// The series of `server` of `upstream`.
+    pub(crate) fn upstream_server(&self, upstream: &Arc<str>, server: &Arc<str>) -> ServerSeries {
         let labels = ServerLabels {
             upstream: Name(upstream.clone()),
             server: Name(server.clone()),
         };
-        (
-            self.server_up.get_or_create(&labels).clone(),
-            self.server_in_flight.get_or_create(&labels).clone(),
-        )
+        ServerSeries {
+            up: self.server_up.get_or_create(&labels).clone(),
+            in_flight: self.server_in_flight.get_or_create(&labels).clone(),
+            duration: self.upstream_duration.get_or_create(&labels).clone(),
+        }
+    }
+
+    /// `floodgate_requests_in_flight`, for the request path to count in.
+    pub(crate) fn requests_in_flight(&self) -> &Gauge {
+        &self.requests_in_flight
+    }
+
+    /// `floodgate_trace_spans_dropped_total`, for the span exporter to count in.
+    pub(crate) fn spans_dropped(&self) -> Counter {
+        self.spans_dropped.clone()
+    }
+
+    /// `floodgate_store_breaker_open` of `store`, for its breaker to set.
+    pub(crate) fn breaker_open(&self, store: &'static str) -> Gauge {
+        self.breaker_open.get_or_create(&StoreLabels { store }).clone()
     }
 
     pub(crate) fn record_decision(&self, limit: &Arc<str>, outcome: LimitOutcome) {

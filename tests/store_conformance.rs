@@ -12,9 +12,10 @@ use common::redis_server::RedisServer;
 use floodgate::limit::key::{MAX_KEY_LEN, encode_tuple, lock_key, store_key};
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::redis::RedisTarget;
-use floodgate::limit::store::{LimitStore, OnError, StoreAnswer};
+use floodgate::limit::store::{LimitStore, OnError, RedisSeries, StoreAnswer};
 use floodgate::limit::{Algorithm, LimitCheck, LimitDecision, Lockout, Outcome, Peeked};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 
 const MS: u64 = 1_000;
 
@@ -62,8 +63,7 @@ async fn redis() -> (Store, RedisServer) {
         &RedisTarget::Url(server.url()),
         Duration::from_secs(2),
         "fg",
-        Counter::default(),
-        Counter::default(),
+        RedisSeries::default(),
     )
     .expect("a Redis store");
     assert!(store.wait_ready(Duration::from_secs(10)).await, "connected");
@@ -932,15 +932,20 @@ async fn every_operation_fails_by_the_one_rule_under_each_policy() {
 
     let mut server = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
     let errors = Counter::default();
+    let breaker_open = Gauge::default();
     let store = LimitStore::redis(
         &RedisTarget::Url(server.url()),
         Duration::from_millis(100),
         "fg",
-        Counter::default(),
-        errors.clone(),
+        RedisSeries {
+            errors: errors.clone(),
+            breaker_open: breaker_open.clone(),
+            ..RedisSeries::default()
+        },
     )
     .expect("a Redis store");
     assert!(store.wait_ready(Duration::from_secs(2)).await);
+    assert_eq!(breaker_open.get(), 0);
     let lease = store
         .acquire("fg:leased", 1, Duration::from_secs(30), OnError::Allow)
         .await
@@ -1025,6 +1030,8 @@ async fn every_operation_fails_by_the_one_rule_under_each_policy() {
         assert!(store.clear(&limit).await.is_err(), "{on_error:?} clear");
         assert_eq!(errors.get(), before + 3, "{on_error:?} peek, count, clear");
     }
+    // Failures in a row opened the breaker: floodgate_store_breaker_open says so.
+    assert_eq!(breaker_open.get(), 1);
 }
 
 /// Waits until `errors` counts more than `before` (a failure in a background task).

@@ -23,6 +23,16 @@ pub(crate) struct FileConfig {
     pub limits: BTreeMap<String, Spanned<LimitFile>>,
     #[serde(default)]
     pub routes: Vec<Spanned<RouteFile>>,
+    pub tracing: Option<Spanned<TracingFile>>,
+}
+
+/// `[tracing]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TracingFile {
+    pub endpoint: Spanned<String>,
+    pub sample: Option<Spanned<f64>>,
+    pub service_name: Option<Spanned<String>>,
 }
 
 /// `[server]`
@@ -47,6 +57,7 @@ pub(crate) struct ServerFile {
     pub request_headers: Option<Spanned<HeaderRulesFile>>,
     pub response_headers: Option<Spanned<HeaderRulesFile>>,
     pub drop_invalid_headers: Option<bool>,
+    pub request_id: Option<Spanned<String>>,
 }
 
 /// One entry of `[server.errors]`.

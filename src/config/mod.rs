@@ -21,13 +21,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, StatusCode};
+use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 use toml::Spanned;
 
 use error::ErrorSink;
 pub use error::{ConfigError, ConfigErrors};
-use file::{FileConfig, RespondFile, RouteFile, ServerFile};
+use file::{FileConfig, RespondFile, RouteFile, ServerFile, TracingFile};
 pub(crate) use limits::DEFAULT_PREFIX;
 pub use limits::{
     Concurrency, KeyPart, LimitConfig, LimitKind, Mode, Override, Overrides, RateLimit, RedisConfig,
@@ -67,6 +67,18 @@ pub struct Config {
     pub limits: BTreeMap<String, Arc<LimitConfig>>,
     /// Routes in file order: the first match wins.
     pub routes: Vec<RouteConfig>,
+    /// `[tracing]`: spans exported over OTLP/HTTP; `None`: none.
+    pub tracing: Option<TracingConfig>,
+}
+
+/// `[tracing]` (docs/configuration.md#tracing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingConfig {
+    /// The collector's base URL; spans go to `/v1/traces` under it.
+    pub endpoint: Uri,
+    /// The share of new traces recorded, 0 to 1.
+    pub sample: f64,
+    pub service_name: String,
 }
 
 /// `[server]`
@@ -105,6 +117,8 @@ pub struct ServerConfig {
     /// Request headers whose names have characters other than letters, digits and `-`
     /// are dropped before anything reads them (nginx's `ignore_invalid_headers`).
     pub drop_invalid_headers: bool,
+    /// The header carrying request IDs; `None` (`request_id = ""`): none.
+    pub request_id: Option<HeaderName>,
 }
 
 /// Which rate-limit response headers are sent (`server.ratelimit_headers`).
@@ -248,6 +262,9 @@ impl Config {
         let upstreams = upstreams::validate_upstreams(raw.upstreams, base, &mut sink);
         let limits = limits::validate_limits(raw.limits, &mut sink);
         let routes = validate_routes(raw.routes, &upstreams, &limits, base, &mut sink);
+        let tracing = raw
+            .tracing
+            .and_then(|tracing| validate_tracing(tracing.into_inner(), &mut sink));
         sink.finish(path)?;
         Ok(Config {
             path: path.to_path_buf(),
@@ -256,6 +273,7 @@ impl Config {
             upstreams,
             limits,
             routes,
+            tracing,
         })
     }
 
@@ -520,7 +538,54 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
         )
         .unwrap_or_default(),
         drop_invalid_headers: raw.drop_invalid_headers.unwrap_or(true),
+        request_id: match &raw.request_id {
+            None => Some(HeaderName::from_static(DEFAULT_REQUEST_ID)),
+            Some(name) if name.get_ref().is_empty() => None,
+            Some(name) => parse_spanned(name, "server.request_id", sink, |text| {
+                HeaderName::from_bytes(text.as_bytes()).map_err(|_| format!("{text:?} is not a header name"))
+            }),
+        },
     }
+}
+
+/// The header of request IDs unless `server.request_id` says otherwise.
+const DEFAULT_REQUEST_ID: &str = "x-request-id";
+
+fn validate_tracing(raw: TracingFile, sink: &mut ErrorSink) -> Option<TracingConfig> {
+    let endpoint = parse_spanned(&raw.endpoint, "tracing.endpoint", sink, |text| {
+        let uri: Uri = text.parse().map_err(|_| format!("{text:?} is not a URL"))?;
+        match (uri.scheme_str(), uri.authority()) {
+            (Some("http" | "https"), Some(_)) if uri.query().is_none() => Ok(uri),
+            _ => Err(format!(
+                "expected the collector's http:// or https:// base URL (such as \"http://otel-collector:4318\"), got {text:?}"
+            )),
+        }
+    });
+    let sample = match &raw.sample {
+        None => 1.0,
+        Some(sample) if (0.0..=1.0).contains(sample.get_ref()) => *sample.get_ref(),
+        Some(sample) => {
+            sink.push(
+                Some(sample.span()),
+                "tracing.sample",
+                format!("expected a share from 0 to 1, got {}", sample.get_ref()),
+            );
+            return None;
+        }
+    };
+    let service_name = match &raw.service_name {
+        None => "floodgate".to_owned(),
+        Some(name) if name.get_ref().trim().is_empty() => {
+            sink.push(Some(name.span()), "tracing.service_name", "expected a name");
+            return None;
+        }
+        Some(name) => name.get_ref().clone(),
+    };
+    Some(TracingConfig {
+        endpoint: endpoint?,
+        sample,
+        service_name,
+    })
 }
 
 /// Tables by name (`[upstreams.NAME]`, `[limits.NAME]`).

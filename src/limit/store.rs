@@ -10,12 +10,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 
 use super::clock::MonotonicClock;
 use super::memory::{self, MemoryStore};
 use super::redis::fallback::{Operation, Recovery, ResilientRedis};
 use super::redis::{RedisTarget, StoreError};
 use super::{Decisions, LimitCheck, Peeked};
+
+/// The metrics a Redis store counts in.
+#[derive(Clone, Default)]
+pub struct RedisSeries {
+    /// What the full in-process store standing in for Redis did not keep.
+    pub local_not_kept: Counter,
+    /// Operations that failed.
+    pub errors: Counter,
+    /// 1 while the breaker is open.
+    pub breaker_open: Gauge,
+}
 
 /// The gateway's store: the in-process store, behind Redis when it is configured.
 #[derive(Clone)]
@@ -230,19 +242,23 @@ impl LimitStore {
     }
 
     /// The Redis store at `target`, each decision within `timeout`, its heartbeat under
-    /// `prefix`; `local_not_kept` counts what the full in-process store in its stead did
-    /// not keep, and `errors` the operations that failed. Must run inside the runtime (it
-    /// connects in the background).
+    /// `prefix`, counting in `series`. Must run inside the runtime (it connects in the
+    /// background).
     pub fn redis(
         target: &RedisTarget,
         timeout: Duration,
         prefix: &str,
-        local_not_kept: Counter,
-        errors: Counter,
+        series: RedisSeries,
     ) -> Result<Self, StoreError> {
         Ok(LimitStore {
-            local: in_process(local_not_kept),
-            redis: Some(ResilientRedis::start(target, timeout, prefix, errors)?),
+            local: in_process(series.local_not_kept),
+            redis: Some(ResilientRedis::start(
+                target,
+                timeout,
+                prefix,
+                series.errors,
+                series.breaker_open,
+            )?),
         })
     }
 

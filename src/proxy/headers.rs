@@ -129,6 +129,8 @@ pub(crate) fn requested_upgrade(version: Version, headers: &HeaderMap) -> Option
 
 /// What floodgate knows about the client connection, for the forwarding headers.
 pub(crate) struct ForwardingContext<'a> {
+    /// The request ID's header and value, set on every request that goes upstream.
+    pub request_id: Option<(&'a HeaderName, &'a HeaderValue)>,
     pub peer: &'a Peer,
     pub client_ip: IpAddr,
     /// The peer is inside `server.trusted_proxies`: its forwarding headers are believed.
@@ -139,8 +141,8 @@ pub(crate) struct ForwardingContext<'a> {
     pub guarded_spellings: &'a [String],
 }
 
-/// Sets `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `X-Forwarded-Host` and `Via`
-/// on a request going upstream. Call after [`remove_hop_by_hop`], with `Host` already the
+/// Sets `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `X-Forwarded-Host`, `Via`
+/// and the request ID on a request going upstream. Call after [`remove_hop_by_hop`], with `Host` already the
 /// host the client asked for (its `Host`, or the `:authority` of HTTP/2 and absolute-form
 /// targets): `X-Forwarded-Host` repeats it.
 pub(crate) fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'_>) {
@@ -197,6 +199,9 @@ pub(crate) fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingCo
         }
     }
     headers.append(header::VIA, via_value(ctx.version));
+    if let Some((name, id)) = ctx.request_id {
+        headers.insert(name.clone(), id.clone());
+    }
 }
 
 /// An address as a header value (always valid: digits, dots, colons and hex).
@@ -290,6 +295,7 @@ mod tests {
 
     fn ctx(peer: &Peer, trusted: bool) -> ForwardingContext<'_> {
         ForwardingContext {
+            request_id: None,
             peer,
             client_ip: "198.51.100.7".parse().unwrap(),
             peer_trusted: trusted,

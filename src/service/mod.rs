@@ -26,6 +26,7 @@ pub mod limit_headers;
 pub(crate) mod limits;
 mod own_answer;
 pub(crate) mod request_head;
+mod request_id;
 pub mod request_key;
 mod response_body;
 mod site;
@@ -40,15 +41,17 @@ use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
 use crate::files::choice::Script;
 use crate::limit::store::{ConcurrencySlot, Unit};
-use crate::metrics::{LimitOutcome, Metrics};
+use crate::metrics::Metrics;
 use crate::path::normalize_path;
 use crate::proxy::headers::{
     ForwardingContext, apply_rules, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
 };
 use crate::proxy::request_body::RequestBody;
 use crate::router::normalize_host;
+use crate::trace::context::traceparent_value;
+use crate::trace::{RequestTrace, TRACEPARENT, TRACESTATE};
 use crate::upstream::read_ahead::ReadAhead;
-use crate::upstream::{Upstream, tunnel};
+use crate::upstream::{Tries, Upstream, tunnel};
 use http_body::Body as _;
 use limit_headers::LimitHeaders;
 use limits::{Action, LimitSettings, settle_attempts};
@@ -95,16 +98,21 @@ pub(crate) async fn handle(
     let start = Instant::now();
     let state = shared.state.load_full();
     let client_ip = client_ip(peer.ip, request.headers(), &state.trusted_proxies);
-    let mut record = Unanswered(Some(AccessRecord {
-        metrics: shared.metrics.clone(),
+    let trace = RequestTrace::begin(request.headers(), state.tracer.as_ref());
+    let request_id = state.config.server.request_id.as_ref().map(|name| {
+        let trusted = state.trusted_proxies.contains(peer.ip);
+        (name, request_id::decide(name, request.headers(), trusted, &trace))
+    });
+    let mut record = AccessRecord::new(
+        shared.metrics.clone(),
         start,
-        method: request.method().clone(),
-        path: String::new(),
-        route: shared.no_route.clone(),
-        status: 0,
+        request.method().clone(),
         client_ip,
-        limit_outcome: LimitOutcome::None,
-    }));
+        trace,
+        shared.no_route.clone(),
+    );
+    record.request_id = request_id.as_ref().map(|(_, id)| id.clone());
+    let mut record = Unanswered(Some(record));
     let mut leftovers = Leftovers::default();
     let version = request.version();
     let served = serve(
@@ -147,6 +155,9 @@ pub(crate) async fn handle(
         response
             .headers_mut()
             .insert(header::STRICT_TRANSPORT_SECURITY, hsts);
+    }
+    if let Some((name, id)) = request_id {
+        response.headers_mut().insert(name.clone(), id);
     }
     record.status = response.status().as_u16();
     Ok(response.map(|body| ResponseBody::new(body, record, in_flight)))
@@ -339,6 +350,12 @@ async fn serve(
                     .map(str::to_owned),
             };
             let context = ForwardingContext {
+                request_id: state
+                    .config
+                    .server
+                    .request_id
+                    .as_ref()
+                    .zip(record.request_id.as_ref()),
                 peer: client.peer,
                 client_ip: client.ip,
                 peer_trusted: state.trusted_proxies.contains(client.peer.ip),
@@ -348,16 +365,19 @@ async fn serve(
             // From here on the slots go with the exchange, which may outlive this request
             // if its client leaves (`upstream`'s module docs).
             let slots = std::mem::take(&mut leftovers.slots);
-            forward(
+            let mut tries = Tries::new(&record.trace);
+            let forwarded = forward(
                 &destination,
                 request,
                 (forwarded, script),
                 &context,
                 &state.config.server,
                 client.connection,
-                slots,
+                (slots, &mut tries),
             )
-            .await
+            .await;
+            record.upstream = tries.last;
+            forwarded
         }
     };
     if !attempts.is_empty() {
@@ -499,8 +519,9 @@ fn forwarded_path<'a>(route: &RouteConfig, path: &'a str) -> &'a str {
 }
 
 /// Rewrites the request for `upstream`, sends it and relays the response; `slots` (the
-/// request's concurrency-limit slots) are held with the exchange. `path` is without the
-/// route's prefix; `script`, for a site, what PHP-FPM runs.
+/// request's concurrency-limit slots) are held with the exchange, and `tries` told of
+/// each try. `path` is without the route's prefix; `script`, for a site, what PHP-FPM
+/// runs.
 async fn forward(
     destination: &Destination<'_>,
     mut request: Request<Incoming>,
@@ -508,7 +529,7 @@ async fn forward(
     context: &ForwardingContext<'_>,
     server: &ServerConfig,
     connection: &InFlight,
-    slots: Vec<ConcurrencySlot>,
+    (slots, tries): (Vec<ConcurrencySlot>, &mut Tries<'_>),
 ) -> Result<Response<Payload>, OwnAnswer> {
     let upstream = destination.upstream;
     let max_body = server.max_body;
@@ -532,10 +553,19 @@ async fn forward(
         parts.headers.insert(header::HOST, host);
     }
     set_forwarding_headers(&mut parts.headers, context);
+    let trace = tries.trace;
+    if !trace.keeps_tracestate {
+        parts.headers.remove(&TRACESTATE);
+    }
     apply_rules(&server.request_headers, &mut parts.headers);
     apply_rules(&destination.route.request_headers, &mut parts.headers);
     let mut body = RequestBody::new(body, max_body, server.body_timeout);
     if let (Some((php, script)), Some(fastcgi)) = (script, &upstream.config.fastcgi) {
+        // Each try writes its own span over this one's (`FastCgiHead::traceparent`).
+        parts.headers.insert(
+            TRACEPARENT.clone(),
+            traceparent_value(&trace.trace_id, trace.span_id(), trace.flags),
+        );
         // Boxed: the request path's future need not hold a body being read whole.
         let (length, whole) = Box::pin(site::with_length(&parts, declared, body)).await?;
         body = whole;
@@ -560,7 +590,12 @@ async fn forward(
 
     let request = Request::from_parts(parts, body);
     let mut response = upstream
-        .send(request, destination.hash_tuple, destination.instances, slots)
+        .send(
+            request,
+            (destination.hash_tuple, destination.instances),
+            slots,
+            tries,
+        )
         .await?;
     match client_upgrade {
         Some(client) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {

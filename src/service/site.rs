@@ -102,7 +102,8 @@ pub(super) fn fastcgi_head(
         server_port: context.peer.local_port,
         https: context.peer.tls,
     };
-    FastCgiHead(request_head(&call, script, &caller, &php.root, env))
+    let (records, traceparent) = request_head(&call, script, &caller, &php.root, env);
+    FastCgiHead { records, traceparent }
 }
 
 /// The length PHP-FPM is told of `body`, and the body to send: the declared length, `0`

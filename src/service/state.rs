@@ -13,9 +13,10 @@ use crate::client_ip::TrustedProxies;
 use crate::config::{Config, DEFAULT_PREFIX, KeyPart, RedisConfig, RespondConfig, RouteTarget, Site};
 use crate::limit::redis::StoreError;
 use crate::limit::redis::refusals::RefusalCache;
-use crate::limit::store::{LimitStore, OnError};
+use crate::limit::store::{LimitStore, OnError, RedisSeries};
 use crate::metrics::Metrics;
 use crate::router::Router;
+use crate::trace::Tracer;
 use crate::upstream::Upstream;
 
 /// One loaded configuration, ready to serve.
@@ -28,8 +29,8 @@ pub(crate) struct GatewayState {
     pub(crate) store: LimitStore,
     pub(crate) key_prefix: String,
     pub(crate) on_error: OnError,
-    /// The underscore spellings (`x_debug`) of the headers some limit keys on or some
-    /// request rules set or remove: they never reach the upstream (CGI and PHP read
+    /// The underscore spellings (`x_debug`) of the headers some limit keys on, some
+    /// request rules set or remove, and of the request ID's: they never reach the upstream (CGI and PHP read
     /// `X_Debug` as `X-Debug`, so a client could otherwise plant or keep one).
     pub(crate) guarded_spellings: Vec<String>,
     /// Refusals remembered until they could pass (new with every configuration), in
@@ -37,6 +38,8 @@ pub(crate) struct GatewayState {
     pub(crate) refusals: Option<RefusalCache>,
     /// The HTTPS listener's handshakes, with this configuration's certificates.
     pub(crate) tls: Option<TlsAcceptor>,
+    /// `[tracing]`: kept across reloads that do not change it.
+    pub(crate) tracer: Option<Arc<Tracer>>,
 }
 
 impl GatewayState {
@@ -133,6 +136,7 @@ impl GatewayState {
             .flat_map(|rules| rules.set.iter().map(|(name, _)| name).chain(&rules.remove));
         let mut guarded_spellings: Vec<String> = key_headers
             .chain(rule_headers)
+            .chain(&config.server.request_id)
             .map(|name| name.as_str().replace('-', "_"))
             .collect();
         guarded_spellings.sort();
@@ -145,8 +149,11 @@ impl GatewayState {
                     &redis.target,
                     redis.timeout,
                     &redis.prefix,
-                    metrics.keys_not_kept("local"),
-                    metrics.store_errors("redis"),
+                    RedisSeries {
+                        local_not_kept: metrics.keys_not_kept("local"),
+                        errors: metrics.store_errors("redis"),
+                        breaker_open: metrics.breaker_open("redis"),
+                    },
                 )?,
             },
         };
@@ -177,6 +184,12 @@ impl GatewayState {
             metrics.set_certificate_expiry(&expiry);
             crate::tls::acceptor(tls)
         });
+        let tracer = config.tracing.as_ref().map(|tracing| {
+            previous
+                .and_then(|previous| previous.tracer.clone())
+                .filter(|kept| kept.config == *tracing)
+                .unwrap_or_else(|| Arc::new(Tracer::start(tracing, metrics.spans_dropped())))
+        });
         Ok(GatewayState {
             router: Router::new(config.routes.clone()),
             trusted_proxies: TrustedProxies::new(config.server.trusted_proxies.clone()),
@@ -188,6 +201,7 @@ impl GatewayState {
             guarded_spellings,
             refusals,
             tls,
+            tracer,
         })
     }
 }

@@ -192,8 +192,6 @@ mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
 
-    use prometheus_client::metrics::gauge::Gauge;
-
     use super::*;
     use crate::upstream::pool::Pool;
     use crate::upstream::server::Transport;
@@ -205,11 +203,13 @@ mod tests {
             .map(|(i, &weight)| {
                 let label = format!("10.0.0.{i}:80");
                 let pool = Pool::new(label.clone(), Duration::from_secs(1), None);
+                let series =
+                    crate::metrics::Metrics::new().upstream_server(&"u".into(), &label.as_str().into());
                 Server::new(
                     label.into(),
                     weight,
                     Transport::Http { pool, tls: None },
-                    (Gauge::default(), Gauge::default()),
+                    series,
                     None,
                 )
             })

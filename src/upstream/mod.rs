@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
@@ -53,6 +53,8 @@ use crate::error::{GatewayError, UpstreamFailure};
 use crate::limit::store::ConcurrencySlot;
 use crate::metrics::Metrics;
 use crate::proxy::request_body::{RequestBody, RequestBodyError};
+use crate::trace::context::{self, SpanId, traceparent_value};
+use crate::trace::{RequestTrace, TRACEPARENT, TryEnd};
 use balance::Balancer;
 use pool::{Pool, SendError, Unsent};
 use replay::Replay;
@@ -61,6 +63,19 @@ pub(crate) use tunnel::tunnel;
 
 /// The servers a request has tried, by index.
 type Tried = SmallVec<[usize; 4]>;
+
+/// What the tries of one request tell its trace and its access record.
+pub(crate) struct Tries<'a> {
+    pub(crate) trace: &'a RequestTrace,
+    /// The server of the last try, and its time until the response head (or the failure).
+    pub(crate) last: Option<(Arc<str>, Duration)>,
+}
+
+impl<'a> Tries<'a> {
+    pub(crate) fn new(trace: &'a RequestTrace) -> Self {
+        Tries { trace, last: None }
+    }
+}
 
 /// Forwards requests to one upstream's servers.
 pub(crate) struct Upstream {
@@ -188,24 +203,27 @@ impl Upstream {
     /// upstream's `timeout` per try; after a failure, tries other servers as `retries`
     /// allows. `hash_tuple` is the request's `hash_key` tuple (with `balance = "hash"`);
     /// `instances` the live gateway instances that share `max_requests`; `limits` the
-    /// request's concurrency-limit slots, held with its server slot from then on.
+    /// request's concurrency-limit slots, held with its server slot from then on. Each try
+    /// passes its own span on in `traceparent` and is told to `tries`.
     pub(crate) async fn send(
         &self,
         mut request: Request<RequestBody>,
-        hash_tuple: Option<&str>,
-        instances: u64,
+        (hash_tuple, instances): (Option<&str>, u64),
         mut limits: Vec<ConcurrencySlot>,
+        tries: &mut Tries<'_>,
     ) -> Result<Response<UpstreamBody>, GatewayError> {
+        let trace = tries.trace;
+        let method = request.method().clone();
         let affinity = hash_tuple.map(balance::affinity);
-        let tries = 1 + (self.config.retries as usize).min(self.rotation.servers.len() - 1);
+        let most = 1 + (self.config.retries as usize).min(self.rotation.servers.len() - 1);
         // A request that reached a server may go to another only when repeating it is
         // harmless: an idempotent method without a body, which is rebuilt from a copy.
-        let copy = (tries > 1 && idempotent(request.method()) && request.body().is_end_stream())
+        let copy = (most > 1 && idempotent(request.method()) && request.body().is_end_stream())
             .then(|| Replay::of(&request));
-        let mut tried = Tried::new();
+        let mut tried_servers = Tried::new();
         let mut last_failure = None;
-        for _ in 0..tries {
-            let slot = match self.rotation.acquire(affinity, &tried, instances).await {
+        for _ in 0..most {
+            let slot = match self.rotation.acquire(affinity, &tried_servers, instances).await {
                 Ok(slot) => slot,
                 // Nowhere left to try: the last failure is the answer.
                 Err(UpstreamFailure::NoServer) if last_failure.is_some() => break,
@@ -214,18 +232,24 @@ impl Upstream {
                     return Err(self.failure(kind, "no server could take the request".into()));
                 }
             };
-            if !tried.is_empty() {
+            if !tried_servers.is_empty() {
                 self.retries.inc();
             }
-            tried.push(slot.index);
+            tried_servers.push(slot.index);
             let server = &self.rotation.servers[slot.index];
             let held = Held { server: slot, limits };
             let counted = held.counted();
             let mut held = Some(held);
             let timeout = self.config.timeout;
-            let deadline = tokio::time::Instant::now() + timeout;
+            let span = trace.begin_try();
+            let started = Instant::now();
+            let deadline = tokio::time::Instant::from_std(started) + timeout;
             let tried = match &server.transport {
                 Transport::Http { pool, .. } => {
+                    request.headers_mut().insert(
+                        TRACEPARENT.clone(),
+                        traceparent_value(&trace.trace_id, &span.id, trace.flags),
+                    );
                     let sent = pool.send(request, deadline, timeout, &mut held, counted);
                     match tokio::time::timeout_at(deadline, sent).await {
                         Ok(Ok(response)) => Ok(response.map(Either::Left)),
@@ -238,7 +262,7 @@ impl Upstream {
                     let head = parts
                         .extensions
                         .get::<FastCgiHead>()
-                        .map(|head| head.0.clone())
+                        .map(|head| head.for_try(&span.id))
                         .unwrap_or_default();
                     let sent = pool.send(&head, body, deadline, timeout, &mut held, counted);
                     match tokio::time::timeout_at(deadline, sent).await {
@@ -252,8 +276,20 @@ impl Upstream {
                 }
             };
             let held = held.expect("taken only by an exchange whose client left");
+            let elapsed = started.elapsed();
+            tries.last = Some((server.label.clone(), elapsed));
+            let mut end = TryEnd {
+                method: &method,
+                server: &server.label,
+                resends: tried_servers.len() - 1,
+                status: None,
+                error: None,
+            };
             let ((kind, detail), unsent) = match tried {
                 Ok(response) => {
+                    server.duration.observe(elapsed.as_secs_f64());
+                    end.status = Some(response.status().as_u16());
+                    trace.end_try(span, end);
                     server.succeeded();
                     return Ok(response.map(|inner| UpstreamBody {
                         inner: Some(inner),
@@ -262,6 +298,8 @@ impl Upstream {
                 }
                 Err(failed) => failed,
             };
+            end.error = Some(kind.label());
+            trace.end_try(span, end);
             // The server slot goes back with the rest of `held`; another try takes another.
             limits = held.limits;
             server.failed(Instant::now());
@@ -716,11 +754,48 @@ impl Drop for UpstreamBody {
 /// A FastCGI request's begin and parameter records, built by the request path (which
 /// chose the script) and carried with the request to the server.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct FastCgiHead(pub(crate) Bytes);
+pub(crate) struct FastCgiHead {
+    pub(crate) records: Bytes,
+    /// Where the value of `HTTP_TRACEPARENT` starts in `records`: each try writes its own
+    /// span ID there.
+    pub(crate) traceparent: Option<usize>,
+}
+
+impl FastCgiHead {
+    /// The records for a try whose span is `span`: the try's `traceparent` names it.
+    fn for_try(&self, span: &SpanId) -> BytesMut {
+        let mut records = BytesMut::from(&self.records[..]);
+        if let Some(at) = self.traceparent {
+            let parent = at + context::PARENT_ID.start..at + context::PARENT_ID.end;
+            context::write_span_id(span, &mut records[parent]);
+        }
+        records
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_try_of_a_fastcgi_request_names_its_own_span() {
+        let records = Bytes::from_static(b"....00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01....");
+        let head = FastCgiHead {
+            records,
+            traceparent: Some(4),
+        };
+        let span = SpanId([1, 2, 3, 4, 5, 6, 7, 0xff]);
+        assert_eq!(
+            &head.for_try(&span)[..],
+            b"....00-0af7651916cd43dd8448eb211c80319c-01020304050607ff-01...."
+        );
+        // Without a traceparent, the records go as they are.
+        let plain = FastCgiHead {
+            traceparent: None,
+            ..head.clone()
+        };
+        assert_eq!(plain.for_try(&span), head.records);
+    }
 
     #[test]
     fn a_cause_is_written_once() {

@@ -13,9 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 
 use super::fastcgi;
 use super::pool::{Pool, Tls};
+use crate::metrics::ServerSeries;
 use crate::proxy::request_body::RequestBody;
 
 /// How requests reach a server.
@@ -40,6 +42,8 @@ pub(super) struct Server {
     pub(super) transport: Transport,
     /// Requests in flight to the server (also its `floodgate_upstream_in_flight`).
     pub(super) in_flight: Gauge,
+    /// `floodgate_upstream_duration_seconds` of the server.
+    pub(super) duration: Histogram,
     health: Health,
 }
 
@@ -48,7 +52,11 @@ impl Server {
         label: Arc<str>,
         weight: u32,
         transport: Transport,
-        (up, in_flight): (Gauge, Gauge),
+        ServerSeries {
+            up,
+            in_flight,
+            duration,
+        }: ServerSeries,
         passive: Option<(u32, Duration)>,
     ) -> Self {
         up.set(1);
@@ -57,6 +65,7 @@ impl Server {
             weight,
             transport,
             in_flight,
+            duration,
             health: Health {
                 troubled: AtomicBool::new(false),
                 state: Mutex::new(HealthState::default()),
@@ -233,7 +242,7 @@ mod tests {
             "127.0.0.1:9".into(),
             1,
             Transport::Http { pool, tls: None },
-            (Gauge::default(), Gauge::default()),
+            crate::metrics::Metrics::new().upstream_server(&"u".into(), &"127.0.0.1:9".into()),
             passive,
         )
     }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 
 use super::{RedisStore, RedisTarget, StoreError};
 use crate::limit::algorithm::Algorithm;
@@ -36,6 +37,8 @@ const LEASE_RENEWAL: Duration = Duration::from_secs(1);
 pub(crate) struct Breaker {
     failures: AtomicU32,
     open: AtomicBool,
+    /// `floodgate_store_breaker_open`.
+    gauge: Gauge,
 }
 
 impl Breaker {
@@ -46,7 +49,11 @@ impl Breaker {
     /// Records a failure; returns true when this failure opened the breaker.
     pub(crate) fn failure(&self) -> bool {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        failures >= FAILURES_TO_OPEN && !self.open.swap(true, Ordering::AcqRel)
+        let opened = failures >= FAILURES_TO_OPEN && !self.open.swap(true, Ordering::AcqRel);
+        if opened {
+            self.gauge.set(1);
+        }
+        opened
     }
 
     pub(crate) fn success(&self) {
@@ -56,7 +63,11 @@ impl Breaker {
     /// Closes the breaker; returns true when it was open.
     pub(crate) fn close(&self) -> bool {
         self.failures.store(0, Ordering::Release);
-        self.open.swap(false, Ordering::AcqRel)
+        let closed = self.open.swap(false, Ordering::AcqRel);
+        if closed {
+            self.gauge.set(0);
+        }
+        closed
     }
 }
 
@@ -119,16 +130,21 @@ pub(crate) struct ResilientRedis {
 
 impl ResilientRedis {
     /// Starts connecting, probing and heart-beating (under `prefix`) in the background.
-    /// `errors` counts the operations that failed.
+    /// `errors` counts the operations that failed; `breaker_open` is 1 while the breaker is.
     pub(crate) fn start(
         target: &RedisTarget,
         timeout: Duration,
         prefix: &str,
         errors: Counter,
+        breaker_open: Gauge,
     ) -> Result<Arc<Self>, StoreError> {
+        breaker_open.set(0);
         let store = Arc::new(ResilientRedis {
             redis: RedisStore::start(target, timeout)?,
-            breaker: Breaker::default(),
+            breaker: Breaker {
+                gauge: breaker_open,
+                ..Breaker::default()
+            },
             errors,
             instances: AtomicU64::new(1),
             answered: AtomicBool::new(false),
@@ -403,11 +419,14 @@ mod tests {
         breaker.success();
         assert!(!breaker.failure());
         assert!(!breaker.failure());
+        assert_eq!(breaker.gauge.get(), 0);
         assert!(breaker.failure(), "the third consecutive failure opens it");
         assert!(breaker.is_open());
+        assert_eq!(breaker.gauge.get(), 1);
         assert!(!breaker.failure(), "it opens once");
         assert!(breaker.close());
         assert!(!breaker.is_open());
+        assert_eq!(breaker.gauge.get(), 0);
     }
 
     #[test]

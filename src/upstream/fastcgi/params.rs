@@ -8,6 +8,7 @@ use http::{HeaderMap, HeaderValue, Method, Version};
 
 use super::record::{self, Params};
 use crate::files::choice::Script;
+use crate::trace::TRACEPARENT;
 
 /// Where a request came from and arrived.
 pub(crate) struct Caller<'a> {
@@ -35,14 +36,15 @@ pub(crate) struct Call<'a> {
 }
 
 /// The begin and parameter records of `call` to `script`, for a site whose root PHP-FPM
-/// sees as `php_root`, with the upstream's extra `env`.
+/// sees as `php_root`, with the upstream's extra `env`; and where the value of
+/// `HTTP_TRACEPARENT` starts in them (unless the records were split, past 64 KB).
 pub(crate) fn request_head(
     call: &Call<'_>,
     script: &Script,
     caller: &Caller<'_>,
     php_root: &str,
     env: &[(String, String)],
-) -> Bytes {
+) -> (Bytes, Option<usize>) {
     let mut out = BytesMut::with_capacity(1024);
     record::begin_request(&mut out);
     let mut params = Params::new(&mut out);
@@ -93,9 +95,10 @@ pub(crate) fn request_head(
     for (name, value) in env {
         params.pair(name.as_bytes(), value.as_bytes());
     }
-    http_variables(&mut params, call.headers);
-    params.finish();
-    out.freeze()
+    let traceparent = http_variables(&mut params, call.headers);
+    let in_one_record = params.finish();
+    let traceparent = traceparent.filter(|_| in_one_record);
+    (out.freeze(), traceparent)
 }
 
 /// The begin and parameter records of an active check: `GET` of the script `path`.
@@ -116,9 +119,10 @@ pub(crate) fn check_head(path: &str) -> BytesMut {
 
 /// Each request header as `HTTP_NAME` (upper case, `-` as `_`), repeated ones joined
 /// with `, `; `Proxy` never (httpoxy), nor a name holding `_`, which would pass for the
-/// `-` spelling of another.
-fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) {
+/// `-` spelling of another. Returns where the value of `HTTP_TRACEPARENT` starts.
+fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) -> Option<usize> {
     const PREFIX: &[u8] = b"HTTP_";
+    let mut traceparent = None;
     // A name's values come one after the other.
     let mut values = headers.iter().peekable();
     let mut repeated: Vec<&HeaderValue> = Vec::new();
@@ -132,6 +136,7 @@ fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) {
             continue;
         }
         let value_len = first.len() + repeated.iter().map(|value| 2 + value.len()).sum::<usize>();
+        let is_traceparent = *name == TRACEPARENT && repeated.is_empty();
         params.pair_with(PREFIX.len() + text.len(), value_len, |out| {
             out.extend_from_slice(PREFIX);
             let start = out.len();
@@ -144,6 +149,9 @@ fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) {
                     byte.to_ascii_uppercase()
                 };
             }
+            if is_traceparent {
+                traceparent = Some(out.len());
+            }
             out.extend_from_slice(first.as_bytes());
             for value in &repeated {
                 out.extend_from_slice(b", ");
@@ -151,6 +159,7 @@ fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) {
             }
         });
     }
+    traceparent
 }
 
 #[cfg(test)]
@@ -207,7 +216,7 @@ mod tests {
             https: true,
         };
         let env = [("APP_ENV".to_owned(), "prod".to_owned())];
-        let head = request_head(&call, &script, &caller, "/var/www", &env);
+        let (head, _) = request_head(&call, &script, &caller, "/var/www", &env);
         let variables = decoded(&head);
         let get = |name: &str| {
             let found: Vec<&[u8]> = variables
@@ -246,6 +255,45 @@ mod tests {
         }
         assert!(get("SERVER_SOFTWARE").starts_with("floodgate/"));
         assert_eq!(variables.len(), 23);
+    }
+
+    #[test]
+    fn where_the_traceparent_value_starts() {
+        const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let mut headers = HeaderMap::new();
+        headers.insert("host", "a".parse().unwrap());
+        headers.insert("traceparent", PARENT.parse().unwrap());
+        headers.insert("x-after", "b".parse().unwrap());
+        let call = Call {
+            method: &Method::GET,
+            version: Version::HTTP_11,
+            target: "/",
+            query: "",
+            headers: &headers,
+            content_length: None,
+        };
+        let script = Script {
+            name: "/index.php".into(),
+            path_info: String::new(),
+        };
+        let caller = Caller {
+            address: "127.0.0.1".parse().unwrap(),
+            port: 1,
+            server_name: "a",
+            server_port: 80,
+            https: false,
+        };
+        let (head, at) = request_head(&call, &script, &caller, "/srv", &[]);
+        let at = at.expect("a traceparent");
+        assert_eq!(&head[at..at + PARENT.len()], PARENT.as_bytes());
+        // Past 64 KB of parameters the records are split: no place to write over.
+        let mut big = headers.clone();
+        big.insert("x-big", "v".repeat(70_000).parse().unwrap());
+        let call = Call {
+            headers: &big,
+            ..call
+        };
+        assert_eq!(request_head(&call, &script, &caller, "/srv", &[]).1, None);
     }
 
     /// The name-value pairs of the PARAMS records in `wire` (after its begin record).

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use http::Response;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
@@ -25,6 +25,8 @@ use tokio_util::either::Either;
 use super::FastCgiBody;
 use super::exchange::{Exchange, ExchangeError};
 use crate::proxy::request_body::RequestBody;
+#[cfg(doc)]
+use crate::upstream::FastCgiHead;
 use crate::upstream::idle::IdlePool;
 use crate::upstream::pool::go_on;
 
@@ -182,7 +184,7 @@ impl Pool {
             .map(|(status, _)| status)
     }
 
-    /// Sends the request whose begin and parameter records are `head`, with `body`, and
+    /// Sends the request whose begin and parameter records are `head` ([`FastCgiHead::for_try`]), with `body`, and
     /// waits for the response head. The caller bounds the wait (it drops this future);
     /// `keep`, with `detach`, is what the request holds while PHP works on it: dropped
     /// before the answer (its client left), the exchange goes on in a task of its own
@@ -190,7 +192,7 @@ impl Pool {
     /// then is `keep` dropped.
     pub(crate) async fn send<K: Send + 'static>(
         &self,
-        head: &Bytes,
+        head: &[u8],
         mut body: RequestBody,
         deadline: tokio::time::Instant,
         timeout: Duration,
@@ -218,7 +220,7 @@ impl Pool {
             let exchange = Box::new(Exchange::new(
                 connection,
                 self.endpoint.clone(),
-                BytesMut::from(&head[..]),
+                BytesMut::from(head),
                 body,
             ));
             let mut detached = Detached {

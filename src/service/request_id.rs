@@ -1,0 +1,103 @@
+//! Which ID a request carries (docs/configuration.md#serverrequest_id): the one a trusted
+//! proxy sent, so that one ID follows the request through every hop, or a new one; a
+//! client cannot choose the ID an app logs.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::trace::RequestTrace;
+use crate::trace::context::TraceId;
+
+/// The longest request ID taken from a trusted proxy.
+const MAX_LEN: usize = 200;
+
+/// The request's ID: the single value of `name` in `headers` when the peer is `trusted`
+/// and the value is 1 to 200 visible ASCII characters; otherwise new: the ID of the trace
+/// the request begins (so that the two match), or 128 random bits when the trace came
+/// from the client; as 32 hex digits.
+pub(crate) fn decide(
+    name: &HeaderName,
+    headers: &HeaderMap,
+    trusted: bool,
+    trace: &RequestTrace,
+) -> HeaderValue {
+    if trusted {
+        let mut values = headers.get_all(name).iter();
+        if let (Some(value), None) = (values.next(), values.next())
+            && acceptable(value)
+        {
+            return value.clone();
+        }
+    }
+    let id = if trace.continued() {
+        TraceId::random()
+    } else {
+        trace.trace_id
+    };
+    HeaderValue::from_bytes(&id.hex()).expect("hex digits")
+}
+
+fn acceptable(value: &HeaderValue) -> bool {
+    (1..=MAX_LEN).contains(&value.len()) && value.as_bytes().iter().all(|b| (0x21..=0x7e).contains(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for value in values {
+            headers.append("x-request-id", HeaderValue::from_str(value).unwrap());
+        }
+        headers
+    }
+
+    fn decided(values: &[&str], trusted: bool) -> String {
+        let headers = headers(values);
+        let trace = RequestTrace::begin(&headers, None);
+        let id = decide(
+            &HeaderName::from_static("x-request-id"),
+            &headers,
+            trusted,
+            &trace,
+        );
+        id.to_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn a_trusted_proxys_id_is_kept_anyone_elses_replaced() {
+        assert_eq!(decided(&["abc-123"], true), "abc-123");
+        let replaced = decided(&["abc-123"], false);
+        assert_ne!(replaced, "abc-123");
+        assert_eq!(replaced.len(), 32);
+        assert!(
+            replaced
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+    }
+
+    #[test]
+    fn a_trusted_value_must_be_one_short_visible_token() {
+        let long = "a".repeat(201);
+        for bad in [&["a b"][..], &["a", "b"], &[long.as_str()], &[""], &["tab\there"]] {
+            let id = decided(bad, true);
+            assert_eq!(id.len(), 32, "{bad:?} gave {id:?}");
+        }
+        assert_eq!(decided(&[&"a".repeat(200)], true).len(), 200);
+        assert_eq!(decided(&["!~"], true), "!~");
+    }
+
+    #[test]
+    fn a_new_id_is_the_new_traces_and_unique() {
+        let headers = HeaderMap::new();
+        let trace = RequestTrace::begin(&headers, None);
+        let name = HeaderName::from_static("x-request-id");
+        let id = decide(&name, &headers, false, &trace);
+        assert_eq!(id.as_bytes(), trace.trace_id.hex());
+        let ids: std::collections::HashSet<_> = (0..1000)
+            .map(|_| decide(&name, &headers, false, &RequestTrace::begin(&headers, None)))
+            .collect();
+        assert_eq!(ids.len(), 1000);
+    }
+}

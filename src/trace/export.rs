@@ -1,0 +1,258 @@
+//! Sending finished spans to the collector (OTLP/HTTP, protobuf) off the request path: the
+//! request path puts a span in a bounded queue and never waits; one task takes them in
+//! batches and posts each batch with a timeout. What cannot be queued (the queue is full)
+//! or sent (the collector failed or took too long) is dropped and counted in
+//! `floodgate_trace_spans_dropped_total`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Uri, header};
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
+use prost::Message as _;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_rustls::TlsConnector;
+
+use super::otlp;
+use crate::config::{TracingConfig, tls_provider};
+
+/// Spans waiting for export at most; more are dropped.
+const QUEUE: usize = 2048;
+/// Spans sent in one request at most.
+const MAX_BATCH: usize = 512;
+/// How long a batch waits for more spans after its first.
+const BATCH_DELAY: Duration = Duration::from_secs(1);
+/// How long one export may take, connecting included.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Failed exports are logged at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// A finished span, as the request path hands it over.
+#[derive(Debug)]
+pub(crate) struct FinishedSpan {
+    pub(crate) trace_id: [u8; 16],
+    pub(crate) span_id: [u8; 8],
+    pub(crate) parent_id: Option<[u8; 8]>,
+    pub(crate) trace_state: String,
+    pub(crate) flags: u8,
+    pub(crate) client: bool,
+    pub(crate) name: String,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) attributes: Vec<(&'static str, otlp::Value)>,
+    /// Why the span failed, if it did.
+    pub(crate) error: Option<String>,
+}
+
+/// The sending end of the export queue.
+pub(crate) struct Exporter {
+    queue: mpsc::Sender<FinishedSpan>,
+    dropped: Counter,
+}
+
+impl Exporter {
+    /// Starts the export task for `config` (inside the runtime); it ends once every
+    /// [`Exporter`] is gone and the queue is sent.
+    pub(crate) fn start(config: &TracingConfig, dropped: Counter) -> Exporter {
+        let (queue, spans) = mpsc::channel(QUEUE);
+        let collector = Collector::new(config);
+        tokio::spawn(export(spans, collector, resource(config), dropped.clone()));
+        Exporter { queue, dropped }
+    }
+
+    /// Queues `span`, or drops and counts it when the queue is full.
+    pub(crate) fn send(&self, span: FinishedSpan) {
+        if self.queue.try_send(span).is_err() {
+            self.dropped.inc();
+        }
+    }
+}
+
+/// The resource every span belongs to: this service.
+fn resource(config: &TracingConfig) -> otlp::Resource {
+    otlp::Resource {
+        attributes: vec![
+            otlp::KeyValue::new("service.name", otlp::Value::String(config.service_name.clone())),
+            otlp::KeyValue::new(
+                "service.version",
+                otlp::Value::String(env!("CARGO_PKG_VERSION").to_owned()),
+            ),
+        ],
+    }
+}
+
+async fn export(
+    mut spans: mpsc::Receiver<FinishedSpan>,
+    collector: Collector,
+    resource: otlp::Resource,
+    dropped: Counter,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut logged: Option<Instant> = None;
+    loop {
+        if spans.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + BATCH_DELAY;
+        while batch.len() < MAX_BATCH {
+            let more = MAX_BATCH - batch.len();
+            match tokio::time::timeout_at(deadline, spans.recv_many(&mut batch, more)).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        let count = batch.len() as u64;
+        let body = encode(std::mem::take(&mut batch), &resource);
+        batch.reserve(MAX_BATCH);
+        let sent = match tokio::time::timeout(EXPORT_TIMEOUT, collector.post(body)).await {
+            Ok(sent) => sent,
+            Err(_) => Err(format!("no answer within {}s", EXPORT_TIMEOUT.as_secs())),
+        };
+        if let Err(error) = sent {
+            dropped.inc_by(count);
+            if logged.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+                logged = Some(Instant::now());
+                tracing::warn!(collector = %collector.url, %error, spans = count, "trace spans could not be exported; dropped");
+            }
+        }
+    }
+}
+
+/// `spans` as the body of an export request.
+fn encode(spans: Vec<FinishedSpan>, resource: &otlp::Resource) -> Bytes {
+    let spans = spans
+        .into_iter()
+        .map(|span| otlp::Span {
+            trace_id: span.trace_id.to_vec(),
+            span_id: span.span_id.to_vec(),
+            trace_state: span.trace_state,
+            parent_span_id: span.parent_id.map(|id| id.to_vec()).unwrap_or_default(),
+            name: span.name,
+            kind: if span.client {
+                otlp::KIND_CLIENT
+            } else {
+                otlp::KIND_SERVER
+            },
+            start_time_unix_nano: span.start,
+            end_time_unix_nano: span.end,
+            attributes: span
+                .attributes
+                .into_iter()
+                .map(|(key, value)| otlp::KeyValue::new(key, value))
+                .collect(),
+            status: span.error.map(|message| otlp::Status {
+                message,
+                code: otlp::STATUS_ERROR,
+            }),
+            flags: u32::from(span.flags),
+        })
+        .collect();
+    let request = otlp::ExportTraceServiceRequest {
+        resource_spans: vec![otlp::ResourceSpans {
+            resource: Some(resource.clone()),
+            scope_spans: vec![otlp::ScopeSpans {
+                scope: Some(otlp::InstrumentationScope {
+                    name: "floodgate".to_owned(),
+                    version: env!("CARGO_PKG_VERSION").to_owned(),
+                }),
+                spans,
+            }],
+        }],
+    };
+    Bytes::from(request.encode_to_vec())
+}
+
+/// Where batches go: the collector's `/v1/traces`, over a connection of its own per batch
+/// (at most one batch a second is sent unless the queue is busy).
+struct Collector {
+    url: Uri,
+    /// `host:port` to connect to.
+    address: String,
+    tls: Option<(TlsConnector, rustls::pki_types::ServerName<'static>)>,
+}
+
+impl Collector {
+    fn new(config: &TracingConfig) -> Collector {
+        let endpoint = &config.endpoint;
+        let https = endpoint.scheme_str() == Some("https");
+        let authority = endpoint.authority().expect("validated: the endpoint has a host");
+        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+        let path = format!("{}/v1/traces", endpoint.path().trim_end_matches('/'));
+        let url = Uri::builder()
+            .scheme(endpoint.scheme_str().unwrap_or("http"))
+            .authority(authority.as_str())
+            .path_and_query(path)
+            .build()
+            .expect("built from a valid URL");
+        let tls = https.then(|| {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+            let config = rustls::ClientConfig::builder_with_provider(tls_provider())
+                .with_safe_default_protocol_versions()
+                .expect("the provider supports TLS 1.2 and 1.3")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                .unwrap_or_else(|_| rustls::pki_types::ServerName::try_from("invalid").expect("a name"));
+            (TlsConnector::from(Arc::new(config)), name)
+        });
+        Collector {
+            address: if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            },
+            url,
+            tls,
+        }
+    }
+
+    async fn post(&self, body: Bytes) -> Result<(), String> {
+        let stream = TcpStream::connect(&self.address)
+            .await
+            .map_err(|error| format!("cannot connect: {error}"))?;
+        let _ = stream.set_nodelay(true);
+        match &self.tls {
+            None => self.exchange(stream, body).await,
+            Some((connector, name)) => {
+                let stream = connector
+                    .connect(name.clone(), stream)
+                    .await
+                    .map_err(|error| format!("TLS: {error}"))?;
+                self.exchange(stream, body).await
+            }
+        }
+    }
+
+    async fn exchange<S>(&self, stream: S, body: Bytes) -> Result<(), String>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|error| error.to_string())?;
+        tokio::spawn(connection);
+        let request = Request::post(self.url.path())
+            .header(header::HOST, self.url.authority().map_or("", |a| a.as_str()))
+            .header(header::CONTENT_TYPE, "application/x-protobuf")
+            .body(Full::new(body))
+            .map_err(|error| error.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|error| error.to_string())?;
+        let status = response.status();
+        // Read to the end: the collector's answer says nothing floodgate acts on.
+        let _ = response.into_body().collect().await;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("the collector answered {status}"))
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! A request's place in a distributed trace (docs/operations.md#following-a-request): the
+//! W3C trace context it came with, continued or begun anew; the span ID each upstream try
+//! passes on as the parent; and, with `[tracing]`, the spans exported for the sampled
+//! ones: one server span per request, one client span per upstream try.
+
+pub(crate) mod context;
+mod export;
+mod otlp;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use http::header::HeaderName;
+use http::{HeaderMap, Method};
+use prometheus_client::metrics::counter::Counter;
+
+use crate::config::TracingConfig;
+use context::{SAMPLED, SpanId, TraceId, TraceParent};
+use export::{Exporter, FinishedSpan};
+pub(crate) use otlp::Value;
+
+pub(crate) static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+pub(crate) static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// `[tracing]` at work: which new traces are recorded, and where spans go.
+pub(crate) struct Tracer {
+    exporter: Exporter,
+    /// A new trace is recorded when the low 8 bytes of its ID are below this; `None`:
+    /// every one (`sample = 1.0`).
+    threshold: Option<u64>,
+    pub(crate) config: TracingConfig,
+}
+
+impl Tracer {
+    /// Starts exporting to `config`'s collector (inside the runtime), counting the spans
+    /// dropped in `dropped`.
+    pub(crate) fn start(config: &TracingConfig, dropped: Counter) -> Tracer {
+        Tracer {
+            exporter: Exporter::start(config, dropped),
+            threshold: (config.sample < 1.0).then(|| (config.sample * 2f64.powi(64)) as u64),
+            config: config.clone(),
+        }
+    }
+
+    /// Whether a new trace with `id` is recorded.
+    fn samples(&self, id: &TraceId) -> bool {
+        self.threshold.is_none_or(|threshold| id.low() < threshold)
+    }
+}
+
+/// A request's trace context.
+pub(crate) struct RequestTrace {
+    pub(crate) trace_id: TraceId,
+    /// The request's own (server) span: the parent of every upstream try's.
+    span_id: SpanId,
+    /// The client's span, when the trace was continued.
+    parent: Option<SpanId>,
+    /// The `trace-flags` passed on: `sampled` when this request is recorded, or when a
+    /// continued trace said so and floodgate records nothing.
+    pub(crate) flags: u8,
+    /// Whether the client's `tracestate` goes on: with a valid `traceparent`, and well
+    /// formed itself.
+    pub(crate) keeps_tracestate: bool,
+    recording: Option<Recording>,
+}
+
+/// A request being recorded.
+struct Recording {
+    tracer: Arc<Tracer>,
+    /// Unix nanoseconds.
+    start: u64,
+    trace_state: String,
+}
+
+/// An upstream try, begun.
+pub(crate) struct TrySpan {
+    pub(crate) id: SpanId,
+    start: u64,
+}
+
+/// What a recorded upstream try came to.
+pub(crate) struct TryEnd<'a> {
+    pub(crate) method: &'a Method,
+    /// The server: `host:port`, or a socket's path.
+    pub(crate) server: &'a str,
+    /// The tries before this one.
+    pub(crate) resends: usize,
+    pub(crate) status: Option<u16>,
+    pub(crate) error: Option<&'a str>,
+}
+
+/// What a recorded request came to.
+pub(crate) struct RequestEnd<'a> {
+    pub(crate) method: &'a Method,
+    /// The route's name; empty when none matched.
+    pub(crate) route: &'a str,
+    pub(crate) status: u16,
+    pub(crate) client_ip: std::net::IpAddr,
+    pub(crate) limit_outcome: &'static str,
+}
+
+impl RequestTrace {
+    /// The context of a request with `headers`: the client's `traceparent` continued when
+    /// it is the only one and valid, a new trace otherwise; recorded when `tracer` is
+    /// there and samples it (a continued trace by its `sampled` flag, a new one by ratio).
+    pub(crate) fn begin(headers: &HeaderMap, tracer: Option<&Arc<Tracer>>) -> RequestTrace {
+        let mut values = headers.get_all(&TRACEPARENT).iter();
+        let parent = match (values.next(), values.next()) {
+            (Some(value), None) => TraceParent::parse(value.as_bytes()),
+            _ => None,
+        };
+        let keeps_tracestate = parent.is_some()
+            && headers.contains_key(&TRACESTATE)
+            && context::valid_tracestate(headers.get_all(&TRACESTATE).iter());
+        let trace_id = parent.map_or_else(TraceId::random, |parent| parent.trace_id);
+        let recorded = tracer.filter(|tracer| match parent {
+            Some(parent) => parent.flags & SAMPLED != 0,
+            None => tracer.samples(&trace_id),
+        });
+        let recording = recorded.map(|tracer| Recording {
+            tracer: tracer.clone(),
+            start: unix_nanos(),
+            trace_state: if keeps_tracestate {
+                joined(headers, &TRACESTATE)
+            } else {
+                String::new()
+            },
+        });
+        let flags = match (&recording, parent) {
+            (Some(_), _) => SAMPLED,
+            // Not recorded here: the client's decision goes on for the app to follow.
+            (None, Some(parent)) if tracer.is_none() => parent.flags & SAMPLED,
+            (None, _) => 0,
+        };
+        RequestTrace {
+            trace_id,
+            span_id: SpanId::random(),
+            parent: parent.map(|parent| parent.parent_id),
+            flags,
+            keeps_tracestate,
+            recording,
+        }
+    }
+
+    /// Whether the trace came from the client.
+    pub(crate) fn continued(&self) -> bool {
+        self.parent.is_some()
+    }
+
+    /// The request's own span ID.
+    pub(crate) fn span_id(&self) -> &SpanId {
+        &self.span_id
+    }
+
+    /// Begins an upstream try: its span ID, to pass on as the parent.
+    pub(crate) fn begin_try(&self) -> TrySpan {
+        TrySpan {
+            id: SpanId::random(),
+            start: if self.recording.is_some() { unix_nanos() } else { 0 },
+        }
+    }
+
+    /// Ends an upstream try: its client span is exported when the request is recorded.
+    pub(crate) fn end_try(&self, span: TrySpan, end: TryEnd<'_>) {
+        let Some(recording) = &self.recording else {
+            return;
+        };
+        let (address, port) = match end.server.rsplit_once(':') {
+            Some((host, port)) if !end.server.starts_with('/') => (host, port.parse().ok()),
+            _ => (end.server, None),
+        };
+        let mut attributes = vec![
+            ("http.request.method", Value::String(end.method.to_string())),
+            (
+                "server.address",
+                Value::String(address.trim_start_matches('[').trim_end_matches(']').to_owned()),
+            ),
+        ];
+        if let Some(port) = port {
+            attributes.push(("server.port", Value::Int(port)));
+        }
+        if end.resends > 0 {
+            attributes.push(("http.request.resend_count", Value::Int(end.resends as i64)));
+        }
+        if let Some(status) = end.status {
+            attributes.push(("http.response.status_code", Value::Int(i64::from(status))));
+        }
+        if let Some(error) = end.error {
+            attributes.push(("error.type", Value::String(error.to_owned())));
+        }
+        recording.tracer.exporter.send(FinishedSpan {
+            trace_id: self.trace_id.0,
+            span_id: span.id.0,
+            parent_id: Some(self.span_id.0),
+            trace_state: recording.trace_state.clone(),
+            flags: self.flags,
+            client: true,
+            name: end.method.to_string(),
+            start: span.start,
+            end: unix_nanos(),
+            attributes,
+            error: end.error.map(str::to_owned),
+        });
+    }
+
+    /// Ends the request: its server span is exported when it is recorded.
+    pub(crate) fn end(&self, end: RequestEnd<'_>) {
+        let Some(recording) = &self.recording else {
+            return;
+        };
+        let name = if end.route.is_empty() {
+            end.method.to_string()
+        } else {
+            format!("{} {}", end.method, end.route)
+        };
+        let mut attributes = vec![
+            ("http.request.method", Value::String(end.method.to_string())),
+            ("http.response.status_code", Value::Int(i64::from(end.status))),
+            ("client.address", Value::String(end.client_ip.to_string())),
+            (
+                "floodgate.limit.outcome",
+                Value::String(end.limit_outcome.to_owned()),
+            ),
+        ];
+        if !end.route.is_empty() {
+            attributes.push(("http.route", Value::String(end.route.to_owned())));
+        }
+        recording.tracer.exporter.send(FinishedSpan {
+            trace_id: self.trace_id.0,
+            span_id: self.span_id.0,
+            parent_id: self.parent.map(|parent| parent.0),
+            trace_state: recording.trace_state.clone(),
+            flags: self.flags,
+            client: false,
+            name,
+            start: recording.start,
+            end: unix_nanos(),
+            attributes,
+            error: (end.status >= 500).then(|| end.status.to_string()),
+        });
+    }
+}
+
+/// Every value of `name`, joined with commas.
+fn joined(headers: &HeaderMap, name: &HeaderName) -> String {
+    let values: Vec<&str> = headers
+        .get_all(name)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .collect();
+    values.join(",")
+}
+
+fn unix_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos() as u64)
+}
