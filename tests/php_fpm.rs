@@ -21,7 +21,8 @@ foreach (['SCRIPT_NAME', 'SCRIPT_FILENAME', 'PATH_INFO', 'REQUEST_URI', 'QUERY_S
           'DOCUMENT_ROOT', 'REMOTE_ADDR', 'SERVER_NAME', 'SERVER_PORT', 'HTTPS', 'REQUEST_METHOD',
           'CONTENT_LENGTH', 'HTTP_PROXY', 'HTTP_X_REAL_IP', 'HTTP_X_FORWARDED_FOR', 'APP_ENV',
           'PATH_TRANSLATED', 'DOCUMENT_URI', 'REQUEST_SCHEME', 'SERVER_PROTOCOL',
-          'GATEWAY_INTERFACE', 'SERVER_SOFTWARE', 'REMOTE_PORT'] as $k) {
+          'GATEWAY_INTERFACE', 'SERVER_SOFTWARE', 'REMOTE_PORT', 'HTTP_X_REQUEST_ID',
+          'HTTP_TRACEPARENT', 'HTTP_TRACESTATE'] as $k) {
     echo $k, '=', $_SERVER[$k] ?? '-', "\n";
 }
 "#;
@@ -145,6 +146,38 @@ async fn the_front_controller_runs_what_no_file_answers_with_the_parameters_ngin
 
     let (_, _, body) = get(&gw.url("/")).await;
     assert!(body.starts_with("front\n"), "{body}");
+}
+
+#[tokio::test]
+async fn php_sees_the_request_id_and_floodgates_span_as_parent() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let gw = gateway(&fpm, "").await;
+    let request = Request::get(gw.url("/login.php"))
+        .header("x-request-id", "from-client")
+        .header(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        )
+        .header("tracestate", "rojo=1")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let (status, headers, body) = send(request).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // The client is not a trusted proxy: floodgate's ID, which PHP and the client share.
+    let id = headers["x-request-id"].to_str().unwrap();
+    assert_ne!(id, "from-client");
+    assert_eq!(param(&body, "HTTP_X_REQUEST_ID"), id);
+    let traceparent = param(&body, "HTTP_TRACEPARENT");
+    let fields: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(fields.len(), 4, "{traceparent}");
+    assert_eq!(fields[1], "0af7651916cd43dd8448eb211c80319c");
+    assert_ne!(fields[2], "b7ad6b7169203331");
+    assert_eq!(param(&body, "HTTP_TRACESTATE"), "rojo=1");
+    // Each request's try is a span of its own.
+    let (_, _, again) = get(&gw.url("/login.php")).await;
+    let other = param(&again, "HTTP_TRACEPARENT");
+    assert_ne!(other.split('-').nth(2), Some(fields[2]), "{other}");
 }
 
 #[tokio::test]

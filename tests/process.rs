@@ -76,6 +76,24 @@ async fn json_access_log_has_one_line_per_request_with_every_field() {
     assert_eq!(event["client_ip"], "127.0.0.1", "{event}");
     assert_eq!(event["bytes"], body.len() as u64, "response body bytes: {event}");
     assert_eq!(event["limit"], "none", "a route without limits: {event}");
+    // The request's ID as the client got it, its trace, and the upstream try.
+    let request_id = raw
+        .lines()
+        .find_map(|line| line.strip_prefix("x-request-id: "))
+        .expect("an X-Request-Id")
+        .trim();
+    assert_eq!(event["request_id"], request_id, "{event}");
+    assert_eq!(
+        event["trace_id"], request_id,
+        "a new trace's ID is the request's: {event}"
+    );
+    assert_eq!(event["upstream_server"], upstream.addr.to_string(), "{event}");
+    assert!(
+        event["upstream_duration_ms"]
+            .as_f64()
+            .is_some_and(|ms| ms >= 0.0 && ms <= event["duration_ms"].as_f64().unwrap()),
+        "{event}"
+    );
 
     // Everything on stdout is JSON in this format, not just the access log.
     for line in gateway.stdout_lines() {
