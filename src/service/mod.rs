@@ -554,7 +554,7 @@ async fn forward(
     }
     set_forwarding_headers(&mut parts.headers, context);
     let trace = tries.trace;
-    if !trace.keeps_tracestate {
+    if trace.drops_tracestate {
         parts.headers.remove(&TRACESTATE);
     }
     apply_rules(&server.request_headers, &mut parts.headers);

@@ -58,10 +58,11 @@ pub(crate) struct RequestTrace {
     /// The `trace-flags` passed on: `sampled` when this request is recorded, or when a
     /// continued trace said so and floodgate records nothing.
     pub(crate) flags: u8,
-    /// Whether the client's `tracestate` goes on: with a valid `traceparent`, and well
-    /// formed itself.
-    pub(crate) keeps_tracestate: bool,
-    recording: Option<Recording>,
+    /// Whether the client sent a `tracestate` that must not go on: it goes on only with a
+    /// valid `traceparent`, and well formed itself.
+    pub(crate) drops_tracestate: bool,
+    /// Boxed: requests that are not recorded carry a pointer, not the recording.
+    recording: Option<Box<Recording>>,
 }
 
 /// A request being recorded.
@@ -104,27 +105,38 @@ impl RequestTrace {
     /// it is the only one and valid, a new trace otherwise; recorded when `tracer` is
     /// there and samples it (a continued trace by its `sampled` flag, a new one by ratio).
     pub(crate) fn begin(headers: &HeaderMap, tracer: Option<&Arc<Tracer>>) -> RequestTrace {
-        let mut values = headers.get_all(&TRACEPARENT).iter();
-        let parent = match (values.next(), values.next()) {
-            (Some(value), None) => TraceParent::parse(value.as_bytes()),
-            _ => None,
-        };
-        let keeps_tracestate = parent.is_some()
-            && headers.contains_key(&TRACESTATE)
-            && context::valid_tracestate(headers.get_all(&TRACESTATE).iter());
+        // One pass over the few headers a request has costs less than looking up both
+        // names, and tells whether there is a `tracestate` to drop.
+        let (mut parents, mut states) = (0, 0);
+        let mut sent_parent = None;
+        for (name, value) in headers {
+            if *name == TRACEPARENT {
+                parents += 1;
+                sent_parent = Some(value);
+            } else if *name == TRACESTATE {
+                states += 1;
+            }
+        }
+        let parent = sent_parent
+            .filter(|_| parents == 1)
+            .and_then(|value| TraceParent::parse(value.as_bytes()));
+        let keeps_tracestate =
+            parent.is_some() && states > 0 && context::valid_tracestate(headers.get_all(&TRACESTATE).iter());
         let trace_id = parent.map_or_else(TraceId::random, |parent| parent.trace_id);
         let recorded = tracer.filter(|tracer| match parent {
             Some(parent) => parent.flags & SAMPLED != 0,
             None => tracer.samples(&trace_id),
         });
-        let recording = recorded.map(|tracer| Recording {
-            tracer: tracer.clone(),
-            start: unix_nanos(),
-            trace_state: if keeps_tracestate {
-                joined(headers, &TRACESTATE)
-            } else {
-                String::new()
-            },
+        let recording = recorded.map(|tracer| {
+            Box::new(Recording {
+                tracer: tracer.clone(),
+                start: unix_nanos(),
+                trace_state: if keeps_tracestate {
+                    joined(headers, &TRACESTATE)
+                } else {
+                    String::new()
+                },
+            })
         });
         let flags = match (&recording, parent) {
             (Some(_), _) => SAMPLED,
@@ -137,7 +149,7 @@ impl RequestTrace {
             span_id: SpanId::random(),
             parent: parent.map(|parent| parent.parent_id),
             flags,
-            keeps_tracestate,
+            drops_tracestate: states > 0 && !keeps_tracestate,
             recording,
         }
     }
