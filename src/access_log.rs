@@ -16,6 +16,8 @@ pub(crate) struct AccessRecord {
     pub metrics: Arc<Metrics>,
     pub start: Instant,
     pub method: Method,
+    /// `http` or `https`: the listener's.
+    pub scheme: &'static str,
     pub path: String,
     pub route: Arc<str>,
     pub status: u16,
@@ -35,7 +37,7 @@ impl AccessRecord {
     pub(crate) fn new(
         metrics: Arc<Metrics>,
         start: Instant,
-        method: Method,
+        (method, scheme): (Method, &'static str),
         client_ip: IpAddr,
         trace: RequestTrace,
         no_route: Arc<str>,
@@ -45,6 +47,7 @@ impl AccessRecord {
             metrics,
             start,
             method,
+            scheme,
             path: String::new(),
             route: no_route,
             status: 0,
@@ -83,10 +86,16 @@ impl AccessRecord {
         );
         self.trace.end(RequestEnd {
             method: &self.method,
+            scheme: self.scheme,
+            path: &self.path,
             route: &self.route,
             status: self.status,
             client_ip: self.client_ip,
-            limit_outcome: self.limit_outcome.as_str(),
+            // Exempt from every limit: none applied.
+            limit_outcome: match self.limit_outcome {
+                LimitOutcome::Exempt => LimitOutcome::None.as_str(),
+                outcome => outcome.as_str(),
+            },
         });
     }
 }

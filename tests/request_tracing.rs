@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::config::GatewayToml;
+use common::php_fpm::PhpFpm;
 use common::{TestGateway, Upstream, closed_port, get, h2c_client, header_lines, read_response, send};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -74,7 +75,9 @@ async fn every_request_gets_a_unique_id_that_the_upstream_and_the_client_both_se
 #[tokio::test]
 async fn a_clients_id_is_replaced_unless_a_trusted_proxy_sent_it() {
     let upstream = Upstream::start().await;
-    let untrusted = TestGateway::proxy_to(&upstream, "", "").await;
+    // Names with `_` kept (`drop_invalid_headers = false`): the request ID's spelling is
+    // dropped all the same.
+    let untrusted = TestGateway::proxy_to(&upstream, "drop_invalid_headers = false", "").await;
     let sent = [("x-request-id", "chosen-by-client"), ("x-request_id", "planted")];
     let (_, headers, body) = get_with(&untrusted.url("/"), &sent).await;
     let id = headers["x-request-id"].to_str().unwrap();
@@ -87,6 +90,12 @@ async fn a_clients_id_is_replaced_unless_a_trusted_proxy_sent_it() {
     assert!(
         header_lines(&body, "x-request_id").is_empty(),
         "the underscore spelling is dropped: {body}"
+    );
+    let (_, _, kept) = get_with(&untrusted.url("/"), &[("x_other", "kept")]).await;
+    assert_eq!(
+        header_lines(&kept, "x_other"),
+        ["kept"],
+        "other underscore names are kept: {kept}"
     );
 
     let trusted = TestGateway::proxy_to(&upstream, "trusted_proxies = [\"127.0.0.1/32\"]", "").await;
@@ -145,6 +154,10 @@ async fn request_id_off_leaves_the_header_alone() {
 async fn a_valid_traceparent_is_continued_an_invalid_one_replaced() {
     let upstream = Upstream::start().await;
     let gateway = TestGateway::proxy_to(&upstream, "", "").await;
+    // Without `[tracing]` a new trace goes on as sampled (`sample` defaults to 1.0), so an
+    // app that samples by its parent records it.
+    let (_, _, body) = get(&gateway.url("/")).await;
+    assert!(header_lines(&body, "traceparent")[0].ends_with("-01"), "{body}");
     let sent = [("traceparent", PARENT), ("tracestate", "rojo=00f067aa0ba902b7")];
     let (_, headers, body) = get_with(&gateway.url("/"), &sent).await;
     let passed = header_lines(&body, "traceparent");
@@ -328,6 +341,8 @@ async fn a_server_span_and_a_client_span_per_try_reach_the_collector() {
     assert_eq!(int(attribute(server, "http.response.status_code")), 200);
     assert_eq!(text(attribute(server, "client.address")), "127.0.0.1");
     assert_eq!(text(attribute(server, "floodgate.limit.outcome")), "none");
+    assert_eq!(text(attribute(server, "url.scheme")), "http");
+    assert_eq!(text(attribute(server, "url.path")), "/page");
     for client in &clients {
         assert_eq!(
             client.parent_span_id, server.span_id,
@@ -414,12 +429,14 @@ async fn a_dead_or_silent_collector_never_delays_a_request_and_drops_are_counted
         .table("tracing", &format!("endpoint = \"{dead}\""));
     let traced = TestGateway::start(toml).await;
     let slowest = slowest_of(&traced, 200).await;
+    // A request that waited for an export would wait for a connection or its timeout;
+    // noise on a busy machine stays far below that.
     assert!(
-        slowest < baseline + Duration::from_millis(50),
+        slowest < baseline + Duration::from_millis(250),
         "slowest traced request {slowest:?}, untraced {baseline:?}"
     );
     // The failed exports' spans are counted, within a batch's delay.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while traced.metric("floodgate_trace_spans_dropped_total").await < 400.0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -441,12 +458,13 @@ async fn a_dead_or_silent_collector_never_delays_a_request_and_drops_are_counted
     let traced = TestGateway::start(toml).await;
     let slowest = slowest_of(&traced, 1500).await;
     assert!(
-        slowest < baseline + Duration::from_millis(50),
+        slowest < baseline + Duration::from_millis(250),
         "slowest request with a silent collector {slowest:?}, untraced {baseline:?}"
     );
-    // 3000 spans: one batch of at most 512 is out, 2048 wait, the rest were dropped.
+    // 3000 spans (the last request's server span perhaps still on its way): one batch of
+    // at most 512 is out, 2048 wait, the rest were dropped.
     let dropped = traced.metric("floodgate_trace_spans_dropped_total").await;
-    assert!(dropped >= 3000.0 - 512.0 - 2048.0, "{dropped}");
+    assert!(dropped >= 3000.0 - 512.0 - 2048.0 - 1.0, "{dropped}");
     held.abort();
 }
 
@@ -460,11 +478,13 @@ async fn upstream_latency_requests_in_flight_and_build_info_are_exported() {
     );
     assert_eq!(gateway.metric(&series).await, 0.0);
     let slow = tokio::spawn({
-        let url = gateway.url("/slow?ms=500");
+        let url = gateway.url("/slow?ms=1500");
         async move { get(&url).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(gateway.metric("floodgate_requests_in_flight").await, 1.0);
+    assert!(
+        eventually(|| async { gateway.metric("floodgate_requests_in_flight").await == 1.0 }).await,
+        "the slow request is in flight"
+    );
     assert_eq!(slow.await.unwrap().0, 200);
     let _ = get(&gateway.url("/")).await;
     assert_eq!(gateway.metric(&series).await, 2.0);
@@ -472,11 +492,61 @@ async fn upstream_latency_requests_in_flight_and_build_info_are_exported() {
         "floodgate_upstream_duration_seconds_sum{{upstream=\"app\",server=\"{}\"}}",
         upstream.addr
     );
-    assert!(gateway.metric(&sum).await >= 0.5);
-    assert_eq!(gateway.metric("floodgate_requests_in_flight").await, 0.0);
+    assert!(gateway.metric(&sum).await >= 1.5);
+    assert!(
+        eventually(|| async { gateway.metric("floodgate_requests_in_flight").await == 0.0 }).await,
+        "none in flight once answered"
+    );
     let version = format!(
         "floodgate_build_info{{version=\"{}\"}}",
         env!("CARGO_PKG_VERSION")
     );
     assert_eq!(gateway.metric(&version).await, 1.0);
+}
+
+/// Whether `check` comes true within 5 s.
+async fn eventually<F: std::future::Future<Output = bool>>(check: impl Fn() -> F) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn php_sees_its_try_as_the_parent_span() {
+    let receiver = Receiver::start().await;
+    let fpm = PhpFpm::start(2);
+    fpm.file(
+        "/index.php",
+        "<?php echo $_SERVER['HTTP_TRACEPARENT'], \"\\n\", $_SERVER['HTTP_X_REQUEST_ID'];",
+    );
+    let toml = GatewayToml::new()
+        .upstream("php", &fpm.url(), "")
+        .route(
+            "site",
+            &format!(
+                "path_prefix = \"/\"\nupstream = \"php\"\nroot = \"{}\"",
+                fpm.site().display()
+            ),
+        )
+        .table("tracing", &format!("endpoint = \"{}\"", receiver.url));
+    let gateway = TestGateway::start(toml).await;
+    let (status, headers, body) = get_with(&gateway.url("/"), &[("traceparent", PARENT)]).await;
+    assert_eq!(status, 200, "{body}");
+    let (traceparent, id) = body.split_once('\n').unwrap();
+    assert_eq!(id, headers["x-request-id"]);
+    let spans = receiver.wait_for(2).await;
+    let client = spans.iter().find(|span| span.kind == 3).expect("a client span");
+    let server = spans.iter().find(|span| span.kind == 2).expect("a server span");
+    assert_eq!(client.parent_span_id, server.span_id);
+    // What PHP-FPM got names the try's span, written over the records for that try.
+    assert_eq!(
+        traceparent,
+        format!("00-0af7651916cd43dd8448eb211c80319c-{}-01", hex(&client.span_id))
+    );
+    assert_eq!(text(attribute(client, "server.address")), "127.0.0.1");
 }

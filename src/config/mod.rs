@@ -541,9 +541,7 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
         request_id: match &raw.request_id {
             None => Some(HeaderName::from_static(DEFAULT_REQUEST_ID)),
             Some(name) if name.get_ref().is_empty() => None,
-            Some(name) => parse_spanned(name, "server.request_id", sink, |text| {
-                HeaderName::from_bytes(text.as_bytes()).map_err(|_| format!("{text:?} is not a header name"))
-            }),
+            Some(name) => parse_spanned(name, "server.request_id", sink, request_id_header),
         },
     }
 }
@@ -551,10 +549,51 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
 /// The header of request IDs unless `server.request_id` says otherwise.
 const DEFAULT_REQUEST_ID: &str = "x-request-id";
 
+/// `server.request_id`: a header name that carries nothing else, that PHP can read
+/// (no `_`), and that floodgate does not manage itself.
+fn request_id_header(text: &str) -> Result<HeaderName, String> {
+    let name =
+        HeaderName::from_bytes(text.as_bytes()).map_err(|_| format!("{text:?} is not a header name"))?;
+    const RESERVED: [&str; 14] = [
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-connection",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "traceparent",
+        "tracestate",
+        "forwarded",
+    ];
+    if RESERVED.contains(&name.as_str())
+        || name.as_str().starts_with("x-forwarded-")
+        || name == "x-real-ip"
+        || name == "via"
+    {
+        return Err(format!(
+            "{text:?} is a header floodgate or HTTP uses for something else; use a name of its own such as \"X-Request-Id\""
+        ));
+    }
+    if name.as_str().contains('_') {
+        return Err(format!(
+            "{text:?} holds `_`, which PHP and CGI cannot tell from `-`; use `-`"
+        ));
+    }
+    Ok(name)
+}
+
 fn validate_tracing(raw: TracingFile, sink: &mut ErrorSink) -> Option<TracingConfig> {
     let endpoint = parse_spanned(&raw.endpoint, "tracing.endpoint", sink, |text| {
         let uri: Uri = text.parse().map_err(|_| format!("{text:?} is not a URL"))?;
         match (uri.scheme_str(), uri.authority()) {
+            (Some("http" | "https"), Some(authority)) if authority.as_str().contains('@') => Err(format!(
+                "{text:?} holds credentials: floodgate sends none to the collector"
+            )),
             (Some("http" | "https"), Some(_)) if uri.query().is_none() => Ok(uri),
             _ => Err(format!(
                 "expected the collector's http:// or https:// base URL (such as \"http://otel-collector:4318\"), got {text:?}"

@@ -789,3 +789,62 @@ fn concurrency_limits() {
         error("[limits.r]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\nlease = \"5s\"\n");
     assert_eq!(key, "limits.r.lease");
 }
+
+#[test]
+fn request_id_names_a_header_of_its_own() {
+    let config = parse("").unwrap();
+    assert_eq!(config.server.request_id.unwrap(), "x-request-id");
+    let config = parse("[server]\nrequest_id = \"X-Correlation-Id\"\n").unwrap();
+    assert_eq!(config.server.request_id.unwrap(), "x-correlation-id");
+    assert_eq!(
+        parse("[server]\nrequest_id = \"\"\n").unwrap().server.request_id,
+        None
+    );
+    for (name, says) in [
+        ("Content-Length", "for something else"),
+        ("traceparent", "for something else"),
+        ("X-Forwarded-For", "for something else"),
+        ("X_Request_Id", "holds `_`"),
+        ("bad name", "not a header name"),
+    ] {
+        let (line, column, key, message) = error(&format!("[server]\nrequest_id = \"{name}\"\n"));
+        assert_eq!(
+            (line, column, key.as_str()),
+            (2, 14, "server.request_id"),
+            "{name}"
+        );
+        assert!(message.contains(says), "{name}: {message}");
+    }
+}
+
+#[test]
+fn tracing_needs_a_collector_url_and_a_share() {
+    let config = parse("[tracing]\nendpoint = \"http://otel:4318\"\n").unwrap();
+    let tracing = config.tracing.unwrap();
+    assert_eq!(
+        (tracing.sample, tracing.service_name.as_str()),
+        (1.0, "floodgate")
+    );
+    for (table, key, says) in [
+        ("endpoint = \"otel:4318\"", "tracing.endpoint", "base URL"),
+        (
+            "endpoint = \"http://user:pw@otel:4318\"",
+            "tracing.endpoint",
+            "credentials",
+        ),
+        (
+            "endpoint = \"http://otel:4318\"\nsample = 1.5",
+            "tracing.sample",
+            "from 0 to 1",
+        ),
+        (
+            "endpoint = \"http://otel:4318\"\nservice_name = \" \"",
+            "tracing.service_name",
+            "a name",
+        ),
+    ] {
+        let (_, _, got, message) = error(&format!("[tracing]\n{table}\n"));
+        assert_eq!(got, key, "{table}");
+        assert!(message.contains(says), "{table}: {message}");
+    }
+}

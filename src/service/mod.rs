@@ -106,7 +106,7 @@ pub(crate) async fn handle(
     let mut record = AccessRecord::new(
         shared.metrics.clone(),
         start,
-        request.method().clone(),
+        (request.method().clone(), if peer.tls { "https" } else { "http" }),
         client_ip,
         trace,
         shared.no_route.clone(),

@@ -133,12 +133,21 @@ pub(crate) fn write_span_id(span: &SpanId, out: &mut [u8]) {
 /// Where the parent ID sits in a `traceparent`.
 pub(crate) const PARENT_ID: std::ops::Range<usize> = 36..52;
 
+/// The longest `tracestate` passed on, its lines together (the specification asks that at
+/// least 512 characters be passed on; a longer one is dropped whole).
+const MAX_TRACESTATE: usize = 512;
+
 /// Whether the `tracestate` made of `values` (its header lines, joined by commas) is well
-/// formed: at most 32 list members, each `key=value` with the key and value grammar of
-/// the specification; empty members are allowed.
+/// formed and passed on: at most 512 bytes and 32 list members, each `key=value` with the
+/// key and value grammar of the specification; empty members are allowed.
 pub(crate) fn valid_tracestate<'a>(values: impl Iterator<Item = &'a HeaderValue>) -> bool {
     let mut members = 0;
+    let mut length = 0;
     for value in values {
+        length += value.len() + 1;
+        if length > MAX_TRACESTATE + 1 {
+            return false;
+        }
         for member in value.as_bytes().split(|&b| b == b',') {
             let member = trim_ows(member);
             if member.is_empty() {
@@ -310,6 +319,9 @@ mod tests {
         let many: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
         assert!(!valid(&many.join(",")));
         assert!(valid(&many[..32].join(",")));
+        // Past 512 bytes, padding included, it is not passed on.
+        assert!(valid(&format!("a=b{}", ",".repeat(509))));
+        assert!(!valid(&format!("a=b{}", ",".repeat(510))));
         // Members are counted over every header line.
         let lines: Vec<HeaderValue> = (0..2)
             .map(|_| HeaderValue::from_str(&many[..20].join(",")).unwrap())

@@ -95,8 +95,13 @@ pub(crate) struct RequestEnd<'a> {
     pub(crate) method: &'a Method,
     /// The route's name; empty when none matched.
     pub(crate) route: &'a str,
+    /// `http` or `https`.
+    pub(crate) scheme: &'static str,
+    /// The normalized path.
+    pub(crate) path: &'a str,
     pub(crate) status: u16,
     pub(crate) client_ip: std::net::IpAddr,
+    /// A value of `floodgate_ratelimit_decisions_total{outcome}`, or `none`.
     pub(crate) limit_outcome: &'static str,
 }
 
@@ -138,11 +143,14 @@ impl RequestTrace {
                 },
             })
         });
-        let flags = match (&recording, parent) {
-            (Some(_), _) => SAMPLED,
-            // Not recorded here: the client's decision goes on for the app to follow.
-            (None, Some(parent)) if tracer.is_none() => parent.flags & SAMPLED,
-            (None, _) => 0,
+        let flags = match (&recording, tracer, parent) {
+            (Some(_), _, _) => SAMPLED,
+            // Without `[tracing]` nothing is recorded here: the client's decision goes on,
+            // and a new trace is `sampled` as `sample`'s default says, so that an app
+            // sampling by its parent keeps recording.
+            (None, None, Some(parent)) => parent.flags & SAMPLED,
+            (None, None, None) => SAMPLED,
+            (None, Some(_), _) => 0,
         };
         RequestTrace {
             trace_id,
@@ -181,8 +189,9 @@ impl RequestTrace {
             Some((host, port)) if !end.server.starts_with('/') => (host, port.parse().ok()),
             _ => (end.server, None),
         };
+        let method = known_method(end.method);
         let mut attributes = vec![
-            ("http.request.method", Value::String(end.method.to_string())),
+            ("http.request.method", Value::String(method.to_owned())),
             (
                 "server.address",
                 Value::String(address.trim_start_matches('[').trim_end_matches(']').to_owned()),
@@ -194,11 +203,23 @@ impl RequestTrace {
         if end.resends > 0 {
             attributes.push(("http.request.resend_count", Value::Int(end.resends as i64)));
         }
+        if method == OTHER {
+            attributes.push((
+                "http.request.method_original",
+                Value::String(end.method.to_string()),
+            ));
+        }
         if let Some(status) = end.status {
             attributes.push(("http.response.status_code", Value::Int(i64::from(status))));
         }
-        if let Some(error) = end.error {
-            attributes.push(("error.type", Value::String(error.to_owned())));
+        // A client span fails with a 4xx or 5xx answer, or without one.
+        let error = match (end.error, end.status) {
+            (Some(error), _) => Some(error.to_owned()),
+            (None, Some(status)) if status >= 400 => Some(status.to_string()),
+            (None, _) => None,
+        };
+        if let Some(error) = &error {
+            attributes.push(("error.type", Value::String(error.clone())));
         }
         recording.tracer.exporter.send(FinishedSpan {
             trace_id: self.trace_id.0,
@@ -207,11 +228,11 @@ impl RequestTrace {
             trace_state: recording.trace_state.clone(),
             flags: self.flags,
             client: true,
-            name: end.method.to_string(),
+            name: method.to_owned(),
             start: span.start,
             end: unix_nanos(),
             attributes,
-            error: end.error.map(str::to_owned),
+            error,
         });
     }
 
@@ -220,13 +241,16 @@ impl RequestTrace {
         let Some(recording) = &self.recording else {
             return;
         };
+        let method = known_method(end.method);
         let name = if end.route.is_empty() {
-            end.method.to_string()
+            method.to_owned()
         } else {
-            format!("{} {}", end.method, end.route)
+            format!("{method} {}", end.route)
         };
         let mut attributes = vec![
-            ("http.request.method", Value::String(end.method.to_string())),
+            ("http.request.method", Value::String(method.to_owned())),
+            ("url.scheme", Value::String(end.scheme.to_owned())),
+            ("url.path", Value::String(end.path.to_owned())),
             ("http.response.status_code", Value::Int(i64::from(end.status))),
             ("client.address", Value::String(end.client_ip.to_string())),
             (
@@ -234,8 +258,19 @@ impl RequestTrace {
                 Value::String(end.limit_outcome.to_owned()),
             ),
         ];
+        if method == OTHER {
+            attributes.push((
+                "http.request.method_original",
+                Value::String(end.method.to_string()),
+            ));
+        }
         if !end.route.is_empty() {
             attributes.push(("http.route", Value::String(end.route.to_owned())));
+        }
+        // A server span fails with a 5xx answer (a 4xx is the client's).
+        let error = (end.status >= 500).then(|| end.status.to_string());
+        if let Some(error) = &error {
+            attributes.push(("error.type", Value::String(error.clone())));
         }
         recording.tracer.exporter.send(FinishedSpan {
             trace_id: self.trace_id.0,
@@ -248,10 +283,29 @@ impl RequestTrace {
             start: recording.start,
             end: unix_nanos(),
             attributes,
-            error: (end.status >= 500).then(|| end.status.to_string()),
+            error,
         });
     }
 }
+
+/// The method as the semantic conventions name it: one of the standard methods, or
+/// `_OTHER` (a client's own method would otherwise name spans).
+fn known_method(method: &Method) -> &str {
+    match *method {
+        Method::GET
+        | Method::HEAD
+        | Method::POST
+        | Method::PUT
+        | Method::DELETE
+        | Method::CONNECT
+        | Method::OPTIONS
+        | Method::TRACE
+        | Method::PATCH => method.as_str(),
+        _ => OTHER,
+    }
+}
+
+const OTHER: &str = "_OTHER";
 
 /// Every value of `name`, joined with commas.
 fn joined(headers: &HeaderMap, name: &HeaderName) -> String {
@@ -267,4 +321,31 @@ fn unix_nanos() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_nanos() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_tracing_a_new_trace_is_sampled_and_a_continued_one_keeps_its_flag() {
+        let headers = HeaderMap::new();
+        assert_eq!(RequestTrace::begin(&headers, None).flags, SAMPLED);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            &TRACEPARENT,
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+                .parse()
+                .unwrap(),
+        );
+        let trace = RequestTrace::begin(&headers, None);
+        assert_eq!(trace.flags, 0);
+        assert!(trace.continued());
+    }
+
+    #[test]
+    fn methods_outside_the_standard_ones_are_other() {
+        assert_eq!(known_method(&Method::PATCH), "PATCH");
+        assert_eq!(known_method(&Method::from_bytes(b"PROPFIND").unwrap()), "_OTHER");
+    }
 }

@@ -71,6 +71,16 @@ impl Breaker {
     }
 }
 
+impl Drop for Breaker {
+    /// A store replaced (a reload without `[redis]`, or with another Redis) leaves no
+    /// open breaker behind in the metrics.
+    fn drop(&mut self) {
+        if self.is_open() {
+            self.gauge.set(0);
+        }
+    }
+}
+
 /// An operation on the store, for the one rule of what its failure means
 /// ([`ResilientRedis::failed`]); those whose failure `on_error` decides carry it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,8 +152,9 @@ impl ResilientRedis {
         let store = Arc::new(ResilientRedis {
             redis: RedisStore::start(target, timeout)?,
             breaker: Breaker {
+                failures: AtomicU32::new(0),
+                open: AtomicBool::new(false),
                 gauge: breaker_open,
-                ..Breaker::default()
             },
             errors,
             instances: AtomicU64::new(1),
@@ -427,6 +438,14 @@ mod tests {
         assert!(breaker.close());
         assert!(!breaker.is_open());
         assert_eq!(breaker.gauge.get(), 0);
+        // A store dropped with its breaker open leaves none open in the metrics.
+        let gauge = breaker.gauge.clone();
+        for _ in 0..FAILURES_TO_OPEN {
+            breaker.failure();
+        }
+        assert_eq!(gauge.get(), 1);
+        drop(breaker);
+        assert_eq!(gauge.get(), 0);
     }
 
     #[test]
