@@ -48,8 +48,7 @@ use crate::proxy::headers::{
 };
 use crate::proxy::request_body::RequestBody;
 use crate::router::normalize_host;
-use crate::trace::context::traceparent_value;
-use crate::trace::{RequestTrace, TRACEPARENT, TRACESTATE};
+use crate::trace::{RequestTrace, TRACESTATE};
 use crate::upstream::read_ahead::ReadAhead;
 use crate::upstream::{Tries, Upstream, tunnel};
 use http_body::Body as _;
@@ -561,11 +560,6 @@ async fn forward(
     apply_rules(&destination.route.request_headers, &mut parts.headers);
     let mut body = RequestBody::new(body, max_body, server.body_timeout);
     if let (Some((php, script)), Some(fastcgi)) = (script, &upstream.config.fastcgi) {
-        // Each try writes its own span over this one's (`FastCgiHead::traceparent`).
-        parts.headers.insert(
-            TRACEPARENT.clone(),
-            traceparent_value(&trace.trace_id, trace.span_id(), trace.flags),
-        );
         // Boxed: the request path's future need not hold a body being read whole.
         let (length, whole) = Box::pin(site::with_length(&parts, declared, body)).await?;
         body = whole;
@@ -576,6 +570,7 @@ async fn forward(
             (destination.host.as_deref(), length),
             php,
             &fastcgi.env,
+            trace,
         );
         parts.extensions.insert(head);
     }

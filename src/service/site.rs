@@ -18,6 +18,8 @@ use crate::path::decode_file_path;
 use crate::proxy::headers::ForwardingContext;
 use crate::proxy::request_body::RequestBody;
 use crate::proxy::spool::spool;
+use crate::trace::RequestTrace;
+use crate::trace::context;
 use crate::upstream::FastCgiHead;
 use crate::upstream::fastcgi::params::{Call, Caller, request_head};
 
@@ -77,7 +79,8 @@ fn serve_file<B>(
 
 /// What PHP-FPM is told of the request in `parts` (its headers as they go upstream, its
 /// target and version as the client sent them) running `script`; `host` is the name the
-/// client asked for, `content_length` the body's when it has framing.
+/// client asked for, `content_length` the body's when it has framing; `trace` names the
+/// request's span as the parent, which each try writes over with its own.
 pub(super) fn fastcgi_head(
     parts: &Parts,
     script: &Script,
@@ -85,6 +88,7 @@ pub(super) fn fastcgi_head(
     (host, content_length): (Option<&str>, Option<u64>),
     php: &Php,
     env: &[(String, String)],
+    trace: &RequestTrace,
 ) -> FastCgiHead {
     let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
     let call = Call {
@@ -94,6 +98,7 @@ pub(super) fn fastcgi_head(
         query: parts.uri.query().unwrap_or(""),
         headers: &parts.headers,
         content_length,
+        traceparent: &context::traceparent(&trace.trace_id, trace.span_id(), trace.flags),
     };
     let caller = Caller {
         address: context.client_ip,

@@ -33,6 +33,9 @@ pub(crate) struct Call<'a> {
     pub(crate) headers: &'a HeaderMap,
     /// The body's length, when the request has body framing (`Some(0)` for an empty one).
     pub(crate) content_length: Option<u64>,
+    /// The `traceparent` PHP gets (`HTTP_TRACEPARENT`) in place of any the client sent;
+    /// each try writes its own span ID over its parent ID.
+    pub(crate) traceparent: &'a [u8],
 }
 
 /// The begin and parameter records of `call` to `script`, for a site whose root PHP-FPM
@@ -95,7 +98,14 @@ pub(crate) fn request_head(
     for (name, value) in env {
         params.pair(name.as_bytes(), value.as_bytes());
     }
-    let traceparent = http_variables(&mut params, call.headers);
+    let mut traceparent = 0;
+    params.pair_with(b"HTTP_TRACEPARENT".len(), call.traceparent.len(), |out| {
+        out.extend_from_slice(b"HTTP_TRACEPARENT");
+        traceparent = out.len();
+        out.extend_from_slice(call.traceparent);
+    });
+    http_variables(&mut params, call.headers);
+    let traceparent = Some(traceparent);
     let in_one_record = params.finish();
     let traceparent = traceparent.filter(|_| in_one_record);
     (out.freeze(), traceparent)
@@ -119,10 +129,9 @@ pub(crate) fn check_head(path: &str) -> BytesMut {
 
 /// Each request header as `HTTP_NAME` (upper case, `-` as `_`), repeated ones joined
 /// with `, `; `Proxy` never (httpoxy), nor a name holding `_`, which would pass for the
-/// `-` spelling of another. Returns where the value of `HTTP_TRACEPARENT` starts.
-fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) -> Option<usize> {
+/// `-` spelling of another; `traceparent` is floodgate's, written apart.
+fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) {
     const PREFIX: &[u8] = b"HTTP_";
-    let mut traceparent = None;
     // A name's values come one after the other.
     let mut values = headers.iter().peekable();
     let mut repeated: Vec<&HeaderValue> = Vec::new();
@@ -132,11 +141,10 @@ fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) -> Option<usize>
             repeated.push(value);
         }
         let text = name.as_str();
-        if text == "proxy" || text.contains('_') {
+        if text == "proxy" || *name == TRACEPARENT || text.contains('_') {
             continue;
         }
         let value_len = first.len() + repeated.iter().map(|value| 2 + value.len()).sum::<usize>();
-        let is_traceparent = *name == TRACEPARENT && repeated.is_empty();
         params.pair_with(PREFIX.len() + text.len(), value_len, |out| {
             out.extend_from_slice(PREFIX);
             let start = out.len();
@@ -149,9 +157,6 @@ fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) -> Option<usize>
                     byte.to_ascii_uppercase()
                 };
             }
-            if is_traceparent {
-                traceparent = Some(out.len());
-            }
             out.extend_from_slice(first.as_bytes());
             for value in &repeated {
                 out.extend_from_slice(b", ");
@@ -159,7 +164,6 @@ fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) -> Option<usize>
             }
         });
     }
-    traceparent
 }
 
 #[cfg(test)]
@@ -203,6 +207,7 @@ mod tests {
             query: "id=7",
             headers: &headers,
             content_length: Some(12),
+            traceparent: b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         };
         let script = Script {
             name: "/index.php".into(),
@@ -250,11 +255,12 @@ mod tests {
             ("APP_ENV", "prod"),
             ("HTTP_HOST", "shop.example:8080"),
             ("HTTP_CONTENT_TYPE", "text/plain"),
+            ("HTTP_TRACEPARENT", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
         ] {
             assert_eq!(get(name), value, "{name}");
         }
         assert!(get("SERVER_SOFTWARE").starts_with("floodgate/"));
-        assert_eq!(variables.len(), 23);
+        assert_eq!(variables.len(), 24);
     }
 
     #[test]
@@ -262,7 +268,13 @@ mod tests {
         const PARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
         let mut headers = HeaderMap::new();
         headers.insert("host", "a".parse().unwrap());
-        headers.insert("traceparent", PARENT.parse().unwrap());
+        // The client's is not passed on: floodgate's is.
+        headers.insert(
+            "traceparent",
+            "00-11111111111111111111111111111111-2222222222222222-01"
+                .parse()
+                .unwrap(),
+        );
         headers.insert("x-after", "b".parse().unwrap());
         let call = Call {
             method: &Method::GET,
@@ -271,6 +283,7 @@ mod tests {
             query: "",
             headers: &headers,
             content_length: None,
+            traceparent: PARENT.as_bytes(),
         };
         let script = Script {
             name: "/index.php".into(),
@@ -286,6 +299,12 @@ mod tests {
         let (head, at) = request_head(&call, &script, &caller, "/srv", &[]);
         let at = at.expect("a traceparent");
         assert_eq!(&head[at..at + PARENT.len()], PARENT.as_bytes());
+        let traceparents: Vec<Vec<u8>> = decoded(&head)
+            .into_iter()
+            .filter(|(name, _)| name == b"HTTP_TRACEPARENT")
+            .map(|(_, value)| value)
+            .collect();
+        assert_eq!(traceparents, [PARENT.as_bytes()]);
         // Past 64 KB of parameters the records are split: no place to write over.
         let mut big = headers.clone();
         big.insert("x-big", "v".repeat(70_000).parse().unwrap());
