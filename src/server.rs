@@ -155,9 +155,16 @@ impl Gateway {
             );
         }
         admin.abort();
+        let tracer = shared.state.load().tracer.clone();
+        if let Some(tracer) = tracer {
+            tracer.flush(TRACE_FLUSH).await;
+        }
         tracing::info!("shut down");
     }
 }
+
+/// How long the spans still queued at shutdown may take to go out.
+const TRACE_FLUSH: Duration = Duration::from_secs(5);
 
 async fn bind(addr: SocketAddr, key: &str) -> io::Result<TcpListener> {
     TcpListener::bind(addr)

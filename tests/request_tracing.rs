@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::config::GatewayToml;
 use common::php_fpm::PhpFpm;
+use common::process::FloodgateProcess;
 use common::{TestGateway, Upstream, closed_port, get, h2c_client, header_lines, read_response, send};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -549,4 +550,22 @@ async fn php_sees_its_try_as_the_parent_span() {
         format!("00-0af7651916cd43dd8448eb211c80319c-{}-01", hex(&client.span_id))
     );
     assert_eq!(text(attribute(client, "server.address")), "127.0.0.1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_still_queued_at_shutdown_are_sent() {
+    let receiver = Receiver::start().await;
+    let upstream = Upstream::start().await;
+    let toml = GatewayToml::new()
+        .proxy_to(&upstream.url(), "")
+        .table("tracing", &format!("endpoint = \"{}\"", receiver.url));
+    let mut gateway = FloodgateProcess::start(toml, &[]);
+    let (status, _, _) = get(&gateway.url("/")).await;
+    assert_eq!(status, 200);
+    // At once, well within the batch's delay of a second.
+    gateway.signal(libc::SIGTERM);
+    let exited = tokio::task::block_in_place(|| gateway.wait_exit(Duration::from_secs(10)));
+    assert!(exited.is_some_and(|status| status.success()), "{exited:?}");
+    let spans = receiver.spans.lock().unwrap().clone();
+    assert_eq!(spans.len(), 2, "the server and the client span: {spans:#?}");
 }

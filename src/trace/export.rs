@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use prost::Message as _;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_rustls::TlsConnector;
 
 use super::otlp;
@@ -48,9 +48,16 @@ pub(crate) struct FinishedSpan {
     pub(crate) error: Option<String>,
 }
 
+/// What the export queue carries: spans, and requests to send what came before now.
+enum Queued {
+    Span(FinishedSpan),
+    /// Send every span queued before this one, then say so.
+    Flush(oneshot::Sender<()>),
+}
+
 /// The sending end of the export queue.
 pub(crate) struct Exporter {
-    queue: mpsc::Sender<FinishedSpan>,
+    queue: mpsc::Sender<Queued>,
     dropped: Counter,
 }
 
@@ -66,8 +73,24 @@ impl Exporter {
 
     /// Queues `span`, or drops and counts it when the queue is full.
     pub(crate) fn send(&self, span: FinishedSpan) {
-        if self.queue.try_send(span).is_err() {
+        if self.queue.try_send(Queued::Span(span)).is_err() {
             self.dropped.inc();
+        }
+    }
+
+    /// Sends every span queued so far, waiting at most `within`; what is still queued
+    /// then is counted as dropped.
+    pub(crate) async fn flush(&self, within: Duration) {
+        let (done, sent) = oneshot::channel();
+        let flushed = tokio::time::timeout(within, async {
+            if self.queue.send(Queued::Flush(done)).await.is_ok() {
+                let _ = sent.await;
+            }
+        })
+        .await;
+        if flushed.is_err() {
+            let queued = self.queue.max_capacity() - self.queue.capacity();
+            self.dropped.inc_by(queued as u64);
         }
     }
 }
@@ -85,25 +108,44 @@ fn resource(config: &TracingConfig) -> otlp::Resource {
     }
 }
 
+/// Takes spans from `queue` in batches: a batch goes when it is full, `BATCH_DELAY` after
+/// its first span, or at once when a flush asks.
 async fn export(
-    mut spans: mpsc::Receiver<FinishedSpan>,
+    mut queue: mpsc::Receiver<Queued>,
     collector: Collector,
     resource: otlp::Resource,
     dropped: Counter,
 ) {
+    let mut received = Vec::with_capacity(MAX_BATCH);
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut flushes = Vec::new();
     let mut logged: Option<Instant> = None;
     loop {
-        if spans.recv_many(&mut batch, MAX_BATCH).await == 0 {
+        if queue.recv_many(&mut received, MAX_BATCH).await == 0 {
             return;
         }
         let deadline = tokio::time::Instant::now() + BATCH_DELAY;
-        while batch.len() < MAX_BATCH {
+        loop {
+            for queued in received.drain(..) {
+                match queued {
+                    Queued::Span(span) => batch.push(span),
+                    Queued::Flush(done) => flushes.push(done),
+                }
+            }
+            if batch.len() >= MAX_BATCH || !flushes.is_empty() {
+                break;
+            }
             let more = MAX_BATCH - batch.len();
-            match tokio::time::timeout_at(deadline, spans.recv_many(&mut batch, more)).await {
+            match tokio::time::timeout_at(deadline, queue.recv_many(&mut received, more)).await {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {}
             }
+        }
+        if batch.is_empty() {
+            flushes.drain(..).for_each(|done| {
+                let _ = done.send(());
+            });
+            continue;
         }
         let count = batch.len() as u64;
         let body = encode(std::mem::take(&mut batch), &resource);
@@ -119,6 +161,9 @@ async fn export(
                 tracing::warn!(collector = %collector.url, %error, spans = count, "trace spans could not be exported; dropped");
             }
         }
+        flushes.drain(..).for_each(|done| {
+            let _ = done.send(());
+        });
     }
 }
 

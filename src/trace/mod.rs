@@ -8,7 +8,7 @@ mod export;
 mod otlp;
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::HeaderName;
 use http::{HeaderMap, Method};
@@ -40,6 +40,11 @@ impl Tracer {
             threshold: (config.sample < 1.0).then(|| (config.sample * 2f64.powi(64)) as u64),
             config: config.clone(),
         }
+    }
+
+    /// Sends the spans still queued, for at most `within` (at shutdown).
+    pub(crate) async fn flush(&self, within: Duration) {
+        self.exporter.flush(within).await;
     }
 
     /// Whether a new trace with `id` is recorded.

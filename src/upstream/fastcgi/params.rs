@@ -255,7 +255,10 @@ mod tests {
             ("APP_ENV", "prod"),
             ("HTTP_HOST", "shop.example:8080"),
             ("HTTP_CONTENT_TYPE", "text/plain"),
-            ("HTTP_TRACEPARENT", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            (
+                "HTTP_TRACEPARENT",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
         ] {
             assert_eq!(get(name), value, "{name}");
         }
