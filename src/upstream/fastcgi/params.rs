@@ -40,17 +40,25 @@ pub(crate) struct Call<'a> {
 
 /// The begin and parameter records of `call` to `script`, for a site whose root PHP-FPM
 /// sees as `php_root`, with the upstream's extra `env`; and where the value of
-/// `HTTP_TRACEPARENT` starts in them (unless the records were split, past 64 KB).
+/// `HTTP_TRACEPARENT` starts in them.
 pub(crate) fn request_head(
     call: &Call<'_>,
     script: &Script,
     caller: &Caller<'_>,
     php_root: &str,
     env: &[(String, String)],
-) -> (Bytes, Option<usize>) {
+) -> (Bytes, usize) {
     let mut out = BytesMut::with_capacity(1024);
     record::begin_request(&mut out);
     let mut params = Params::new(&mut out);
+    // First, so that it stays where it was written in the first record even when the
+    // parameters take several (past 64 KB).
+    let mut traceparent = 0;
+    params.pair_with(b"HTTP_TRACEPARENT".len(), call.traceparent.len(), |out| {
+        out.extend_from_slice(b"HTTP_TRACEPARENT");
+        traceparent = out.len();
+        out.extend_from_slice(call.traceparent);
+    });
     let protocol = match call.version {
         Version::HTTP_10 => "HTTP/1.0",
         Version::HTTP_2 => "HTTP/2.0",
@@ -98,16 +106,8 @@ pub(crate) fn request_head(
     for (name, value) in env {
         params.pair(name.as_bytes(), value.as_bytes());
     }
-    let mut traceparent = 0;
-    params.pair_with(b"HTTP_TRACEPARENT".len(), call.traceparent.len(), |out| {
-        out.extend_from_slice(b"HTTP_TRACEPARENT");
-        traceparent = out.len();
-        out.extend_from_slice(call.traceparent);
-    });
     http_variables(&mut params, call.headers);
-    let traceparent = Some(traceparent);
-    let in_one_record = params.finish();
-    let traceparent = traceparent.filter(|_| in_one_record);
+    params.finish();
     (out.freeze(), traceparent)
 }
 
@@ -300,7 +300,6 @@ mod tests {
             https: false,
         };
         let (head, at) = request_head(&call, &script, &caller, "/srv", &[]);
-        let at = at.expect("a traceparent");
         assert_eq!(&head[at..at + PARENT.len()], PARENT.as_bytes());
         let traceparents: Vec<Vec<u8>> = decoded(&head)
             .into_iter()
@@ -308,14 +307,20 @@ mod tests {
             .map(|(_, value)| value)
             .collect();
         assert_eq!(traceparents, [PARENT.as_bytes()]);
-        // Past 64 KB of parameters the records are split: no place to write over.
+        // Past 64 KB of parameters the records are split; the traceparent, first, stays put.
         let mut big = headers.clone();
         big.insert("x-big", "v".repeat(70_000).parse().unwrap());
         let call = Call {
             headers: &big,
             ..call
         };
-        assert_eq!(request_head(&call, &script, &caller, "/srv", &[]).1, None);
+        let (head, at) = request_head(&call, &script, &caller, "/srv", &[]);
+        assert_eq!(&head[at..at + PARENT.len()], PARENT.as_bytes());
+        assert!(
+            decoded(&head)
+                .iter()
+                .any(|(name, value)| name == b"HTTP_X_BIG" && value.len() == 70_000)
+        );
     }
 
     /// The name-value pairs of the PARAMS records in `wire` (after its begin record).

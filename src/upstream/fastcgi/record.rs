@@ -123,25 +123,22 @@ impl<'a> Params<'a> {
         debug_assert_eq!(self.out.len() - before, name_len + value_len);
     }
 
-    /// Frames the pairs in records of at most [`MAX_CONTENT`] bytes and ends the stream;
-    /// whether the pairs stayed where they were written (in one record).
-    pub(super) fn finish(self) -> bool {
+    /// Frames the pairs in records of at most [`MAX_CONTENT`] bytes and ends the stream.
+    /// The first record's content stays where it was written.
+    pub(super) fn finish(self) {
         let content = self.out.len() - self.start;
         if content <= MAX_CONTENT {
             let (header, padding) = header(Kind::Params, content);
             self.out[self.start - HEADER_LEN..self.start].copy_from_slice(&header);
             self.out.put_bytes(0, padding);
-            record(self.out, Kind::Params, &[]);
-            true
         } else {
             let pairs = self.out.split_off(self.start);
             self.out.truncate(self.start - HEADER_LEN);
             for chunk in pairs.chunks(MAX_CONTENT) {
                 record(self.out, Kind::Params, chunk);
             }
-            record(self.out, Kind::Params, &[]);
-            false
         }
+        record(self.out, Kind::Params, &[]);
     }
 }
 
