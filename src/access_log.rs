@@ -85,7 +85,6 @@ impl AccessRecord {
             upstream_duration_ms = upstream_duration,
         );
         self.trace.end(RequestEnd {
-            method: &self.method,
             scheme: self.scheme,
             path: &self.path,
             route: &self.route,

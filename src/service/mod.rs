@@ -97,10 +97,10 @@ pub(crate) async fn handle(
     let start = Instant::now();
     let state = shared.state.load_full();
     let client_ip = client_ip(peer.ip, request.headers(), &state.trusted_proxies);
-    let trace = RequestTrace::begin(request.headers(), state.tracer.as_ref());
+    let trace = RequestTrace::begin(request.method(), request.headers(), state.tracer.as_ref());
     let request_id = state.config.server.request_id.as_ref().map(|name| {
         let trusted = state.trusted_proxies.contains(peer.ip);
-        (name, request_id::decide(name, request.headers(), trusted, &trace))
+        request_id::decide(name, request.headers(), trusted, &trace)
     });
     let mut record = AccessRecord::new(
         shared.metrics.clone(),
@@ -110,7 +110,7 @@ pub(crate) async fn handle(
         trace,
         shared.no_route.clone(),
     );
-    record.request_id = request_id.as_ref().map(|(_, id)| id.clone());
+    record.request_id = request_id;
     let mut record = Unanswered(Some(record));
     let mut leftovers = Leftovers::default();
     let version = request.version();
@@ -155,8 +155,8 @@ pub(crate) async fn handle(
             .headers_mut()
             .insert(header::STRICT_TRANSPORT_SECURITY, hsts);
     }
-    if let Some((name, id)) = request_id {
-        response.headers_mut().insert(name.clone(), id);
+    if let (Some(name), Some(id)) = (&state.config.server.request_id, &record.request_id) {
+        response.headers_mut().insert(name.clone(), id.clone());
     }
     record.status = response.status().as_u16();
     Ok(response.map(|body| ResponseBody::new(body, record, in_flight)))

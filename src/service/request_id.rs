@@ -54,7 +54,7 @@ mod tests {
 
     fn decided(values: &[&str], trusted: bool) -> String {
         let headers = headers(values);
-        let trace = RequestTrace::begin(&headers, None);
+        let trace = RequestTrace::begin(&http::Method::GET, &headers, None);
         let id = decide(
             &HeaderName::from_static("x-request-id"),
             &headers,
@@ -91,12 +91,19 @@ mod tests {
     #[test]
     fn a_new_id_is_the_new_traces_and_unique() {
         let headers = HeaderMap::new();
-        let trace = RequestTrace::begin(&headers, None);
+        let trace = RequestTrace::begin(&http::Method::GET, &headers, None);
         let name = HeaderName::from_static("x-request-id");
         let id = decide(&name, &headers, false, &trace);
         assert_eq!(id.as_bytes(), trace.trace_id.hex());
         let ids: std::collections::HashSet<_> = (0..1000)
-            .map(|_| decide(&name, &headers, false, &RequestTrace::begin(&headers, None)))
+            .map(|_| {
+                decide(
+                    &name,
+                    &headers,
+                    false,
+                    &RequestTrace::begin(&http::Method::GET, &headers, None),
+                )
+            })
             .collect();
         assert_eq!(ids.len(), 1000);
     }

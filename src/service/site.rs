@@ -107,8 +107,7 @@ pub(super) fn fastcgi_head(
         server_port: context.peer.local_port,
         https: context.peer.tls,
     };
-    let (records, traceparent) = request_head(&call, script, &caller, &php.root, env);
-    FastCgiHead { records, traceparent }
+    request_head(&call, script, &caller, &php.root, env)
 }
 
 /// The length PHP-FPM is told of `body`, and the body to send: the declared length, `0`

@@ -76,6 +76,27 @@ struct Recording {
     /// Unix nanoseconds.
     start: u64,
     trace_state: String,
+    /// The request's method, which names its spans.
+    method: Method,
+}
+
+impl Recording {
+    /// The method as the spans name it ([`known_method`]).
+    fn method(&self) -> &str {
+        known_method(&self.method)
+    }
+
+    /// What every span of the request says first: its method.
+    fn method_attributes(&self) -> Vec<(&'static str, Value)> {
+        let mut attributes = vec![("http.request.method", Value::String(self.method().to_owned()))];
+        if self.method() == OTHER {
+            attributes.push((
+                "http.request.method_original",
+                Value::String(self.method.to_string()),
+            ));
+        }
+        attributes
+    }
 }
 
 /// An upstream try, begun.
@@ -86,7 +107,6 @@ pub(crate) struct TrySpan {
 
 /// What a recorded upstream try came to.
 pub(crate) struct TryEnd<'a> {
-    pub(crate) method: &'a Method,
     /// The server: `host:port`, or a socket's path.
     pub(crate) server: &'a str,
     /// The tries before this one.
@@ -97,7 +117,6 @@ pub(crate) struct TryEnd<'a> {
 
 /// What a recorded request came to.
 pub(crate) struct RequestEnd<'a> {
-    pub(crate) method: &'a Method,
     /// The route's name; empty when none matched.
     pub(crate) route: &'a str,
     /// `http` or `https`.
@@ -114,7 +133,7 @@ impl RequestTrace {
     /// The context of a request with `headers`: the client's `traceparent` continued when
     /// it is the only one and valid, a new trace otherwise; recorded when `tracer` is
     /// there and samples it (a continued trace by its `sampled` flag, a new one by ratio).
-    pub(crate) fn begin(headers: &HeaderMap, tracer: Option<&Arc<Tracer>>) -> RequestTrace {
+    pub(crate) fn begin(method: &Method, headers: &HeaderMap, tracer: Option<&Arc<Tracer>>) -> RequestTrace {
         // One pass over the few headers a request has costs less than looking up both
         // names, and tells whether there is a `tracestate` to drop.
         let (mut parents, mut states) = (0, 0);
@@ -146,6 +165,7 @@ impl RequestTrace {
                 } else {
                     String::new()
                 },
+                method: method.clone(),
             })
         });
         let flags = match (&recording, tracer, parent) {
@@ -194,25 +214,16 @@ impl RequestTrace {
             Some((host, port)) if !end.server.starts_with('/') => (host, port.parse().ok()),
             _ => (end.server, None),
         };
-        let method = known_method(end.method);
-        let mut attributes = vec![
-            ("http.request.method", Value::String(method.to_owned())),
-            (
-                "server.address",
-                Value::String(address.trim_start_matches('[').trim_end_matches(']').to_owned()),
-            ),
-        ];
+        let mut attributes = recording.method_attributes();
+        attributes.push((
+            "server.address",
+            Value::String(address.trim_start_matches('[').trim_end_matches(']').to_owned()),
+        ));
         if let Some(port) = port {
             attributes.push(("server.port", Value::Int(port)));
         }
         if end.resends > 0 {
             attributes.push(("http.request.resend_count", Value::Int(end.resends as i64)));
-        }
-        if method == OTHER {
-            attributes.push((
-                "http.request.method_original",
-                Value::String(end.method.to_string()),
-            ));
         }
         if let Some(status) = end.status {
             attributes.push(("http.response.status_code", Value::Int(i64::from(status))));
@@ -227,17 +238,12 @@ impl RequestTrace {
             attributes.push(("error.type", Value::String(error.clone())));
         }
         recording.tracer.exporter.send(FinishedSpan {
-            trace_id: self.trace_id.0,
-            span_id: span.id.0,
-            parent_id: Some(self.span_id.0),
-            trace_state: recording.trace_state.clone(),
-            flags: self.flags,
             client: true,
-            name: method.to_owned(),
+            name: recording.method().to_owned(),
             start: span.start,
-            end: unix_nanos(),
             attributes,
             error,
+            ..self.finished(recording, span.id, Some(self.span_id))
         });
     }
 
@@ -246,14 +252,13 @@ impl RequestTrace {
         let Some(recording) = &self.recording else {
             return;
         };
-        let method = known_method(end.method);
         let name = if end.route.is_empty() {
-            method.to_owned()
+            recording.method().to_owned()
         } else {
-            format!("{method} {}", end.route)
+            format!("{} {}", recording.method(), end.route)
         };
-        let mut attributes = vec![
-            ("http.request.method", Value::String(method.to_owned())),
+        let mut attributes = recording.method_attributes();
+        attributes.extend([
             ("url.scheme", Value::String(end.scheme.to_owned())),
             ("url.path", Value::String(end.path.to_owned())),
             ("http.response.status_code", Value::Int(i64::from(end.status))),
@@ -262,13 +267,7 @@ impl RequestTrace {
                 "floodgate.limit.outcome",
                 Value::String(end.limit_outcome.to_owned()),
             ),
-        ];
-        if method == OTHER {
-            attributes.push((
-                "http.request.method_original",
-                Value::String(end.method.to_string()),
-            ));
-        }
+        ]);
         if !end.route.is_empty() {
             attributes.push(("http.route", Value::String(end.route.to_owned())));
         }
@@ -278,18 +277,30 @@ impl RequestTrace {
             attributes.push(("error.type", Value::String(error.clone())));
         }
         recording.tracer.exporter.send(FinishedSpan {
+            name,
+            start: recording.start,
+            attributes,
+            error,
+            ..self.finished(recording, self.span_id, self.parent)
+        });
+    }
+
+    /// A span of this request's trace ending now: `span`, child of `parent`; its kind,
+    /// name, start and attributes for the caller to fill in.
+    fn finished(&self, recording: &Recording, span: SpanId, parent: Option<SpanId>) -> FinishedSpan {
+        FinishedSpan {
             trace_id: self.trace_id.0,
-            span_id: self.span_id.0,
-            parent_id: self.parent.map(|parent| parent.0),
+            span_id: span.0,
+            parent_id: parent.map(|parent| parent.0),
             trace_state: recording.trace_state.clone(),
             flags: self.flags,
             client: false,
-            name,
-            start: recording.start,
+            name: String::new(),
+            start: 0,
             end: unix_nanos(),
-            attributes,
-            error,
-        });
+            attributes: Vec::new(),
+            error: None,
+        }
     }
 }
 
@@ -335,7 +346,7 @@ mod tests {
     #[test]
     fn without_tracing_a_new_trace_is_sampled_and_a_continued_one_keeps_its_flag() {
         let headers = HeaderMap::new();
-        assert_eq!(RequestTrace::begin(&headers, None).flags, SAMPLED);
+        assert_eq!(RequestTrace::begin(&Method::GET, &headers, None).flags, SAMPLED);
         let mut headers = HeaderMap::new();
         headers.insert(
             &TRACEPARENT,
@@ -343,7 +354,7 @@ mod tests {
                 .parse()
                 .unwrap(),
         );
-        let trace = RequestTrace::begin(&headers, None);
+        let trace = RequestTrace::begin(&Method::GET, &headers, None);
         assert_eq!(trace.flags, 0);
         assert!(trace.continued());
     }

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
@@ -53,9 +53,10 @@ use crate::error::{GatewayError, UpstreamFailure};
 use crate::limit::store::ConcurrencySlot;
 use crate::metrics::Metrics;
 use crate::proxy::request_body::{RequestBody, RequestBodyError};
-use crate::trace::context::{self, SpanId, traceparent_value};
+use crate::trace::context::traceparent_value;
 use crate::trace::{RequestTrace, TRACEPARENT, TryEnd};
 use balance::Balancer;
+pub(crate) use fastcgi::FastCgiHead;
 use pool::{Pool, SendError, Unsent};
 use replay::Replay;
 use server::{Server, Transport};
@@ -213,7 +214,6 @@ impl Upstream {
         tries: &mut Tries<'_>,
     ) -> Result<Response<UpstreamBody>, GatewayError> {
         let trace = tries.trace;
-        let method = request.method().clone();
         let affinity = hash_tuple.map(balance::affinity);
         let most = 1 + (self.config.retries as usize).min(self.rotation.servers.len() - 1);
         // A request that reached a server may go to another only when repeating it is
@@ -259,12 +259,8 @@ impl Upstream {
                 }
                 Transport::FastCgi(pool) => {
                     let (parts, body) = request.into_parts();
-                    let head = parts
-                        .extensions
-                        .get::<FastCgiHead>()
-                        .map(|head| head.for_try(&span.id))
-                        .unwrap_or_default();
-                    let sent = pool.send(&head, body, deadline, timeout, &mut held, counted);
+                    let head = parts.extensions.get::<FastCgiHead>();
+                    let sent = pool.send((head, &span.id), body, deadline, timeout, &mut held, counted);
                     match tokio::time::timeout_at(deadline, sent).await {
                         Ok(Ok(response)) => Ok(response.map(Either::Right)),
                         Ok(Err(fastcgi::Unsent { error, body })) => Err((
@@ -279,7 +275,6 @@ impl Upstream {
             let elapsed = started.elapsed();
             tries.last = Some((server.label.clone(), elapsed));
             let mut end = TryEnd {
-                method: &method,
                 server: &server.label,
                 resends: tried_servers.len() - 1,
                 status: None,
@@ -751,47 +746,9 @@ impl Drop for UpstreamBody {
     }
 }
 
-/// A FastCGI request's begin and parameter records, built by the request path (which
-/// chose the script) and carried with the request to the server.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct FastCgiHead {
-    pub(crate) records: Bytes,
-    /// Where the value of `HTTP_TRACEPARENT` starts in `records`: each try writes its own
-    /// span ID there.
-    pub(crate) traceparent: usize,
-}
-
-impl FastCgiHead {
-    /// The records for a try whose span is `span`: the try's `traceparent` names it.
-    fn for_try(&self, span: &SpanId) -> BytesMut {
-        let mut records = BytesMut::from(&self.records[..]);
-        let at = self.traceparent;
-        if let Some(parent) = records.get_mut(at + context::PARENT_ID.start..at + context::PARENT_ID.end) {
-            context::write_span_id(span, parent);
-        }
-        records
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_try_of_a_fastcgi_request_names_its_own_span() {
-        let records = Bytes::from_static(b"....00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01....");
-        let head = FastCgiHead {
-            records,
-            traceparent: 4,
-        };
-        let span = SpanId([1, 2, 3, 4, 5, 6, 7, 0xff]);
-        assert_eq!(
-            &head.for_try(&span)[..],
-            b"....00-0af7651916cd43dd8448eb211c80319c-01020304050607ff-01...."
-        );
-        // Records too short to hold one (none were built) go as they are.
-        assert!(FastCgiHead::default().for_try(&span).is_empty());
-    }
 
     #[test]
     fn a_cause_is_written_once() {

@@ -16,8 +16,10 @@ mod record;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
+
+use crate::trace::context::{self, SpanId};
 
 pub(crate) use exchange::ExchangeError;
 pub(crate) use pool::{Address, FastCgiError, Pool, Unsent};
@@ -55,5 +57,48 @@ impl Body for FastCgiBody {
 
     fn is_end_stream(&self) -> bool {
         self.exchange.as_deref().is_none_or(Exchange::is_ended)
+    }
+}
+
+/// A FastCGI request's begin and parameter records ([`params::request_head`]), built by
+/// the request path (which chose the script) and carried with the request to the server.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FastCgiHead {
+    pub(crate) records: Bytes,
+    /// Where the value of `HTTP_TRACEPARENT` starts in `records`: each try writes its own
+    /// span ID there.
+    pub(crate) traceparent: usize,
+}
+
+impl FastCgiHead {
+    /// The records for a try whose span is `span`: the try's `traceparent` names it.
+    fn for_try(&self, span: &SpanId) -> BytesMut {
+        let mut records = BytesMut::from(&self.records[..]);
+        let at = self.traceparent;
+        if let Some(parent) = records.get_mut(at + context::PARENT_ID.start..at + context::PARENT_ID.end) {
+            context::write_span_id(span, parent);
+        }
+        records
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_try_of_a_fastcgi_request_names_its_own_span() {
+        let records = Bytes::from_static(b"....00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01....");
+        let head = FastCgiHead {
+            records,
+            traceparent: 4,
+        };
+        let span = SpanId([1, 2, 3, 4, 5, 6, 7, 0xff]);
+        assert_eq!(
+            &head.for_try(&span)[..],
+            b"....00-0af7651916cd43dd8448eb211c80319c-01020304050607ff-01...."
+        );
+        // Records too short to hold one (none were built) go as they are.
+        assert!(FastCgiHead::default().for_try(&span).is_empty());
     }
 }

@@ -3,9 +3,10 @@
 
 use std::net::IpAddr;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use http::{HeaderMap, HeaderValue, Method, Version};
 
+use super::FastCgiHead;
 use super::record::{self, Params};
 use crate::files::choice::Script;
 use crate::trace::TRACEPARENT;
@@ -39,15 +40,14 @@ pub(crate) struct Call<'a> {
 }
 
 /// The begin and parameter records of `call` to `script`, for a site whose root PHP-FPM
-/// sees as `php_root`, with the upstream's extra `env`; and where the value of
-/// `HTTP_TRACEPARENT` starts in them.
+/// sees as `php_root`, with the upstream's extra `env`.
 pub(crate) fn request_head(
     call: &Call<'_>,
     script: &Script,
     caller: &Caller<'_>,
     php_root: &str,
     env: &[(String, String)],
-) -> (Bytes, usize) {
+) -> FastCgiHead {
     let mut out = BytesMut::with_capacity(1024);
     record::begin_request(&mut out);
     let mut params = Params::new(&mut out);
@@ -108,7 +108,10 @@ pub(crate) fn request_head(
     }
     http_variables(&mut params, call.headers);
     params.finish();
-    (out.freeze(), traceparent)
+    FastCgiHead {
+        records: out.freeze(),
+        traceparent,
+    }
 }
 
 /// The begin and parameter records of an active check: `GET` of the script `path`.
@@ -221,7 +224,7 @@ mod tests {
             https: true,
         };
         let env = [("APP_ENV".to_owned(), "prod".to_owned())];
-        let (head, _) = request_head(&call, &script, &caller, "/var/www", &env);
+        let head = request_head(&call, &script, &caller, "/var/www", &env).records;
         let variables = decoded(&head);
         let get = |name: &str| {
             let found: Vec<&[u8]> = variables
@@ -299,7 +302,10 @@ mod tests {
             server_port: 80,
             https: false,
         };
-        let (head, at) = request_head(&call, &script, &caller, "/srv", &[]);
+        let FastCgiHead {
+            records: head,
+            traceparent: at,
+        } = request_head(&call, &script, &caller, "/srv", &[]);
         assert_eq!(&head[at..at + PARENT.len()], PARENT.as_bytes());
         let traceparents: Vec<Vec<u8>> = decoded(&head)
             .into_iter()
@@ -314,7 +320,10 @@ mod tests {
             headers: &big,
             ..call
         };
-        let (head, at) = request_head(&call, &script, &caller, "/srv", &[]);
+        let FastCgiHead {
+            records: head,
+            traceparent: at,
+        } = request_head(&call, &script, &caller, "/srv", &[]);
         assert_eq!(&head[at..at + PARENT.len()], PARENT.as_bytes());
         assert!(
             decoded(&head)

@@ -22,11 +22,10 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_util::either::Either;
 
-use super::FastCgiBody;
 use super::exchange::{Exchange, ExchangeError};
+use super::{FastCgiBody, FastCgiHead};
 use crate::proxy::request_body::RequestBody;
-#[cfg(doc)]
-use crate::upstream::FastCgiHead;
+use crate::trace::context::SpanId;
 use crate::upstream::idle::IdlePool;
 use crate::upstream::pool::go_on;
 
@@ -184,7 +183,8 @@ impl Pool {
             .map(|(status, _)| status)
     }
 
-    /// Sends the request whose begin and parameter records are `head` ([`FastCgiHead::for_try`]), with `body`, and
+    /// Sends the request whose begin and parameter records are `head`, naming `span` as
+    /// the try's in its `traceparent` ([`FastCgiHead::for_try`], on each connection), with `body`, and
     /// waits for the response head. The caller bounds the wait (it drops this future);
     /// `keep`, with `detach`, is what the request holds while PHP works on it: dropped
     /// before the answer (its client left), the exchange goes on in a task of its own
@@ -192,7 +192,7 @@ impl Pool {
     /// then is `keep` dropped.
     pub(crate) async fn send<K: Send + 'static>(
         &self,
-        head: &[u8],
+        (head, span): (Option<&FastCgiHead>, &SpanId),
         mut body: RequestBody,
         deadline: tokio::time::Instant,
         timeout: Duration,
@@ -220,7 +220,7 @@ impl Pool {
             let exchange = Box::new(Exchange::new(
                 connection,
                 self.endpoint.clone(),
-                BytesMut::from(head),
+                head.map(|head| head.for_try(span)).unwrap_or_default(),
                 body,
             ));
             let mut detached = Detached {
