@@ -36,23 +36,32 @@ pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: Option<&s
     if super::hidden(path) {
         return Choice::Hidden;
     }
-    // The path itself is looked up once, whether as a directory or as the first candidate.
+    let in_directory = || {
+        if path.ends_with('/') {
+            format!("{path}{index}")
+        } else {
+            format!("{path}/{index}")
+        }
+    };
+    // The path itself is looked up once, whether as a directory or as the first candidate,
+    // and so is its directory's index.
     let found = root.find(path);
-    if !path.ends_with('/')
-        && found == Found::Directory
-        && matches!(root.find(&format!("{path}/{index}")), Found::File(_))
-    {
-        return Choice::AddSlash(format!("{path}/"));
+    let mut index_found = None;
+    if !path.ends_with('/') && found == Found::Directory {
+        let index_path = in_directory();
+        match root.find(&index_path) {
+            Found::File(_) => return Choice::AddSlash(format!("{path}/")),
+            other => index_found = Some((index_path, other)),
+        }
     }
     if let Some(choice) = attempt(root, path, split_path, Some(found)) {
         return choice;
     }
-    let in_directory = if path.ends_with('/') {
-        format!("{path}{index}")
-    } else {
-        format!("{path}/{index}")
+    let (index_path, index_found) = match index_found {
+        Some((index_path, found)) => (index_path, Some(found)),
+        None => (in_directory(), None),
     };
-    if let Some(choice) = attempt(root, &in_directory, split_path, None) {
+    if let Some(choice) = attempt(root, &index_path, split_path, index_found) {
         return choice;
     }
     if split_path.is_some()

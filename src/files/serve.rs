@@ -130,9 +130,13 @@ pub(crate) fn serve(
     if method != Method::GET && method != Method::HEAD {
         return Err(StatusCode::METHOD_NOT_ALLOWED);
     }
-    // The sibling of the coding the client prefers, of those it accepts, that exists.
+    // The sibling of the coding the client prefers, of those it accepts, that exists; its
+    // name built in one buffer.
+    let mut name = String::new();
     let sibling = Accepted::from_headers(headers).ranked().find_map(|coding| {
-        match root.find(&format!("{path}.{}", coding.extension())) {
+        name.clear();
+        name.extend([path, ".", coding.extension()]);
+        match root.find(&name) {
             Found::File(opened) => Some((coding, opened)),
             _ => None,
         }

@@ -139,14 +139,11 @@ impl Exchange {
             None => loop {
                 match ready!(self.poll_received(cx)) {
                     Err(error) => return Poll::Ready(Some(Err(error))),
-                    Ok(Received::Stdout(content)) if content.is_empty() => {}
-                    Ok(Received::Stdout(content)) => break content,
-                    Ok(Received::Stderr(text)) => self.endpoint.log_stderr(&text),
-                    Ok(Received::End { .. }) => {
-                        self.ended = true;
-                        self.check_in();
-                        return Poll::Ready(None);
-                    }
+                    Ok(received) => match self.take_in(received) {
+                        Some(content) => break content,
+                        None if self.ended => return Poll::Ready(None),
+                        None => {}
+                    },
                 }
             },
         };
@@ -159,27 +156,38 @@ impl Exchange {
     /// this piece, and the client's response ends in the same write (no task reads ahead
     /// of a response that is all there).
     fn look_past(&mut self) {
-        let Some(connection) = self.connection.as_mut() else {
-            return;
-        };
-        loop {
+        while let Some(connection) = self.connection.as_mut() {
             match self.reader.next(&mut connection.read) {
                 Ok(None) => return,
-                Ok(Some(Received::Stdout(content))) if content.is_empty() => {}
-                Ok(Some(Received::Stdout(content))) => {
-                    self.ahead = Some(content);
-                    return;
-                }
-                Ok(Some(Received::Stderr(text))) => self.endpoint.log_stderr(&text),
-                Ok(Some(Received::End { .. })) => {
-                    self.ended = true;
-                    self.check_in();
-                    return;
+                Ok(Some(received)) => {
+                    if let Some(content) = self.take_in(received) {
+                        self.ahead = Some(content);
+                        return;
+                    }
                 }
                 Err(error) => {
                     self.deferred = Some(error.into());
                     return;
                 }
+            }
+        }
+    }
+
+    /// What a record of the response body comes to: content to hand out, or nothing (an
+    /// empty `FCGI_STDOUT`; `FCGI_STDERR`, logged; the end, when the connection is checked
+    /// in, and which leaves no connection to read more from).
+    fn take_in(&mut self, received: Received) -> Option<Bytes> {
+        match received {
+            Received::Stdout(content) if !content.is_empty() => Some(content),
+            Received::Stdout(_) => None,
+            Received::Stderr(text) => {
+                self.endpoint.log_stderr(&text);
+                None
+            }
+            Received::End { .. } => {
+                self.ended = true;
+                self.check_in();
+                None
             }
         }
     }
@@ -225,7 +233,8 @@ impl Exchange {
             return Ok(());
         };
         loop {
-            // A request without a body ends its stdin in the same write as its head.
+            // A body already ended (a request without one) ends stdin in the same write as
+            // the records before it.
             if self.body.as_ref().is_some_and(|body| body.is_end_stream()) {
                 record::end_of_stdin(&mut self.write);
                 self.body = None;
