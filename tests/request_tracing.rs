@@ -569,3 +569,39 @@ async fn spans_still_queued_at_shutdown_are_sent() {
     let spans = receiver.spans.lock().unwrap().clone();
     assert_eq!(spans.len(), 2, "the server and the client span: {spans:#?}");
 }
+
+#[tokio::test]
+async fn the_server_span_says_what_the_limits_made_of_the_request() {
+    let receiver = Receiver::start().await;
+    let upstream = Upstream::start().await;
+    let toml = GatewayToml::new()
+        .upstream("app", &upstream.url(), "")
+        .limit(
+            "one",
+            "algorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\nkey = [\"client_ip\"]",
+        )
+        .route(
+            "limited",
+            "path_prefix = \"/\"\nupstream = \"app\"\nlimits = [\"one\"]",
+        )
+        .table("tracing", &format!("endpoint = \"{}\"", receiver.url));
+    let gateway = TestGateway::start(toml).await;
+    assert_eq!(get(&gateway.url("/")).await.0, 200);
+    assert_eq!(get(&gateway.url("/")).await.0, 429);
+    let spans = receiver.wait_for(3).await;
+    let mut outcomes: Vec<(i64, String)> = spans
+        .iter()
+        .filter(|span| span.kind == 2)
+        .map(|span| {
+            (
+                int(attribute(span, "http.response.status_code")),
+                text(attribute(span, "floodgate.limit.outcome")),
+            )
+        })
+        .collect();
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [(200, "allowed".to_owned()), (429, "rejected".to_owned())]
+    );
+}
