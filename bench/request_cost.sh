@@ -51,7 +51,7 @@ else
   arguments=(--config "$dir/gateway.toml")
   name=$(basename "$TEMPLATE" .toml.tmpl)
 fi
-FLOODGATE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
+FLOODGATE_LOG=warn valgrind --tool=callgrind ${CALLGRIND_OPTIONS:-} --callgrind-out-file="$dir/callgrind.out" \
   "$BINARY" "${arguments[@]}" >"$dir/gateway.log" 2>&1 &
 gateway=$!
 pids+=($gateway)

@@ -9,8 +9,10 @@
 //! on the parsed request (`service::request_head`).
 //!
 //! To find every request head on a keep-alive connection the guard follows the framing of
-//! each request body (`Content-Length` or chunked), with the parser hyper uses and the
-//! same limits, so the two never disagree about where a head starts. Request bodies pass
+//! each request body (`Content-Length` or chunked), with the same limits as hyper and a
+//! reading of each head that agrees with hyper's parser (plain `name: value` lines are read
+//! line by line; anything else goes through httparse, as in hyper), so the two never
+//! disagree about where a head starts. Request bodies pass
 //! through without a copy where possible. It inspects every head of an HTTP/1 connection,
 //! those after an `Upgrade` or `CONNECT` included, until a tunnel actually starts
 //! ([`ConnectionState::tunnel_started`]); it turns transparent only for that, for an
@@ -22,6 +24,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
+use memchr::memchr;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::ConnectionState;
@@ -205,10 +208,6 @@ impl<S> FramingGuard<S> {
     }
 }
 
-fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|&b| b == needle)
-}
-
 /// The length of the head at the start of `bytes` (through the empty line), if complete.
 fn head_end(bytes: &[u8]) -> Option<usize> {
     let mut from = 0;
@@ -223,48 +222,107 @@ fn head_end(bytes: &[u8]) -> Option<usize> {
     None
 }
 
+/// The framing of a complete head: read line by line when every field line is a plain
+/// `name: value` (what nearly every client sends), else parsed as hyper parses it.
+fn inspect_head(head: &[u8], max_fields: usize) -> HeadVerdict {
+    scan_framing(head, max_fields).unwrap_or_else(|| parse_framing(head, max_fields))
+}
+
+/// The framing headers of `head` found line by line: for every head hyper accepts, the
+/// verdict [`parse_framing`] gives, at a fraction of its cost. `None` when a field line
+/// is not a token name, a colon and a value, or there are too many: the parser decides.
+fn scan_framing(head: &[u8], max_fields: usize) -> Option<HeadVerdict> {
+    let mut framing = FramingHeaders::default();
+    let mut fields = 0;
+    // After the request line, each field line up to the empty one that ends the head.
+    let mut start = memchr(b'\n', head)? + 1;
+    while let Some(length) = memchr(b'\n', &head[start..]) {
+        let line = &head[start..start + length];
+        start += length + 1;
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            return Some(framing.verdict());
+        }
+        fields += 1;
+        if fields > max_fields {
+            return None;
+        }
+        let colon = memchr(b':', line)?;
+        let (name, value) = (&line[..colon], &line[colon + 1..]);
+        if name.is_empty() || !name.iter().all(|&byte| is_token(byte)) {
+            return None;
+        }
+        framing.see(name, value);
+    }
+    None
+}
+
+/// Whether `byte` may be part of a field name (RFC 9110 §5.6.2).
+fn is_token(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte)
+}
+
 /// Fields looked for on the stack; a head with more is parsed again with room for all.
 const USUAL_FIELDS: usize = 64;
 
-fn inspect_head(head: &[u8], max_fields: usize) -> HeadVerdict {
+/// The framing of `head` as httparse, hyper's parser, reads it.
+fn parse_framing(head: &[u8], max_fields: usize) -> HeadVerdict {
     let mut usual = [httparse::EMPTY_HEADER; USUAL_FIELDS];
     let mut request = httparse::Request::new(&mut usual);
     match request.parse(head) {
-        Ok(httparse::Status::Complete(_)) => return framing_of(&request),
+        Ok(httparse::Status::Complete(_)) => return FramingHeaders::of(&request).verdict(),
         Err(httparse::Error::TooManyHeaders) if max_fields > USUAL_FIELDS => {}
         _ => return HeadVerdict::StopInspecting,
     }
     let mut all = vec![httparse::EMPTY_HEADER; max_fields];
     let mut request = httparse::Request::new(&mut all);
     match request.parse(head) {
-        Ok(httparse::Status::Complete(_)) => framing_of(&request),
+        Ok(httparse::Status::Complete(_)) => FramingHeaders::of(&request).verdict(),
         _ => HeadVerdict::StopInspecting,
     }
 }
 
-fn framing_of(request: &httparse::Request<'_, '_>) -> HeadVerdict {
-    let mut transfer_encoding: Option<&[u8]> = None;
-    let mut content_length: Option<&[u8]> = None;
-    let mut lengths_agree = true;
-    for header in request.headers.iter() {
-        if header.name.eq_ignore_ascii_case("transfer-encoding") {
-            transfer_encoding = Some(header.value);
-        } else if header.name.eq_ignore_ascii_case("content-length") {
-            lengths_agree &= content_length.is_none_or(|previous| previous == header.value);
-            content_length = Some(header.value);
+/// What a head says about its body's framing.
+#[derive(Default)]
+struct FramingHeaders<'a> {
+    transfer_encoding: Option<&'a [u8]>,
+    content_length: Option<&'a [u8]>,
+    lengths_differ: bool,
+}
+
+impl<'a> FramingHeaders<'a> {
+    fn of(request: &httparse::Request<'_, 'a>) -> Self {
+        let mut framing = FramingHeaders::default();
+        for header in request.headers.iter() {
+            framing.see(header.name.as_bytes(), header.value);
+        }
+        framing
+    }
+
+    /// Takes note of one field.
+    fn see(&mut self, name: &[u8], value: &'a [u8]) {
+        let value = value.trim_ascii();
+        if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            self.transfer_encoding = Some(value);
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            self.lengths_differ |= self.content_length.is_some_and(|previous| previous != value);
+            self.content_length = Some(value);
         }
     }
-    match (transfer_encoding, content_length) {
-        (Some(_), Some(_)) => HeadVerdict::Ambiguous,
-        (Some(coding), None) if ends_with_chunked(coding) => HeadVerdict::Framing(State::ChunkSize),
-        (None, Some(length)) if lengths_agree => std::str::from_utf8(length)
-            .ok()
-            .and_then(|l| l.trim().parse::<u64>().ok())
-            .map_or(HeadVerdict::StopInspecting, |len| {
-                HeadVerdict::Framing(if len == 0 { State::Head } else { State::Body(len) })
-            }),
-        (None, None) => HeadVerdict::Framing(State::Head),
-        _ => HeadVerdict::StopInspecting,
+
+    fn verdict(&self) -> HeadVerdict {
+        match (self.transfer_encoding, self.content_length) {
+            (Some(_), Some(_)) => HeadVerdict::Ambiguous,
+            (Some(coding), None) if ends_with_chunked(coding) => HeadVerdict::Framing(State::ChunkSize),
+            (None, Some(length)) if !self.lengths_differ => std::str::from_utf8(length)
+                .ok()
+                .and_then(|l| l.parse::<u64>().ok())
+                .map_or(HeadVerdict::StopInspecting, |len| {
+                    HeadVerdict::Framing(if len == 0 { State::Head } else { State::Body(len) })
+                }),
+            (None, None) => HeadVerdict::Framing(State::Head),
+            _ => HeadVerdict::StopInspecting,
+        }
     }
 }
 
@@ -507,5 +565,75 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         let mut h2 = H2_PREFACE.to_vec();
         h2.extend_from_slice(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00");
         assert_eq!(through_guard(&h2, 5).await, h2);
+    }
+
+    /// Field lines as clients write them, and as attackers bend them: names in any case,
+    /// spacing around values, repeated and conflicting framing fields, odd bytes.
+    fn field_line() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let name = prop_oneof![
+            Just(b"Content-Length".to_vec()),
+            Just(b"content-LENGTH".to_vec()),
+            Just(b"Transfer-Encoding".to_vec()),
+            Just(b"transfer-encoding".to_vec()),
+            Just(b"Host".to_vec()),
+            Just(b"Content-Length ".to_vec()),
+            Just(b" Transfer-Encoding".to_vec()),
+            Just(b"X-A_b.c".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..6),
+        ];
+        let value = prop_oneof![
+            Just(b"5".to_vec()),
+            Just(b" 5 ".to_vec()),
+            Just(b"\t05".to_vec()),
+            Just(b"+5".to_vec()),
+            Just(b"chunked".to_vec()),
+            Just(b"gzip, chunked ".to_vec()),
+            Just(b"chunked, gzip".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..6),
+        ];
+        let end = prop_oneof![Just(b"\r\n".to_vec()), Just(b"\n".to_vec())];
+        (
+            name,
+            prop_oneof![Just(b": ".to_vec()), Just(b":".to_vec())],
+            value,
+            end,
+        )
+            .prop_map(|(name, colon, value, end)| [name, colon, value, end].concat())
+    }
+
+    proptest::proptest! {
+        /// Wherever httparse (hyper's parser) accepts a head, reading it line by line finds
+        /// the same framing, or leaves the head to the parser.
+        #[test]
+        fn the_line_scan_agrees_with_the_parser(
+            lines in proptest::collection::vec(field_line(), 0..6),
+            end in proptest::prop_oneof![proptest::strategy::Just(&b"\r\n"[..]), proptest::strategy::Just(&b"\n"[..])],
+        ) {
+            let head = [&b"POST / HTTP/1.1\r\n"[..], &lines.concat(), end].concat();
+            let mut fields = [httparse::EMPTY_HEADER; 16];
+            let accepted = matches!(
+                httparse::Request::new(&mut fields).parse(&head),
+                Ok(httparse::Status::Complete(_))
+            );
+            if accepted && let Some(scanned) = scan_framing(&head, 100) {
+                proptest::prop_assert_eq!(scanned, parse_framing(&head, 100));
+            }
+        }
+    }
+
+    #[test]
+    fn plain_heads_are_read_line_by_line() {
+        let head = b"POST / HTTP/1.1\r\nHost: x\r\ncontent-length:  12 \r\n\r\n";
+        assert_eq!(
+            scan_framing(head, 100),
+            Some(HeadVerdict::Framing(State::Body(12)))
+        );
+        let both = b"POST / HTTP/1.1\nTransfer-Encoding: chunked\nContent-Length: 3\n\n";
+        assert_eq!(scan_framing(both, 100), Some(HeadVerdict::Ambiguous));
+        let folded = b"POST / HTTP/1.1\r\nX: a\r\n b\r\n\r\n";
+        assert_eq!(scan_framing(folded, 100), None, "left to the parser");
+        let many = b"GET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n";
+        assert_eq!(scan_framing(many, 1), None, "left to the parser");
     }
 }

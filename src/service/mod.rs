@@ -517,6 +517,9 @@ fn forwarded_path<'a>(route: &RouteConfig, path: &'a str) -> &'a str {
     }
 }
 
+/// How many headers floodgate may add to a request going upstream.
+const ADDED_UPSTREAM_HEADERS: usize = 8;
+
 /// Rewrites the request for `upstream`, sends it and relays the response; `slots` (the
 /// request's concurrency-limit slots) are held with the exchange, and `tries` told of
 /// each try. `path` is without the route's prefix; `script`, for a site, what PHP-FPM
@@ -545,6 +548,9 @@ async fn forward(
     let uri = upstream
         .uri_for(path, parts.uri.query())
         .map_err(|_| GatewayError::MalformedRequest("the request target cannot be forwarded"))?;
+    // Room for what floodgate adds (the forwarding headers, the request ID, `traceparent`)
+    // made once: the map hyper parsed has room for the client's headers only.
+    parts.headers.reserve(ADDED_UPSTREAM_HEADERS);
     remove_hop_by_hop(&mut parts.headers);
     if let Some(authority) = parts.uri.authority() {
         let host = HeaderValue::from_str(authority.as_str())

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Fails when the request path costs more instructions than bench/cost_budgets allows:
+# each template there is measured with bench/request_cost.sh (callgrind counts, which a
+# loaded machine does not change) and compared with its budget plus 2 %. Usage (from the
+# repository root, after `cargo build --release`):
+#
+#   bash bench/cost_guard.sh [BINARY]
+#
+# BINARY defaults to target/release/floodgate.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BINARY=${1:-target/release/floodgate}
+TOLERANCE_PERCENT=2
+failed=0
+while read -r template budget; do
+  case $template in '' | '#'*) continue ;; esac
+  measured=$(TOP=0 RUN_SECONDS=${RUN_SECONDS:-3} bash bench/request_cost.sh "bench/conf/$template.toml.tmpl" "$BINARY" |
+    awk '/instructions per request/ {print $2}')
+  if [ -z "$measured" ]; then
+    echo "cost guard: $template could not be measured" >&2
+    failed=1
+    continue
+  fi
+  limit=$((budget * (100 + TOLERANCE_PERCENT) / 100))
+  if [ "$measured" -gt "$limit" ]; then
+    echo "cost guard: $template costs $measured instructions per request, over its budget of $budget (+$TOLERANCE_PERCENT %: $limit); see bench/cost_budgets" >&2
+    failed=1
+  else
+    echo "cost guard: $template $measured instructions per request (budget $budget, limit $limit)"
+  fi
+done <bench/cost_budgets
+exit "$failed"
