@@ -143,6 +143,45 @@ async fn upstream_slower_than_its_timeout_is_a_504_counted_as_timeout() {
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
+/// Each request on a kept-alive upstream connection has the whole timeout from its own
+/// start, whether the connection's last request ended just now or longer ago than the
+/// timeout.
+#[tokio::test]
+async fn each_request_on_a_pooled_connection_has_its_own_timeout() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::proxy_to(&upstream, "", "timeout = \"300ms\"").await;
+    let timed = |path: &'static str| {
+        let url = gw.url(path);
+        async move {
+            let started = Instant::now();
+            let (status, _, _) = get(&url).await;
+            (status, started.elapsed())
+        }
+    };
+
+    // Right after a quick request, and long after one: answered when the upstream is in
+    // time, a 504 no sooner than the timeout when it is not.
+    for pause in [Duration::from_millis(200), Duration::from_millis(700)] {
+        assert_eq!(timed("/slow?ms=10").await.0, StatusCode::OK);
+        tokio::time::sleep(pause).await;
+        let (status, elapsed) = timed("/slow?ms=150").await;
+        assert_eq!(status, StatusCode::OK, "after {pause:?}");
+        assert!(elapsed >= Duration::from_millis(150), "{elapsed:?}");
+        tokio::time::sleep(pause).await;
+        let (status, elapsed) = timed("/slow?ms=2000").await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "after {pause:?}");
+        assert!(
+            elapsed >= Duration::from_millis(300) && elapsed < Duration::from_millis(1500),
+            "after {pause:?}: answered after {elapsed:?}"
+        );
+    }
+    assert_eq!(
+        gw.metric("floodgate_upstream_errors_total{upstream=\"app\",kind=\"timeout\"}")
+            .await,
+        2.0
+    );
+}
+
 fn post(url: &str, body: Vec<u8>) -> Request<Full<Bytes>> {
     Request::post(url).body(Full::new(Bytes::from(body))).unwrap()
 }

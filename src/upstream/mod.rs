@@ -250,11 +250,9 @@ impl Upstream {
                         TRACEPARENT.clone(),
                         traceparent_value(&trace.trace_id, &span.id, trace.flags),
                     );
-                    let sent = pool.send(request, deadline, timeout, &mut held, counted);
-                    match tokio::time::timeout_at(deadline, sent).await {
-                        Ok(Ok(response)) => Ok(response.map(Either::Left)),
-                        Ok(Err(Unsent { error, request })) => Err((classify(error)?, request)),
-                        Err(_elapsed) => Err((timed_out(), None)),
+                    match pool.send(request, deadline, timeout, &mut held, counted).await {
+                        Ok(response) => Ok(response.map(Either::Left)),
+                        Err(Unsent { error, request }) => Err((classify(error)?, request)),
                     }
                 }
                 Transport::FastCgi(pool) => {
@@ -362,6 +360,7 @@ fn classify(error: SendError) -> Result<(UpstreamFailure, String), GatewayError>
             return Ok((UpstreamFailure::Connect, detail(&error)));
         }
         SendError::Tls { .. } => return Ok((UpstreamFailure::Tls, detail(&error))),
+        SendError::Timeout => return Ok(timed_out()),
         SendError::Exchange(_) => {}
     }
     let mut source = error.source();

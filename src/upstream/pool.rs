@@ -30,6 +30,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 use tokio_rustls::TlsConnector;
 
 use super::idle::IdlePool;
@@ -50,6 +51,8 @@ pub(crate) enum SendError {
     Tls { address: String, source: std::io::Error },
     #[error(transparent)]
     Exchange(#[from] hyper::Error),
+    #[error("no response headers in time")]
+    Timeout,
 }
 
 /// TLS to a server: the client configuration and the name its certificate must have.
@@ -65,18 +68,37 @@ struct Endpoint<B> {
     address: String,
     connect_timeout: Duration,
     tls: Option<Tls>,
-    idle: Arc<IdlePool<SendRequest<B>>>,
+    idle: Arc<IdlePool<Connection<B>>>,
+}
+
+/// A connection to a server, with the timer that bounds each wait for a response head
+/// on it. The timer is moved to each request's deadline: moving a timer later costs next
+/// to nothing, where one made per request is registered with the runtime and removed
+/// again each time.
+struct Connection<B> {
+    sender: SendRequest<B>,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl<B> Connection<B> {
+    /// `sender`'s connection, its timer set for `deadline`.
+    fn new(sender: SendRequest<B>, deadline: tokio::time::Instant) -> Self {
+        Connection {
+            sender,
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+        }
+    }
 }
 
 impl<B: Send + 'static> Endpoint<B> {
     /// The most recently used live connection.
-    fn checkout(&self) -> Option<SendRequest<B>> {
-        self.idle.checkout(|sender| !sender.is_closed())
+    fn checkout(&self) -> Option<Connection<B>> {
+        self.idle.checkout(|connection| !connection.sender.is_closed())
     }
 
-    fn check_in(&self, sender: SendRequest<B>) {
-        if !sender.is_closed() {
-            self.idle.check_in(sender);
+    fn check_in(&self, connection: Connection<B>) {
+        if !connection.sender.is_closed() {
+            self.idle.check_in(connection);
         }
     }
 }
@@ -87,11 +109,15 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    /// A new connection, its TLS handshake included, within `connect_timeout`.
-    async fn connect(&self) -> Result<SendRequest<B>, SendError> {
-        match tokio::time::timeout(self.connect_timeout, self.open()).await {
-            Ok(connected) => connected,
-            Err(_) => Err(SendError::ConnectTimeout(self.address.clone())),
+    /// A new connection, its TLS handshake included, within `connect_timeout` and before
+    /// `deadline` (then [`SendError::Timeout`]).
+    async fn connect(&self, deadline: tokio::time::Instant) -> Result<Connection<B>, SendError> {
+        let opened = tokio::time::timeout(self.connect_timeout, self.open());
+        match tokio::time::timeout_at(deadline, opened).await {
+            Ok(Ok(Ok(sender))) => Ok(Connection::new(sender, deadline)),
+            Ok(Ok(Err(error))) => Err(error),
+            Ok(Err(_)) => Err(SendError::ConnectTimeout(self.address.clone())),
+            Err(_) => Err(SendError::Timeout),
         }
     }
 
@@ -181,9 +207,8 @@ where
     }
 
     /// Sends `request` (its target in origin form, its `Host` set) and waits for the
-    /// response headers. The caller bounds the wait, with `deadline`: at `deadline` it
-    /// drops this future. A request that was not sent (no connection could be made)
-    /// comes back with the error.
+    /// response headers until `deadline` (then [`SendError::Timeout`]). A request that was
+    /// not sent (no connection could be made) comes back with the error.
     ///
     /// `keep` is what the request holds while the server works on it. With `detach` (a cap
     /// counts it), the server's work outlives a client that leaves: if this future is
@@ -200,10 +225,14 @@ where
         detach: bool,
     ) -> Result<Response<UpstreamBody<B>>, Unsent<B>> {
         loop {
-            let (mut sender, reused) = match self.endpoint.checkout() {
-                Some(sender) => (sender, true),
-                None => match self.endpoint.connect().await {
-                    Ok(sender) => (sender, false),
+            let (mut connection, reused) = match self.endpoint.checkout() {
+                Some(mut connection) => {
+                    connection.deadline.as_mut().reset(deadline);
+                    (connection, true)
+                }
+                None => match self.endpoint.connect(deadline).await {
+                    Ok(connection) => (connection, false),
+                    Err(SendError::Timeout) => return Err(timed_out()),
                     Err(error) => {
                         let request = Some(request);
                         return Err(Unsent { error, request });
@@ -212,29 +241,53 @@ where
             };
             // A pooled connection has finished its last exchange: this waits at most for
             // its connection task to notice.
-            if reused && sender.ready().await.is_err() {
-                continue;
+            if reused {
+                let ready = tokio::select! {
+                    biased;
+                    ready = connection.sender.ready() => ready,
+                    () = connection.deadline.as_mut() => return Err(timed_out()),
+                };
+                if ready.is_err() {
+                    continue;
+                }
             }
-            let answer = sender.try_send_request(request);
+            let answer = connection.sender.try_send_request(request);
             let answer = match detach {
-                false => answer.await,
+                false => tokio::select! {
+                    biased;
+                    answer = answer => answer,
+                    () = connection.deadline.as_mut() => return Err(timed_out()),
+                },
                 true => {
                     let mut detached = Detached {
                         answer: Some(Box::pin(answer)),
-                        sender: Some(sender),
+                        connection: Some(connection),
                         keep: &mut *keep,
                         endpoint: &self.endpoint,
                         deadline,
                         timeout,
                     };
-                    let answer = detached.answer.as_mut().expect("set above").await;
+                    let Detached {
+                        answer: Some(waiting),
+                        connection: Some(held),
+                        ..
+                    } = &mut detached
+                    else {
+                        unreachable!("both set above");
+                    };
+                    // Dropped past its deadline, `detached` leaves nothing going on.
+                    let answer = tokio::select! {
+                        biased;
+                        answer = waiting.as_mut() => answer,
+                        () = held.deadline.as_mut() => return Err(timed_out()),
+                    };
                     detached.answer = None;
-                    sender = detached.sender.take().expect("taken only when dropped");
+                    connection = detached.connection.take().expect("taken only when dropped");
                     answer
                 }
             };
             match answer {
-                Ok(response) => return Ok(UpstreamBody::of(response, sender, &self.endpoint)),
+                Ok(response) => return Ok(UpstreamBody::of(response, connection, &self.endpoint)),
                 // Refused before any of it was written: the upstream had closed the pooled
                 // connection meanwhile.
                 Err(mut error) => match error.take_message() {
@@ -248,6 +301,14 @@ where
                 },
             }
         }
+    }
+}
+
+/// A try that ran out of time: what was sent of the request is lost.
+fn timed_out<B>() -> Unsent<B> {
+    Unsent {
+        error: SendError::Timeout,
+        request: None,
     }
 }
 
@@ -269,7 +330,7 @@ where
     /// `None` once answered.
     answer: Option<BoxedHead<B>>,
     /// The connection the request went out on, back to the caller once answered.
-    sender: Option<SendRequest<B>>,
+    connection: Option<Connection<B>>,
     keep: &'a mut Option<K>,
     endpoint: &'a Arc<Endpoint<B>>,
     /// The try's deadline: dropped past it, the exchange timed out.
@@ -284,13 +345,13 @@ where
     K: Send + 'static,
 {
     fn drop(&mut self) {
-        let (Some(answer), Some(sender)) = (self.answer.take(), self.sender.take()) else {
+        let (Some(answer), Some(connection)) = (self.answer.take(), self.connection.take()) else {
             return;
         };
         let endpoint = self.endpoint.clone();
         let body = async move {
             let response = answer.await.ok()?;
-            Some(UpstreamBody::of(response, sender, &endpoint).into_body())
+            Some(UpstreamBody::of(response, connection, &endpoint).into_body())
         };
         go_on(body, self.keep, self.deadline, self.timeout);
     }
@@ -353,19 +414,19 @@ impl<B> std::fmt::Debug for Unsent<B> {
 pub(crate) struct UpstreamBody<B: Send + 'static> {
     inner: Incoming,
     finished: bool,
-    reuse: Option<(SendRequest<B>, Arc<Endpoint<B>>)>,
+    reuse: Option<(Connection<B>, Arc<Endpoint<B>>)>,
 }
 
 impl<B: Send + 'static> UpstreamBody<B> {
-    /// The response whose head came on `sender`'s connection to `endpoint`.
+    /// The response whose head came on `connection` to `endpoint`.
     fn of(
         response: Response<Incoming>,
-        sender: SendRequest<B>,
+        connection: Connection<B>,
         endpoint: &Arc<Endpoint<B>>,
     ) -> Response<Self> {
         // After a protocol switch the connection belongs to the tunnel.
         let reuse =
-            (response.status() != StatusCode::SWITCHING_PROTOCOLS).then(|| (sender, endpoint.clone()));
+            (response.status() != StatusCode::SWITCHING_PROTOCOLS).then(|| (connection, endpoint.clone()));
         response.map(|inner| UpstreamBody {
             inner,
             finished: false,
@@ -407,14 +468,14 @@ impl<B: Send + 'static> Body for UpstreamBody<B> {
 
 impl<B: Send + 'static> Drop for UpstreamBody<B> {
     fn drop(&mut self) {
-        let Some((mut sender, pool)) = self.reuse.take() else {
+        let Some((mut connection, pool)) = self.reuse.take() else {
             return;
         };
         if !self.is_finished() {
             return;
         }
-        if sender.is_ready() {
-            pool.check_in(sender);
+        if connection.sender.is_ready() {
+            pool.check_in(connection);
             return;
         }
         // The upstream answered before it had read the whole request body (an early 413 or
@@ -422,8 +483,8 @@ impl<B: Send + 'static> Drop for UpstreamBody<B> {
         // that apart from the pool, and checkouts never wait behind a slow upload.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if sender.ready().await.is_ok() {
-                    pool.check_in(sender);
+                if connection.sender.ready().await.is_ok() {
+                    pool.check_in(connection);
                 }
             });
         }
