@@ -221,7 +221,7 @@ macro_rules! run {
         let locally = |$local: &Arc<MemoryStore>| $locally;
         match &store.redis {
             None => Done::ByStore(locally(&store.local)),
-            Some($redis) => match $in_redis.await {
+            Some($redis) => match Box::pin($in_redis).await {
                 Ok(done) => Done::ByStore(done),
                 Err(error) => match $redis.failed($operation, &error) {
                     Recovery::Local => Done::ByFallback(locally(&store.local)),

@@ -230,7 +230,7 @@ where
                     connection.deadline.as_mut().reset(deadline);
                     (connection, true)
                 }
-                None => match self.endpoint.connect(deadline).await {
+                None => match Box::pin(self.endpoint.connect(deadline)).await {
                     Ok(connection) => (connection, false),
                     Err(SendError::Timeout) => return Err(timed_out()),
                     Err(error) => {

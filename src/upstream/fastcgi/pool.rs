@@ -207,7 +207,7 @@ impl Pool {
             let reused = pooled.is_some();
             let connection = match pooled {
                 Some(connection) => connection,
-                None => match self.endpoint.connect().await {
+                None => match Box::pin(self.endpoint.connect()).await {
                     Ok(connection) => connection,
                     Err(error) => {
                         return Err(Unsent {
