@@ -49,11 +49,18 @@ fn method_matches(methods: &Option<Vec<Method>>, method: &Method) -> bool {
 /// The request host as routes compare it: without port and trailing dot, lower-case.
 /// Returns `None` for a missing or empty host. Allocates only for upper-case input.
 pub fn normalize_host(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
-    let without_port = if raw.starts_with('[') {
+    let bytes = raw.as_bytes();
+    let without_port = if bytes.first() == Some(&b'[') {
         // An IPv6 literal: "[::1]:8080" → "[::1]".
-        raw.find(']').map_or(raw, |end| &raw[..=end])
+        bytes
+            .iter()
+            .position(|&b| b == b']')
+            .map_or(raw, |end| &raw[..=end])
     } else {
-        raw.rsplit_once(':').map_or(raw, |(host, _)| host)
+        bytes
+            .iter()
+            .rposition(|&b| b == b':')
+            .map_or(raw, |colon| &raw[..colon])
     };
     let host = without_port.trim_end_matches('.');
     if host.is_empty() {

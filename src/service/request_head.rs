@@ -245,20 +245,21 @@ impl<'a> HostPort<'a> {
             };
             (&text[..literal.len() + 2], port)
         } else {
-            let (name, port) = match text.split_once(':') {
-                Some((name, port)) => (name, Some(port)),
-                None => (text, None),
-            };
+            let name_end = text.bytes().position(|b| b == b':').unwrap_or(text.len());
             let name_byte = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_');
+            let name = &text[..name_end];
             if name.is_empty() || !name.bytes().all(name_byte) {
                 return None;
             }
-            (name, port)
+            (name, text.get(name_end + 1..))
         };
         let port = match port {
             None | Some("") => None,
-            Some(digits) if digits.bytes().all(|b| b.is_ascii_digit()) => Some(digits.parse().ok()?),
-            Some(_) => return None,
+            Some(digits) => Some(digits.bytes().try_fold(0u16, |port, digit| {
+                digit
+                    .is_ascii_digit()
+                    .then(|| port.checked_mul(10)?.checked_add(u16::from(digit - b'0')))?
+            })?),
         };
         Some(HostPort { name, port })
     }
