@@ -15,7 +15,11 @@
 # per script call: under callgrind the gateway is slow beside Redis, so CONNECTIONS sets
 # how many requests a call carries). TOP (default 20) lists the functions that take the most per
 # request (self cost; the frames below the event loop, charged with everything, are
-# skipped); KEEP=FILE keeps the callgrind dump. Needs nginx, wrk, redis-server, valgrind.
+# skipped); KEEP=FILE keeps the callgrind dump; CALLGRIND_OPTIONS adds valgrind options
+# (`--cache-sim=yes`, `--dump-instr=yes` with the `profiling` build for source lines). A
+# template naming @FASTCGI_URL@ (bench/conf/php-hello.toml.tmpl) is measured on a PHP
+# script under a PHP-FPM pool started here. Needs nginx, wrk, redis-server, valgrind (and
+# php-fpm8.2 for PHP).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,12 +46,27 @@ nginx -c "$dir/upstream/nginx.conf" >/dev/null 2>&1 &
 pids+=($!)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null 2>&1 &
 pids+=($!)
+# A template naming @FASTCGI_URL@ gets a PHP-FPM pool (pm static, 4 children) serving a
+# hello-world script, hello.php under @SITE_ROOT@, which is then what wrk asks for.
+url_path=/
+if [ "$TEMPLATE" != - ] && grep -q @FASTCGI_URL@ "$TEMPLATE"; then
+  command -v php-fpm8.2 >/dev/null || { echo "missing php-fpm8.2" >&2; exit 1; }
+  fpm_port=$(free_port)
+  mkdir -p "$dir/site"
+  echo '<?php echo "hello";' >"$dir/site/hello.php"
+  printf '[global]\npid = %s/fpm.pid\nerror_log = %s/fpm.log\ndaemonize = no\n[www]\nlisten = 127.0.0.1:%s\npm = static\npm.max_children = 4\n' \
+    "$dir" "$dir" "$fpm_port" >"$dir/fpm.conf"
+  php-fpm8.2 -F -R -y "$dir/fpm.conf" >/dev/null 2>&1 &
+  pids+=($!)
+  url_path=/hello.php
+fi
 if [ "$TEMPLATE" = - ]; then
   arguments=("127.0.0.1:$gateway_port" "127.0.0.1:$upstream_port")
   name=$(basename "$BINARY")
 else
   sed -e "s#@LISTEN_ADDR@#127.0.0.1:$gateway_port#" -e "s#@UPSTREAM_URL@#http://127.0.0.1:$upstream_port#" -e "s#@UPSTREAM_PORT@#$upstream_port#g" \
-    -e "s#@REDIS_URL@#redis://127.0.0.1:$redis_port#" "$TEMPLATE" >"$dir/gateway.toml"
+    -e "s#@REDIS_URL@#redis://127.0.0.1:$redis_port#" -e "s#@FASTCGI_URL@#fastcgi://127.0.0.1:${fpm_port:-0}#" \
+    -e "s#@SITE_ROOT@#$dir/site#" "$TEMPLATE" >"$dir/gateway.toml"
   arguments=(--config "$dir/gateway.toml")
   name=$(basename "$TEMPLATE" .toml.tmpl)
 fi
@@ -57,7 +76,7 @@ gateway=$!
 pids+=($gateway)
 for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$gateway_port") 2>/dev/null && break; sleep 0.1; done
 
-url=http://127.0.0.1:$gateway_port/
+url=http://127.0.0.1:$gateway_port$url_path
 wrk -t1 -c"$CONNECTIONS" -d3s "$url" >/dev/null
 script_calls() { redis-cli -p "$redis_port" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/ {n = $3} END {print n + 0}'; }
 calls_before=$(script_calls)
