@@ -4,6 +4,7 @@
 
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -93,14 +94,21 @@ impl PhpFpm {
         self.child = spawn(self.dir.path(), &self.listen);
     }
 
+    /// Kills the master and its workers (a killed master leaves its workers running, still
+    /// accepting on the pool's socket): the whole process group, which is the master's.
+    #[allow(unsafe_code)] // kill(2)
     fn kill(&mut self) {
-        let _ = self.child.kill();
+        if let Ok(group) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) takes plain integers; the group is our own child's, not yet reaped.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+        }
         let _ = self.child.wait();
     }
 }
 
 fn spawn(dir: &Path, listen: &Listen) -> Child {
     let mut child = Command::new("php-fpm8.2")
+        .process_group(0)
         .args(["-F", "-R", "-y"])
         .arg(dir.join("fpm.conf"))
         .stdout(Stdio::null())
