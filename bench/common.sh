@@ -53,3 +53,19 @@ cpu_ticks() {
   done
   echo "$user $kernel"
 }
+
+# php_fpm_config FILE DIR PORT CHILDREN writes FILE: a PHP-FPM pool in the foreground on
+# 127.0.0.1:PORT, pm static with CHILDREN workers, its pid and log in DIR (named after
+# PORT); run it with `php-fpm8.2 -F -R -y FILE`.
+php_fpm_config() {
+  cat >"$1" <<CONF
+[global]
+pid = $2/fpm-$3.pid
+error_log = $2/fpm-$3.log
+daemonize = no
+[www]
+listen = 127.0.0.1:$3
+pm = static
+pm.max_children = $4
+CONF
+}

@@ -47,16 +47,7 @@ chmod -R a+rX "$RUN"
 NGINX_FPM_PORT=$FPM_PORT
 FLOODGATE_FPM_PORT=$((FPM_PORT + 10))
 for port in $NGINX_FPM_PORT $FLOODGATE_FPM_PORT; do
-  cat >"$RUN/fpm-$port.conf" <<CONF
-[global]
-pid = $RUN/fpm-$port.pid
-error_log = $RUN/fpm-$port.log
-daemonize = no
-[www]
-listen = 127.0.0.1:$port
-pm = static
-pm.max_children = $CHILDREN
-CONF
+  php_fpm_config "$RUN/fpm-$port.conf" "$RUN" "$port" "$CHILDREN"
   $SERVER php-fpm8.2 -F -R -y "$RUN/fpm-$port.conf" >/dev/null 2>&1 &
   pids+=($!)
 done

@@ -54,8 +54,7 @@ if [ "$TEMPLATE" != - ] && grep -q @FASTCGI_URL@ "$TEMPLATE"; then
   fpm_port=$(free_port)
   mkdir -p "$dir/site"
   echo '<?php echo "hello";' >"$dir/site/hello.php"
-  printf '[global]\npid = %s/fpm.pid\nerror_log = %s/fpm.log\ndaemonize = no\n[www]\nlisten = 127.0.0.1:%s\npm = static\npm.max_children = 4\n' \
-    "$dir" "$dir" "$fpm_port" >"$dir/fpm.conf"
+  php_fpm_config "$dir/fpm.conf" "$dir" "$fpm_port" 4
   php-fpm8.2 -F -R -y "$dir/fpm.conf" >/dev/null 2>&1 &
   pids+=($!)
   url_path=/hello.php

@@ -554,26 +554,12 @@ const DEFAULT_REQUEST_ID: &str = "x-request-id";
 fn request_id_header(text: &str) -> Result<HeaderName, String> {
     let name =
         HeaderName::from_bytes(text.as_bytes()).map_err(|_| format!("{text:?} is not a header name"))?;
-    const RESERVED: [&str; 14] = [
-        "host",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "te",
-        "trailer",
-        "upgrade",
-        "proxy-connection",
-        "proxy-authorization",
-        "proxy-authenticate",
-        "traceparent",
-        "tracestate",
-        "forwarded",
-    ];
-    if RESERVED.contains(&name.as_str())
+    // Besides what frames a request and what floodgate sets for the upstream: the trace
+    // context, and every forwarding header.
+    const ALSO_RESERVED: [&str; 3] = ["traceparent", "tracestate", "forwarded"];
+    if shaping::reserved_on_requests(&name)
+        || ALSO_RESERVED.contains(&name.as_str())
         || name.as_str().starts_with("x-forwarded-")
-        || name == "x-real-ip"
-        || name == "via"
     {
         return Err(format!(
             "{text:?} is a header floodgate or HTTP uses for something else; use a name of its own such as \"X-Request-Id\""

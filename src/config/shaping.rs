@@ -85,6 +85,12 @@ const LIMITING: [&str; 6] = [
     "retry-after",
 ];
 
+/// Whether `name` frames a request or is one floodgate sets for the upstream: no request
+/// rule may touch it, and nothing else configured may take it over.
+pub(super) fn reserved_on_requests(name: &HeaderName) -> bool {
+    forbidden(name, Direction::Request).is_some()
+}
+
 /// Why `name` may not be touched by a rule in `direction`, if it may not.
 fn forbidden(name: &HeaderName, direction: Direction) -> Option<&'static str> {
     let name = name.as_str();

@@ -804,6 +804,13 @@ fn request_id_names_a_header_of_its_own() {
         ("Content-Length", "for something else"),
         ("traceparent", "for something else"),
         ("X-Forwarded-For", "for something else"),
+        ("X-Forwarded-Port", "for something else"),
+        ("X-Real-IP", "for something else"),
+        ("Via", "for something else"),
+        ("Host", "for something else"),
+        ("Keep-Alive", "for something else"),
+        ("Forwarded", "for something else"),
+        ("tracestate", "for something else"),
         ("X_Request_Id", "holds `_`"),
         ("bad name", "not a header name"),
     ] {
