@@ -88,6 +88,13 @@ impl PhpFpm {
     /// Kills the server and starts it again on the same address.
     pub(crate) fn restart(&mut self) {
         self.kill();
+        // The killed workers close the pool's socket as they go: until then a new master
+        // could not bind it, and a probe would find the old one still listening.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while listening(&self.listen) {
+            assert!(Instant::now() < deadline, "the killed PHP-FPM still listens");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         if let Listen::Unix(path) = &self.listen {
             let _ = std::fs::remove_file(path);
         }
