@@ -65,6 +65,8 @@ pub(crate) enum GatewayError {
     NoRoute,
     #[error("no file or script under the site's root for the path")]
     NotFound,
+    #[error("no pending ACME http-01 challenge has this token")]
+    NoChallenge,
     #[error("a method other than GET or HEAD for a file")]
     NotAFileMethod,
     #[error("{0}")]
@@ -107,7 +109,9 @@ impl GatewayError {
     /// The status a client sees for this error.
     pub(crate) fn status(&self) -> StatusCode {
         match self {
-            GatewayError::NoRoute | GatewayError::NotFound => StatusCode::NOT_FOUND,
+            GatewayError::NoRoute | GatewayError::NotFound | GatewayError::NoChallenge => {
+                StatusCode::NOT_FOUND
+            }
             GatewayError::NotAFileMethod => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::SpoolFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
             GatewayError::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -146,6 +150,7 @@ impl GatewayError {
             | GatewayError::SpoolFailed(_) => true,
             GatewayError::NoRoute
             | GatewayError::NotFound
+            | GatewayError::NoChallenge
             | GatewayError::NotAFileMethod
             | GatewayError::Forbidden(_)
             | GatewayError::BadPath(_)

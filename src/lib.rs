@@ -24,6 +24,7 @@
 //! that tests can run a gateway in-process on port 0. docs/design.md walks through it.
 
 mod access_log;
+mod acme;
 mod admin;
 mod client_ip;
 mod compression;
@@ -35,6 +36,7 @@ pub mod healthcheck;
 pub mod limit;
 pub mod logging;
 mod metrics;
+mod outbound;
 pub mod path;
 mod proxy;
 pub mod reload;

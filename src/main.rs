@@ -95,6 +95,14 @@ fn check(path: &Path) -> ExitCode {
                     tls.listen,
                     tls.certificates.len()
                 );
+                if let Some(acme) = &tls.acme {
+                    println!(
+                        "{}: ACME: one certificate for {} from {}",
+                        path.display(),
+                        acme.domains.join(", "),
+                        acme.directory
+                    );
+                }
             }
             for warning in config.warnings() {
                 println!("{}: warning: {warning}", path.display());

@@ -123,7 +123,7 @@ pub(crate) struct ServerSeries {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ReloadLabels {
+struct ResultLabels {
     result: &'static str,
 }
 
@@ -192,6 +192,21 @@ fn address(name: &Arc<str>) -> usize {
     Arc::as_ptr(name).cast::<u8>() as usize
 }
 
+/// The served certificates' expiry series.
+#[derive(Clone)]
+pub(crate) struct CertificateExpiry(Family<CertificateLabels, Gauge>);
+
+impl CertificateExpiry {
+    /// Publishes `certificate`'s notAfter (Unix seconds).
+    pub(crate) fn set(&self, certificate: &str, not_after: i64) {
+        self.0
+            .get_or_create(&CertificateLabels {
+                certificate: certificate.to_owned(),
+            })
+            .set(not_after);
+    }
+}
+
 /// Every metric floodgate exports.
 pub(crate) struct Metrics {
     cache: SeriesCache,
@@ -214,7 +229,8 @@ pub(crate) struct Metrics {
     store_duration: HistogramFamily<StoreLabels>,
     store_errors: Family<StoreLabels, Counter>,
     keys_not_kept: Family<StoreLabels, Counter>,
-    reloads: Family<ReloadLabels, Counter>,
+    reloads: Family<ResultLabels, Counter>,
+    acme_orders: Family<ResultLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -349,15 +365,22 @@ impl Metrics {
             "Decisions whose new key a full in-process store did not keep (decided as fresh), by store (memory, local)",
             keys_not_kept.clone(),
         );
-        let reloads = Family::<ReloadLabels, Counter>::default();
+        let reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "floodgate_config_reloads",
             "Configuration reloads by result (ok, error)",
             reloads.clone(),
         );
+        let acme_orders = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "floodgate_acme_orders",
+            "Attempts to obtain a certificate from the ACME CA, by result (ok, error)",
+            acme_orders.clone(),
+        );
         Metrics {
             cache: SeriesCache::default(),
             reloads,
+            acme_orders,
             registry,
             requests,
             request_duration,
@@ -447,12 +470,19 @@ impl Metrics {
     pub(crate) fn set_certificate_expiry(&self, certificates: &[(String, i64)]) {
         self.certificate_expiry.clear();
         for (certificate, not_after) in certificates {
-            self.certificate_expiry
-                .get_or_create(&CertificateLabels {
-                    certificate: certificate.clone(),
-                })
-                .set(*not_after);
+            self.certificate_expiry().set(certificate, *not_after);
         }
+    }
+
+    /// `floodgate_tls_certificate_expiry_timestamp_seconds`, for the ACME manager to set
+    /// when it serves a new certificate.
+    pub(crate) fn certificate_expiry(&self) -> CertificateExpiry {
+        CertificateExpiry(self.certificate_expiry.clone())
+    }
+
+    /// `floodgate_acme_orders_total` of `result` (`ok` or `error`).
+    pub(crate) fn acme_orders(&self, result: &'static str) -> Counter {
+        self.acme_orders.get_or_create(&ResultLabels { result }).clone()
     }
 
     /// Drops the series of a server no longer configured (after a reload), so that its
@@ -539,7 +569,7 @@ impl Metrics {
             write(&self.cache.decisions).clear();
         }
         let result = if ok { "ok" } else { "error" };
-        self.reloads.get_or_create(&ReloadLabels { result }).inc();
+        self.reloads.get_or_create(&ResultLabels { result }).inc();
     }
 
     /// The Prometheus text exposition of every metric.

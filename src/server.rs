@@ -251,12 +251,14 @@ async fn serve_connection(
     }
     // A reload that removed [server.tls] leaves the listener (restart-only) without
     // certificates: its connections are closed.
-    let Some(acceptor) = shared.state.load().tls.clone() else {
+    let Some(handshakes) = shared.state.load().tls.clone() else {
         return;
     };
     // A handshake is bounded like a request head.
-    match tokio::time::timeout(timeouts.idle, acceptor.accept(stream)).await {
-        Ok(Ok(stream)) => serve_http(stream, peer, socket, shared, &builder, closing, timeouts).await,
+    match tokio::time::timeout(timeouts.idle, handshakes.accept(stream)).await {
+        Ok(Ok(Some(stream))) => serve_http(stream, peer, socket, shared, &builder, closing, timeouts).await,
+        // A tls-alpn-01 challenge, answered.
+        Ok(Ok(None)) => {}
         Ok(Err(error)) => {
             shared.metrics.record_tls_handshake_error();
             crate::tls::log_handshake_failure(peer.address, &error);

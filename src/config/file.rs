@@ -82,10 +82,23 @@ pub(crate) struct HeaderRulesFile {
 #[serde(deny_unknown_fields)]
 pub(crate) struct TlsFile {
     pub listen: Spanned<String>,
-    pub certificates: Spanned<Vec<Spanned<CertificateFile>>>,
+    pub certificates: Option<Spanned<Vec<Spanned<CertificateFile>>>>,
     pub min_version: Option<Spanned<String>>,
     pub redirect_http: Option<bool>,
     pub hsts: Option<Spanned<String>>,
+    pub acme: Option<Spanned<AcmeFile>>,
+}
+
+/// `[server.tls.acme]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AcmeFile {
+    pub directory: Spanned<String>,
+    /// One `mailto:` URL, or several.
+    pub contact: Option<Spanned<toml::Value>>,
+    pub domains: Spanned<Vec<Spanned<String>>>,
+    pub storage: Option<Spanned<String>>,
+    pub ca: Option<Spanned<String>>,
 }
 
 /// `{ cert = "...", key = "..." }`

@@ -4,6 +4,7 @@
 //! every reference resolved and every rule checked, and all problems are reported together
 //! with `file:line:column`. Nothing downstream re-checks or unwraps a configuration value.
 
+mod acme;
 mod error;
 mod file;
 mod limits;
@@ -25,6 +26,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 use toml::Spanned;
 
+pub use acme::AcmeConfig;
 use error::ErrorSink;
 pub use error::{ConfigError, ConfigErrors};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile, TracingFile};
@@ -34,8 +36,8 @@ pub use limits::{
 };
 pub use shaping::{ErrorPage, HeaderRules, TemplatePart, ValueTemplate};
 pub use site::{Php, Site};
-pub(crate) use tls::provider as tls_provider;
 pub use tls::{Certificate, TlsConfig, TlsVersion};
+pub(crate) use tls::{certified_key, leaf_facts, provider as tls_provider};
 pub(crate) use upstreams::server_name;
 pub use upstreams::{
     Balance, FastCgi, HealthCheck, ServerAddress, UpstreamConfig, UpstreamServer, UpstreamTls,
@@ -257,8 +259,24 @@ impl Config {
         let mut sink = ErrorSink::new(text);
         // Files the configuration names are relative to its directory.
         let base = path.parent().unwrap_or(Path::new(""));
+        let acme_without_storage = raw
+            .server
+            .tls
+            .as_ref()
+            .and_then(|tls| tls.get_ref().acme.as_ref())
+            .filter(|acme| acme.get_ref().storage.is_none())
+            .map(Spanned::span);
         let server = validate_server(raw.server, base, &mut sink);
         let redis = limits::validate_redis(raw.redis, &mut sink);
+        if let Some(span) = acme_without_storage
+            && redis.is_none()
+        {
+            sink.push(
+                Some(span),
+                "server.tls.acme.storage",
+                "expected a directory for the account, keys and certificates (or [redis], which then holds them for every instance)",
+            );
+        }
         let upstreams = upstreams::validate_upstreams(raw.upstreams, base, &mut sink);
         let limits = limits::validate_limits(raw.limits, &mut sink);
         let routes = validate_routes(raw.routes, &upstreams, &limits, base, &mut sink);

@@ -13,6 +13,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 use toml::Spanned;
 
+use super::acme::{AcmeConfig, validate_acme};
 use super::error::ErrorSink;
 use super::file::{CertificateFile, TlsFile};
 use super::{parse_or, parse_spanned, socket_addr, values};
@@ -21,13 +22,15 @@ use super::{parse_or, parse_spanned, socket_addr, values};
 #[derive(Debug, Clone)]
 pub struct TlsConfig {
     pub listen: SocketAddr,
-    /// At least one; the first is the default.
+    /// The files' certificates, the first the default; at least one unless `acme`.
     pub certificates: Vec<Certificate>,
     pub min_version: TlsVersion,
     /// The plain listener answers every request with a 308 to https.
     pub redirect_http: bool,
     /// The `Strict-Transport-Security` value (`max-age=N`), when `hsts` is above zero.
     pub hsts: Option<http::HeaderValue>,
+    /// `[server.tls.acme]`.
+    pub acme: Option<AcmeConfig>,
 }
 
 /// The oldest TLS version the listener accepts.
@@ -67,16 +70,19 @@ pub(crate) fn provider() -> Arc<CryptoProvider> {
 pub(super) fn validate_tls(raw: &Spanned<TlsFile>, base: &Path, sink: &mut ErrorSink) -> Option<TlsConfig> {
     let raw = raw.get_ref();
     let listen = parse_spanned(&raw.listen, "server.tls.listen", sink, socket_addr);
-    if raw.certificates.get_ref().is_empty() {
+    let acme = raw.acme.as_ref().map(|acme| validate_acme(acme, base, sink));
+    let listed = raw
+        .certificates
+        .as_ref()
+        .map_or(&[][..], |c| c.get_ref().as_slice());
+    if listed.is_empty() && acme.is_none() {
         sink.push(
-            Some(raw.certificates.span()),
+            raw.certificates.as_ref().map(Spanned::span),
             "server.tls.certificates",
-            "expected at least one { cert = \"...\", key = \"...\" }",
+            "expected at least one { cert = \"...\", key = \"...\" }, or [server.tls.acme]",
         );
     }
-    let certificates: Option<Vec<Certificate>> = raw
-        .certificates
-        .get_ref()
+    let certificates: Option<Vec<Certificate>> = listed
         .iter()
         .enumerate()
         .map(|(i, pair)| {
@@ -106,10 +112,12 @@ pub(super) fn validate_tls(raw: &Spanned<TlsFile>, base: &Path, sink: &mut Error
         sink,
         values::duration,
     );
-    let certificates = certificates.filter(|c| !c.is_empty())?;
+    let acme = acme.map(|acme| acme.ok_or(())).transpose().ok()?;
+    let certificates = certificates.filter(|c| !c.is_empty() || acme.is_some())?;
     Some(TlsConfig {
         listen: listen?,
         certificates,
+        acme,
         min_version,
         redirect_http: raw.redirect_http.unwrap_or(false),
         hsts: (!hsts.is_zero()).then(|| {
@@ -133,31 +141,47 @@ fn load_pair(key: &str, raw: &CertificateFile, base: &Path, sink: &mut ErrorSink
     });
     let (chain, private) = (chain?, private?);
     let leaf = parse_spanned(&raw.cert, format!("{key}.cert"), sink, |_| {
-        leaf_facts(&chain[0], &cert_path)
+        leaf_facts(&chain[0]).map_err(|e| format!("{}: {e}", cert_path.display()))
     });
     let certified = parse_spanned(&raw.key, format!("{key}.key"), sink, |_| {
-        let signing = provider()
-            .key_provider
-            .load_private_key(private.clone_key())
-            .map_err(|e| format!("{}: unusable private key: {e}", key_path.display()))?;
-        let certified = CertifiedKey::new(chain.clone(), signing);
-        certified.keys_match().map_err(|_| {
-            format!(
+        certified_key(chain.clone(), private).map_err(|e| match e {
+            KeyProblem::Unusable(e) => format!("{}: unusable private key: {e}", key_path.display()),
+            KeyProblem::Mismatch => format!(
                 "{}: the key does not match the certificate in {}",
                 key_path.display(),
                 cert_path.display()
-            )
-        })?;
-        Ok(certified)
+            ),
+        })
     });
-    let (names, not_after) = leaf?;
+    let leaf = leaf?;
     Some(Certificate {
         cert_path,
         key_path,
         key: Arc::new(certified?),
-        names,
-        not_after,
+        names: leaf.names,
+        not_after: leaf.not_after,
     })
+}
+
+/// Why a key cannot serve a chain.
+#[derive(Debug)]
+pub(crate) enum KeyProblem {
+    Unusable(rustls::Error),
+    Mismatch,
+}
+
+/// `chain` with its `key`, checked to belong together.
+pub(crate) fn certified_key(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<CertifiedKey, KeyProblem> {
+    let signing = provider()
+        .key_provider
+        .load_private_key(key)
+        .map_err(KeyProblem::Unusable)?;
+    let certified = CertifiedKey::new(chain, signing);
+    certified.keys_match().map_err(|_| KeyProblem::Mismatch)?;
+    Ok(certified)
 }
 
 /// The certificates of a PEM file: a listener's chain, or an upstream's `tls_ca` roots.
@@ -171,10 +195,19 @@ pub(super) fn load_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, St
     Ok(chain)
 }
 
-/// The leaf's DNS names and notAfter.
-fn leaf_facts(leaf: &CertificateDer<'_>, path: &Path) -> Result<(Vec<String>, i64), String> {
+/// What serving a certificate needs to know of its leaf.
+pub(crate) struct LeafFacts {
+    /// DNS names (subject alternative names), lower case.
+    pub(crate) names: Vec<String>,
+    /// Unix seconds.
+    pub(crate) not_before: i64,
+    pub(crate) not_after: i64,
+}
+
+/// The leaf's DNS names and validity.
+pub(crate) fn leaf_facts(leaf: &CertificateDer<'_>) -> Result<LeafFacts, String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(leaf)
-        .map_err(|e| format!("{}: the first certificate cannot be read: {e}", path.display()))?;
+        .map_err(|e| format!("the first certificate cannot be read: {e}"))?;
     let names = parsed
         .subject_alternative_name()
         .ok()
@@ -191,5 +224,9 @@ fn leaf_facts(leaf: &CertificateDer<'_>, path: &Path) -> Result<(Vec<String>, i6
                 .collect()
         })
         .unwrap_or_default();
-    Ok((names, parsed.validity().not_after.timestamp()))
+    Ok(LeafFacts {
+        names,
+        not_before: parsed.validity().not_before.timestamp(),
+        not_after: parsed.validity().not_after.timestamp(),
+    })
 }

@@ -244,6 +244,17 @@ async fn serve(
     };
     let host = host.as_ref();
     let path = record.path.as_str();
+    // Before routing, limits and redirect_http: the CA must reach it.
+    if !client.peer.tls
+        && let Some(acme) = &state.acme
+        && let Some(token) = crate::acme::http_token(path)
+    {
+        // Boxed: rare, and its storage lookup would otherwise enlarge every request's future.
+        return Err(match Box::pin(acme.http_answer(token)).await {
+            Some(key_authorization) => OwnAnswer::AcmeChallenge(key_authorization),
+            None => GatewayError::NoChallenge.into(),
+        });
+    }
     if !client.peer.tls
         && let Some(tls) = state.config.server.tls.as_ref().filter(|tls| tls.redirect_http)
     {

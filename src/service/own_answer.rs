@@ -1,5 +1,6 @@
 //! The answers floodgate makes itself instead of relaying an upstream's: its errors (each
-//! [`GatewayError`] with its status), a limit's refusal, and its redirects; and
+//! [`GatewayError`] with its status), a limit's refusal, its redirects, and the answers
+//! to ACME http-01 challenges; and
 //! [`render`], the one place each becomes a response (docs/configuration.md#status-codes).
 //! The outer handler then gives it what every response gets: the header rules, the
 //! rate-limit headers and HSTS.
@@ -24,6 +25,8 @@ pub(crate) enum OwnAnswer {
     Refused(Refusal),
     /// A 308 to this location: `redirect_http`'s, or a site directory's with its slash.
     Redirect(HeaderValue),
+    /// The key authorization answering an ACME http-01 challenge (RFC 8555 §8.3).
+    AcmeChallenge(Bytes),
 }
 
 /// A limit's refusal: its status, and its `message` as the body, of its `content_type`.
@@ -72,6 +75,12 @@ pub(crate) fn render(
             Some(refusal.retry_after),
         ),
         OwnAnswer::Redirect(_) => (StatusCode::PERMANENT_REDIRECT, Bytes::new(), None, None),
+        OwnAnswer::AcmeChallenge(key_authorization) => (
+            StatusCode::OK,
+            key_authorization.clone(),
+            Some(HeaderValue::from_static("application/octet-stream")),
+            None,
+        ),
     };
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
@@ -93,7 +102,7 @@ pub(crate) fn render(
         OwnAnswer::Error(error) if error.closes_connection() && version < Version::HTTP_2 => {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        OwnAnswer::Error(_) | OwnAnswer::Refused(_) => {}
+        OwnAnswer::Error(_) | OwnAnswer::Refused(_) | OwnAnswer::AcmeChallenge(_) => {}
     }
     response
 }

@@ -6,9 +6,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tokio_rustls::TlsAcceptor;
-
 use super::limits::RouteLimits;
+use crate::acme::Acme;
 use crate::client_ip::TrustedProxies;
 use crate::config::{Config, DEFAULT_PREFIX, KeyPart, RedisConfig, RespondConfig, RouteTarget, Site};
 use crate::limit::redis::StoreError;
@@ -16,6 +15,7 @@ use crate::limit::redis::refusals::RefusalCache;
 use crate::limit::store::{LimitStore, OnError, RedisSeries};
 use crate::metrics::Metrics;
 use crate::router::Router;
+use crate::tls::Handshakes;
 use crate::trace::Tracer;
 use crate::upstream::Upstream;
 
@@ -37,7 +37,9 @@ pub(crate) struct GatewayState {
     /// front of Redis only: the in-process store decides as fast as the cache answers.
     pub(crate) refusals: Option<RefusalCache>,
     /// The HTTPS listener's handshakes, with this configuration's certificates.
-    pub(crate) tls: Option<TlsAcceptor>,
+    pub(crate) tls: Option<Arc<Handshakes>>,
+    /// `[server.tls.acme]`: kept across reloads that change neither it nor `[redis]`.
+    pub(crate) acme: Option<Arc<Acme>>,
     /// `[tracing]`: kept across reloads that do not change it.
     pub(crate) tracer: Option<Arc<Tracer>>,
 }
@@ -58,6 +60,20 @@ fn same_store(old: &Option<RedisConfig>, new: &Option<RedisConfig>) -> bool {
         (Some(old), Some(new)) => old.target == new.target && old.timeout == new.timeout,
         _ => false,
     }
+}
+
+/// Whether an ACME manager can go on under `new`: the same `[redis]` keeps its account,
+/// certificate and lock where they are.
+fn same_acme_store(previous: &Option<&GatewayState>, new: &Config) -> bool {
+    previous.is_some_and(|previous| {
+        let place = |config: &Config| {
+            config
+                .redis
+                .as_ref()
+                .map(|redis| (redis.target.clone(), redis.prefix.clone()))
+        };
+        place(&previous.config) == place(new)
+    })
 }
 
 /// A route's destination and limits, with their runtime objects.
@@ -175,14 +191,29 @@ impl GatewayState {
             }
         }
         let refusals = store.in_redis().then(RefusalCache::default);
+        let acme = match config.server.tls.as_ref().and_then(|tls| tls.acme.as_ref()) {
+            None => None,
+            Some(acme) => Some(
+                match previous
+                    .and_then(|previous| previous.acme.clone())
+                    .filter(|kept| kept.config == *acme && same_acme_store(&previous, &config))
+                {
+                    Some(kept) => kept,
+                    None => Acme::start(acme, config.redis.as_ref(), metrics)?,
+                },
+            ),
+        };
         let tls = config.server.tls.as_ref().map(|tls| {
-            let expiry: Vec<(String, i64)> = tls
+            let mut expiry: Vec<(String, i64)> = tls
                 .certificates
                 .iter()
                 .map(|c| (c.label(), c.not_after))
                 .collect();
+            if let Some((acme, served)) = acme.as_ref().and_then(|acme| Some((acme, acme.served()?))) {
+                expiry.push((acme.label().to_owned(), served.not_after));
+            }
             metrics.set_certificate_expiry(&expiry);
-            crate::tls::acceptor(tls)
+            Arc::new(Handshakes::new(tls, acme.clone()))
         });
         let tracer = config.tracing.as_ref().map(|tracing| {
             previous
@@ -201,6 +232,7 @@ impl GatewayState {
             guarded_spellings,
             refusals,
             tls,
+            acme,
             tracer,
         })
     }

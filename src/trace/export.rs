@@ -4,21 +4,18 @@
 //! or sent (the collector failed or took too long) is dropped and counted in
 //! `floodgate_trace_spans_dropped_total`.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Uri, header};
 use http_body_util::{BodyExt as _, Full};
-use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use prost::Message as _;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use tokio_rustls::TlsConnector;
 
 use super::otlp;
-use crate::config::{TracingConfig, tls_provider};
+use crate::config::TracingConfig;
+use crate::outbound::OneShot;
 
 /// Spans waiting for export at most; more are dropped.
 const QUEUE: usize = 2048;
@@ -215,82 +212,38 @@ fn encode(spans: Vec<FinishedSpan>, resource: &otlp::Resource) -> Bytes {
 /// (at most one batch a second is sent unless the queue is busy).
 struct Collector {
     url: Uri,
-    /// `host:port` to connect to.
-    address: String,
-    tls: Option<(TlsConnector, rustls::pki_types::ServerName<'static>)>,
+    client: OneShot,
 }
 
 impl Collector {
     fn new(config: &TracingConfig) -> Collector {
         let endpoint = &config.endpoint;
-        let https = endpoint.scheme_str() == Some("https");
-        let authority = endpoint.authority().expect("validated: the endpoint has a host");
-        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
         let path = format!("{}/v1/traces", endpoint.path().trim_end_matches('/'));
         let url = Uri::builder()
             .scheme(endpoint.scheme_str().unwrap_or("http"))
-            .authority(authority.as_str())
+            .authority(
+                endpoint
+                    .authority()
+                    .expect("validated: the endpoint has a host")
+                    .as_str(),
+            )
             .path_and_query(path)
             .build()
             .expect("built from a valid URL");
-        let tls = https.then(|| {
-            let mut roots = rustls::RootCertStore::empty();
-            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-            let config = rustls::ClientConfig::builder_with_provider(tls_provider())
-                .with_safe_default_protocol_versions()
-                .expect("the provider supports TLS 1.2 and 1.3")
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-                .unwrap_or_else(|_| rustls::pki_types::ServerName::try_from("invalid").expect("a name"));
-            (TlsConnector::from(Arc::new(config)), name)
-        });
-        Collector {
-            address: if host.contains(':') {
-                format!("[{host}]:{port}")
-            } else {
-                format!("{host}:{port}")
-            },
-            url,
-            tls,
-        }
+        let client = if endpoint.scheme_str() == Some("https") {
+            OneShot::with_native_roots()
+        } else {
+            OneShot::new(rustls::RootCertStore::empty())
+        };
+        Collector { url, client }
     }
 
     async fn post(&self, body: Bytes) -> Result<(), String> {
-        let stream = TcpStream::connect(&self.address)
-            .await
-            .map_err(|error| format!("cannot connect: {error}"))?;
-        let _ = stream.set_nodelay(true);
-        match &self.tls {
-            None => self.exchange(stream, body).await,
-            Some((connector, name)) => {
-                let stream = connector
-                    .connect(name.clone(), stream)
-                    .await
-                    .map_err(|error| format!("TLS: {error}"))?;
-                self.exchange(stream, body).await
-            }
-        }
-    }
-
-    async fn exchange<S>(&self, stream: S, body: Bytes) -> Result<(), String>
-    where
-        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    {
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|error| error.to_string())?;
-        tokio::spawn(connection);
-        let request = Request::post(self.url.path())
-            .header(header::HOST, self.url.authority().map_or("", |a| a.as_str()))
+        let request = Request::post(self.url.clone())
             .header(header::CONTENT_TYPE, "application/x-protobuf")
             .body(Full::new(body))
             .map_err(|error| error.to_string())?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|error| error.to_string())?;
+        let response = self.client.send(request).await?;
         let status = response.status();
         // Read to the end: the collector's answer says nothing floodgate acts on.
         let _ = response.into_body().collect().await;

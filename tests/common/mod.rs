@@ -8,6 +8,8 @@ pub(crate) mod redis_server;
 
 pub(crate) mod config;
 
+pub(crate) mod pebble;
+
 pub(crate) mod php_fpm;
 
 pub(crate) mod process;

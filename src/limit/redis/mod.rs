@@ -22,7 +22,7 @@ use arc_swap::ArcSwapOption;
 use redis::{ErrorKind, Script, ServerErrorKind};
 
 mod batch;
-mod connection;
+pub(crate) mod connection;
 pub(crate) mod fallback;
 pub(crate) mod refusals;
 mod wire;

@@ -1,0 +1,148 @@
+//! The answers to a CA's challenges: those this instance published (kept in memory), then
+//! those another instance published (in shared storage), and tls-alpn-01's certificate
+//! (RFC 8737) built from the key authorization.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::sign::CertifiedKey;
+use sha2::Digest as _;
+use tokio::sync::Semaphore;
+
+use super::storage::{Challenge, Storage};
+
+/// The path prefix of http-01 (RFC 8555 §8.3).
+const HTTP_PREFIX: &str = "/.well-known/acme-challenge/";
+/// Shared storage is asked for this many challenges at once at most: the challenge path
+/// comes before limits, so a flood of made-up tokens must not become a flood of lookups.
+const LOOKUPS_AT_ONCE: usize = 8;
+
+/// The token of an http-01 request's `path`: base64url (RFC 8555 §8.1), of a sane length.
+pub(crate) fn http_token(path: &str) -> Option<&str> {
+    let token = path.strip_prefix(HTTP_PREFIX)?;
+    let valid = (16..=256).contains(&token.len())
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    valid.then_some(token)
+}
+
+pub(super) struct Challenges {
+    own: Mutex<HashMap<Challenge, String>>,
+    lookups: Semaphore,
+}
+
+impl Challenges {
+    pub(super) fn new() -> Challenges {
+        Challenges {
+            own: Mutex::default(),
+            lookups: Semaphore::new(LOOKUPS_AT_ONCE),
+        }
+    }
+
+    /// Answers `challenge` with `key_authorization` from now on, on every instance.
+    pub(super) async fn publish(
+        &self,
+        storage: &Storage,
+        challenge: Challenge,
+        key_authorization: &str,
+    ) -> Result<(), String> {
+        storage.publish(&challenge, key_authorization).await?;
+        self.own().insert(challenge, key_authorization.to_owned());
+        Ok(())
+    }
+
+    pub(super) async fn withdraw(&self, storage: &Storage, challenge: &Challenge) {
+        self.own().remove(challenge);
+        if let Err(error) = storage.withdraw(challenge).await {
+            tracing::debug!(%error, "an answered ACME challenge stays in storage until its TTL");
+        }
+    }
+
+    /// The key authorization that answers `challenge`, if any instance published one.
+    pub(super) async fn answer(&self, storage: &Storage, challenge: &Challenge) -> Option<String> {
+        if let Some(own) = self.own().get(challenge) {
+            return Some(own.clone());
+        }
+        let _permit = self.lookups.try_acquire().ok()?;
+        match storage.published(challenge).await {
+            Ok(published) => published,
+            Err(error) => {
+                tracing::warn!(%error, ?challenge, "cannot look up an ACME challenge in storage");
+                None
+            }
+        }
+    }
+
+    fn own(&self) -> std::sync::MutexGuard<'_, HashMap<Challenge, String>> {
+        self.own.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The self-signed certificate that answers tls-alpn-01 for `name` (RFC 8737 §3): the
+/// name, and the SHA-256 of the key authorization in the critical acmeIdentifier extension.
+pub(super) fn alpn_certificate(name: &str, key_authorization: &str) -> Result<Arc<CertifiedKey>, String> {
+    let digest = sha2::Sha256::digest(key_authorization.as_bytes());
+    let mut params = rcgen::CertificateParams::new(vec![name.to_owned()]).map_err(|e| e.to_string())?;
+    params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(&digest)];
+    let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+    let certificate = params.self_signed(&key).map_err(|e| e.to_string())?;
+    let chain = vec![CertificateDer::from(certificate.der().to_vec())];
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+    let signing = crate::config::tls_provider()
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| e.to_string())?;
+    // Not checked with `keys_match`: webpki refuses to parse a certificate with the critical
+    // acmeIdentifier extension, and this pair was made together just above.
+    Ok(Arc::new(CertifiedKey::new(chain, signing)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_well_formed_tokens_are_looked_up() {
+        let token = "LoqXcYV8q5ONbJQxbmR7SCTNo3tiAXDfowyjxAjEuX0";
+        assert_eq!(http_token(&format!("{HTTP_PREFIX}{token}")), Some(token));
+        for bad in [
+            "/.well-known/acme-challenge/",
+            "/.well-known/acme-challenge/short",
+            "/.well-known/acme-challenge/LoqXcYV8q5ONbJQxbmR7SC/../x",
+            "/.well-known/acme-challenge/LoqXcYV8q5ONbJQxbmR7SCTNo3tiAXDf%2e",
+            "/.well-known/acme-challenge/LoqXcYV8q5ONbJQxbmR7SCTNo3tiAXDf.x",
+            "/well-known/acme-challenge/LoqXcYV8q5ONbJQxbmR7SCTNo3tiAXDfowyjxAjEuX0",
+        ] {
+            assert_eq!(http_token(bad), None, "{bad}");
+        }
+        assert_eq!(http_token(&format!("{HTTP_PREFIX}{}", "a".repeat(257))), None);
+    }
+
+    #[test]
+    fn the_alpn_certificate_carries_the_digest_in_a_critical_extension() {
+        let certified = alpn_certificate("www.example.com", "token.thumbprint").unwrap();
+        let (_, parsed) = x509_parser::parse_x509_certificate(&certified.cert[0]).unwrap();
+        let acme_identifier = x509_parser::oid_registry::Oid::from(&[1, 3, 6, 1, 5, 5, 7, 1, 31]).unwrap();
+        let extension = parsed
+            .extensions()
+            .iter()
+            .find(|e| e.oid == acme_identifier)
+            .expect("the acmeIdentifier extension");
+        assert!(extension.critical);
+        // An OCTET STRING of the 32-byte digest.
+        let digest = sha2::Sha256::digest(b"token.thumbprint");
+        assert_eq!(extension.value, [&[0x04, 0x20][..], &digest[..]].concat());
+        let names: Vec<String> = parsed
+            .subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        assert_eq!(names, ["DNSName(www.example.com)"]);
+    }
+}

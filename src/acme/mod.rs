@@ -1,0 +1,444 @@
+//! Automatic HTTPS (docs/operations.md#https): one certificate for `[server.tls.acme]`'s
+//! names, obtained from an ACME CA (RFC 8555) and renewed before it expires, served from
+//! the next handshake on, without a restart.
+//!
+//! Each gateway runs one manager task per `[server.tls.acme]` table. Every few seconds it
+//! picks up what storage holds (another instance may have stored a newer certificate),
+//! and when the certificate is due (none yet, two thirds of its life gone, or inside the
+//! CA's ARI window) and no failure asks to wait, it takes the storage's lock and orders.
+//! Challenges are answered by whichever instance the CA reaches: http-01 on the plain
+//! listener before routing ([`Acme::http_answer`]), tls-alpn-01 on the TLS listener
+//! ([`Acme::alpn_answer`]).
+
+mod challenge;
+mod client;
+mod order;
+mod schedule;
+mod storage;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use instant_acme::{Account, AccountCredentials, CertificateIdentifier, NewAccount};
+use prometheus_client::metrics::counter::Counter;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
+
+pub(crate) use challenge::http_token;
+use challenge::{Challenges, alpn_certificate};
+use client::CaClient;
+use storage::{Challenge, Storage, StoredCertificate};
+
+use crate::config::{AcmeConfig, RedisConfig};
+use crate::limit::redis::StoreError;
+use crate::metrics::{CertificateExpiry, Metrics};
+use crate::outbound::OneShot;
+
+/// How often an instance sharing storage looks for a certificate another one stored.
+const SHARED_POLL: Duration = Duration::from_secs(5);
+/// How often an instance alone with its storage looks at it again.
+const DISK_POLL: Duration = Duration::from_secs(60);
+/// The ordering lock's lease; extended while the order runs.
+const LEASE: Duration = Duration::from_secs(60);
+/// One attempt at most (the CA's validations included).
+const ATTEMPT: Duration = Duration::from_secs(300);
+/// Storage failures are logged at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The ACME certificate of one configuration's `[server.tls.acme]`, kept across reloads
+/// that do not change the table. Dropping it stops its manager.
+pub(crate) struct Acme {
+    pub(crate) config: AcmeConfig,
+    shared: Arc<Shared>,
+    manager: tokio::task::JoinHandle<()>,
+}
+
+/// A certificate in service.
+pub(crate) struct Served {
+    pub(crate) key: Arc<CertifiedKey>,
+    /// Its DNS names, lower case.
+    pub(crate) names: Vec<String>,
+    pub(crate) not_after: i64,
+    not_before: i64,
+    stored: StoredCertificate,
+}
+
+struct Shared {
+    config: AcmeConfig,
+    storage: Storage,
+    challenges: Challenges,
+    client: CaClient,
+    served: ArcSwapOption<Served>,
+    /// When the served certificate is due for renewal (Unix seconds).
+    renew_at: AtomicI64,
+    /// When to ask the CA's ARI next (Unix seconds; `i64::MAX`: the CA has none).
+    ask_ari_at: AtomicI64,
+    orders_ok: Counter,
+    orders_failed: Counter,
+    expiry: CertificateExpiry,
+    /// The lock's holder name: this manager's.
+    holder: String,
+    last_warning: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Acme {
+    /// Starts managing `config`'s certificate, keeping it in Redis with `redis`. Must run
+    /// inside the runtime.
+    pub(crate) fn start(
+        config: &AcmeConfig,
+        redis: Option<&RedisConfig>,
+        metrics: &Metrics,
+    ) -> Result<Arc<Acme>, StoreError> {
+        let storage = Storage::new(
+            &config.directory,
+            &config.domains,
+            config.storage.as_deref(),
+            redis,
+        )?;
+        let client = match &config.ca {
+            Some(roots) => {
+                // Each was checked to be a usable root when the configuration was loaded.
+                let mut store = rustls::RootCertStore::empty();
+                store.add_parsable_certificates(roots.iter().cloned());
+                OneShot::new(store)
+            }
+            None => OneShot::with_native_roots(),
+        };
+        tracing::info!(names = ?config.domains, directory = %config.directory, storage = %storage.describe(), "ACME: managing a certificate");
+        let shared = Arc::new(Shared {
+            config: config.clone(),
+            storage,
+            challenges: Challenges::new(),
+            client: CaClient::new(client),
+            served: ArcSwapOption::empty(),
+            renew_at: AtomicI64::new(i64::MIN),
+            ask_ari_at: AtomicI64::new(i64::MIN),
+            orders_ok: metrics.acme_orders("ok"),
+            orders_failed: metrics.acme_orders("error"),
+            expiry: metrics.certificate_expiry(),
+            holder: format!("{:016x}", fastrand::u64(..)),
+            last_warning: std::sync::Mutex::new(None),
+        });
+        let manager = tokio::spawn(manage(shared.clone()));
+        Ok(Arc::new(Acme {
+            config: config.clone(),
+            shared,
+            manager,
+        }))
+    }
+
+    /// The label of its expiry series: its first name.
+    pub(crate) fn label(&self) -> &str {
+        &self.config.domains[0]
+    }
+
+    /// The certificate in service, once there is one.
+    pub(crate) fn served(&self) -> Option<Arc<Served>> {
+        self.shared.served.load_full()
+    }
+
+    /// The key authorization answering http-01 `token`, published by any instance.
+    pub(crate) async fn http_answer(&self, token: &str) -> Option<Bytes> {
+        let challenge = Challenge::Http(token.to_owned());
+        self.shared
+            .challenges
+            .answer(&self.shared.storage, &challenge)
+            .await
+            .map(Bytes::from)
+    }
+
+    /// The certificate answering tls-alpn-01 for `name` (lower case), when a challenge for
+    /// it is pending on any instance.
+    pub(crate) async fn alpn_answer(&self, name: &str) -> Option<Arc<CertifiedKey>> {
+        if !self.config.domains.iter().any(|domain| domain == name) {
+            return None;
+        }
+        let challenge = Challenge::TlsAlpn(name.to_owned());
+        let key_authorization = self
+            .shared
+            .challenges
+            .answer(&self.shared.storage, &challenge)
+            .await?;
+        alpn_certificate(name, &key_authorization)
+            .inspect_err(|error| tracing::warn!(%error, "cannot make the tls-alpn-01 certificate"))
+            .ok()
+    }
+}
+
+impl std::fmt::Debug for Acme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acme")
+            .field("domains", &self.config.domains)
+            .finish()
+    }
+}
+
+impl Drop for Acme {
+    fn drop(&mut self) {
+        self.manager.abort();
+    }
+}
+
+async fn manage(shared: Arc<Shared>) {
+    loop {
+        let wait = shared.step().await;
+        tokio::time::sleep(wait).await;
+    }
+}
+
+impl Shared {
+    /// One look at the certificate: picks up a stored one, orders when due; returns how
+    /// long to wait before the next look.
+    async fn step(&self) -> Duration {
+        self.pick_up_stored().await;
+        self.ask_ari().await;
+        let now = unix_now();
+        let due = self.renew_at.load(Ordering::Relaxed);
+        if due > now {
+            return self.poll(due - now);
+        }
+        match self.storage.retry().await {
+            Ok(Some((at, _))) if at > now => return self.poll(at - now),
+            Ok(_) => {}
+            Err(error) => {
+                self.warn_storage(&error);
+                return self.poll(i64::MAX);
+            }
+        }
+        match self.storage.lock(&self.holder, LEASE).await {
+            Ok(true) => {}
+            // Another instance is ordering: its certificate will be picked up.
+            Ok(false) => return self.poll(i64::MAX),
+            Err(error) => {
+                self.warn_storage(&error);
+                return self.poll(i64::MAX);
+            }
+        }
+        // Another instance may have stored one since the first look.
+        self.pick_up_stored().await;
+        if self.renew_at.load(Ordering::Relaxed) <= unix_now() {
+            let result = self.attempt_holding_the_lock().await;
+            self.record(result).await;
+        }
+        if let Err(error) = self.storage.unlock(&self.holder).await {
+            tracing::debug!(%error, "ACME: the ordering lock is left to expire");
+        }
+        Duration::ZERO
+    }
+
+    /// How long to wait for something `seconds` away, looking at storage meanwhile.
+    fn poll(&self, seconds: i64) -> Duration {
+        let most = if self.storage.shared() {
+            SHARED_POLL
+        } else {
+            DISK_POLL
+        };
+        Duration::from_secs(seconds.max(1) as u64).min(most)
+    }
+
+    /// Serves the stored certificate when it is new and valid.
+    async fn pick_up_stored(&self) {
+        let stored = match self.storage.certificate().await {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return,
+            Err(error) => return self.warn_storage(&error),
+        };
+        if self
+            .served
+            .load()
+            .as_ref()
+            .is_some_and(|served| served.stored == stored)
+        {
+            return;
+        }
+        match served(stored) {
+            Ok(served) if served.not_after > unix_now() => self.install(served),
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(storage = %self.storage.describe(), %error, "ACME: the stored certificate cannot be used")
+            }
+        }
+    }
+
+    fn install(&self, served: Served) {
+        tracing::info!(names = ?served.names, not_after = served.not_after, "ACME: serving a new certificate");
+        self.expiry.set(&self.config.domains[0], served.not_after);
+        self.renew_at.store(
+            schedule::two_thirds(served.not_before, served.not_after),
+            Ordering::Relaxed,
+        );
+        self.ask_ari_at.store(i64::MIN, Ordering::Relaxed);
+        self.served.store(Some(Arc::new(served)));
+    }
+
+    /// Asks the CA's renewal information (RFC 9773) when it is time: the renewal moves
+    /// into the CA's window when that comes before two thirds of the lifetime.
+    async fn ask_ari(&self) {
+        let now = unix_now();
+        if self.ask_ari_at.load(Ordering::Relaxed) > now {
+            return;
+        }
+        let Some(served) = self.served.load_full() else {
+            return;
+        };
+        let Ok(Some(credentials)) = self.storage.account().await else {
+            // Without an account yet, this instance has not ordered: ask later.
+            self.ask_ari_at.store(now + 3600, Ordering::Relaxed);
+            return;
+        };
+        let asked = async {
+            let account = self.account_from(&credentials).await?;
+            let identifier = CertificateIdentifier::try_from(&served.key.cert[0])?;
+            account.renewal_info(&identifier).await.map_err(|e| e.to_string())
+        };
+        match asked.await {
+            Ok((info, retry_after)) => {
+                let window = info.suggested_window;
+                let pick = schedule::within_window(
+                    window.start.unix_timestamp(),
+                    window.end.unix_timestamp(),
+                    now,
+                    fastrand::f64(),
+                );
+                let two_thirds = schedule::two_thirds(served.not_before, served.not_after);
+                self.renew_at.store(pick.min(two_thirds), Ordering::Relaxed);
+                let next = retry_after.clamp(Duration::from_secs(60), Duration::from_secs(86_400));
+                self.ask_ari_at
+                    .store(now + next.as_secs() as i64, Ordering::Relaxed);
+            }
+            Err(error) if error.contains("does not support") => {
+                self.ask_ari_at.store(i64::MAX, Ordering::Relaxed);
+            }
+            Err(error) => {
+                tracing::debug!(%error, "ACME: renewal information unavailable; asking again in an hour");
+                self.ask_ari_at.store(now + 3600, Ordering::Relaxed);
+            }
+        }
+    }
+
+    async fn attempt_holding_the_lock(&self) -> Result<Served, String> {
+        let keep_lease = async {
+            loop {
+                tokio::time::sleep(LEASE / 3).await;
+                match self.storage.lock(&self.holder, LEASE).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!("ACME: another instance took the ordering lock during an order")
+                    }
+                    Err(error) => self.warn_storage(&error),
+                }
+            }
+        };
+        tokio::select! {
+            result = tokio::time::timeout(ATTEMPT, self.attempt()) => {
+                result.unwrap_or_else(|_| Err(format!("not done within {} s", ATTEMPT.as_secs())))
+            }
+            () = keep_lease => unreachable!("the lease is kept until the attempt ends"),
+        }
+    }
+
+    async fn attempt(&self) -> Result<Served, String> {
+        let account = self.account().await?;
+        let stored = order::obtain(&account, &self.config.domains, &self.challenges, &self.storage).await?;
+        let served = served(stored)?;
+        self.storage.save_certificate(&served.stored).await?;
+        Ok(served)
+    }
+
+    async fn record(&self, result: Result<Served, String>) {
+        let now = unix_now();
+        match result {
+            Ok(served) => {
+                if let Err(error) = self.storage.clear_retry().await {
+                    self.warn_storage(&error);
+                }
+                self.orders_ok.inc();
+                self.install(served);
+            }
+            Err(error) => {
+                let failures = match self.storage.retry().await {
+                    Ok(retry) => retry.map_or(0, |(_, failures)| failures) + 1,
+                    Err(_) => 1,
+                };
+                let wait = schedule::retry_delay(failures, self.client.take_retry_after());
+                tracing::warn!(names = ?self.config.domains, %error, failures, retry_in = ?wait, "ACME: could not obtain a certificate; the current one stays in service");
+                if let Err(error) = self
+                    .storage
+                    .set_retry(now + wait.as_secs() as i64, failures, wait)
+                    .await
+                {
+                    self.warn_storage(&error);
+                }
+                self.orders_failed.inc();
+            }
+        }
+    }
+
+    /// The stored account, or a new one (stored).
+    async fn account(&self) -> Result<Account, String> {
+        if let Some(credentials) = self.storage.account().await? {
+            return self.account_from(&credentials).await;
+        }
+        let contact: Vec<&str> = self.config.contact.iter().map(String::as_str).collect();
+        let (account, credentials) = Account::builder_with_http(Box::new(self.client.clone()))
+            .create(
+                &NewAccount {
+                    contact: &contact,
+                    terms_of_service_agreed: true,
+                    only_return_existing: false,
+                },
+                self.config.directory.clone(),
+                None,
+            )
+            .await
+            .map_err(|e| format!("new account: {e}"))?;
+        let credentials = serde_json::to_string(&credentials).map_err(|e| e.to_string())?;
+        self.storage.save_account(&credentials).await?;
+        Ok(account)
+    }
+
+    async fn account_from(&self, credentials: &str) -> Result<Account, String> {
+        let credentials: AccountCredentials =
+            serde_json::from_str(credentials).map_err(|e| format!("the stored account: {e}"))?;
+        Account::builder_with_http(Box::new(self.client.clone()))
+            .from_credentials(credentials)
+            .await
+            .map_err(|e| format!("the CA's directory: {e}"))
+    }
+
+    fn warn_storage(&self, error: &str) {
+        let mut last = self.last_warning.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+            *last = Some(Instant::now());
+            tracing::warn!(storage = %self.storage.describe(), %error, "ACME: storage failed (logged once a minute at most)");
+        }
+    }
+}
+
+/// `stored` ready to serve: the chain and key read and checked to belong together.
+fn served(stored: StoredCertificate) -> Result<Served, String> {
+    let chain = CertificateDer::pem_slice_iter(stored.chain.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("the chain: {e}"))?;
+    let leaf = chain.first().ok_or("the chain holds no certificate")?;
+    let facts = crate::config::leaf_facts(leaf)?;
+    let key = PrivateKeyDer::from_pem_slice(stored.key.as_bytes()).map_err(|e| format!("the key: {e}"))?;
+    let key = crate::config::certified_key(chain, key).map_err(|e| format!("the key: {e:?}"))?;
+    Ok(Served {
+        key: Arc::new(key),
+        names: facts.names,
+        not_before: facts.not_before,
+        not_after: facts.not_after,
+        stored,
+    })
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}

@@ -1,0 +1,147 @@
+//! One attempt to obtain the certificate (RFC 8555 §7.4): an order for every name, each
+//! name proven over http-01 on the plain listener and, for the names whose http-01
+//! validation failed, over tls-alpn-01 on the TLS listener in a second order of the same
+//! attempt; then a new key, its signing request, and the issued chain.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use instant_acme::{
+    Account, AuthorizationStatus, ChallengeType, Identifier, NewOrder, Order, OrderStatus, RetryPolicy,
+};
+
+use super::challenge::Challenges;
+use super::storage::{Challenge, Storage, StoredCertificate};
+
+/// How long the CA may take to validate the challenges, and to issue.
+const VALIDATION: Duration = Duration::from_secs(120);
+
+/// Obtains a certificate for `domains`, publishing the challenges through `challenges`.
+pub(super) async fn obtain(
+    account: &Account,
+    domains: &[String],
+    challenges: &Challenges,
+    storage: &Storage,
+) -> Result<StoredCertificate, String> {
+    let identifiers: Vec<Identifier> = domains.iter().map(|name| Identifier::Dns(name.clone())).collect();
+    let mut over_tls: HashSet<String> = HashSet::new();
+    loop {
+        let mut order = account
+            .new_order(&NewOrder::new(&identifiers))
+            .await
+            .map_err(|e| format!("new order: {e}"))?;
+        let mut published = Vec::new();
+        let validated = validate(&mut order, &over_tls, challenges, storage, &mut published).await;
+        for challenge in &published {
+            challenges.withdraw(storage, challenge).await;
+        }
+        match validated {
+            Ok(OrderStatus::Ready) => return finalize(&mut order, domains).await,
+            outcome => {
+                let (failed, problems) = failures(&mut order, &over_tls).await;
+                let mut detail = match outcome {
+                    Ok(status) => format!("the order is {status:?}"),
+                    Err(error) => error,
+                };
+                if !problems.is_empty() {
+                    detail = format!("{detail}; {}", problems.join("; "));
+                }
+                if failed.is_empty() || !over_tls.is_empty() {
+                    return Err(detail);
+                }
+                tracing::info!(names = ?failed, %detail, "http-01 validation failed; trying tls-alpn-01 for these names");
+                over_tls = failed;
+            }
+        }
+    }
+}
+
+/// Answers the pending authorizations of `order` and waits for the CA's verdict.
+async fn validate(
+    order: &mut Order,
+    over_tls: &HashSet<String>,
+    challenges: &Challenges,
+    storage: &Storage,
+    published: &mut Vec<Challenge>,
+) -> Result<OrderStatus, String> {
+    let mut authorizations = order.authorizations();
+    while let Some(authorization) = authorizations.next().await {
+        let mut authorization = authorization.map_err(|e| format!("authorization: {e}"))?;
+        match authorization.status {
+            AuthorizationStatus::Pending => {}
+            AuthorizationStatus::Valid => continue,
+            status => return Err(format!("an authorization is {status:?}")),
+        }
+        let name = authorization.identifier().to_string();
+        let (kind, answer) = if over_tls.contains(&name) {
+            (ChallengeType::TlsAlpn01, Challenge::TlsAlpn(name.clone()))
+        } else {
+            (ChallengeType::Http01, Challenge::Http(String::new()))
+        };
+        let mut challenge = authorization
+            .challenge(kind.clone())
+            .ok_or_else(|| format!("the CA offers no {kind:?} challenge for {name}"))?;
+        let answer = match answer {
+            Challenge::Http(_) => Challenge::Http(challenge.token.clone()),
+            tls => tls,
+        };
+        challenges
+            .publish(storage, answer.clone(), challenge.key_authorization().as_str())
+            .await?;
+        published.push(answer);
+        challenge
+            .set_ready()
+            .await
+            .map_err(|e| format!("challenge for {name}: {e}"))?;
+    }
+    order
+        .poll_ready(&RetryPolicy::new().timeout(VALIDATION))
+        .await
+        .map_err(|e| format!("validation: {e}"))
+}
+
+/// What the CA said of `order`'s failed authorizations: the names whose http-01
+/// validation failed (those in `over_tls` were tried over TLS), and each failure's
+/// problem.
+async fn failures(order: &mut Order, over_tls: &HashSet<String>) -> (HashSet<String>, Vec<String>) {
+    let mut failed_over_http = HashSet::new();
+    let mut problems = Vec::new();
+    let mut authorizations = order.authorizations();
+    while let Some(Ok(mut authorization)) = authorizations.next().await {
+        if authorization.refresh().await.is_err() || authorization.status != AuthorizationStatus::Invalid {
+            continue;
+        }
+        let name = authorization.identifier().to_string();
+        for challenge in &authorization.challenges {
+            if let Some(problem) = &challenge.error {
+                problems.push(format!("{name} over {:?}: {problem}", challenge.r#type));
+            }
+        }
+        if !over_tls.contains(&name) {
+            failed_over_http.insert(name);
+        }
+    }
+    (failed_over_http, problems)
+}
+
+/// A new key, the request to sign it for `domains`, and the issued chain.
+async fn finalize(order: &mut Order, domains: &[String]) -> Result<StoredCertificate, String> {
+    let key = rcgen::KeyPair::generate().map_err(|e| format!("key: {e}"))?;
+    let mut params = rcgen::CertificateParams::new(domains.to_vec()).map_err(|e| format!("request: {e}"))?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    let request = params
+        .serialize_request(&key)
+        .map_err(|e| format!("request: {e}"))?;
+    order
+        .finalize_csr(request.der())
+        .await
+        .map_err(|e| format!("finalize: {e}"))?;
+    let chain = order
+        .poll_certificate(&RetryPolicy::new().timeout(VALIDATION))
+        .await
+        .map_err(|e| format!("certificate: {e}"))?;
+    Ok(StoredCertificate {
+        chain,
+        key: key.serialize_pem(),
+    })
+}

@@ -1,0 +1,548 @@
+//! Automatic HTTPS (docs/operations.md#https) against a real ACME CA: Debian's pebble,
+//! whose DNS answers every name with 127.0.0.1, validating on the gateway's listeners.
+//! A certificate over http-01 (before routing, deny lists and redirect_http) and over
+//! tls-alpn-01 when http-01 fails, served by SNI; kept on disk and served again after a
+//! restart without an order; a reload that adds a name; renewal of pebble's short-lived
+//! certificates without a restart; instances sharing Redis that order once, the CA
+//! reaching another instance than the one ordering; a CA that is down at start.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::pebble::{Pebble, free_port};
+use common::redis_server::RedisServer;
+use common::tls::TestCa;
+use common::{TestGateway, closed_port, get};
+use floodgate::Config;
+use floodgate::reload::Reloader;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+const CONTACT: &str = "mailto:ops@example.com";
+
+/// A gateway's configuration: plain listener on `listen`, TLS on `tls` (with `tls_keys`),
+/// ACME for `domains` from `directory` trusting `ca_file` (with `acme_keys`), one route
+/// under `/app`, and `more` tables. Port 0 is any.
+#[derive(Default, Clone)]
+struct Site<'a> {
+    listen: u16,
+    tls: u16,
+    directory: String,
+    ca_file: PathBuf,
+    domains: &'a [&'a str],
+    tls_keys: &'a str,
+    acme_keys: String,
+    more: String,
+}
+
+impl Site<'_> {
+    fn toml(&self) -> String {
+        let domains: Vec<String> = self.domains.iter().map(|d| format!("\"{d}\"")).collect();
+        format!(
+            r#"[server]
+listen = "127.0.0.1:{listen}"
+admin_listen = "127.0.0.1:0"
+header_timeout = "2s"
+
+[server.tls]
+listen = "127.0.0.1:{tls}"
+{tls_keys}
+
+[server.tls.acme]
+directory = "{directory}"
+contact = "{CONTACT}"
+domains = [{domains}]
+ca = "{ca}"
+{acme_keys}
+
+[[routes]]
+name = "app"
+path_prefix = "/app"
+respond = {{ status = 200, body = "app\n" }}
+{more}
+"#,
+            listen = self.listen,
+            tls = self.tls,
+            tls_keys = self.tls_keys,
+            directory = self.directory,
+            domains = domains.join(", "),
+            ca = self.ca_file.display(),
+            acme_keys = self.acme_keys,
+            more = self.more,
+        )
+    }
+}
+
+/// `storage = "PATH"`.
+fn storage(path: &Path) -> String {
+    format!("storage = \"{}\"", path.display())
+}
+
+/// The certificate presented to a client asking for `name`, or `None` when the handshake
+/// fails.
+async fn presented(
+    connector: &TlsConnector,
+    addr: std::net::SocketAddr,
+    name: &str,
+) -> Option<CertificateDer<'static>> {
+    let tcp = TcpStream::connect(addr).await.ok()?;
+    let name = ServerName::try_from(name.to_owned()).unwrap();
+    let stream = connector.connect(name, tcp).await.ok()?;
+    Some(stream.get_ref().1.peer_certificates()?[0].clone().into_owned())
+}
+
+/// Waits up to `limit` for a certificate trusted by `connector` for `name` that `accept`s.
+async fn wait_for_certificate(
+    connector: &TlsConnector,
+    addr: std::net::SocketAddr,
+    name: &str,
+    limit: Duration,
+    accept: impl Fn(&CertificateDer<'static>) -> bool,
+    pebble: &Pebble,
+) -> CertificateDer<'static> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(certificate) = presented(connector, addr, name).await
+            && accept(&certificate)
+        {
+            return certificate;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no certificate for {name} within {limit:?}; pebble's log:\n{}",
+            pebble.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The DNS names and notAfter of `certificate`.
+fn facts(certificate: &CertificateDer<'_>) -> (Vec<String>, i64) {
+    let (_, parsed) = x509_parser::parse_x509_certificate(certificate).unwrap();
+    let names = parsed
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::DNSName(dns) => Some(dns.to_string()),
+            _ => None,
+        })
+        .collect();
+    (names, parsed.validity().not_after.timestamp())
+}
+
+async fn orders(gateway: &TestGateway, result: &str) -> f64 {
+    gateway
+        .metric(&format!("floodgate_acme_orders_total{{result=\"{result}\"}}"))
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_reloaded() {
+    let (http, tls) = (free_port(), free_port());
+    let pebble = Pebble::start(http, closed_port(), None);
+    let stored = pebble.dir().join("acme-storage");
+    let toml = |domains: &[&str]| {
+        Site {
+            listen: http,
+            tls,
+            directory: pebble.directory(),
+            ca_file: pebble.ca_file.clone(),
+            domains,
+            tls_keys: "redirect_http = true",
+            acme_keys: storage(&stored),
+            ..Site::default()
+        }
+        .toml()
+        // Every client is denied: the CA is answered before that.
+        .replace(
+            "header_timeout = \"2s\"",
+            "header_timeout = \"2s\"\ndeny = [\"127.0.0.0/8\"]",
+        )
+    };
+    let path = pebble.dir().join("gateway.toml");
+    std::fs::write(&path, toml(&["a.test", "b.test"])).unwrap();
+    let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    let tls_addr = gateway.tls.unwrap();
+    let client = pebble.client().await;
+    let first = wait_for_certificate(
+        &client,
+        tls_addr,
+        "b.test",
+        Duration::from_secs(20),
+        |_| true,
+        &pebble,
+    )
+    .await;
+    let (mut names, not_after) = facts(&first);
+    names.sort();
+    assert_eq!(names, ["a.test", "b.test"]);
+    assert_eq!(
+        presented(&client, tls_addr, "a.test").await.as_ref(),
+        Some(&first)
+    );
+    assert_eq!(orders(&gateway, "ok").await, 1.0);
+    assert_eq!(orders(&gateway, "error").await, 0.0);
+    assert_eq!(
+        gateway
+            .metric("floodgate_tls_certificate_expiry_timestamp_seconds{certificate=\"a.test\"}")
+            .await,
+        not_after as f64
+    );
+    // A token nobody published: 404, not the deny list's 403 or the redirect.
+    let (status, _, _) =
+        get(&gateway.url("/.well-known/acme-challenge/LoqXcYV8q5ONbJQxbmR7SCTNo3tiAXDfowyjxAjEuX0")).await;
+    assert_eq!(status, 404);
+    // Anything else is redirected, as every request on the plain listener.
+    let (status, _, _) = get(&gateway.url("/.well-known/acme-challenge/x")).await;
+    assert_eq!(status, 308);
+    // Kept on disk, privately.
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&stored).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+
+    // Started again: the stored certificate is served, nothing ordered.
+    let mut gateway = gateway;
+    gateway.shutdown().await.unwrap();
+    drop(gateway);
+    let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    let again = wait_for_certificate(
+        &client,
+        gateway.tls.unwrap(),
+        "a.test",
+        Duration::from_secs(5),
+        |_| true,
+        &pebble,
+    )
+    .await;
+    assert_eq!(again, first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        orders(&gateway, "ok").await + orders(&gateway, "error").await,
+        0.0
+    );
+
+    // A reload that adds a name orders for the new set.
+    std::fs::write(&path, toml(&["a.test", "b.test", "c.test"])).unwrap();
+    let reloader = Reloader::new(
+        gateway.shared.clone(),
+        Box::new({
+            let path = path.clone();
+            move || Config::load(&path)
+        }),
+    );
+    assert!(
+        tokio::task::spawn_blocking(move || reloader.reload("test"))
+            .await
+            .unwrap()
+    );
+    let widened = wait_for_certificate(
+        &client,
+        gateway.tls.unwrap(),
+        "c.test",
+        Duration::from_secs(20),
+        |certificate| facts(certificate).0.contains(&"c.test".to_owned()),
+        &pebble,
+    )
+    .await;
+    assert_ne!(widened, first);
+    assert_eq!(
+        presented(&client, gateway.tls.unwrap(), "a.test").await,
+        Some(widened)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_alpn01_proves_the_names_whose_http01_fails_in_the_same_attempt() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let tls = free_port();
+    // pebble's http-01 goes to a port nobody listens on.
+    let pebble = Pebble::start(closed_port(), tls, None);
+    let gateway = TestGateway::start(
+        Site {
+            tls,
+            directory: pebble.directory(),
+            ca_file: pebble.ca_file.clone(),
+            domains: &["alpn.test"],
+            acme_keys: storage(&pebble.dir().join("acme-storage")),
+            ..Site::default()
+        }
+        .toml(),
+    )
+    .await;
+    let client = pebble.client().await;
+    let certificate = wait_for_certificate(
+        &client,
+        gateway.tls.unwrap(),
+        "alpn.test",
+        Duration::from_secs(30),
+        |_| true,
+        &pebble,
+    )
+    .await;
+    assert_eq!(facts(&certificate).0, ["alpn.test"]);
+    assert_eq!(orders(&gateway, "ok").await, 1.0, "one attempt, two orders");
+    assert_eq!(orders(&gateway, "error").await, 0.0);
+    // A tls-alpn-01 handshake for a name with no pending challenge is refused.
+    let probe = probe(b"acme-tls/1");
+    assert_eq!(presented(&probe, gateway.tls.unwrap(), "alpn.test").await, None);
+    assert_eq!(presented(&probe, gateway.tls.unwrap(), "other.test").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_lived_certificates_are_renewed_without_a_restart() {
+    let (http, tls) = (free_port(), free_port());
+    let pebble = Pebble::start(http, tls, Some(Duration::from_secs(9)));
+    let gateway = TestGateway::start(
+        Site {
+            listen: http,
+            tls,
+            directory: pebble.directory(),
+            ca_file: pebble.ca_file.clone(),
+            domains: &["renew.test"],
+            acme_keys: storage(&pebble.dir().join("acme-storage")),
+            ..Site::default()
+        }
+        .toml(),
+    )
+    .await;
+    let client = pebble.client().await;
+    let addr = gateway.tls.unwrap();
+    let first = wait_for_certificate(
+        &client,
+        addr,
+        "renew.test",
+        Duration::from_secs(20),
+        |_| true,
+        &pebble,
+    )
+    .await;
+    // Renewed at two thirds of its 9 s: some 6 s after it was issued.
+    let second = wait_for_certificate(
+        &client,
+        addr,
+        "renew.test",
+        Duration::from_secs(20),
+        |c| *c != first,
+        &pebble,
+    )
+    .await;
+    assert!(facts(&second).1 > facts(&first).1);
+    assert!(orders(&gateway, "ok").await >= 2.0);
+    assert_eq!(orders(&gateway, "error").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_sharing_redis_order_once_and_answer_each_others_challenges() {
+    let redis = RedisServer::start();
+    // pebble reaches instance A alone (its http-01 port); B's listeners are elsewhere.
+    let http_a = free_port();
+    let pebble = Pebble::start(http_a, closed_port(), None);
+    let toml = |listen: u16| {
+        Site {
+            listen,
+            directory: pebble.directory(),
+            ca_file: pebble.ca_file.clone(),
+            domains: &["shared.test"],
+            more: format!("[redis]\nurl = \"{}\"", redis.url()),
+            ..Site::default()
+        }
+        .toml()
+    };
+    // The ordering lock, held by someone else for 2 s: A, starting now, finds it taken and
+    // looks again 5 s later; B, started once it is free, takes it and orders, and pebble's
+    // validation reaches A, which answers with what B published in Redis.
+    let lock = format!(
+        "floodgate:acme:lock:{}",
+        set_id(&pebble.directory(), &["shared.test"])
+    );
+    assert_eq!(redis.cli(&["SET", &lock, "someone", "PX", "2000"]).trim(), "OK");
+    let a = TestGateway::start(toml(http_a)).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while redis.cli(&["EXISTS", &lock]).trim() == "1" {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b = TestGateway::start(toml(0)).await;
+    let client = pebble.client().await;
+    let from_b = wait_for_certificate(
+        &client,
+        b.tls.unwrap(),
+        "shared.test",
+        Duration::from_secs(20),
+        |_| true,
+        &pebble,
+    )
+    .await;
+    assert_eq!(orders(&b, "ok").await, 1.0);
+    // A serves the same certificate within its 5 s look at storage, without ordering.
+    let from_a = wait_for_certificate(
+        &client,
+        a.tls.unwrap(),
+        "shared.test",
+        Duration::from_secs(7),
+        |_| true,
+        &pebble,
+    )
+    .await;
+    assert_eq!(from_a, from_b);
+    assert_eq!(orders(&a, "ok").await + orders(&a, "error").await, 0.0);
+    // A third instance, started now, serves it at once and orders nothing.
+    let c = TestGateway::start(toml(0)).await;
+    let from_c = wait_for_certificate(
+        &client,
+        c.tls.unwrap(),
+        "shared.test",
+        Duration::from_secs(2),
+        |_| true,
+        &pebble,
+    )
+    .await;
+    assert_eq!(from_c, from_b);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(orders(&c, "ok").await + orders(&c, "error").await, 0.0);
+    // The account, the certificate and its key live in Redis without a TTL; nothing else
+    // of ACME's stays.
+    let keys = redis.cli(&["KEYS", "floodgate:acme:*"]);
+    let mut kinds: Vec<&str> = keys.lines().map(|k| k.split(':').nth(2).unwrap()).collect();
+    kinds.sort();
+    assert_eq!(kinds, ["account", "certificate"], "{keys}");
+    for key in keys.lines() {
+        assert_eq!(redis.cli(&["TTL", key]).trim(), "-1", "{key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_down_at_start_leaves_the_file_certificates_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("files CA");
+    let issued = ca.issue(&["files.test"]);
+    std::fs::write(dir.path().join("files.crt"), &issued.cert).unwrap();
+    std::fs::write(dir.path().join("files.key"), &issued.key).unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    let stored = dir.path().join("acme-storage");
+    let ca_file = dir.path().join("ca.pem");
+    let text = Site {
+        directory: format!("https://127.0.0.1:{}/dir", closed_port()),
+        ca_file,
+        domains: &["acme.test"],
+        tls_keys: "certificates = [{ cert = \"files.crt\", key = \"files.key\" }]",
+        acme_keys: storage(&stored),
+        ..Site::default()
+    }
+    .toml();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, text).unwrap();
+    let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while orders(&gateway, "error").await < 1.0 {
+        assert!(Instant::now() < deadline, "the failed attempt was not counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The file certificate serves its name, and stands in for the ACME one.
+    let client = ca.client(&[b"http/1.1"]);
+    assert_eq!(
+        presented(&client, gateway.tls.unwrap(), "files.test").await,
+        Some(issued.der.clone())
+    );
+    let probe = probe(b"http/1.1");
+    assert_eq!(
+        presented(&probe, gateway.tls.unwrap(), "acme.test").await,
+        Some(issued.der)
+    );
+    let (status, _, _) = get(&gateway.admin_url("/readyz")).await;
+    assert_eq!(status, 200);
+    // The next attempt waits a minute (kept on disk, so a restart waits too).
+    let retry = std::fs::read_dir(&stored)
+        .unwrap()
+        .map(|entry| entry.unwrap().path().join("retry"))
+        .find(|path| path.exists())
+        .expect("the retry time is stored");
+    let (at, failures) = std::fs::read_to_string(retry)
+        .unwrap()
+        .trim()
+        .split_once(' ')
+        .map(|(a, f)| (a.parse::<i64>().unwrap(), f.to_owned()))
+        .unwrap();
+    assert_eq!(failures, "1");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((55..=61).contains(&(at - now)), "{}", at - now);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(orders(&gateway, "error").await, 1.0);
+}
+
+/// The storage name of `domains`' certificate from `directory` (as floodgate derives it).
+fn set_id(directory: &str, domains: &[&str]) -> String {
+    use sha2::Digest as _;
+    let mut sorted = domains.to_vec();
+    sorted.sort();
+    let digest = sha2::Sha256::digest(format!("{directory}\n{}", sorted.join("\n")).as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A client that takes any certificate, offering `alpn` alone: to see what a handshake
+/// presents.
+fn probe(alpn: &[u8]) -> TlsConnector {
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate))
+            .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    TlsConnector::from(Arc::new(config))
+}
+
+/// Accepts any server certificate: for probing what a handshake answers.
+#[derive(Debug)]
+struct AnyCertificate;
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}

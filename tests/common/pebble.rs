@@ -1,0 +1,171 @@
+//! A private ACME CA per test: Debian's `pebble` on free loopback ports, its DNS pointed at
+//! `pebble-challtestsrv`, which answers every name with 127.0.0.1, so that pebble
+//! validates challenges against the gateway's listeners on `http_port` and `tls_port`.
+//! Both processes are killed when dropped.
+
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use super::tls::{TestCa, connect};
+
+pub(crate) struct Pebble {
+    /// pebble's own CA (for its TLS), as a PEM file: the gateway's `ca`.
+    pub ca_file: PathBuf,
+    ca: TestCa,
+    pub port: u16,
+    management: u16,
+    children: Vec<Child>,
+    dir: tempfile::TempDir,
+}
+
+/// A free TCP port on loopback.
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Pebble {
+    /// Validates http-01 on `http_port` and tls-alpn-01 on `tls_port`; issues certificates
+    /// valid `validity` (pebble's default: five years).
+    pub(crate) fn start(http_port: u16, tls_port: u16, validity: Option<Duration>) -> Pebble {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new("pebble test CA");
+        let leaf = ca.issue(&["localhost", "127.0.0.1"]);
+        let ca_file = dir.path().join("pebble-ca.pem");
+        std::fs::write(&ca_file, ca.pem()).unwrap();
+        std::fs::write(dir.path().join("pebble.pem"), &leaf.cert).unwrap();
+        std::fs::write(dir.path().join("pebble.key"), &leaf.key).unwrap();
+        let dns = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let (port, management, dns_management) = (free_port(), free_port(), free_port());
+        let validity = validity.map_or(String::new(), |v| {
+            format!(", \"certificateValidityPeriod\": {}", v.as_secs())
+        });
+        std::fs::write(
+            dir.path().join("pebble.json"),
+            format!(
+                r#"{{"pebble": {{"listenAddress": "127.0.0.1:{port}", "managementListenAddress": "127.0.0.1:{management}",
+                "certificate": "{cert}", "privateKey": "{key}", "httpPort": {http_port}, "tlsPort": {tls_port},
+                "ocspResponderURL": "", "externalAccountBindingRequired": false{validity}}}}}"#,
+                cert = dir.path().join("pebble.pem").display(),
+                key = dir.path().join("pebble.key").display(),
+            ),
+        )
+        .unwrap();
+        let log = |name: &str| std::fs::File::create(dir.path().join(name)).unwrap();
+        let dns_server = Command::new("pebble-challtestsrv")
+            .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
+            .args(["-dns01", &format!("127.0.0.1:{dns}")])
+            .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
+            .args(["-management", &format!("127.0.0.1:{dns_management}")])
+            .stdout(log("challtestsrv.log"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("pebble-challtestsrv (Debian's pebble package) is installed");
+        let mut pebble = Pebble {
+            ca_file,
+            ca,
+            port,
+            management,
+            children: vec![dns_server],
+            dir,
+        };
+        pebble.run(dns);
+        pebble
+    }
+
+    fn run(&mut self, dns: u16) {
+        let dir = self.dir.path();
+        let child = Command::new("pebble")
+            .arg("-config")
+            .arg(dir.join("pebble.json"))
+            .args(["-dnsserver", &format!("127.0.0.1:{dns}")])
+            // Validations at once, every nonce accepted, every order validated anew.
+            .env("PEBBLE_VA_NOSLEEP", "1")
+            .env("PEBBLE_WFE_NONCEREJECT", "0")
+            .env("PEBBLE_AUTHZREUSE", "0")
+            .stdout(std::fs::File::create(dir.join("pebble.log")).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("pebble (Debian's pebble package) is installed");
+        self.children.push(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "pebble did not start:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The directory URL.
+    pub(crate) fn directory(&self) -> String {
+        format!("https://127.0.0.1:{}/dir", self.port)
+    }
+
+    /// What pebble logged (for failure messages).
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("pebble.log")).unwrap_or_default()
+    }
+
+    /// The root pebble issues under (a new one each start), from its management interface.
+    pub(crate) async fn root(&self) -> CertificateDer<'static> {
+        let stream = connect(
+            &self.ca.client(&[b"http/1.1"]),
+            ([127, 0, 0, 1], self.management).into(),
+            "localhost",
+        )
+        .await;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let request = http::Request::get("/roots/0")
+            .header("host", "localhost")
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        CertificateDer::from_pem_slice(&body).unwrap().into_owned()
+    }
+
+    /// A TLS client that trusts pebble's root, offering `alpn`.
+    pub(crate) async fn client(&self) -> tokio_rustls::TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.root().await).unwrap();
+        let mut config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+    }
+
+    /// The directory of the test's files.
+    pub(crate) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Pebble {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
