@@ -293,10 +293,16 @@ impl Shared {
         let asked = async {
             let account = self.account_from(&credentials).await?;
             let identifier = CertificateIdentifier::try_from(&served.key.cert[0])?;
-            account.renewal_info(&identifier).await.map_err(|e| e.to_string())
+            Ok(account.renewal_info(&identifier).await)
         };
-        match asked.await {
-            Ok((info, retry_after)) => {
+        match asked.await.and_then(|answer| match answer {
+            Err(instant_acme::Error::Unsupported(_)) => Ok(None),
+            answer => answer.map(Some).map_err(|e| e.to_string()),
+        }) {
+            Ok(None) => {
+                self.ask_ari_at.store(i64::MAX, Ordering::Relaxed);
+            }
+            Ok(Some((info, retry_after))) => {
                 let window = info.suggested_window;
                 let pick = schedule::within_window(
                     window.start.unix_timestamp(),
@@ -309,9 +315,6 @@ impl Shared {
                 let next = retry_after.clamp(Duration::from_secs(60), Duration::from_secs(86_400));
                 self.ask_ari_at
                     .store(now + next.as_secs() as i64, Ordering::Relaxed);
-            }
-            Err(error) if error.contains("does not support") => {
-                self.ask_ari_at.store(i64::MAX, Ordering::Relaxed);
             }
             Err(error) => {
                 tracing::debug!(%error, "ACME: renewal information unavailable; asking again in an hour");

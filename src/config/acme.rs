@@ -122,7 +122,7 @@ fn domains(raw: &Spanned<Vec<Spanned<String>>>, sink: &mut ErrorSink) -> Option<
         let key = format!("server.tls.acme.domains[{i}]");
         match parse_spanned(name, &key, sink, dns_name) {
             Some(name) if names.contains(&name) => {
-                sink.push(Some(raw.span()), key, format!("{name:?} is listed twice"));
+                sink.push(Some(list[i].span()), key, format!("{name:?} is listed twice"));
                 valid = false;
             }
             Some(name) => names.push(name),

@@ -855,3 +855,78 @@ fn tracing_needs_a_collector_url_and_a_share() {
         assert!(message.contains(says), "{table}: {message}");
     }
 }
+
+/// `[server.tls]` with only `[server.tls.acme]` holding `acme` (and `storage`).
+fn acme_table(acme: &str) -> String {
+    format!(
+        "[server.tls]\nlisten = \"127.0.0.1:8443\"\n\n[server.tls.acme]\n{acme}\nstorage = \"/var/lib/floodgate/acme\"\n"
+    )
+}
+
+#[test]
+fn acme_alone_needs_no_certificate_files() {
+    let config = parse(&acme_table(
+        "directory = \"https://ca.example/dir\"\ncontact = [\"mailto:a@example.com\", \"mailto:b@example.com\"]\ndomains = [\"WWW.Example.com\", \"example.com.\"]",
+    ))
+    .unwrap();
+    let tls = config.server.tls.unwrap();
+    assert!(tls.certificates.is_empty());
+    let acme = tls.acme.unwrap();
+    assert_eq!(acme.domains, ["www.example.com", "example.com"]);
+    assert_eq!(acme.contact, ["mailto:a@example.com", "mailto:b@example.com"]);
+    assert_eq!(acme.storage.as_deref(), Some(Path::new("/var/lib/floodgate/acme")));
+    assert_eq!(acme.ca, None);
+}
+
+#[test]
+fn acme_errors_name_their_key_and_position() {
+    let valid = "directory = \"https://ca.example/dir\"\ndomains = [\"a.example\"]";
+    let cases = [
+        (
+            "directory = \"http://ca.example/dir\"\ndomains = [\"a.example\"]",
+            (5, 13, "server.tls.acme.directory", "https://"),
+        ),
+        (
+            "directory = \"https://ca.example/dir\"\ndomains = [\"a.example\", \"*.example.com\"]",
+            (6, 25, "server.tls.acme.domains[1]", "dns-01"),
+        ),
+        (
+            "directory = \"https://ca.example/dir\"\ndomains = [\"a.example\", \"A.example\"]",
+            (6, 25, "server.tls.acme.domains[1]", "listed twice"),
+        ),
+        (
+            "directory = \"https://ca.example/dir\"\ndomains = []",
+            (6, 11, "server.tls.acme.domains", "1 to 100"),
+        ),
+        (
+            "directory = \"https://ca.example/dir\"\ndomains = [\"10.0.0.1\"]",
+            (6, 12, "server.tls.acme.domains[0]", "not an address"),
+        ),
+        (
+            &format!("{valid}\ncontact = \"ops@example.com\""),
+            (7, 11, "server.tls.acme.contact", "mailto:"),
+        ),
+        (
+            &format!("{valid}\nca = \"/no/such/ca.pem\""),
+            (7, 6, "server.tls.acme.ca", "/no/such/ca.pem"),
+        ),
+    ];
+    for (acme, (line, column, key, message)) in cases {
+        let (l, c, k, m) = error(&acme_table(acme));
+        assert_eq!((l, c, k.as_str()), (line, column, key), "{acme}: {m}");
+        assert!(m.contains(message), "{acme}: {m}");
+    }
+}
+
+#[test]
+fn acme_needs_storage_or_redis_and_tls_needs_a_certificate_or_acme() {
+    let acme = "[server.tls]\nlisten = \"127.0.0.1:8443\"\n\n[server.tls.acme]\ndirectory = \"https://ca.example/dir\"\ndomains = [\"a.example\"]\n";
+    let (line, column, key, message) = error(acme);
+    assert_eq!((line, column, key.as_str()), (4, 1, "server.tls.acme.storage"));
+    assert!(message.contains("[redis]"), "{message}");
+    // With [redis], the instances keep it there.
+    let shared = parse(&format!("{acme}\n[redis]\nurl = \"redis://127.0.0.1:6379\"\n")).unwrap();
+    assert!(shared.server.tls.unwrap().acme.unwrap().storage.is_none());
+    let (line, _, key, _) = error("[server.tls]\nlisten = \"127.0.0.1:8443\"\ncertificates = []\n");
+    assert_eq!((line, key.as_str()), (3, "server.tls.certificates"));
+}
