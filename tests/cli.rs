@@ -374,6 +374,7 @@ fn check_warns_about_login_protection_php_can_reach_around() {
         "gateway.toml",
         "examples/compose/gateway.toml",
         "examples/compose/gateway.tls.toml",
+        "examples/compose/gateway.acme.toml",
     ] {
         let output = floodgate(repo, &["check", "--config", example], &[]);
         assert!(output.status.success(), "{example}: {}", stderr(&output));
