@@ -16,7 +16,10 @@
 //!
 //! Dependencies point one way: `server` ─► `service` ─► (`upstream`, `proxy`, `router`,
 //! `limit`, `connection`, `config`), `config` ─► `limit`, and `upstream` ─► `limit` (a
-//! forwarded request's slots, held while the app works on it). [`limit`] is the limiter core
+//! forwarded request's slots, held while the app works on it). With `[server.tls.acme]`,
+//! `service` (http-01) and `tls` (tls-alpn-01, the served certificate) ─► `acme`, which
+//! keeps its state through `limit::redis`'s connections and talks to the CA through
+//! `outbound`. [`limit`] is the limiter core
 //! (algorithms, decisions, key encoding, the in-process store) with the Redis store in
 //! [`limit::redis`]; it knows nothing of HTTP or of the configuration file.
 //!

@@ -9,12 +9,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::pebble::{Pebble, free_port};
 use common::redis_server::RedisServer;
-use common::tls::TestCa;
+use common::tls::{TestCa, unverified_client};
 use common::{TestGateway, closed_port, get};
 use floodgate::Config;
 use floodgate::reload::Reloader;
@@ -95,28 +94,52 @@ async fn presented(
     Some(stream.get_ref().1.peer_certificates()?[0].clone().into_owned())
 }
 
-/// Waits up to `limit` for a certificate trusted by `connector` for `name` that `accept`s.
-async fn wait_for_certificate(
-    connector: &TlsConnector,
-    addr: std::net::SocketAddr,
-    name: &str,
-    limit: Duration,
-    accept: impl Fn(&CertificateDer<'static>) -> bool,
-    pebble: &Pebble,
-) -> CertificateDer<'static> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(certificate) = presented(connector, addr, name).await
-            && accept(&certificate)
-        {
-            return certificate;
+/// A client trusting pebble's root, that waits for what the gateway serves.
+struct Trusting<'a> {
+    connector: TlsConnector,
+    pebble: &'a Pebble,
+}
+
+impl Trusting<'_> {
+    async fn new(pebble: &Pebble) -> Trusting<'_> {
+        Trusting {
+            connector: pebble.client().await,
+            pebble,
         }
-        assert!(
-            Instant::now() < deadline,
-            "no certificate for {name} within {limit:?}; pebble's log:\n{}",
-            pebble.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    /// Waits up to `limit` for a trusted certificate for `name` at `addr`.
+    async fn certificate(
+        &self,
+        addr: std::net::SocketAddr,
+        name: &str,
+        limit: Duration,
+    ) -> CertificateDer<'static> {
+        self.certificate_where(addr, name, limit, |_| true).await
+    }
+
+    /// Waits up to `limit` for a trusted certificate for `name` at `addr` that `accept`s.
+    async fn certificate_where(
+        &self,
+        addr: std::net::SocketAddr,
+        name: &str,
+        limit: Duration,
+        accept: impl Fn(&CertificateDer<'static>) -> bool,
+    ) -> CertificateDer<'static> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(certificate) = presented(&self.connector, addr, name).await
+                && accept(&certificate)
+            {
+                return certificate;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no certificate for {name} within {limit:?}; pebble's log:\n{}",
+                self.pebble.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 
@@ -171,21 +194,15 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
     std::fs::write(&path, toml(&["a.test", "b.test"])).unwrap();
     let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
     let tls_addr = gateway.tls.unwrap();
-    let client = pebble.client().await;
-    let first = wait_for_certificate(
-        &client,
-        tls_addr,
-        "b.test",
-        Duration::from_secs(20),
-        |_| true,
-        &pebble,
-    )
-    .await;
+    let client = Trusting::new(&pebble).await;
+    let first = client
+        .certificate(tls_addr, "b.test", Duration::from_secs(20))
+        .await;
     let (mut names, not_after) = facts(&first);
     names.sort();
     assert_eq!(names, ["a.test", "b.test"]);
     assert_eq!(
-        presented(&client, tls_addr, "a.test").await.as_ref(),
+        presented(&client.connector, tls_addr, "a.test").await.as_ref(),
         Some(&first)
     );
     assert_eq!(orders(&gateway, "ok").await, 1.0);
@@ -215,15 +232,9 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
     gateway.shutdown().await.unwrap();
     drop(gateway);
     let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
-    let again = wait_for_certificate(
-        &client,
-        gateway.tls.unwrap(),
-        "a.test",
-        Duration::from_secs(5),
-        |_| true,
-        &pebble,
-    )
-    .await;
+    let again = client
+        .certificate(gateway.tls.unwrap(), "a.test", Duration::from_secs(5))
+        .await;
     assert_eq!(again, first);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
@@ -245,18 +256,17 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
             .await
             .unwrap()
     );
-    let widened = wait_for_certificate(
-        &client,
-        gateway.tls.unwrap(),
-        "c.test",
-        Duration::from_secs(20),
-        |certificate| facts(certificate).0.contains(&"c.test".to_owned()),
-        &pebble,
-    )
-    .await;
+    let widened = client
+        .certificate_where(
+            gateway.tls.unwrap(),
+            "c.test",
+            Duration::from_secs(20),
+            |certificate| facts(certificate).0.contains(&"c.test".to_owned()),
+        )
+        .await;
     assert_ne!(widened, first);
     assert_eq!(
-        presented(&client, gateway.tls.unwrap(), "a.test").await,
+        presented(&client.connector, gateway.tls.unwrap(), "a.test").await,
         Some(widened)
     );
 }
@@ -279,21 +289,15 @@ async fn tls_alpn01_proves_the_names_whose_http01_fails_in_the_same_attempt() {
         .toml(),
     )
     .await;
-    let client = pebble.client().await;
-    let certificate = wait_for_certificate(
-        &client,
-        gateway.tls.unwrap(),
-        "alpn.test",
-        Duration::from_secs(30),
-        |_| true,
-        &pebble,
-    )
-    .await;
+    let client = Trusting::new(&pebble).await;
+    let certificate = client
+        .certificate(gateway.tls.unwrap(), "alpn.test", Duration::from_secs(30))
+        .await;
     assert_eq!(facts(&certificate).0, ["alpn.test"]);
     assert_eq!(orders(&gateway, "ok").await, 1.0, "one attempt, two orders");
     assert_eq!(orders(&gateway, "error").await, 0.0);
     // A tls-alpn-01 handshake for a name with no pending challenge is refused.
-    let probe = probe(b"acme-tls/1");
+    let probe = unverified_client(&[b"acme-tls/1"]);
     assert_eq!(presented(&probe, gateway.tls.unwrap(), "alpn.test").await, None);
     assert_eq!(presented(&probe, gateway.tls.unwrap(), "other.test").await, None);
 }
@@ -315,27 +319,15 @@ async fn short_lived_certificates_are_renewed_without_a_restart() {
         .toml(),
     )
     .await;
-    let client = pebble.client().await;
+    let client = Trusting::new(&pebble).await;
     let addr = gateway.tls.unwrap();
-    let first = wait_for_certificate(
-        &client,
-        addr,
-        "renew.test",
-        Duration::from_secs(20),
-        |_| true,
-        &pebble,
-    )
-    .await;
+    let first = client
+        .certificate(addr, "renew.test", Duration::from_secs(20))
+        .await;
     // Renewed at two thirds of its 9 s: some 6 s after it was issued.
-    let second = wait_for_certificate(
-        &client,
-        addr,
-        "renew.test",
-        Duration::from_secs(20),
-        |c| *c != first,
-        &pebble,
-    )
-    .await;
+    let second = client
+        .certificate_where(addr, "renew.test", Duration::from_secs(20), |c| *c != first)
+        .await;
     assert!(facts(&second).1 > facts(&first).1);
     assert!(orders(&gateway, "ok").await >= 2.0);
     assert_eq!(orders(&gateway, "error").await, 0.0);
@@ -373,40 +365,22 @@ async fn instances_sharing_redis_order_once_and_answer_each_others_challenges() 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let b = TestGateway::start(toml(0)).await;
-    let client = pebble.client().await;
-    let from_b = wait_for_certificate(
-        &client,
-        b.tls.unwrap(),
-        "shared.test",
-        Duration::from_secs(20),
-        |_| true,
-        &pebble,
-    )
-    .await;
+    let client = Trusting::new(&pebble).await;
+    let from_b = client
+        .certificate(b.tls.unwrap(), "shared.test", Duration::from_secs(20))
+        .await;
     assert_eq!(orders(&b, "ok").await, 1.0);
     // A serves the same certificate within its 5 s look at storage, without ordering.
-    let from_a = wait_for_certificate(
-        &client,
-        a.tls.unwrap(),
-        "shared.test",
-        Duration::from_secs(7),
-        |_| true,
-        &pebble,
-    )
-    .await;
+    let from_a = client
+        .certificate(a.tls.unwrap(), "shared.test", Duration::from_secs(7))
+        .await;
     assert_eq!(from_a, from_b);
     assert_eq!(orders(&a, "ok").await + orders(&a, "error").await, 0.0);
     // A third instance, started now, serves it at once and orders nothing.
     let c = TestGateway::start(toml(0)).await;
-    let from_c = wait_for_certificate(
-        &client,
-        c.tls.unwrap(),
-        "shared.test",
-        Duration::from_secs(2),
-        |_| true,
-        &pebble,
-    )
-    .await;
+    let from_c = client
+        .certificate(c.tls.unwrap(), "shared.test", Duration::from_secs(2))
+        .await;
     assert_eq!(from_c, from_b);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(orders(&c, "ok").await + orders(&c, "error").await, 0.0);
@@ -454,7 +428,7 @@ async fn a_ca_down_at_start_leaves_the_file_certificates_serving() {
         presented(&client, gateway.tls.unwrap(), "files.test").await,
         Some(issued.der.clone())
     );
-    let probe = probe(b"http/1.1");
+    let probe = unverified_client(&[b"http/1.1"]);
     assert_eq!(
         presented(&probe, gateway.tls.unwrap(), "acme.test").await,
         Some(issued.der)
@@ -490,59 +464,4 @@ fn set_id(directory: &str, domains: &[&str]) -> String {
     sorted.sort();
     let digest = sha2::Sha256::digest(format!("{directory}\n{}", sorted.join("\n")).as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A client that takes any certificate, offering `alpn` alone: to see what a handshake
-/// presents.
-fn probe(alpn: &[u8]) -> TlsConnector {
-    let mut config =
-        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate))
-            .with_no_client_auth();
-    config.alpn_protocols = vec![alpn.to_vec()];
-    TlsConnector::from(Arc::new(config))
-}
-
-/// Accepts any server certificate: for probing what a handshake answers.
-#[derive(Debug)]
-struct AnyCertificate;
-
-impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        rustls::crypto::ring::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }

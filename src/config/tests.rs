@@ -874,7 +874,10 @@ fn acme_alone_needs_no_certificate_files() {
     let acme = tls.acme.unwrap();
     assert_eq!(acme.domains, ["www.example.com", "example.com"]);
     assert_eq!(acme.contact, ["mailto:a@example.com", "mailto:b@example.com"]);
-    assert_eq!(acme.storage.as_deref(), Some(Path::new("/var/lib/floodgate/acme")));
+    assert_eq!(
+        acme.storage.as_deref(),
+        Some(Path::new("/var/lib/floodgate/acme"))
+    );
     assert_eq!(acme.ca, None);
 }
 
