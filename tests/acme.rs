@@ -382,6 +382,28 @@ async fn instances_sharing_redis_order_once_and_answer_each_others_challenges() 
         .certificate(c.tls.unwrap(), "shared.test", Duration::from_secs(2))
         .await;
     assert_eq!(from_c, from_b);
+    // Requests go through the handshake that reads the ClientHello first as through any.
+    let tcp = TcpStream::connect(c.tls.unwrap()).await.unwrap();
+    let stream = client
+        .connector
+        .connect(ServerName::try_from("shared.test").unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let response = sender
+        .send_request(
+            http::Request::get("/app/x")
+                .header("host", "shared.test")
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(orders(&c, "ok").await + orders(&c, "error").await, 0.0);
     // The account, the certificate and its key live in Redis without a TTL; nothing else
