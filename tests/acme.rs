@@ -168,16 +168,18 @@ async fn orders(gateway: &TestGateway, result: &str) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_reloaded() {
+async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_reloaded_from_a_forgetful_ca() {
     let (http, tls) = (free_port(), free_port());
-    let pebble = Pebble::start(http, closed_port(), None);
+    let mut pebble = Pebble::start(http, closed_port(), None);
     let stored = pebble.dir().join("acme-storage");
+    let (directory, ca_file) = (pebble.directory(), pebble.ca_file.clone());
+    let path = pebble.dir().join("gateway.toml");
     let toml = |domains: &[&str]| {
         Site {
             listen: http,
             tls,
-            directory: pebble.directory(),
-            ca_file: pebble.ca_file.clone(),
+            directory: directory.clone(),
+            ca_file: ca_file.clone(),
             domains,
             tls_keys: "redirect_http = true",
             acme_keys: storage(&stored),
@@ -190,7 +192,6 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
             "header_timeout = \"2s\"\ndeny = [\"127.0.0.0/8\"]",
         )
     };
-    let path = pebble.dir().join("gateway.toml");
     std::fs::write(&path, toml(&["a.test", "b.test"])).unwrap();
     let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
     let tls_addr = gateway.tls.unwrap();
@@ -242,7 +243,10 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
         0.0
     );
 
-    // A reload that adds a name orders for the new set.
+    // A reload that adds a name orders for the new set, from a CA that forgot the stored
+    // account (pebble restarted): a new account is made.
+    pebble.restart();
+    let client = Trusting::new(&pebble).await;
     std::fs::write(&path, toml(&["a.test", "b.test", "c.test"])).unwrap();
     let reloader = Reloader::new(
         gateway.shared.clone(),

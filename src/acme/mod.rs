@@ -346,7 +346,20 @@ impl Shared {
 
     async fn attempt(&self) -> Result<Served, String> {
         let account = self.account().await?;
-        let stored = order::obtain(&account, &self.config.domains, &self.challenges, &self.storage).await?;
+        let obtained = order::obtain(&account, &self.config.domains, &self.challenges, &self.storage).await;
+        let stored = match obtained {
+            Ok(stored) => stored,
+            Err(order::Failure::UnknownAccount(detail)) => {
+                tracing::warn!(%detail, "ACME: the CA does not know the stored account; making a new one");
+                let account = self.new_account().await?;
+                order::obtain(&account, &self.config.domains, &self.challenges, &self.storage)
+                    .await
+                    .map_err(|failure| match failure {
+                        order::Failure::UnknownAccount(detail) | order::Failure::Other(detail) => detail,
+                    })?
+            }
+            Err(order::Failure::Other(detail)) => return Err(detail),
+        };
         let served = served(stored)?;
         self.storage.save_certificate(&served.stored).await?;
         Ok(served)
@@ -383,9 +396,14 @@ impl Shared {
 
     /// The stored account, or a new one (stored).
     async fn account(&self) -> Result<Account, String> {
-        if let Some(credentials) = self.storage.account().await? {
-            return self.account_from(&credentials).await;
+        match self.storage.account().await? {
+            Some(credentials) => self.account_from(&credentials).await,
+            None => self.new_account().await,
         }
+    }
+
+    /// A new account, stored in place of any other.
+    async fn new_account(&self) -> Result<Account, String> {
         let contact: Vec<&str> = self.config.contact.iter().map(String::as_str).collect();
         let (account, credentials) = Account::builder_with_http(Box::new(self.client.clone()))
             .create(

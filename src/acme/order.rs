@@ -16,27 +16,49 @@ use super::storage::{Challenge, Storage, StoredCertificate};
 /// How long the CA may take to validate the challenges, and to issue.
 const VALIDATION: Duration = Duration::from_secs(120);
 
+/// Why no certificate was obtained.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// The CA does not know the account (it was deactivated, or a test CA restarted).
+    UnknownAccount(String),
+    Other(String),
+}
+
+impl From<String> for Failure {
+    fn from(detail: String) -> Self {
+        Failure::Other(detail)
+    }
+}
+
 /// Obtains a certificate for `domains`, publishing the challenges through `challenges`.
 pub(super) async fn obtain(
     account: &Account,
     domains: &[String],
     challenges: &Challenges,
     storage: &Storage,
-) -> Result<StoredCertificate, String> {
+) -> Result<StoredCertificate, Failure> {
     let identifiers: Vec<Identifier> = domains.iter().map(|name| Identifier::Dns(name.clone())).collect();
     let mut over_tls: HashSet<String> = HashSet::new();
     loop {
         let mut order = account
             .new_order(&NewOrder::new(&identifiers))
             .await
-            .map_err(|e| format!("new order: {e}"))?;
+            .map_err(|e| match &e {
+                instant_acme::Error::Api(problem)
+                    if problem.r#type.as_deref()
+                        == Some("urn:ietf:params:acme:error:accountDoesNotExist") =>
+                {
+                    Failure::UnknownAccount(format!("new order: {e}"))
+                }
+                _ => Failure::Other(format!("new order: {e}")),
+            })?;
         let mut published = Vec::new();
         let validated = validate(&mut order, &over_tls, challenges, storage, &mut published).await;
         for challenge in &published {
             challenges.withdraw(storage, challenge).await;
         }
         match validated {
-            Ok(OrderStatus::Ready) => return finalize(&mut order, domains).await,
+            Ok(OrderStatus::Ready) => return Ok(finalize(&mut order, domains).await?),
             outcome => {
                 let (failed, problems) = failures(&mut order, &over_tls).await;
                 let mut detail = match outcome {
@@ -47,7 +69,7 @@ pub(super) async fn obtain(
                     detail = format!("{detail}; {}", problems.join("; "));
                 }
                 if failed.is_empty() || !over_tls.is_empty() {
-                    return Err(detail);
+                    return Err(Failure::Other(detail));
                 }
                 tracing::info!(names = ?failed, %detail, "http-01 validation failed; trying tls-alpn-01 for these names");
                 over_tls = failed;

@@ -22,6 +22,7 @@ pub(crate) struct Pebble {
     ca: TestCa,
     pub port: u16,
     management: u16,
+    dns: u16,
     children: Vec<Child>,
     dir: tempfile::TempDir,
 }
@@ -81,14 +82,25 @@ impl Pebble {
             ca,
             port,
             management,
+            dns,
             children: vec![dns_server],
             dir,
         };
-        pebble.run(dns);
+        pebble.run();
         pebble
     }
 
-    fn run(&mut self, dns: u16) {
+    /// Restarts pebble on the same ports: it forgets every account and order, and issues
+    /// under a new root.
+    pub(crate) fn restart(&mut self) {
+        let mut pebble = self.children.pop().expect("pebble runs");
+        let _ = pebble.kill();
+        let _ = pebble.wait();
+        self.run();
+    }
+
+    fn run(&mut self) {
+        let dns = self.dns;
         let dir = self.dir.path();
         let child = Command::new("pebble")
             .arg("-config")
