@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::pebble::{Pebble, free_port};
 use common::redis_server::RedisServer;
 use common::tls::{TestCa, unverified_client};
-use common::{TestGateway, closed_port, get};
+use common::{TestGateway, closed_port, get, send};
 use floodgate::Config;
 use floodgate::reload::Reloader;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -214,13 +214,24 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
             .await,
         not_after as f64
     );
-    // A token nobody published: 404, not the deny list's 403 or the redirect.
-    let (status, _, _) =
-        get(&gateway.url("/.well-known/acme-challenge/LoqXcYV8q5ONbJQxbmR7SCTNo3tiAXDfowyjxAjEuX0")).await;
-    assert_eq!(status, 404);
-    // Anything else is redirected, as every request on the plain listener.
-    let (status, _, _) = get(&gateway.url("/.well-known/acme-challenge/x")).await;
-    assert_eq!(status, 308);
+    // A token nobody published for one of the names: 404, not the deny list's 403 or the
+    // redirect. For another host, or not a token, the path is routed as any other (and
+    // redirected here, as every request on the plain listener).
+    let token = "/.well-known/acme-challenge/LoqXcYV8q5ONbJQxbmR7SCTNo3tiAXDfowyjxAjEuX0";
+    for (host, path, expected) in [
+        ("A.test.", token, 404),
+        ("app.example", token, 308),
+        ("a.test", "/.well-known/acme-challenge/x", 308),
+    ] {
+        let (status, _, _) = send(
+            http::Request::get(gateway.url(path))
+                .header("host", host)
+                .body(http_body_util::Full::default())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(status, expected, "{host}{path}");
+    }
     // Kept on disk, privately.
     use std::os::unix::fs::PermissionsExt as _;
     assert_eq!(
@@ -260,6 +271,12 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
             .await
             .unwrap()
     );
+    // Meanwhile the previous certificate goes on serving its names (it is not trusted by
+    // the restarted pebble's root: see it unchecked).
+    let meanwhile = presented(&unverified_client(&[b"http/1.1"]), gateway.tls.unwrap(), "a.test")
+        .await
+        .expect("a certificate for a.test right after the reload");
+    assert!(meanwhile == first || facts(&meanwhile).0.contains(&"c.test".to_owned()));
     let widened = client
         .certificate_where(
             gateway.tls.unwrap(),
@@ -277,7 +294,6 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_alpn01_proves_the_names_whose_http01_fails_in_the_same_attempt() {
-    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     let tls = free_port();
     // pebble's http-01 goes to a port nobody listens on.
     let pebble = Pebble::start(closed_port(), tls, None);

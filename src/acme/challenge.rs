@@ -4,12 +4,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
 use sha2::Digest as _;
 use tokio::sync::Semaphore;
 
+use super::LogThrottle;
 use super::storage::{Challenge, Storage};
 
 /// The path prefix of http-01 (RFC 8555 §8.3).
@@ -17,6 +19,13 @@ const HTTP_PREFIX: &str = "/.well-known/acme-challenge/";
 /// Shared storage is asked for this many challenges at once at most: the challenge path
 /// comes before limits, so a flood of made-up tokens must not become a flood of lookups.
 const LOOKUPS_AT_ONCE: usize = 8;
+/// How long an instance trusts what it last saw of the ordering lock: shared storage is
+/// asked for challenges only while some instance orders, and whether one does is asked
+/// at most this often.
+const ORDERING_SEEN_FOR: Duration = Duration::from_millis(500);
+/// How long an instance that orders waits after publishing before asking the CA to
+/// validate, so that every instance has seen that it orders.
+pub(super) const NOTICE: Duration = Duration::from_secs(1);
 
 /// The token of an http-01 request's `path`: base64url (RFC 8555 §8.1), of a sane length.
 pub(crate) fn http_token(path: &str) -> Option<&str> {
@@ -31,6 +40,9 @@ pub(crate) fn http_token(path: &str) -> Option<&str> {
 pub(super) struct Challenges {
     own: Mutex<HashMap<Challenge, String>>,
     lookups: Semaphore,
+    /// Whether some instance held the ordering lock, and when that was asked.
+    ordering: Mutex<Option<(Instant, bool)>>,
+    warnings: LogThrottle,
 }
 
 impl Challenges {
@@ -38,25 +50,8 @@ impl Challenges {
         Challenges {
             own: Mutex::default(),
             lookups: Semaphore::new(LOOKUPS_AT_ONCE),
-        }
-    }
-
-    /// Answers `challenge` with `key_authorization` from now on, on every instance.
-    pub(super) async fn publish(
-        &self,
-        storage: &Storage,
-        challenge: Challenge,
-        key_authorization: &str,
-    ) -> Result<(), String> {
-        storage.publish(&challenge, key_authorization).await?;
-        self.own().insert(challenge, key_authorization.to_owned());
-        Ok(())
-    }
-
-    pub(super) async fn withdraw(&self, storage: &Storage, challenge: &Challenge) {
-        self.own().remove(challenge);
-        if let Err(error) = storage.withdraw(challenge).await {
-            tracing::debug!(%error, "an answered ACME challenge stays in storage until its TTL");
+            ordering: Mutex::new(None),
+            warnings: LogThrottle::default(),
         }
     }
 
@@ -65,18 +60,90 @@ impl Challenges {
         if let Some(own) = self.own().get(challenge) {
             return Some(own.clone());
         }
-        let _permit = self.lookups.try_acquire().ok()?;
-        match storage.published(challenge).await {
-            Ok(published) => published,
-            Err(error) => {
-                tracing::warn!(%error, ?challenge, "cannot look up an ACME challenge in storage");
-                None
-            }
+        if !storage.shared() {
+            return None;
         }
+        let _permit = self.lookups.try_acquire().ok()?;
+        let looked_up = async {
+            if !self.someone_orders(storage).await? {
+                return Ok(None);
+            }
+            storage.published(challenge).await
+        };
+        looked_up.await.unwrap_or_else(|error| {
+            if self.warnings.ready() {
+                tracing::warn!(%error, "ACME: cannot look up a challenge in storage (logged once a minute at most)");
+            }
+            None
+        })
+    }
+
+    /// Whether an instance holds the ordering lock, as last seen within [`ORDERING_SEEN_FOR`].
+    async fn someone_orders(&self, storage: &Storage) -> Result<bool, String> {
+        let seen = *self.ordering.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, ordering)) = seen
+            && at.elapsed() < ORDERING_SEEN_FOR
+        {
+            return Ok(ordering);
+        }
+        let ordering = storage.locked().await?;
+        *self.ordering.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), ordering));
+        Ok(ordering)
     }
 
     fn own(&self) -> std::sync::MutexGuard<'_, HashMap<Challenge, String>> {
         self.own.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The challenges one order published: withdrawn when the order is done, and from this
+/// instance's memory when it is dropped half way (a timeout, a lost lock); what stays in
+/// shared storage then expires with its TTL.
+pub(super) struct Published<'a> {
+    challenges: &'a Challenges,
+    storage: &'a Storage,
+    published: Vec<Challenge>,
+}
+
+impl<'a> Published<'a> {
+    pub(super) fn new(challenges: &'a Challenges, storage: &'a Storage) -> Published<'a> {
+        Published {
+            challenges,
+            storage,
+            published: Vec::new(),
+        }
+    }
+
+    /// Answers `challenge` with `key_authorization` from now on, on every instance.
+    pub(super) async fn publish(
+        &mut self,
+        challenge: Challenge,
+        key_authorization: &str,
+    ) -> Result<(), String> {
+        self.storage.publish(&challenge, key_authorization).await?;
+        self.challenges
+            .own()
+            .insert(challenge.clone(), key_authorization.to_owned());
+        self.published.push(challenge);
+        Ok(())
+    }
+
+    pub(super) async fn withdraw(mut self) {
+        for challenge in std::mem::take(&mut self.published) {
+            self.challenges.own().remove(&challenge);
+            if let Err(error) = self.storage.withdraw(&challenge).await {
+                tracing::debug!(%error, "an answered ACME challenge stays in storage until its TTL");
+            }
+        }
+    }
+}
+
+impl Drop for Published<'_> {
+    fn drop(&mut self) {
+        let mut own = self.challenges.own();
+        for challenge in &self.published {
+            own.remove(challenge);
+        }
     }
 }
 

@@ -1,6 +1,6 @@
-//! instant-acme's HTTP over floodgate's own client ([`OneShot`]): each call bounded in
-//! time, and the CA's `Retry-After` on a refusal kept for the backoff (instant-acme's
-//! errors do not carry it).
+//! instant-acme's HTTP over floodgate's own client ([`OneShot`]): each call, its body
+//! included, bounded in time and size, and the CA's `Retry-After` on a refusal kept for the
+//! backoff (instant-acme's errors do not carry it).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,12 +9,17 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{Request, StatusCode, header};
+use http_body_util::{BodyExt as _, Full, Limited};
 use instant_acme::{BodyWrapper, BytesResponse, HttpClient};
 
 use crate::outbound::OneShot;
 
-/// How long one call to the CA may take.
+/// How long one call to the CA may take, its body read.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest answer read from the CA (a certificate chain is a few KB).
+const MAX_BODY: usize = 1 << 20;
+/// The longest `Retry-After` taken from the CA.
+const LONGEST_ASKED: Duration = Duration::from_secs(30 * 86_400);
 
 #[derive(Clone)]
 pub(super) struct CaClient {
@@ -49,7 +54,17 @@ impl HttpClient for CaClient {
     ) -> Pin<Box<dyn Future<Output = Result<BytesResponse, instant_acme::Error>> + Send>> {
         let this = self.clone();
         Box::pin(async move {
-            let response = tokio::time::timeout(CALL_TIMEOUT, this.client.send(request))
+            let call = async {
+                let response = this.client.send(request).await?;
+                let (head, body) = response.into_parts();
+                let body = Limited::new(body, MAX_BODY)
+                    .collect()
+                    .await
+                    .map_err(|error| format!("the CA's answer: {error}"))?
+                    .to_bytes();
+                Ok::<_, String>(http::Response::from_parts(head, Full::new(body)))
+            };
+            let response = tokio::time::timeout(CALL_TIMEOUT, call)
                 .await
                 .map_err(|_| instant_acme::Error::Str("the CA did not answer within 30 s"))?
                 .map_err(|error| instant_acme::Error::Other(error.into()))?;
@@ -69,12 +84,14 @@ impl HttpClient for CaClient {
     }
 }
 
-/// A `Retry-After` value: seconds, or an HTTP date.
+/// A `Retry-After` value: seconds, or an HTTP date; at most [`LONGEST_ASKED`] away.
 fn retry_after(value: &str) -> Option<SystemTime> {
-    match value.trim().parse::<u64>() {
-        Ok(seconds) => Some(SystemTime::now() + Duration::from_secs(seconds)),
-        Err(_) => httpdate::parse_http_date(value.trim()).ok(),
-    }
+    let now = SystemTime::now();
+    let at = match value.trim().parse::<u64>() {
+        Ok(seconds) => now.checked_add(Duration::from_secs(seconds).min(LONGEST_ASKED))?,
+        Err(_) => httpdate::parse_http_date(value.trim()).ok()?,
+    };
+    Some(at.min(now + LONGEST_ASKED))
 }
 
 #[cfg(test)]
@@ -91,5 +108,10 @@ mod tests {
             Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480))
         );
         assert_eq!(retry_after("soon"), None);
+        // A CA asking for ages (or garbage that parses) waits 30 days at most.
+        for ages in ["18446744073709551615", "Fri, 31 Dec 9999 23:59:59 GMT"] {
+            let at = retry_after(ages).unwrap();
+            assert!(at.duration_since(SystemTime::now()).unwrap() <= LONGEST_ASKED);
+        }
     }
 }

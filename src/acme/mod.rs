@@ -17,7 +17,7 @@ mod schedule;
 mod storage;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
@@ -44,15 +44,16 @@ const SHARED_POLL: Duration = Duration::from_secs(5);
 const DISK_POLL: Duration = Duration::from_secs(60);
 /// The ordering lock's lease; extended while the order runs.
 const LEASE: Duration = Duration::from_secs(60);
-/// One attempt at most (the CA's validations included).
-const ATTEMPT: Duration = Duration::from_secs(300);
-/// Storage failures are logged at most this often.
+/// One attempt at most (two orders' validations and the issuance included).
+const ATTEMPT: Duration = Duration::from_secs(600);
+/// How long the CA's renewal information may take.
+const ARI_TIMEOUT: Duration = Duration::from_secs(60);
+/// Failures of storage and of challenge lookups are logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// The ACME certificate of one configuration's `[server.tls.acme]`, kept across reloads
 /// that do not change the table. Dropping it stops its manager.
 pub(crate) struct Acme {
-    pub(crate) config: AcmeConfig,
     shared: Arc<Shared>,
     manager: tokio::task::JoinHandle<()>,
 }
@@ -65,6 +66,8 @@ pub(crate) struct Served {
     pub(crate) not_after: i64,
     not_before: i64,
     stored: StoredCertificate,
+    /// Obtained for the previous configuration's names: served until this one's arrives.
+    inherited: bool,
 }
 
 struct Shared {
@@ -75,6 +78,11 @@ struct Shared {
     served: ArcSwapOption<Served>,
     /// When the served certificate is due for renewal (Unix seconds).
     renew_at: AtomicI64,
+    /// No attempt before this (Unix seconds): the backoff after a failure, a pause after
+    /// a success; kept here as well as in storage, which may be what fails.
+    not_before: AtomicI64,
+    /// The served certificate could not be stored yet.
+    unsaved: AtomicBool,
     /// When to ask the CA's ARI next (Unix seconds; `i64::MAX`: the CA has none).
     ask_ari_at: AtomicI64,
     orders_ok: Counter,
@@ -82,16 +90,18 @@ struct Shared {
     expiry: CertificateExpiry,
     /// The lock's holder name: this manager's.
     holder: String,
-    last_warning: std::sync::Mutex<Option<Instant>>,
+    storage_warnings: LogThrottle,
 }
 
 impl Acme {
-    /// Starts managing `config`'s certificate, keeping it in Redis with `redis`. Must run
-    /// inside the runtime.
+    /// Starts managing `config`'s certificate, keeping it in Redis with `redis`, serving
+    /// `previous` (the certificate of the configuration this one replaces) until its own
+    /// is there. Must run inside the runtime.
     pub(crate) fn start(
         config: &AcmeConfig,
         redis: Option<&RedisConfig>,
         metrics: &Metrics,
+        previous: Option<&Acme>,
     ) -> Result<Arc<Acme>, StoreError> {
         let storage = Storage::new(
             &config.directory,
@@ -99,6 +109,9 @@ impl Acme {
             config.storage.as_deref(),
             redis,
         )?;
+        if let Err(error) = storage.prepare() {
+            tracing::warn!(%error, "ACME: cannot make the storage directory; certificates obtained will not be kept");
+        }
         let client = match &config.ca {
             Some(roots) => {
                 // Each was checked to be a usable root when the configuration was loaded.
@@ -109,31 +122,43 @@ impl Acme {
             None => OneShot::with_native_roots(),
         };
         tracing::info!(names = ?config.domains, directory = %config.directory, storage = %storage.describe(), "ACME: managing a certificate");
+        let inherited = previous.and_then(Acme::served).map(|served| {
+            Arc::new(Served {
+                key: served.key.clone(),
+                names: served.names.clone(),
+                not_after: served.not_after,
+                not_before: served.not_before,
+                stored: served.stored.clone(),
+                inherited: true,
+            })
+        });
         let shared = Arc::new(Shared {
             config: config.clone(),
             storage,
             challenges: Challenges::new(),
             client: CaClient::new(client),
-            served: ArcSwapOption::empty(),
+            served: ArcSwapOption::new(inherited),
             renew_at: AtomicI64::new(i64::MIN),
+            not_before: AtomicI64::new(i64::MIN),
+            unsaved: AtomicBool::new(false),
             ask_ari_at: AtomicI64::new(i64::MIN),
             orders_ok: metrics.acme_orders("ok"),
             orders_failed: metrics.acme_orders("error"),
             expiry: metrics.certificate_expiry(),
             holder: format!("{:016x}", fastrand::u64(..)),
-            last_warning: std::sync::Mutex::new(None),
+            storage_warnings: LogThrottle::default(),
         });
         let manager = tokio::spawn(manage(shared.clone()));
-        Ok(Arc::new(Acme {
-            config: config.clone(),
-            shared,
-            manager,
-        }))
+        Ok(Arc::new(Acme { shared, manager }))
+    }
+
+    pub(crate) fn config(&self) -> &AcmeConfig {
+        &self.shared.config
     }
 
     /// The label of its expiry series: its first name.
     pub(crate) fn label(&self) -> &str {
-        &self.config.domains[0]
+        &self.shared.config.domains[0]
     }
 
     /// The certificate in service, once there is one.
@@ -141,20 +166,27 @@ impl Acme {
         self.shared.served.load_full()
     }
 
-    /// The key authorization answering http-01 `token`, published by any instance.
-    pub(crate) async fn http_answer(&self, token: &str) -> Option<Bytes> {
+    /// The key authorization answering http-01 `token` for `host`, published by any
+    /// instance; `None` when `host` is not one of the names (the request is then routed
+    /// as any other, to an app that may answer its own challenges).
+    pub(crate) async fn http_answer(&self, host: &str, token: &str) -> Option<Option<Bytes>> {
+        if !self.holds(host) {
+            return None;
+        }
         let challenge = Challenge::Http(token.to_owned());
-        self.shared
-            .challenges
-            .answer(&self.shared.storage, &challenge)
-            .await
-            .map(Bytes::from)
+        Some(
+            self.shared
+                .challenges
+                .answer(&self.shared.storage, &challenge)
+                .await
+                .map(Bytes::from),
+        )
     }
 
     /// The certificate answering tls-alpn-01 for `name` (lower case), when a challenge for
     /// it is pending on any instance.
     pub(crate) async fn alpn_answer(&self, name: &str) -> Option<Arc<CertifiedKey>> {
-        if !self.config.domains.iter().any(|domain| domain == name) {
+        if !self.holds(name) {
             return None;
         }
         let challenge = Challenge::TlsAlpn(name.to_owned());
@@ -167,12 +199,17 @@ impl Acme {
             .inspect_err(|error| tracing::warn!(%error, "cannot make the tls-alpn-01 certificate"))
             .ok()
     }
+
+    /// Whether `name` (lower case) is one of the names.
+    fn holds(&self, name: &str) -> bool {
+        self.shared.config.domains.iter().any(|domain| domain == name)
+    }
 }
 
 impl std::fmt::Debug for Acme {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Acme")
-            .field("domains", &self.config.domains)
+            .field("domains", &self.shared.config.domains)
             .finish()
     }
 }
@@ -180,6 +217,23 @@ impl std::fmt::Debug for Acme {
 impl Drop for Acme {
     fn drop(&mut self) {
         self.manager.abort();
+    }
+}
+
+/// Logs at most once per [`LOG_EVERY`]: failures a client or a dead Redis can repeat
+/// must not flood the log.
+#[derive(Default)]
+pub(super) struct LogThrottle(std::sync::Mutex<Option<Instant>>);
+
+impl LogThrottle {
+    /// Whether to log now.
+    pub(super) fn ready(&self) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let ready = last.is_none_or(|at| at.elapsed() >= LOG_EVERY);
+        if ready {
+            *last = Some(Instant::now());
+        }
+        ready
     }
 }
 
@@ -195,9 +249,16 @@ impl Shared {
     /// long to wait before the next look.
     async fn step(&self) -> Duration {
         self.pick_up_stored().await;
-        self.ask_ari().await;
+        self.save_unsaved().await;
+        if tokio::time::timeout(ARI_TIMEOUT, self.ask_ari()).await.is_err() {
+            tracing::debug!("ACME: the CA's renewal information took too long; asking again in an hour");
+            self.ask_ari_at.store(unix_now() + 3600, Ordering::Relaxed);
+        }
         let now = unix_now();
-        let due = self.renew_at.load(Ordering::Relaxed);
+        let due = self
+            .renew_at
+            .load(Ordering::Relaxed)
+            .max(self.not_before.load(Ordering::Relaxed));
         if due > now {
             return self.poll(due - now);
         }
@@ -220,14 +281,16 @@ impl Shared {
         }
         // Another instance may have stored one since the first look.
         self.pick_up_stored().await;
-        if self.renew_at.load(Ordering::Relaxed) <= unix_now() {
+        let wait = if self.renew_at.load(Ordering::Relaxed) <= unix_now() {
             let result = self.attempt_holding_the_lock().await;
-            self.record(result).await;
-        }
+            self.record(result).await
+        } else {
+            Duration::ZERO
+        };
         if let Err(error) = self.storage.unlock(&self.holder).await {
             tracing::debug!(%error, "ACME: the ordering lock is left to expire");
         }
-        Duration::ZERO
+        wait
     }
 
     /// How long to wait for something `seconds` away, looking at storage meanwhile.
@@ -240,27 +303,45 @@ impl Shared {
         Duration::from_secs(seconds.max(1) as u64).min(most)
     }
 
-    /// Serves the stored certificate when it is new and valid.
+    /// Serves the stored certificate when it is valid and newer than the one served (or
+    /// that one was the previous configuration's).
     async fn pick_up_stored(&self) {
         let stored = match self.storage.certificate().await {
             Ok(Some(stored)) => stored,
             Ok(None) => return,
             Err(error) => return self.warn_storage(&error),
         };
-        if self
-            .served
-            .load()
-            .as_ref()
-            .is_some_and(|served| served.stored == stored)
-        {
+        let current = self.served.load_full();
+        if current.as_ref().is_some_and(|served| served.stored == stored) {
             return;
         }
         match served(stored) {
-            Ok(served) if served.not_after > unix_now() => self.install(served),
-            Ok(_) => {}
+            Ok(stored) if stored.not_after <= unix_now() => {}
+            Ok(stored) => {
+                let newer = current
+                    .as_ref()
+                    .is_none_or(|served| served.inherited || stored.not_after > served.not_after);
+                if newer {
+                    self.install(stored);
+                }
+            }
             Err(error) => {
                 tracing::warn!(storage = %self.storage.describe(), %error, "ACME: the stored certificate cannot be used")
             }
+        }
+    }
+
+    /// Stores the served certificate when that failed when it was obtained.
+    async fn save_unsaved(&self) {
+        if !self.unsaved.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(served) = self.served.load_full() else {
+            return;
+        };
+        match self.storage.save_certificate(&served.stored).await {
+            Ok(()) => self.unsaved.store(false, Ordering::Relaxed),
+            Err(error) => self.warn_storage(&error),
         }
     }
 
@@ -282,7 +363,7 @@ impl Shared {
         if self.ask_ari_at.load(Ordering::Relaxed) > now {
             return;
         }
-        let Some(served) = self.served.load_full() else {
+        let Some(served) = self.served.load_full().filter(|served| !served.inherited) else {
             return;
         };
         let Ok(Some(credentials)) = self.storage.account().await else {
@@ -323,15 +404,15 @@ impl Shared {
         }
     }
 
+    /// An attempt, while keeping the lock's lease; abandoned if another instance took
+    /// the lock meanwhile (its lease ran out), so that two never order at once for long.
     async fn attempt_holding_the_lock(&self) -> Result<Served, String> {
         let keep_lease = async {
             loop {
                 tokio::time::sleep(LEASE / 3).await;
                 match self.storage.lock(&self.holder, LEASE).await {
                     Ok(true) => {}
-                    Ok(false) => {
-                        tracing::warn!("ACME: another instance took the ordering lock during an order")
-                    }
+                    Ok(false) => return,
                     Err(error) => self.warn_storage(&error),
                 }
             }
@@ -340,7 +421,7 @@ impl Shared {
             result = tokio::time::timeout(ATTEMPT, self.attempt()) => {
                 result.unwrap_or_else(|_| Err(format!("not done within {} s", ATTEMPT.as_secs())))
             }
-            () = keep_lease => unreachable!("the lease is kept until the attempt ends"),
+            () = keep_lease => Err("another instance took the ordering lock".to_owned()),
         }
     }
 
@@ -361,19 +442,31 @@ impl Shared {
             Err(order::Failure::Other(detail)) => return Err(detail),
         };
         let served = served(stored)?;
-        self.storage.save_certificate(&served.stored).await?;
+        // Served even when it cannot be stored now: storing is tried again at every look.
+        if let Err(error) = self.storage.save_certificate(&served.stored).await {
+            self.warn_storage(&error);
+            self.unsaved.store(true, Ordering::Relaxed);
+        }
         Ok(served)
     }
 
-    async fn record(&self, result: Result<Served, String>) {
+    /// Counts and logs an attempt, serves what it obtained, and sets when the next one may
+    /// be made; returns how long to wait before the next look.
+    async fn record(&self, result: Result<Served, String>) -> Duration {
         let now = unix_now();
         match result {
             Ok(served) => {
                 if let Err(error) = self.storage.clear_retry().await {
                     self.warn_storage(&error);
                 }
+                // A certificate due at once (a clock far off, a short-lived profile) is not
+                // ordered again straight away.
+                let pause = ((served.not_after - served.not_before) / 3)
+                    .clamp(1, schedule::LONGEST_RETRY.as_secs() as i64);
+                self.not_before.store(now + pause, Ordering::Relaxed);
                 self.orders_ok.inc();
                 self.install(served);
+                Duration::ZERO
             }
             Err(error) => {
                 let failures = match self.storage.retry().await {
@@ -382,14 +475,13 @@ impl Shared {
                 };
                 let wait = schedule::retry_delay(failures, self.client.take_retry_after());
                 tracing::warn!(names = ?self.config.domains, %error, failures, retry_in = ?wait, "ACME: could not obtain a certificate; the current one stays in service");
-                if let Err(error) = self
-                    .storage
-                    .set_retry(now + wait.as_secs() as i64, failures, wait)
-                    .await
-                {
+                let at = now.saturating_add(wait.as_secs() as i64);
+                self.not_before.store(at, Ordering::Relaxed);
+                if let Err(error) = self.storage.set_retry(at, failures, wait).await {
                     self.warn_storage(&error);
                 }
                 self.orders_failed.inc();
+                wait.min(self.poll(i64::MAX))
             }
         }
     }
@@ -432,9 +524,7 @@ impl Shared {
     }
 
     fn warn_storage(&self, error: &str) {
-        let mut last = self.last_warning.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
-            *last = Some(Instant::now());
+        if self.storage_warnings.ready() {
             tracing::warn!(storage = %self.storage.describe(), %error, "ACME: storage failed (logged once a minute at most)");
         }
     }
@@ -455,6 +545,7 @@ fn served(stored: StoredCertificate) -> Result<Served, String> {
         not_before: facts.not_before,
         not_after: facts.not_after,
         stored,
+        inherited: false,
     })
 }
 

@@ -10,7 +10,7 @@ use instant_acme::{
     Account, AuthorizationStatus, ChallengeType, Identifier, NewOrder, Order, OrderStatus, RetryPolicy,
 };
 
-use super::challenge::Challenges;
+use super::challenge::{Challenges, NOTICE, Published};
 use super::storage::{Challenge, Storage, StoredCertificate};
 
 /// How long the CA may take to validate the challenges, and to issue.
@@ -52,11 +52,9 @@ pub(super) async fn obtain(
                 }
                 _ => Failure::Other(format!("new order: {e}")),
             })?;
-        let mut published = Vec::new();
-        let validated = validate(&mut order, &over_tls, challenges, storage, &mut published).await;
-        for challenge in &published {
-            challenges.withdraw(storage, challenge).await;
-        }
+        let mut published = Published::new(challenges, storage);
+        let validated = validate(&mut order, &over_tls, storage.shared(), &mut published).await;
+        published.withdraw().await;
         match validated {
             Ok(OrderStatus::Ready) => return Ok(finalize(&mut order, domains).await?),
             outcome => {
@@ -82,10 +80,10 @@ pub(super) async fn obtain(
 async fn validate(
     order: &mut Order,
     over_tls: &HashSet<String>,
-    challenges: &Challenges,
-    storage: &Storage,
-    published: &mut Vec<Challenge>,
+    shared: bool,
+    published: &mut Published<'_>,
 ) -> Result<OrderStatus, String> {
+    let mut noticed = !shared;
     let mut authorizations = order.authorizations();
     while let Some(authorization) = authorizations.next().await {
         let mut authorization = authorization.map_err(|e| format!("authorization: {e}"))?;
@@ -95,22 +93,30 @@ async fn validate(
             status => return Err(format!("an authorization is {status:?}")),
         }
         let name = authorization.identifier().to_string();
-        let (kind, answer) = if over_tls.contains(&name) {
-            (ChallengeType::TlsAlpn01, Challenge::TlsAlpn(name.clone()))
+        // http-01 first, unless it failed for this name or the CA does not offer it.
+        let offers_http = authorization
+            .challenges
+            .iter()
+            .any(|c| c.r#type == ChallengeType::Http01);
+        let kind = if over_tls.contains(&name) || !offers_http {
+            ChallengeType::TlsAlpn01
         } else {
-            (ChallengeType::Http01, Challenge::Http(String::new()))
+            ChallengeType::Http01
         };
         let mut challenge = authorization
             .challenge(kind.clone())
-            .ok_or_else(|| format!("the CA offers no {kind:?} challenge for {name}"))?;
-        let answer = match answer {
-            Challenge::Http(_) => Challenge::Http(challenge.token.clone()),
-            tls => tls,
+            .ok_or_else(|| format!("the CA offers neither http-01 nor tls-alpn-01 for {name}"))?;
+        let answer = match kind {
+            ChallengeType::Http01 => Challenge::Http(challenge.token.clone()),
+            _ => Challenge::TlsAlpn(name.clone()),
         };
-        challenges
-            .publish(storage, answer.clone(), challenge.key_authorization().as_str())
+        published
+            .publish(answer, challenge.key_authorization().as_str())
             .await?;
-        published.push(answer);
+        if !noticed {
+            tokio::time::sleep(NOTICE).await;
+            noticed = true;
+        }
         challenge
             .set_ready()
             .await

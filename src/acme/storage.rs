@@ -58,26 +58,12 @@ struct InRedis {
     /// Made on first use, and again after a failure to connect.
     connection: Mutex<Option<Connection>>,
     prefix: String,
-    take_over: Script,
+    take_lock: Script,
     let_go: Script,
 }
 
-/// Extends the lock's lease when `ARGV[1]` holds it (or takes it when free).
-const TAKE_OVER_LUA: &str = r"
-local holder = redis.call('GET', KEYS[1])
-if holder == false or holder == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-";
-/// Deletes the lock when `ARGV[1]` holds it.
-const LET_GO_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-";
+const TAKE_LOCK_LUA: &str = include_str!("scripts/take_lock.lua");
+const LET_GO_LUA: &str = include_str!("scripts/let_go.lua");
 
 impl Storage {
     /// The storage of `domains`' certificate from `directory`: in Redis with `redis`,
@@ -97,11 +83,13 @@ impl Storage {
                 source: Source::new(&redis.target, TIMEOUT)?,
                 connection: Mutex::new(None),
                 prefix: redis.prefix.clone(),
-                take_over: Script::new(TAKE_OVER_LUA),
+                take_lock: Script::new(TAKE_LOCK_LUA),
                 let_go: Script::new(LET_GO_LUA),
             })),
             (None, disk) => {
-                let root = disk.map_or_else(|| PathBuf::from("acme"), Path::to_path_buf);
+                let root = disk
+                    .expect("validated: storage is required without [redis]")
+                    .to_path_buf();
                 Place::Disk {
                     directory: root.join(format!("{}-{set}", sorted[0])),
                     root,
@@ -109,6 +97,15 @@ impl Storage {
             }
         };
         Ok(Storage { set, account, place })
+    }
+
+    /// Makes the storage directory (mode 0700) when on disk and missing, so that a place
+    /// floodgate cannot write is reported at start rather than after an order.
+    pub(crate) fn prepare(&self) -> Result<(), String> {
+        match &self.place {
+            Place::Disk { root, .. } => create_private(root),
+            Place::Redis(_) => Ok(()),
+        }
     }
 
     /// Whether other instances share this storage (and so the challenges and the lock).
@@ -127,7 +124,7 @@ impl Storage {
     /// The account's credentials (JSON), when one was made.
     pub(crate) async fn account(&self) -> Result<Option<String>, String> {
         match &self.place {
-            Place::Disk { root, .. } => read(&root.join(format!("account-{}.json", self.account))),
+            Place::Disk { root, .. } => read(root.join(format!("account-{}.json", self.account))).await,
             Place::Redis(_) => {
                 self.redis(redis::cmd("GET").arg(self.key("account", &self.account)))
                     .await
@@ -137,7 +134,14 @@ impl Storage {
 
     pub(crate) async fn save_account(&self, credentials: &str) -> Result<(), String> {
         match &self.place {
-            Place::Disk { root, .. } => write(root, &format!("account-{}.json", self.account), credentials),
+            Place::Disk { root, .. } => {
+                write(
+                    root.clone(),
+                    format!("account-{}.json", self.account),
+                    credentials.to_owned(),
+                )
+                .await
+            }
             Place::Redis(_) => {
                 self.redis(
                     redis::cmd("SET")
@@ -153,8 +157,8 @@ impl Storage {
     pub(crate) async fn certificate(&self) -> Result<Option<StoredCertificate>, String> {
         match &self.place {
             Place::Disk { directory, .. } => {
-                let chain = read(&directory.join("certificate.pem"))?;
-                let key = read(&directory.join("key.pem"))?;
+                let chain = read(directory.join("certificate.pem")).await?;
+                let key = read(directory.join("key.pem")).await?;
                 Ok(chain
                     .zip(key)
                     .map(|(chain, key)| StoredCertificate { chain, key }))
@@ -181,8 +185,13 @@ impl Storage {
     pub(crate) async fn save_certificate(&self, certificate: &StoredCertificate) -> Result<(), String> {
         match &self.place {
             Place::Disk { directory, .. } => {
-                write(directory, "key.pem", &certificate.key)?;
-                write(directory, "certificate.pem", &certificate.chain)
+                write(directory.clone(), "key.pem".to_owned(), certificate.key.clone()).await?;
+                write(
+                    directory.clone(),
+                    "certificate.pem".to_owned(),
+                    certificate.chain.clone(),
+                )
+                .await
             }
             Place::Redis(_) => {
                 self.redis(
@@ -237,14 +246,25 @@ impl Storage {
         let Place::Redis(redis) = &self.place else {
             return Ok(true);
         };
-        let mut invocation = redis.take_over.prepare_invoke();
+        let mut invocation = redis.take_lock.prepare_invoke();
         invocation
             .key(self.key("lock", &self.set))
             .arg(holder)
             .arg(lease.as_millis() as u64);
         let mut connection = self.connection().await?;
-        let taken: u8 = within(invocation.invoke_async(&mut connection)).await?;
+        let taken: u8 = self.within(invocation.invoke_async(&mut connection)).await?;
         Ok(taken == 1)
+    }
+
+    /// Whether an instance holds the lock (and so may have published challenges).
+    pub(crate) async fn locked(&self) -> Result<bool, String> {
+        if !self.shared() {
+            return Ok(false);
+        }
+        let held: u8 = self
+            .redis(redis::cmd("EXISTS").arg(self.key("lock", &self.set)))
+            .await?;
+        Ok(held == 1)
     }
 
     pub(crate) async fn unlock(&self, holder: &str) -> Result<(), String> {
@@ -254,7 +274,7 @@ impl Storage {
         let mut invocation = redis.let_go.prepare_invoke();
         invocation.key(self.key("lock", &self.set)).arg(holder);
         let mut connection = self.connection().await?;
-        within(invocation.invoke_async::<u8>(&mut connection))
+        self.within(invocation.invoke_async::<u8>(&mut connection))
             .await
             .map(drop)
     }
@@ -262,7 +282,7 @@ impl Storage {
     /// When the next attempt may be made after failures, and how many failed in a row.
     pub(crate) async fn retry(&self) -> Result<Option<(i64, u32)>, String> {
         let text = match &self.place {
-            Place::Disk { directory, .. } => read(&directory.join("retry"))?,
+            Place::Disk { directory, .. } => read(directory.join("retry")).await?,
             Place::Redis(_) => {
                 self.redis(redis::cmd("GET").arg(self.key("retry", &self.set)))
                     .await?
@@ -279,10 +299,10 @@ impl Storage {
     pub(crate) async fn set_retry(&self, at: i64, failures: u32, wait: Duration) -> Result<(), String> {
         let text = format!("{at} {failures}");
         match &self.place {
-            Place::Disk { directory, .. } => write(directory, "retry", &text),
+            Place::Disk { directory, .. } => write(directory.clone(), "retry".to_owned(), text).await,
             Place::Redis(_) => {
                 // Kept a day past the retry, so that the count of failures doubles on.
-                let ttl = wait + Duration::from_secs(86_400);
+                let ttl = wait.saturating_add(Duration::from_secs(86_400));
                 self.redis(
                     redis::cmd("SET")
                         .arg(self.key("retry", &self.set))
@@ -297,7 +317,7 @@ impl Storage {
 
     pub(crate) async fn clear_retry(&self) -> Result<(), String> {
         match &self.place {
-            Place::Disk { directory, .. } => match std::fs::remove_file(directory.join("retry")) {
+            Place::Disk { directory, .. } => match tokio::fs::remove_file(directory.join("retry")).await {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
                 _ => Ok(()),
             },
@@ -340,15 +360,23 @@ impl Storage {
 
     async fn redis<T: redis::FromRedisValue>(&self, command: &mut redis::Cmd) -> Result<T, String> {
         let mut connection = self.connection().await?;
-        within(command.query_async(&mut connection)).await
+        self.within(command.query_async(&mut connection)).await
     }
-}
 
-async fn within<T>(call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, String> {
-    tokio::time::timeout(TIMEOUT, call)
-        .await
-        .map_err(|_| "Redis: no answer within 5 s".to_owned())?
-        .map_err(|e| format!("Redis: {e}"))
+    /// `call`'s answer within [`TIMEOUT`]. A failure drops the connection, so that the next
+    /// operation connects anew (through sentinels: to the master they name after a
+    /// failover).
+    async fn within<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, String> {
+        let answer = match tokio::time::timeout(TIMEOUT, call).await {
+            Ok(Ok(answer)) => return Ok(answer),
+            Ok(Err(error)) => format!("Redis: {error}"),
+            Err(_) => "Redis: no answer within 5 s".to_owned(),
+        };
+        if let Place::Redis(redis) = &self.place {
+            *redis.connection.lock().await = None;
+        }
+        Err(answer)
+    }
 }
 
 /// The first 16 hex digits of SHA-256 of `bytes`.
@@ -359,8 +387,8 @@ fn hex_digest(bytes: &[u8]) -> String {
 }
 
 /// A file's text, or `None` when it does not exist.
-fn read(path: &Path) -> Result<Option<String>, String> {
-    match std::fs::read_to_string(path) {
+async fn read(path: PathBuf) -> Result<Option<String>, String> {
+    match tokio::fs::read_to_string(&path).await {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("{}: {e}", path.display())),
@@ -368,24 +396,34 @@ fn read(path: &Path) -> Result<Option<String>, String> {
 }
 
 /// Replaces `directory/name` with `text` whole (a new file renamed over it), readable by
-/// floodgate's user alone; makes `directory` (mode 0700) when missing.
-fn write(directory: &Path, name: &str, text: &str) -> Result<(), String> {
-    use std::io::Write as _;
+/// floodgate's user alone; makes `directory` (mode 0700) when missing. Off the runtime's
+/// threads: it waits for the disk.
+async fn write(directory: PathBuf, name: String, text: String) -> Result<(), String> {
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        create_private(&directory)?;
+        let path = directory.join(name);
+        let mut file = tempfile::NamedTempFile::new_in(&directory)
+            .map_err(|e| format!("{}: {e}", directory.display()))?;
+        file.write_all(text.as_bytes())
+            .and_then(|()| file.as_file().sync_all())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        file.persist(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Makes `directory` and its missing parents, mode 0700.
+fn create_private(directory: &Path) -> Result<(), String> {
     use std::os::unix::fs::DirBuilderExt as _;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(directory)
-        .map_err(|e| format!("{}: {e}", directory.display()))?;
-    let path = directory.join(name);
-    let mut file =
-        tempfile::NamedTempFile::new_in(directory).map_err(|e| format!("{}: {e}", directory.display()))?;
-    file.write_all(text.as_bytes())
-        .and_then(|()| file.as_file().sync_all())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    file.persist(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(())
+        .map_err(|e| format!("{}: {e}", directory.display()))
 }
 
 #[cfg(test)]

@@ -245,12 +245,14 @@ async fn serve(
     let host = host.as_ref();
     let path = record.path.as_str();
     // Before routing, limits and redirect_http: the CA must reach it.
+    // Boxed: rare, and its storage lookup would otherwise enlarge every request's future.
     if !client.peer.tls
         && let Some(acme) = &state.acme
         && let Some(token) = crate::acme::http_token(path)
+        && let Some(answer) =
+            Box::pin(acme.http_answer(&normalize_host(host).unwrap_or_default(), token)).await
     {
-        // Boxed: rare, and its storage lookup would otherwise enlarge every request's future.
-        return Err(match Box::pin(acme.http_answer(token)).await {
+        return Err(match answer {
             Some(key_authorization) => OwnAnswer::AcmeChallenge(key_authorization),
             None => GatewayError::NoChallenge.into(),
         });

@@ -10,8 +10,8 @@ use super::limits::RouteLimits;
 use crate::acme::Acme;
 use crate::client_ip::TrustedProxies;
 use crate::config::{Config, DEFAULT_PREFIX, KeyPart, RedisConfig, RespondConfig, RouteTarget, Site};
-use crate::limit::redis::StoreError;
 use crate::limit::redis::refusals::RefusalCache;
+use crate::limit::redis::{RedisTarget, StoreError};
 use crate::limit::store::{LimitStore, OnError, RedisSeries};
 use crate::metrics::Metrics;
 use crate::router::Router;
@@ -62,18 +62,16 @@ fn same_store(old: &Option<RedisConfig>, new: &Option<RedisConfig>) -> bool {
     }
 }
 
-/// Whether an ACME manager can go on under `new`: the same `[redis]` keeps its account,
-/// certificate and lock where they are.
-fn same_acme_store(previous: &Option<&GatewayState>, new: &Config) -> bool {
-    previous.is_some_and(|previous| {
-        let place = |config: &Config| {
-            config
-                .redis
-                .as_ref()
-                .map(|redis| (redis.target.clone(), redis.prefix.clone()))
-        };
-        place(&previous.config) == place(new)
-    })
+/// Whether an ACME manager can go on from `old` to `new`: the same `[redis]` (server and
+/// prefix) keeps its account, certificate and lock where they are.
+fn same_acme_store(old: &Config, new: &Config) -> bool {
+    fn place(config: &Config) -> Option<(&RedisTarget, &str)> {
+        config
+            .redis
+            .as_ref()
+            .map(|redis| (&redis.target, redis.prefix.as_str()))
+    }
+    place(old) == place(new)
 }
 
 /// A route's destination and limits, with their runtime objects.
@@ -193,15 +191,21 @@ impl GatewayState {
         let refusals = store.in_redis().then(RefusalCache::default);
         let acme = match config.server.tls.as_ref().and_then(|tls| tls.acme.as_ref()) {
             None => None,
-            Some(acme) => Some(
-                match previous
-                    .and_then(|previous| previous.acme.clone())
-                    .filter(|kept| kept.config == *acme && same_acme_store(&previous, &config))
-                {
-                    Some(kept) => kept,
-                    None => Acme::start(acme, config.redis.as_ref(), metrics)?,
-                },
-            ),
+            Some(acme) => {
+                let previous =
+                    previous.and_then(|previous| Some((previous.acme.as_ref()?, &previous.config)));
+                Some(match previous {
+                    Some((kept, old)) if kept.config() == acme && same_acme_store(old, &config) => {
+                        kept.clone()
+                    }
+                    _ => Acme::start(
+                        acme,
+                        config.redis.as_ref(),
+                        metrics,
+                        previous.map(|(acme, _)| &**acme),
+                    )?,
+                })
+            }
         };
         let tls = config.server.tls.as_ref().map(|tls| {
             let mut expiry: Vec<(String, i64)> = tls
