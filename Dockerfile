@@ -67,13 +67,16 @@ LABEL org.opencontainers.image.title="floodgate" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.base.name="docker.io/library/debian:bookworm-slim"
 
-# ca-certificates: rediss:// checks the server's certificate against the system roots.
+# ca-certificates: rediss:// and ACME CAs are checked against the system roots.
+# /var/lib/floodgate: the user's own directory, for [server.tls.acme]'s storage (mount a
+# volume there so that certificates outlive the container).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 floodgate \
  && useradd --system --uid 10001 --gid floodgate --no-create-home --home-dir /nonexistent \
-      --shell /usr/sbin/nologin floodgate
+      --shell /usr/sbin/nologin floodgate \
+ && install -d -o 10001 -g 10001 -m 0700 /var/lib/floodgate
 
 COPY --from=builder /build/target/release/floodgate /usr/local/bin/floodgate
 COPY --from=builder /build/gateway.toml /etc/floodgate/gateway.toml
