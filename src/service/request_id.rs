@@ -2,6 +2,7 @@
 //! proxy sent, so that one ID follows the request through every hop, or a new one; a
 //! client cannot choose the ID an app logs.
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::trace::RequestTrace;
@@ -33,7 +34,9 @@ pub(crate) fn decide(
     } else {
         trace.trace_id
     };
-    HeaderValue::from_bytes(&id.hex()).expect("hex digits")
+    // Owned by its `Bytes` from the start: the ID is cloned into the upstream request and
+    // the response, and a `Bytes` copied from a slice allocates again on its first clone.
+    HeaderValue::from_maybe_shared(Bytes::from_owner(id.hex())).expect("hex digits")
 }
 
 fn acceptable(value: &HeaderValue) -> bool {
