@@ -2,9 +2,11 @@
 //! whose DNS answers every name with 127.0.0.1, validating on the gateway's listeners.
 //! A certificate over http-01 (before routing, deny lists and redirect_http) and over
 //! tls-alpn-01 when http-01 fails, served by SNI; kept on disk and served again after a
-//! restart without an order; a reload that adds a name; renewal of pebble's short-lived
-//! certificates without a restart; instances sharing Redis that order once, the CA
-//! reaching another instance than the one ordering; a CA that is down at start.
+//! restart without an order; a reload that adds a name, from a CA that forgot the account;
+//! renewal of pebble's short-lived certificates without a restart, and earlier when the
+//! CA's renewal information (ARI, added in front of pebble 2.4, which has none) says so;
+//! instances sharing Redis that order once, the CA reaching another instance than the one
+//! ordering; a CA that is down at start.
 
 mod common;
 
@@ -350,6 +352,50 @@ async fn short_lived_certificates_are_renewed_without_a_restart() {
         .await;
     assert!(facts(&second).1 > facts(&first).1);
     assert!(orders(&gateway, "ok").await >= 2.0);
+    assert_eq!(orders(&gateway, "error").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cas_renewal_information_brings_a_renewal_forward() {
+    let (http, tls) = (free_port(), free_port());
+    let pebble = Pebble::start(http, tls, Some(Duration::from_secs(30)));
+    // The CA's renewal window has passed: renew now.
+    let front = pebble
+        .ari_front(|| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64;
+            (now - 60, now - 1)
+        })
+        .await;
+    let gateway = TestGateway::start(
+        Site {
+            listen: http,
+            tls,
+            directory: front.directory(),
+            ca_file: pebble.ca_file.clone(),
+            domains: &["ari.test"],
+            acme_keys: storage(&pebble.dir().join("acme-storage")),
+            ..Site::default()
+        }
+        .toml(),
+    )
+    .await;
+    let client = Trusting::new(&pebble).await;
+    let addr = gateway.tls.unwrap();
+    let first = client
+        .certificate(addr, "ari.test", Duration::from_secs(20))
+        .await;
+    let issued = Instant::now();
+    client
+        .certificate_where(addr, "ari.test", Duration::from_secs(30), |c| *c != first)
+        .await;
+    // Two thirds of the 30 s lifetime would be 20 s; after an order floodgate waits a
+    // third of the lifetime at least (10 s), then follows the CA's window.
+    let after = issued.elapsed();
+    assert!(after < Duration::from_secs(17), "renewed after {after:?}");
+    assert!(front.asked.load(std::sync::atomic::Ordering::SeqCst) >= 1);
     assert_eq!(orders(&gateway, "error").await, 0.0);
 }
 

@@ -181,3 +181,126 @@ impl Drop for Pebble {
         }
     }
 }
+
+/// pebble's directory with renewal information (ARI, RFC 9773) added, which Debian's
+/// pebble 2.4 lacks: an HTTPS server, trusted through the same `ca_file`, that serves
+/// pebble's directory with a `renewalInfo` URL of its own and answers every
+/// renewal-information request with the window `window()` gives (Unix seconds), asked anew
+/// each time. Everything else is pebble's own.
+pub(crate) struct AriFront {
+    pub port: u16,
+    /// Renewal-information requests answered.
+    pub asked: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AriFront {
+    pub(crate) fn directory(&self) -> String {
+        format!("https://127.0.0.1:{}/dir", self.port)
+    }
+}
+
+impl Drop for AriFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Pebble {
+    pub(crate) async fn ari_front(&self, window: fn() -> (i64, i64)) -> AriFront {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        // pebble's directory, as JSON, with the front's renewalInfo.
+        let stream = connect(
+            &self.ca.client(&[b"http/1.1"]),
+            ([127, 0, 0, 1], self.port).into(),
+            "127.0.0.1",
+        )
+        .await;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let request = http::Request::get("/dir")
+            .header("host", format!("127.0.0.1:{}", self.port))
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let body = sender
+            .send_request(request)
+            .await
+            .unwrap()
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut directory: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        directory["renewalInfo"] = format!("https://127.0.0.1:{port}/renewal-info").into();
+        let directory = bytes::Bytes::from(directory.to_string());
+        let issued = self.ca.issue(&["127.0.0.1", "localhost"]);
+        let server =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![issued.der.clone()],
+                    rustls::pki_types::PrivateKeyDer::from_pem_slice(issued.key.as_bytes()).unwrap(),
+                )
+                .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counted = asked.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (acceptor, directory, counted) = (acceptor.clone(), directory.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service =
+                        hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                            let (directory, counted) = (directory.clone(), counted.clone());
+                            async move {
+                                let path = request.uri().path();
+                                let response = if path == "/dir" {
+                                    http::Response::builder()
+                                        .header("content-type", "application/json")
+                                        .body(http_body_util::Full::new(directory))
+                                } else if path.starts_with("/renewal-info/") {
+                                    counted.fetch_add(1, Ordering::SeqCst);
+                                    let (start, end) = window();
+                                    let at = |s: i64| {
+                                        humantime::format_rfc3339_seconds(
+                                            std::time::UNIX_EPOCH + Duration::from_secs(s as u64),
+                                        )
+                                    };
+                                    http::Response::builder()
+                                        .header("content-type", "application/json")
+                                        .header("retry-after", "3600")
+                                        .body(http_body_util::Full::new(bytes::Bytes::from(format!(
+                                            r#"{{"suggestedWindow": {{"start": "{}", "end": "{}"}}}}"#,
+                                            at(start),
+                                            at(end)
+                                        ))))
+                                } else {
+                                    http::Response::builder()
+                                        .status(404)
+                                        .body(http_body_util::Full::new(bytes::Bytes::new()))
+                                };
+                                Ok::<_, std::convert::Infallible>(response.unwrap())
+                            }
+                        });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        AriFront { port, asked, task }
+    }
+}
