@@ -325,6 +325,45 @@ async fn tls_alpn01_proves_the_names_whose_http01_fails_in_the_same_attempt() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_requiring_external_account_binding_gets_it() {
+    const KID: &str = "kid-1";
+    const KEY: &str = "zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W";
+    let http = free_port();
+    let pebble = Pebble::start_requiring_eab(http, closed_port(), (KID, KEY));
+    let site = |listen: u16, eab: &str, storage_dir: &str| Site {
+        listen,
+        directory: pebble.directory(),
+        ca_file: pebble.ca_file.clone(),
+        domains: &["eab.test"],
+        acme_keys: format!("{}\n{eab}", storage(&pebble.dir().join(storage_dir))),
+        ..Site::default()
+    };
+    // Without the binding the CA refuses the account: an error, counted.
+    let unbound = TestGateway::start(site(0, "", "unbound").toml()).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while orders(&unbound, "error").await < 1.0 {
+        assert!(Instant::now() < deadline, "the refused account was not counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(unbound);
+    let gateway = TestGateway::start(
+        site(
+            http,
+            &format!("eab = {{ kid = \"{KID}\", hmac_key = \"{KEY}\" }}"),
+            "bound",
+        )
+        .toml(),
+    )
+    .await;
+    let client = Trusting::new(&pebble).await;
+    let certificate = client
+        .certificate(gateway.tls.unwrap(), "eab.test", Duration::from_secs(20))
+        .await;
+    assert_eq!(facts(&certificate).0, ["eab.test"]);
+    assert_eq!(orders(&gateway, "ok").await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_lived_certificates_are_renewed_without_a_restart() {
     let (http, tls) = (free_port(), free_port());
     let pebble = Pebble::start(http, tls, Some(Duration::from_secs(9)));

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
-use instant_acme::{Account, AccountCredentials, CertificateIdentifier, NewAccount};
+use instant_acme::{Account, AccountCredentials, CertificateIdentifier, ExternalAccountKey, NewAccount};
 use prometheus_client::metrics::counter::Counter;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -497,6 +497,11 @@ impl Shared {
     /// A new account, stored in place of any other.
     async fn new_account(&self) -> Result<Account, String> {
         let contact: Vec<&str> = self.config.contact.iter().map(String::as_str).collect();
+        let binding = self
+            .config
+            .eab
+            .as_ref()
+            .map(|eab| ExternalAccountKey::new(eab.kid.clone(), &eab.hmac_key));
         let (account, credentials) = Account::builder_with_http(Box::new(self.client.clone()))
             .create(
                 &NewAccount {
@@ -505,7 +510,7 @@ impl Shared {
                     only_return_existing: false,
                 },
                 self.config.directory.clone(),
-                None,
+                binding.as_ref(),
             )
             .await
             .map_err(|e| format!("new account: {e}"))?;

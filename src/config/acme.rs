@@ -8,7 +8,7 @@ use rustls::pki_types::CertificateDer;
 use toml::Spanned;
 
 use super::error::ErrorSink;
-use super::file::AcmeFile;
+use super::file::{AcmeFile, EabFile};
 use super::parse_spanned;
 
 /// `[server.tls.acme]`: certificates obtained from an ACME (RFC 8555) CA.
@@ -24,6 +24,25 @@ pub struct AcmeConfig {
     pub storage: Option<PathBuf>,
     /// `ca`: the only roots trusted for the directory's TLS, when given.
     pub ca: Option<Vec<CertificateDer<'static>>>,
+    /// `eab`: the External Account Binding some CAs require for a new account.
+    pub eab: Option<Eab>,
+}
+
+/// An External Account Binding (RFC 8555 §7.3.4): the CA's key ID and HMAC key.
+#[derive(Clone, PartialEq)]
+pub struct Eab {
+    pub kid: String,
+    /// Decoded.
+    pub hmac_key: Vec<u8>,
+}
+
+impl std::fmt::Debug for Eab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Eab")
+            .field("kid", &self.kid)
+            .field("hmac_key", &"<redacted>")
+            .finish()
+    }
 }
 
 /// At most this many names in one certificate (Let's Encrypt's limit).
@@ -70,12 +89,41 @@ pub(super) fn validate_acme(
         })
         .map(Some),
     };
+    let eab = match &raw.eab {
+        None => Some(None),
+        Some(eab) => external_account(eab.get_ref(), sink).map(Some),
+    };
     Some(AcmeConfig {
         directory: directory?,
         contact: contact?,
         domains: domains?,
         storage,
         ca: ca?,
+        eab: eab?,
+    })
+}
+
+/// `eab`: the key ID as given, the HMAC key base64url-decoded (with or without padding, as
+/// CAs hand it out).
+fn external_account(raw: &EabFile, sink: &mut ErrorSink) -> Option<Eab> {
+    use base64::Engine as _;
+    let kid = parse_spanned(&raw.kid, "server.tls.acme.eab.kid", sink, |text| {
+        if text.trim().is_empty() {
+            Err("expected the key ID the CA gave".to_owned())
+        } else {
+            Ok(text.to_owned())
+        }
+    });
+    let hmac_key = parse_spanned(&raw.hmac_key, "server.tls.acme.eab.hmac_key", sink, |text| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(text.trim_end_matches('='))
+            .ok()
+            .filter(|key| !key.is_empty())
+            .ok_or_else(|| "expected the HMAC key the CA gave, base64url-encoded".to_owned())
+    });
+    Some(Eab {
+        kid: kid?,
+        hmac_key: hmac_key?,
     })
 }
 

@@ -99,6 +99,15 @@ pub(crate) struct AcmeFile {
     pub domains: Spanned<Vec<Spanned<String>>>,
     pub storage: Option<Spanned<String>>,
     pub ca: Option<Spanned<String>>,
+    pub eab: Option<Spanned<EabFile>>,
+}
+
+/// `eab = { kid = "...", hmac_key = "..." }`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EabFile {
+    pub kid: Spanned<String>,
+    pub hmac_key: Spanned<String>,
 }
 
 /// `{ cert = "...", key = "..." }`

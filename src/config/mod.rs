@@ -26,7 +26,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 use toml::Spanned;
 
-pub use acme::AcmeConfig;
+pub use acme::{AcmeConfig, Eab};
 use error::ErrorSink;
 pub use error::{ConfigError, ConfigErrors};
 use file::{FileConfig, RespondFile, RouteFile, ServerFile, TracingFile};

@@ -933,3 +933,24 @@ fn acme_needs_storage_or_redis_and_tls_needs_a_certificate_or_acme() {
     let (line, _, key, _) = error("[server.tls]\nlisten = \"127.0.0.1:8443\"\ncertificates = []\n");
     assert_eq!((line, key.as_str()), (3, "server.tls.certificates"));
 }
+
+#[test]
+fn an_external_account_binding_is_decoded_and_never_printed() {
+    let config = parse(&acme_table(
+        "directory = \"https://ca.example/dir\"\ndomains = [\"a.example\"]\neab = { kid = \"kid-1\", hmac_key = \"c2VjcmV0LWtleQ\" }",
+    ))
+    .unwrap();
+    let eab = config.server.tls.unwrap().acme.unwrap().eab.unwrap();
+    assert_eq!(
+        (eab.kid.as_str(), eab.hmac_key.as_slice()),
+        ("kid-1", &b"secret-key"[..])
+    );
+    assert!(!format!("{eab:?}").contains("c2Vj") && !format!("{eab:?}").contains("secret"));
+    let (line, column, key, _) = error(&acme_table(
+        "directory = \"https://ca.example/dir\"\ndomains = [\"a.example\"]\neab = { kid = \"kid-1\", hmac_key = \"not base64!\" }",
+    ));
+    assert_eq!(
+        (line, column, key.as_str()),
+        (7, 35, "server.tls.acme.eab.hmac_key")
+    );
+}

@@ -40,6 +40,21 @@ impl Pebble {
     /// Validates http-01 on `http_port` and tls-alpn-01 on `tls_port`; issues certificates
     /// valid `validity` (pebble's default: five years).
     pub(crate) fn start(http_port: u16, tls_port: u16, validity: Option<Duration>) -> Pebble {
+        Pebble::start_with(http_port, tls_port, validity, None)
+    }
+
+    /// As [`Pebble::start`], creating accounts only with External Account Binding to the
+    /// key ID `eab.0` and the base64url HMAC key `eab.1`.
+    pub(crate) fn start_requiring_eab(http_port: u16, tls_port: u16, eab: (&str, &str)) -> Pebble {
+        Pebble::start_with(http_port, tls_port, None, Some(eab))
+    }
+
+    fn start_with(
+        http_port: u16,
+        tls_port: u16,
+        validity: Option<Duration>,
+        eab: Option<(&str, &str)>,
+    ) -> Pebble {
         let dir = tempfile::tempdir().unwrap();
         let ca = TestCa::new("pebble test CA");
         let leaf = ca.issue(&["localhost", "127.0.0.1"]);
@@ -56,12 +71,15 @@ impl Pebble {
         let validity = validity.map_or(String::new(), |v| {
             format!(", \"certificateValidityPeriod\": {}", v.as_secs())
         });
+        let eab = eab.map_or("false".to_owned(), |(kid, key)| {
+            format!("true, \"externalAccountMACKeys\": {{\"{kid}\": \"{key}\"}}")
+        });
         std::fs::write(
             dir.path().join("pebble.json"),
             format!(
                 r#"{{"pebble": {{"listenAddress": "127.0.0.1:{port}", "managementListenAddress": "127.0.0.1:{management}",
                 "certificate": "{cert}", "privateKey": "{key}", "httpPort": {http_port}, "tlsPort": {tls_port},
-                "ocspResponderURL": "", "externalAccountBindingRequired": false{validity}}}}}"#,
+                "ocspResponderURL": "", "externalAccountBindingRequired": {eab}{validity}}}}}"#,
                 cert = dir.path().join("pebble.pem").display(),
                 key = dir.path().join("pebble.key").display(),
             ),
