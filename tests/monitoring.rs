@@ -367,7 +367,7 @@ async fn metrics_with(gateway: &FloodgateProcess, wanted: &[&str]) -> String {
 async fn every_metric_the_dashboard_and_the_rules_name_is_exported() {
     // A gateway with what every family needs to have series: Redis as the store, an
     // upstream of two servers under max_requests, a route with a limit, an HTTPS listener
-    // (the certificate's expiry), and a reload.
+    // (the certificate's expiry) with ACME (its attempts), and a reload.
     let redis = RedisServer::start();
     let (a, b) = (Upstream::start().await, Upstream::start().await);
     let certificates = tempfile::tempdir().unwrap();
@@ -382,6 +382,11 @@ async fn every_metric_the_dashboard_and_the_rules_name_is_exported() {
                 cert.to_str().unwrap(),
                 key.to_str().unwrap()
             ),
+        )
+        // ACME from a CA that is not there: its attempts are counted (kept in Redis).
+        .table(
+            "server.tls.acme",
+            "directory = \"https://127.0.0.1:1/directory\"\ndomains = [\"monitoring.test\"]",
         )
         .redis(&redis.url(), "on_error = \"allow\"")
         .table(
