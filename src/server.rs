@@ -48,7 +48,8 @@ const HTTP1_LIMITS: HeadLimits = HeadLimits {
     fields: MAX_HTTP1_FIELDS,
 };
 
-/// How long a starting gateway waits for Redis before serving under `on_error`.
+/// How long a starting gateway waits for Redis before serving under `on_error`, and for
+/// its stored ACME certificate.
 const STORE_STARTUP_WAIT: Duration = Duration::from_secs(1);
 
 /// A bound, not yet serving, gateway instance.
@@ -72,6 +73,9 @@ impl Gateway {
         let state = GatewayState::new(config, &metrics)
             .map_err(|e| io::Error::other(format!("cannot set up the rate-limit store: {e}")))?;
         state.store.wait_ready(STORE_STARTUP_WAIT).await;
+        if let Some(acme) = &state.acme {
+            acme.wait_stored(STORE_STARTUP_WAIT).await;
+        }
         Ok(Gateway {
             shared: Arc::new(Instance::new(
                 state,

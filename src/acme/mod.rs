@@ -83,6 +83,8 @@ struct Shared {
     not_before: AtomicI64,
     /// The served certificate could not be stored yet.
     unsaved: AtomicBool,
+    /// Storage has been looked at once (a stored certificate, if any, is in service).
+    looked: AtomicBool,
     /// When to ask the CA's ARI next (Unix seconds; `i64::MAX`: the CA has none).
     ask_ari_at: AtomicI64,
     orders_ok: Counter,
@@ -141,6 +143,7 @@ impl Acme {
             renew_at: AtomicI64::new(i64::MIN),
             not_before: AtomicI64::new(i64::MIN),
             unsaved: AtomicBool::new(false),
+            looked: AtomicBool::new(false),
             ask_ari_at: AtomicI64::new(i64::MIN),
             orders_ok: metrics.acme_orders("ok"),
             orders_failed: metrics.acme_orders("error"),
@@ -150,6 +153,15 @@ impl Acme {
         });
         let manager = tokio::spawn(manage(shared.clone()));
         Ok(Arc::new(Acme { shared, manager }))
+    }
+
+    /// Waits until the stored certificate, if there is one, is in service, at most
+    /// `limit` (so that a starting instance serves it from its first handshake).
+    pub(crate) async fn wait_stored(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.shared.looked.load(Ordering::Acquire) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     pub(crate) fn config(&self) -> &AcmeConfig {
@@ -249,6 +261,7 @@ impl Shared {
     /// long to wait before the next look.
     async fn step(&self) -> Duration {
         self.pick_up_stored().await;
+        self.looked.store(true, Ordering::Release);
         self.save_unsaved().await;
         if tokio::time::timeout(ARI_TIMEOUT, self.ask_ari()).await.is_err() {
             tracing::debug!("ACME: the CA's renewal information took too long; asking again in an hour");
