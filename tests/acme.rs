@@ -288,6 +288,14 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
         )
         .await;
     assert_ne!(widened, first);
+    // The reload replaced the expiry series; the ACME certificate's is the one served (set
+    // right after it is put in service).
+    let expiry = "floodgate_tls_certificate_expiry_timestamp_seconds{certificate=\"a.test\"}";
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while gateway.metric(expiry).await != facts(&widened).1 as f64 {
+        assert!(Instant::now() < deadline, "the expiry of the served certificate");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(
         presented(&client.connector, gateway.tls.unwrap(), "a.test").await,
         Some(widened)

@@ -168,9 +168,9 @@ impl Acme {
         &self.shared.config
     }
 
-    /// The label of its expiry series: its first name.
-    pub(crate) fn label(&self) -> &str {
-        &self.shared.config.domains[0]
+    /// Publishes the served certificate's expiry (after a reload replaced the series).
+    pub(crate) fn publish_expiry(&self) {
+        self.shared.publish_expiry();
     }
 
     /// The certificate in service, once there is one.
@@ -360,13 +360,21 @@ impl Shared {
 
     fn install(&self, served: Served) {
         tracing::info!(names = ?served.names, not_after = served.not_after, "ACME: serving a new certificate");
-        self.expiry.set(&self.config.domains[0], served.not_after);
         self.renew_at.store(
             schedule::two_thirds(served.not_before, served.not_after),
             Ordering::Relaxed,
         );
         self.ask_ari_at.store(i64::MIN, Ordering::Relaxed);
+        // Served first, then published: a reload publishing meanwhile reads what is served.
         self.served.store(Some(Arc::new(served)));
+        self.publish_expiry();
+    }
+
+    /// Publishes the served certificate's expiry, if there is one.
+    fn publish_expiry(&self) {
+        if let Some(served) = self.served.load().as_ref() {
+            self.expiry.set(&self.config.domains[0], served.not_after);
+        }
     }
 
     /// Asks the CA's renewal information (RFC 9773) when it is time: the renewal moves

@@ -208,15 +208,16 @@ impl GatewayState {
             }
         };
         let tls = config.server.tls.as_ref().map(|tls| {
-            let mut expiry: Vec<(String, i64)> = tls
+            let expiry: Vec<(String, i64)> = tls
                 .certificates
                 .iter()
                 .map(|c| (c.label(), c.not_after))
                 .collect();
-            if let Some((acme, served)) = acme.as_ref().and_then(|acme| Some((acme, acme.served()?))) {
-                expiry.push((acme.label().to_owned(), served.not_after));
-            }
             metrics.set_certificate_expiry(&expiry);
+            // After the files' (which replace every series): the ACME certificate served now.
+            if let Some(acme) = &acme {
+                acme.publish_expiry();
+            }
             Arc::new(Handshakes::new(tls, acme.clone()))
         });
         let tracer = config.tracing.as_ref().map(|tracing| {
