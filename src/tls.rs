@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustls::server::{Acceptor, ClientHello, ResolvesServerCert};
-use rustls::sign::CertifiedKey;
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::version::{TLS12, TLS13};
 use rustls::{ServerConfig, SupportedProtocolVersion};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
@@ -88,7 +88,7 @@ impl Handshakes {
                 "a tls-alpn-01 handshake for a name with no pending challenge",
             ));
         };
-        let mut config = server_config(self.versions, Arc::new(Fixed(answer)));
+        let mut config = server_config(self.versions, Arc::new(SingleCertAndKey::from(answer)));
         config.alpn_protocols = vec![ACME_TLS_ALPN.to_vec()];
         let mut stream = start.into_stream(Arc::new(config)).await?;
         let _ = stream.shutdown().await;
@@ -136,16 +136,6 @@ impl ResolvesServerCert for ByServerName {
             .or(self.certificates.first())
             .map(|(_, key)| key.clone())
             .or_else(|| acme.map(|acme| acme.key.clone()))
-    }
-}
-
-/// Serves one certificate whatever is asked: a tls-alpn-01 answer.
-#[derive(Debug)]
-struct Fixed(Arc<CertifiedKey>);
-
-impl ResolvesServerCert for Fixed {
-    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.0.clone())
     }
 }
 

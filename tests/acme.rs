@@ -40,7 +40,18 @@ struct Site<'a> {
     more: String,
 }
 
-impl Site<'_> {
+impl<'a> Site<'a> {
+    /// For `domains` from `pebble`, kept on disk under its directory.
+    fn on(pebble: &Pebble, domains: &'a [&'a str]) -> Site<'a> {
+        Site {
+            directory: pebble.directory(),
+            ca_file: pebble.ca_file.clone(),
+            domains,
+            acme_keys: storage(&pebble.dir().join("acme-storage")),
+            ..Site::default()
+        }
+    }
+
     fn toml(&self) -> String {
         let domains: Vec<String> = self.domains.iter().map(|d| format!("\"{d}\"")).collect();
         format!(
@@ -310,11 +321,7 @@ async fn tls_alpn01_proves_the_names_whose_http01_fails_in_the_same_attempt() {
     let gateway = TestGateway::start(
         Site {
             tls,
-            directory: pebble.directory(),
-            ca_file: pebble.ca_file.clone(),
-            domains: &["alpn.test"],
-            acme_keys: storage(&pebble.dir().join("acme-storage")),
-            ..Site::default()
+            ..Site::on(&pebble, &["alpn.test"])
         }
         .toml(),
     )
@@ -340,11 +347,8 @@ async fn a_ca_requiring_external_account_binding_gets_it() {
     let pebble = Pebble::start_requiring_eab(http, closed_port(), (KID, KEY));
     let site = |listen: u16, eab: &str, storage_dir: &str| Site {
         listen,
-        directory: pebble.directory(),
-        ca_file: pebble.ca_file.clone(),
-        domains: &["eab.test"],
         acme_keys: format!("{}\n{eab}", storage(&pebble.dir().join(storage_dir))),
-        ..Site::default()
+        ..Site::on(&pebble, &["eab.test"])
     };
     // Without the binding the CA refuses the account: an error, counted.
     let unbound = TestGateway::start(site(0, "", "unbound").toml()).await;
@@ -379,11 +383,7 @@ async fn short_lived_certificates_are_renewed_without_a_restart() {
         Site {
             listen: http,
             tls,
-            directory: pebble.directory(),
-            ca_file: pebble.ca_file.clone(),
-            domains: &["renew.test"],
-            acme_keys: storage(&pebble.dir().join("acme-storage")),
-            ..Site::default()
+            ..Site::on(&pebble, &["renew.test"])
         }
         .toml(),
     )
@@ -421,10 +421,7 @@ async fn the_cas_renewal_information_brings_a_renewal_forward() {
             listen: http,
             tls,
             directory: front.directory(),
-            ca_file: pebble.ca_file.clone(),
-            domains: &["ari.test"],
-            acme_keys: storage(&pebble.dir().join("acme-storage")),
-            ..Site::default()
+            ..Site::on(&pebble, &["ari.test"])
         }
         .toml(),
     )
@@ -455,11 +452,10 @@ async fn instances_sharing_redis_order_once_and_answer_each_others_challenges() 
     let toml = |listen: u16| {
         Site {
             listen,
-            directory: pebble.directory(),
-            ca_file: pebble.ca_file.clone(),
-            domains: &["shared.test"],
+            // Kept in Redis: storage is ignored with [redis].
+            acme_keys: String::new(),
             more: format!("[redis]\nurl = \"{}\"", redis.url()),
-            ..Site::default()
+            ..Site::on(&pebble, &["shared.test"])
         }
         .toml()
     };

@@ -59,6 +59,7 @@ pub(crate) struct Acme {
 }
 
 /// A certificate in service.
+#[derive(Clone)]
 pub(crate) struct Served {
     pub(crate) key: Arc<CertifiedKey>,
     /// Its DNS names, lower case.
@@ -126,12 +127,8 @@ impl Acme {
         tracing::info!(names = ?config.domains, directory = %config.directory, storage = %storage.describe(), "ACME: managing a certificate");
         let inherited = previous.and_then(Acme::served).map(|served| {
             Arc::new(Served {
-                key: served.key.clone(),
-                names: served.names.clone(),
-                not_after: served.not_after,
-                not_before: served.not_before,
-                stored: served.stored.clone(),
                 inherited: true,
+                ..Served::clone(&served)
             })
         });
         let shared = Arc::new(Shared {
@@ -448,20 +445,15 @@ impl Shared {
 
     async fn attempt(&self) -> Result<Served, String> {
         let account = self.account().await?;
-        let obtained = order::obtain(&account, &self.config.domains, &self.challenges, &self.storage).await;
-        let stored = match obtained {
-            Ok(stored) => stored,
+        let domains = &self.config.domains;
+        let stored = match order::obtain(&account, domains, &self.challenges, &self.storage).await {
             Err(order::Failure::UnknownAccount(detail)) => {
                 tracing::warn!(%detail, "ACME: the CA does not know the stored account; making a new one");
                 let account = self.new_account().await?;
-                order::obtain(&account, &self.config.domains, &self.challenges, &self.storage)
-                    .await
-                    .map_err(|failure| match failure {
-                        order::Failure::UnknownAccount(detail) | order::Failure::Other(detail) => detail,
-                    })?
+                order::obtain(&account, domains, &self.challenges, &self.storage).await
             }
-            Err(order::Failure::Other(detail)) => return Err(detail),
-        };
+            obtained => obtained,
+        }?;
         let served = served(stored)?;
         // Served even when it cannot be stored now: storing is tried again at every look.
         if let Err(error) = self.storage.save_certificate(&served.stored).await {

@@ -30,6 +30,14 @@ impl From<String> for Failure {
     }
 }
 
+impl From<Failure> for String {
+    fn from(failure: Failure) -> String {
+        match failure {
+            Failure::UnknownAccount(detail) | Failure::Other(detail) => detail,
+        }
+    }
+}
+
 /// Obtains a certificate for `domains`, publishing the challenges through `challenges`.
 pub(super) async fn obtain(
     account: &Account,

@@ -62,6 +62,50 @@ struct InRedis {
     let_go: Script,
 }
 
+impl InRedis {
+    fn key(&self, kind: &str, id: &str) -> String {
+        format!("{}:acme:{kind}:{id}", self.prefix)
+    }
+
+    fn challenge_key(&self, challenge: &Challenge) -> String {
+        match challenge {
+            Challenge::Http(token) => self.key("http-01", token),
+            Challenge::TlsAlpn(name) => self.key("tls-alpn-01", name),
+        }
+    }
+
+    async fn connection(&self) -> Result<Connection, String> {
+        let mut held = self.connection.lock().await;
+        if let Some(connection) = held.as_ref() {
+            return Ok(connection.clone());
+        }
+        let made = tokio::time::timeout(TIMEOUT, self.source.connect())
+            .await
+            .map_err(|_| "Redis: no connection within 5 s".to_owned())?
+            .map_err(|e| format!("Redis: {e}"))?;
+        *held = Some(made.clone());
+        Ok(made)
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, command: &mut redis::Cmd) -> Result<T, String> {
+        let mut connection = self.connection().await?;
+        self.within(command.query_async(&mut connection)).await
+    }
+
+    /// `call`'s answer within [`TIMEOUT`]. A failure drops the connection, so that the next
+    /// operation connects anew (through sentinels: to the master they name after a
+    /// failover).
+    async fn within<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, String> {
+        let answer = match tokio::time::timeout(TIMEOUT, call).await {
+            Ok(Ok(answer)) => return Ok(answer),
+            Ok(Err(error)) => format!("Redis: {error}"),
+            Err(_) => "Redis: no answer within 5 s".to_owned(),
+        };
+        *self.connection.lock().await = None;
+        Err(answer)
+    }
+}
+
 const TAKE_LOCK_LUA: &str = include_str!("scripts/take_lock.lua");
 const LET_GO_LUA: &str = include_str!("scripts/let_go.lua");
 
@@ -117,7 +161,7 @@ impl Storage {
     pub(crate) fn describe(&self) -> String {
         match &self.place {
             Place::Disk { directory, .. } => directory.display().to_string(),
-            Place::Redis(redis) => format!("Redis, under {}:acme:", redis.prefix),
+            Place::Redis(db) => format!("Redis, under {}:acme:", db.prefix),
         }
     }
 
@@ -125,8 +169,8 @@ impl Storage {
     pub(crate) async fn account(&self) -> Result<Option<String>, String> {
         match &self.place {
             Place::Disk { root, .. } => read(root.join(format!("account-{}.json", self.account))).await,
-            Place::Redis(_) => {
-                self.redis(redis::cmd("GET").arg(self.key("account", &self.account)))
+            Place::Redis(db) => {
+                db.query(redis::cmd("GET").arg(db.key("account", &self.account)))
                     .await
             }
         }
@@ -142,10 +186,10 @@ impl Storage {
                 )
                 .await
             }
-            Place::Redis(_) => {
-                self.redis(
+            Place::Redis(db) => {
+                db.query(
                     redis::cmd("SET")
-                        .arg(self.key("account", &self.account))
+                        .arg(db.key("account", &self.account))
                         .arg(credentials),
                 )
                 .await
@@ -163,11 +207,11 @@ impl Storage {
                     .zip(key)
                     .map(|(chain, key)| StoredCertificate { chain, key }))
             }
-            Place::Redis(_) => {
-                let fields: Vec<Option<String>> = self
-                    .redis(
+            Place::Redis(db) => {
+                let fields: Vec<Option<String>> = db
+                    .query(
                         redis::cmd("HMGET")
-                            .arg(self.key("certificate", &self.set))
+                            .arg(db.key("certificate", &self.set))
                             .arg("chain")
                             .arg("key"),
                     )
@@ -193,10 +237,10 @@ impl Storage {
                 )
                 .await
             }
-            Place::Redis(_) => {
-                self.redis(
+            Place::Redis(db) => {
+                db.query(
                     redis::cmd("HSET")
-                        .arg(self.key("certificate", &self.set))
+                        .arg(db.key("certificate", &self.set))
                         .arg("chain")
                         .arg(&certificate.chain)
                         .arg("key")
@@ -210,12 +254,12 @@ impl Storage {
     /// Makes `key_authorization` the answer to `challenge` for every instance (in Redis;
     /// on disk, the instance's own memory answers).
     pub(crate) async fn publish(&self, challenge: &Challenge, key_authorization: &str) -> Result<(), String> {
-        if !self.shared() {
+        let Place::Redis(db) = &self.place else {
             return Ok(());
-        }
-        self.redis(
+        };
+        db.query(
             redis::cmd("SET")
-                .arg(self.challenge_key(challenge))
+                .arg(db.challenge_key(challenge))
                 .arg(key_authorization)
                 .arg("PX")
                 .arg(CHALLENGE_TTL.as_millis() as u64),
@@ -224,57 +268,55 @@ impl Storage {
     }
 
     pub(crate) async fn withdraw(&self, challenge: &Challenge) -> Result<(), String> {
-        if !self.shared() {
+        let Place::Redis(db) = &self.place else {
             return Ok(());
-        }
-        self.redis(redis::cmd("DEL").arg(self.challenge_key(challenge)))
-            .await
+        };
+        db.query(redis::cmd("DEL").arg(db.challenge_key(challenge))).await
     }
 
     /// What another instance published for `challenge`.
     pub(crate) async fn published(&self, challenge: &Challenge) -> Result<Option<String>, String> {
-        if !self.shared() {
+        let Place::Redis(db) = &self.place else {
             return Ok(None);
-        }
-        self.redis(redis::cmd("GET").arg(self.challenge_key(challenge)))
-            .await
+        };
+        db.query(redis::cmd("GET").arg(db.challenge_key(challenge))).await
     }
 
     /// Takes (or extends) the lock that lets one instance order, for `lease`; false when
     /// another instance holds it. On disk there is one instance: always true.
     pub(crate) async fn lock(&self, holder: &str, lease: Duration) -> Result<bool, String> {
-        let Place::Redis(redis) = &self.place else {
+        let Place::Redis(db) = &self.place else {
             return Ok(true);
         };
-        let mut invocation = redis.take_lock.prepare_invoke();
+        let mut invocation = db.take_lock.prepare_invoke();
         invocation
-            .key(self.key("lock", &self.set))
+            .key(db.key("lock", &self.set))
             .arg(holder)
             .arg(lease.as_millis() as u64);
-        let mut connection = self.connection().await?;
-        let taken: u8 = self.within(invocation.invoke_async(&mut connection)).await?;
+        let mut connection = db.connection().await?;
+        let taken: u8 = db.within(invocation.invoke_async(&mut connection)).await?;
         Ok(taken == 1)
     }
 
     /// Whether an instance holds the lock (and so may have published challenges).
     pub(crate) async fn locked(&self) -> Result<bool, String> {
-        if !self.shared() {
+        let Place::Redis(db) = &self.place else {
             return Ok(false);
-        }
-        let held: u8 = self
-            .redis(redis::cmd("EXISTS").arg(self.key("lock", &self.set)))
+        };
+        let held: u8 = db
+            .query(redis::cmd("EXISTS").arg(db.key("lock", &self.set)))
             .await?;
         Ok(held == 1)
     }
 
     pub(crate) async fn unlock(&self, holder: &str) -> Result<(), String> {
-        let Place::Redis(redis) = &self.place else {
+        let Place::Redis(db) = &self.place else {
             return Ok(());
         };
-        let mut invocation = redis.let_go.prepare_invoke();
-        invocation.key(self.key("lock", &self.set)).arg(holder);
-        let mut connection = self.connection().await?;
-        self.within(invocation.invoke_async::<u8>(&mut connection))
+        let mut invocation = db.let_go.prepare_invoke();
+        invocation.key(db.key("lock", &self.set)).arg(holder);
+        let mut connection = db.connection().await?;
+        db.within(invocation.invoke_async::<u8>(&mut connection))
             .await
             .map(drop)
     }
@@ -283,8 +325,8 @@ impl Storage {
     pub(crate) async fn retry(&self) -> Result<Option<(i64, u32)>, String> {
         let text = match &self.place {
             Place::Disk { directory, .. } => read(directory.join("retry")).await?,
-            Place::Redis(_) => {
-                self.redis(redis::cmd("GET").arg(self.key("retry", &self.set)))
+            Place::Redis(db) => {
+                db.query(redis::cmd("GET").arg(db.key("retry", &self.set)))
                     .await?
             }
         };
@@ -300,12 +342,12 @@ impl Storage {
         let text = format!("{at} {failures}");
         match &self.place {
             Place::Disk { directory, .. } => write(directory.clone(), "retry".to_owned(), text).await,
-            Place::Redis(_) => {
+            Place::Redis(db) => {
                 // Kept a day past the retry, so that the count of failures doubles on.
                 let ttl = wait.saturating_add(Duration::from_secs(86_400));
-                self.redis(
+                db.query(
                     redis::cmd("SET")
-                        .arg(self.key("retry", &self.set))
+                        .arg(db.key("retry", &self.set))
                         .arg(text)
                         .arg("PX")
                         .arg(ttl.as_millis() as u64),
@@ -321,61 +363,8 @@ impl Storage {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
                 _ => Ok(()),
             },
-            Place::Redis(_) => {
-                self.redis(redis::cmd("DEL").arg(self.key("retry", &self.set)))
-                    .await
-            }
+            Place::Redis(db) => db.query(redis::cmd("DEL").arg(db.key("retry", &self.set))).await,
         }
-    }
-
-    fn key(&self, kind: &str, id: &str) -> String {
-        let Place::Redis(redis) = &self.place else {
-            unreachable!("keys are Redis's")
-        };
-        format!("{}:acme:{kind}:{id}", redis.prefix)
-    }
-
-    fn challenge_key(&self, challenge: &Challenge) -> String {
-        match challenge {
-            Challenge::Http(token) => self.key("http-01", token),
-            Challenge::TlsAlpn(name) => self.key("tls-alpn-01", name),
-        }
-    }
-
-    async fn connection(&self) -> Result<Connection, String> {
-        let Place::Redis(redis) = &self.place else {
-            unreachable!("connections are Redis's")
-        };
-        let mut held = redis.connection.lock().await;
-        if let Some(connection) = held.as_ref() {
-            return Ok(connection.clone());
-        }
-        let made = tokio::time::timeout(TIMEOUT, redis.source.connect())
-            .await
-            .map_err(|_| "Redis: no connection within 5 s".to_owned())?
-            .map_err(|e| format!("Redis: {e}"))?;
-        *held = Some(made.clone());
-        Ok(made)
-    }
-
-    async fn redis<T: redis::FromRedisValue>(&self, command: &mut redis::Cmd) -> Result<T, String> {
-        let mut connection = self.connection().await?;
-        self.within(command.query_async(&mut connection)).await
-    }
-
-    /// `call`'s answer within [`TIMEOUT`]. A failure drops the connection, so that the next
-    /// operation connects anew (through sentinels: to the master they name after a
-    /// failover).
-    async fn within<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, String> {
-        let answer = match tokio::time::timeout(TIMEOUT, call).await {
-            Ok(Ok(answer)) => return Ok(answer),
-            Ok(Err(error)) => format!("Redis: {error}"),
-            Err(_) => "Redis: no answer within 5 s".to_owned(),
-        };
-        if let Place::Redis(redis) = &self.place {
-            *redis.connection.lock().await = None;
-        }
-        Err(answer)
     }
 }
 

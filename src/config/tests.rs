@@ -954,3 +954,23 @@ fn an_external_account_binding_is_decoded_and_never_printed() {
         (7, 35, "server.tls.acme.eab.hmac_key")
     );
 }
+
+#[test]
+fn acme_storage_and_ca_are_relative_to_the_configuration_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = params.self_signed(&rcgen::KeyPair::generate().unwrap()).unwrap();
+    std::fs::create_dir(dir.path().join("tls")).unwrap();
+    std::fs::write(dir.path().join("tls/ca.pem"), ca.pem()).unwrap();
+    let text =
+        acme_table("directory = \"https://ca.example/dir\"\ndomains = [\"a.example\"]\nca = \"tls/ca.pem\"")
+            .replace("/var/lib/floodgate/acme", "state/acme");
+    let config = Config::parse(&dir.path().join("gateway.toml"), &text).unwrap();
+    let acme = config.server.tls.unwrap().acme.unwrap();
+    assert_eq!(acme.storage.unwrap(), dir.path().join("state/acme"));
+    assert_eq!(acme.ca.unwrap(), [ca.der().clone()]);
+    // Resolved against the file's directory, not the working directory.
+    let elsewhere = Config::parse(&dir.path().join("other/gateway.toml"), &text);
+    assert!(elsewhere.is_err(), "tls/ca.pem is not under other/");
+}

@@ -150,28 +150,34 @@ impl Pebble {
         std::fs::read_to_string(self.dir.path().join("pebble.log")).unwrap_or_default()
     }
 
-    /// The root pebble issues under (a new one each start), from its management interface.
-    pub(crate) async fn root(&self) -> CertificateDer<'static> {
+    /// The body of a GET of `path` from pebble's `port` (its ACME or management interface),
+    /// over TLS checked against pebble's own CA.
+    async fn get(&self, port: u16, path: &str) -> bytes::Bytes {
         let stream = connect(
             &self.ca.client(&[b"http/1.1"]),
-            ([127, 0, 0, 1], self.management).into(),
-            "localhost",
+            ([127, 0, 0, 1], port).into(),
+            "127.0.0.1",
         )
         .await;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .unwrap();
         tokio::spawn(connection);
-        let request = http::Request::get("/roots/0")
-            .header("host", "localhost")
+        let request = http::Request::get(path)
+            .header("host", format!("127.0.0.1:{port}"))
             .body(Empty::<bytes::Bytes>::new())
             .unwrap();
         let response = sender.send_request(request).await.unwrap();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
+        response.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    /// The root pebble issues under (a new one each start), from its management interface.
+    pub(crate) async fn root(&self) -> CertificateDer<'static> {
+        let body = self.get(self.management, "/roots/0").await;
         CertificateDer::from_pem_slice(&body).unwrap().into_owned()
     }
 
-    /// A TLS client that trusts pebble's root, offering `alpn`.
+    /// A TLS client that trusts pebble's root, offering HTTP/1.1.
     pub(crate) async fn client(&self) -> tokio_rustls::TlsConnector {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.root().await).unwrap();
@@ -228,29 +234,7 @@ impl Pebble {
     pub(crate) async fn ari_front(&self, window: fn() -> (i64, i64)) -> AriFront {
         use std::sync::atomic::{AtomicUsize, Ordering};
         // pebble's directory, as JSON, with the front's renewalInfo.
-        let stream = connect(
-            &self.ca.client(&[b"http/1.1"]),
-            ([127, 0, 0, 1], self.port).into(),
-            "127.0.0.1",
-        )
-        .await;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        let request = http::Request::get("/dir")
-            .header("host", format!("127.0.0.1:{}", self.port))
-            .body(Empty::<bytes::Bytes>::new())
-            .unwrap();
-        let body = sender
-            .send_request(request)
-            .await
-            .unwrap()
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes();
+        let body = self.get(self.port, "/dir").await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let mut directory: serde_json::Value = serde_json::from_slice(&body).unwrap();
