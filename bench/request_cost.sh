@@ -47,13 +47,15 @@ pids+=($!)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" >/dev/null 2>&1 &
 pids+=($!)
 # A template naming @FASTCGI_URL@ gets a PHP-FPM pool (pm static, 4 children) serving a
-# hello-world script, hello.php under @SITE_ROOT@, which is then what wrk asks for.
+# hello-world script, hello.php under @SITE_ROOT@, which is then what wrk asks for, beside
+# file4k.txt (4 KB of text) for URL_PATH=/file4k.txt to measure a file served by floodgate.
 url_path=/
 if [ "$TEMPLATE" != - ] && grep -q @FASTCGI_URL@ "$TEMPLATE"; then
   command -v php-fpm8.2 >/dev/null || { echo "missing php-fpm8.2" >&2; exit 1; }
   fpm_port=$(free_port)
   mkdir -p "$dir/site"
   echo '<?php echo "hello";' >"$dir/site/hello.php"
+  head -c 3072 /dev/urandom | base64 -w 76 | head -c 4096 >"$dir/site/file4k.txt"
   php_fpm_config "$dir/fpm.conf" "$dir" "$fpm_port" 4
   php-fpm8.2 -F -R -y "$dir/fpm.conf" >/dev/null 2>&1 &
   pids+=($!)
@@ -75,7 +77,7 @@ gateway=$!
 pids+=($gateway)
 for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$gateway_port") 2>/dev/null && break; sleep 0.1; done
 
-url=http://127.0.0.1:$gateway_port$url_path
+url=http://127.0.0.1:$gateway_port${URL_PATH:-$url_path}
 wrk -t1 -c"$CONNECTIONS" -d3s "$url" >/dev/null
 script_calls() { redis-cli -p "$redis_port" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/ {n = $3} END {print n + 0}'; }
 calls_before=$(script_calls)

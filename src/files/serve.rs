@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::Stream;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
@@ -69,10 +69,15 @@ impl FileBody {
         if length > READ_AT_ONCE {
             return Ok(FileBody::new(tokio::fs::File::from_std(file), length));
         }
-        let mut bytes = BytesMut::zeroed(length as usize);
-        file.read_exact(&mut bytes)?;
+        // Read into spare capacity: no pass zeroing a buffer the read overwrites anyway.
+        let mut bytes = Vec::with_capacity(length as usize);
+        file.take(length).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 != length {
+            // The file shrank since it was measured.
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
         Ok(FileBody {
-            content: Content::Read(Some(bytes.freeze())),
+            content: Content::Read(Some(Bytes::from(bytes))),
             remaining: length,
         })
     }
@@ -419,6 +424,24 @@ mod tests {
         assert_eq!(
             serve_at(&file, &Method::POST, &HeaderMap::new()).err(),
             Some(StatusCode::METHOD_NOT_ALLOWED)
+        );
+    }
+
+    /// A small part is read at once: exactly its bytes from its start, and an error when
+    /// the file holds fewer than were measured (it shrank).
+    #[tokio::test]
+    async fn a_small_part_is_read_whole_and_a_shrunk_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("part.txt");
+        std::fs::write(&path, "0123456789").unwrap();
+        let part = FileBody::part(File::open(&path).unwrap(), 3, 5).unwrap();
+        assert!(matches!(&part.content, Content::Read(Some(bytes)) if bytes == "34567"));
+        let all = FileBody::part(File::open(&path).unwrap(), 0, 10).unwrap();
+        assert!(matches!(&all.content, Content::Read(Some(bytes)) if bytes == "0123456789"));
+        let shrunk = FileBody::part(File::open(&path).unwrap(), 4, 7);
+        assert_eq!(
+            shrunk.err().map(|error| error.kind()),
+            Some(io::ErrorKind::UnexpectedEof)
         );
     }
 
