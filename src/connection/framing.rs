@@ -19,9 +19,10 @@
 //! HTTP/2 connection, and for bytes hyper refuses by itself (and then closes).
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BytesMut};
 use memchr::memchr;
@@ -362,24 +363,30 @@ impl<S: AsyncRead + Unpin> AsyncRead for FramingGuard<S> {
             if this.advance() {
                 continue;
             }
-            this.buf.reserve(READ_CHUNK);
-            let spare = this.buf.spare_capacity_mut();
-            let mut read_buf = ReadBuf::uninit(spare);
-            match Pin::new(&mut this.inner).poll_read(cx, &mut read_buf) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(())) => {
-                    let n = read_buf.filled().len();
-                    if n == 0 {
-                        // End of stream: hand over whatever is held so hyper sees it all.
-                        this.stop_inspecting();
-                        if this.cleared == 0 {
-                            return Poll::Ready(Ok(()));
-                        }
-                        continue;
-                    }
-                    // SAFETY: `poll_read` initialized the first `n` bytes of the spare capacity.
-                    unsafe { this.buf.set_len(this.buf.len() + n) };
+            let n = if this.state == State::Head && this.buf.is_empty() {
+                // Waiting for a head with nothing held, as a keep-alive connection does
+                // between requests, often for long: read on the stack and keep only what
+                // arrives, so that an idle connection holds no more of the guard's buffer
+                // than its last head took (8 KB reserved for each read, before).
+                let mut chunk = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+                let mut read_buf = ReadBuf::uninit(&mut chunk);
+                ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read_buf))?;
+                this.buf.extend_from_slice(read_buf.filled());
+                read_buf.filled().len()
+            } else {
+                this.buf.reserve(READ_CHUNK);
+                let mut read_buf = ReadBuf::uninit(this.buf.spare_capacity_mut());
+                ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read_buf))?;
+                let n = read_buf.filled().len();
+                // SAFETY: `poll_read` initialized the first `n` bytes of the spare capacity.
+                unsafe { this.buf.set_len(this.buf.len() + n) };
+                n
+            };
+            if n == 0 {
+                // End of stream: hand over whatever is held so hyper sees it all.
+                this.stop_inspecting();
+                if this.cleared == 0 {
+                    return Poll::Ready(Ok(()));
                 }
             }
         }
@@ -469,6 +476,33 @@ mod tests {
     const PIPELINE: &[u8] = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
 POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n0\r\nX-T: 1\r\n\r\n\
 GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    /// Between requests, waiting for the next, the guard holds no room beyond what the
+    /// last head took (it used to reserve 8 KB for every read); part of a head is held.
+    #[tokio::test]
+    async fn an_idle_guard_holds_no_spare_room() {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let mut guard = FramingGuard::new(server, LIMITS, ConnectionState::new());
+        let request = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
+        client.write_all(request).await.unwrap();
+        let mut seen = vec![0; request.len()];
+        guard.read_exact(&mut seen).await.unwrap();
+        assert_eq!(seen, request);
+        let mut more = [0; 64];
+        let waiting = futures_util::poll!(std::pin::pin!(guard.read(&mut more)));
+        assert!(waiting.is_pending());
+        assert!(guard.buf.is_empty());
+        assert!(
+            guard.buf.capacity() < request.len(),
+            "{} bytes of room held",
+            guard.buf.capacity()
+        );
+
+        client.write_all(b"GET /b HTTP/1.1\r\n").await.unwrap();
+        let waiting = futures_util::poll!(std::pin::pin!(guard.read(&mut more)));
+        assert!(waiting.is_pending(), "half a head is held back");
+        assert_eq!(&guard.buf[..], b"GET /b HTTP/1.1\r\n");
+    }
 
     #[tokio::test]
     async fn well_framed_requests_pass_unchanged_in_any_pieces() {
