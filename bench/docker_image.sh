@@ -9,13 +9,13 @@
 #   bash bench/docker_image.sh
 #
 # Base images: used when the engine has them or can pull them; otherwise made here, as
-# stand-ins with the same names (for machines that cannot reach Docker Hub):
+# stand-ins with the same names (for machines that cannot reach Docker Hub), by
+# bench/docker_bases.sh (which says how):
 #   debian:bookworm-slim   debootstrap --variant=minbase bookworm, from the apt mirror this
 #                          machine uses (MIRROR)
 #   rust:1-slim-bookworm   the same plus gcc, libc6-dev, ca-certificates, this machine's
-#                          extra CA certificates (/usr/local/share/ca-certificates) and
-#                          cargo config, and its active rustup toolchain (without its docs)
-#                          in /usr/local/{cargo,rustup} as in the official image
+#                          extra CA certificates and cargo config, and its active rustup
+#                          toolchain in /usr/local/{cargo,rustup} as in the official image
 # It starts dockerd (vfs storage, no iptables: published ports go through docker-proxy)
 # when no engine answers, and installs docker.io and debootstrap with apt-get when they
 # are missing. Knobs: TAG (floodgate:0.1.0), ROOTFS (/tmp/floodgate-rootfs, removed
@@ -25,125 +25,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TAG=${TAG:-floodgate:0.1.0}
-ROOTFS=${ROOTFS:-/tmp/floodgate-rootfs}
 HTTP_PORT=${HTTP_PORT:-18080}
 ADMIN_PORT=${ADMIN_PORT:-19901}
 NAME=floodgate-bench
-MIRROR=${MIRROR:-$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources \
-  2>/dev/null | sed -n 's/^URIs: *//p; s/^deb \(\[[^]]*\] \)\{0,1\}\([^ ]*\) bookworm .*/\2/p' \
-  | grep -v security | head -n1 || true)}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
+# shellcheck source=bench/docker_bases.sh
+source bench/docker_bases.sh
 
-step() { printf '\n== %s\n' "$*"; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
-
-[ "$(id -u)" = 0 ] || { echo "run as root (debootstrap, chroot, dockerd)" >&2; exit 1; }
-missing=()
-command -v docker >/dev/null || missing+=(docker.io)
-command -v debootstrap >/dev/null || missing+=(debootstrap)
-command -v curl >/dev/null || missing+=(curl)
-if [ "${#missing[@]}" -gt 0 ]; then
-  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
-fi
-
-if ! docker info >/dev/null 2>&1; then
-  step "starting dockerd (log: /tmp/dockerd.log)"
-  dockerd --storage-driver=vfs --iptables=false >/tmp/dockerd.log 2>&1 &
-  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-  docker info >/dev/null
-fi
-docker version --format 'engine {{.Server.Version}}, client {{.Client.Version}}'
+docker_engine # no extra tools
 
 # ---- base images ------------------------------------------------------------------------
-have() { docker image inspect "$1" >/dev/null 2>&1 || timeout 120 docker pull "$1" >/dev/null 2>&1; }
-cleanup_rootfs() { [ "${KEEP_ROOTFS:-0}" = 1 ] || rm -rf "$ROOTFS"; }
 trap cleanup_rootfs EXIT
-
-debian_rootfs() {
-  if [ ! -x "$ROOTFS/debian/usr/bin/apt-get" ]; then
-    rm -rf "$ROOTFS/debian"
-    mkdir -p "$ROOTFS"
-    debootstrap --variant=minbase bookworm "$ROOTFS/debian" "$MIRROR" >"$ROOTFS/debootstrap.log"
-    slim "$ROOTFS/debian"
-  fi
-}
-
-# What the official image adds to a minbase Debian (debuerreotype's slim variant and its
-# apt settings): no documentation, manual pages or translations, and apt leaves no package
-# files or caches behind in the layer that installs them (without this, the runtime
-# stage's `apt-get install ca-certificates` layer is 90 MB instead of a few).
-slim() {
-  cat >"$1/etc/dpkg/dpkg.cfg.d/docker" <<'CFG'
-path-exclude /usr/share/doc/*
-path-include /usr/share/doc/*/copyright
-path-exclude /usr/share/groff/*
-path-exclude /usr/share/info/*
-path-exclude /usr/share/linda/*
-path-exclude /usr/share/lintian/overrides/*
-path-exclude /usr/share/locale/*
-path-exclude /usr/share/man/*
-CFG
-  cat >"$1/etc/apt/apt.conf.d/docker-clean" <<'CFG'
-DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
-APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
-Dir::Cache::pkgcache "";
-Dir::Cache::srcpkgcache "";
-CFG
-  echo 'Acquire::Languages "none";' >"$1/etc/apt/apt.conf.d/docker-no-languages"
-  find "$1/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete
-  rm -rf "$1"/usr/share/{groff,info,linda,locale,man}/* "$1"/var/lib/apt/lists/* \
-    "$1"/var/cache/apt/*.bin "$1"/var/cache/apt/archives/*.deb "$1"/var/log/*.log
-}
-
-if ! have debian:bookworm-slim; then
-  step "debian:bookworm-slim: debootstrap from $MIRROR"
-  debian_rootfs
-  tar -C "$ROOTFS/debian" -c . | docker import --change 'CMD ["bash"]' - debian:bookworm-slim
-fi
-
-if ! have rust:1-slim-bookworm; then
-  step "rust:1-slim-bookworm: Debian + gcc + this machine's rustup toolchain"
-  debian_rootfs
-  root=$ROOTFS/rust
-  rm -rf "$root"
-  cp -a "$ROOTFS/debian" "$root"
-  cp /etc/resolv.conf "$root/etc/resolv.conf"
-  # The CA certificates this machine trusts besides the system ones (a proxy's, a private
-  # registry's), so that cargo in the image reaches the registry as it does here.
-  mkdir -p "$root/usr/local/share/ca-certificates"
-  cp -a /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
-  chroot "$root" apt-get update -q
-  chroot "$root" env DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -q --no-install-recommends gcc libc6-dev ca-certificates >/dev/null
-  chroot "$root" update-ca-certificates
-  chroot "$root" sh -c 'apt-get clean && rm -rf /var/lib/apt/lists/*'
-  # The toolchain: rustup (the cargo, rustc, ... proxies) and the active toolchain.
-  sysroot=$(rustc --print sysroot)
-  toolchain=$(basename "$sysroot")
-  mkdir -p "$root/usr/local/cargo/bin" "$root/usr/local/rustup/toolchains"
-  cp "$(command -v rustup)" "$root/usr/local/cargo/bin/rustup"
-  for tool in cargo rustc rustdoc cargo-clippy clippy-driver rustfmt cargo-fmt; do
-    ln -s rustup "$root/usr/local/cargo/bin/$tool"
-  done
-  tar -C "$sysroot" --exclude=./share/doc -c . | (mkdir "$root/usr/local/rustup/toolchains/$toolchain" \
-    && tar -C "$root/usr/local/rustup/toolchains/$toolchain" -x)
-  printf 'version = "12"\ndefault_toolchain = "%s"\nprofile = "minimal"\nauto_self_update = "disable"\n' \
-    "$toolchain" >"$root/usr/local/rustup/settings.toml"
-  cargo_home=${CARGO_HOME:-$HOME/.cargo}
-  for config in config.toml config; do
-    if [ -f "$cargo_home/$config" ]; then cp "$cargo_home/$config" "$root/usr/local/cargo/$config"; fi
-  done
-  chmod -R a+rwX "$root/usr/local/cargo" "$root/usr/local/rustup"
-  rm -f "$root/etc/resolv.conf"
-  tar -C "$root" -c . | docker import \
-    --change 'ENV RUSTUP_HOME=/usr/local/rustup' \
-    --change 'ENV CARGO_HOME=/usr/local/cargo' \
-    --change 'ENV PATH=/usr/local/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    --change 'CMD ["bash"]' \
-    - rust:1-slim-bookworm
-  docker run --rm rust:1-slim-bookworm cargo --version
-fi
+base_debian
+base_rust
 cleanup_rootfs
 
 # ---- build --------------------------------------------------------------------------------
@@ -228,7 +121,7 @@ rm -rf "$conf_dir"
 
 step "summary"
 base=$(docker image ls --format '{{.Size}}' debian:bookworm-slim)
-echo "cold build: ${build_time} s; image $TAG: $size (base debian:bookworm-slim: $base);" \
+echo "$([ "${CACHE:-0}" = 1 ] && echo "build (layer cache)" || echo "cold build"): ${build_time} s; image $TAG: $size (base debian:bookworm-slim: $base);" \
   "healthy after ${healthy} s (first probe passed ${first_probe} s after the start);" \
   "docker stop: ${stop_time} s, exit code $exit_code; uid $uid;" \
   "documented mount path /metrics: $metrics (shipped file: $old_metrics)"

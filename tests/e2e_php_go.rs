@@ -338,6 +338,14 @@ fn example_config(redis_url: &str, rewrites: Vec<(&str, String)>) -> String {
         assert_eq!(config.matches(from).count(), 2, "{EXAMPLE}/gateway.toml: {from}");
         config = config.replace(from, &from.replace(from.split('"').nth(1).unwrap(), to));
     }
+    // The check asks PHP-FPM for the script by its file, under php_root.
+    config = replace_once(
+        &config,
+        "path = \"/var/www/html/health.php\"",
+        &format!("path = \"{site}/health.php\""),
+    );
+    let parsed = floodgate::Config::parse(Path::new("gateway.toml"), &config).unwrap();
+    assert!(parsed.warnings().is_empty(), "{:?}", parsed.warnings());
     config
 }
 

@@ -429,6 +429,26 @@ fn a_fastcgi_upstream_needs_a_root_that_exists_and_a_cap_is_advised() {
     let capped = uncapped.replace("9000\"\n", "9000\"\nmax_requests = 4\n");
     let config = Config::parse(std::path::Path::new("gw.toml"), &capped).unwrap();
     assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+    // A check's path is the script's file as PHP-FPM sees it: a URL path is a 404 there.
+    let checked = |path: &str| {
+        let text = capped.replace(
+            "max_requests = 4\n",
+            &format!("max_requests = 4\nhealth_check = {{ path = \"{path}\" }}\n"),
+        );
+        let text = text.replace("root = ", "php_root = \"/var/www/html\"\nroot = ");
+        Config::parse(std::path::Path::new("gw.toml"), &text)
+            .unwrap()
+            .warnings()
+    };
+    let warnings = checked("/health.php");
+    assert!(
+        warnings.len() == 1
+            && warnings[0].starts_with("upstreams.php.health_check.path: \"/health.php\" is sent")
+            && warnings[0].ends_with("did you mean \"/var/www/html/health.php\"?"),
+        "{warnings:?}"
+    );
+    assert!(checked("/var/www/html/health.php").is_empty());
+    assert!(checked("/ping").is_empty(), "PHP-FPM's ping.path is no script");
     let text = "[upstreams.php]\nurl = \"fastcgi://127.0.0.1:9000/app\"\n\n[[routes]]\nname = \"x\"\nupstream = \"php\"\nroot = \"/tmp\"\n";
     let errors = Config::parse(std::path::Path::new("gw.toml"), text)
         .unwrap_err()

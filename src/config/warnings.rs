@@ -1,7 +1,10 @@
 //! What a valid configuration may still get wrong, for `floodgate check` and the log at
 //! load: certificates past their notAfter, login protection that PHP can reach around (a
 //! route restricted to some methods, or an exact path a front controller also answers
-//! under other spellings), and a PHP-FPM pool floodgate does not cap.
+//! under other spellings), a PHP-FPM pool floodgate does not cap, and a PHP-FPM check of
+//! a script PHP-FPM cannot find.
+
+use std::path::Path;
 
 use super::{Config, PathMatch, RouteConfig, RouteTarget};
 
@@ -24,12 +27,46 @@ pub(super) fn warnings(config: &Config) -> Vec<String> {
                 )
             }),
     );
+    warnings.extend(php_checks_outside_php_root(config));
     for (i, route) in config.routes.iter().enumerate() {
         if guards_a_login(route) {
             warnings.extend(login_reached_around(&config.routes, i));
         }
     }
     warnings
+}
+
+/// An active check of a FastCGI upstream asking for a script that the `php_root` of no
+/// route using the upstream holds: its `path` is the script's file as PHP-FPM sees it, so
+/// `/health.php` alone is answered `404` and takes every server out of rotation.
+fn php_checks_outside_php_root(config: &Config) -> Vec<String> {
+    config
+        .upstreams
+        .values()
+        .filter(|upstream| upstream.fastcgi.is_some())
+        .filter_map(|upstream| {
+            let path = upstream.health_check.as_ref()?.path.path();
+            let roots: Vec<&str> = config
+                .routes
+                .iter()
+                .filter(|route| {
+                    matches!(&route.target, RouteTarget::Upstream(used) if used.name == upstream.name)
+                })
+                .filter_map(|route| Some(route.site.as_ref()?.php.as_ref()?.root.as_str()))
+                .collect();
+            let held = roots.iter().any(|root| Path::new(path).starts_with(root));
+            if !path.ends_with(".php") || roots.is_empty() || held {
+                return None;
+            }
+            Some(format!(
+                "upstreams.{}.health_check.path: \"{path}\" is sent to PHP-FPM as the script's file \
+                 (SCRIPT_FILENAME), and no php_root of the routes using the upstream holds it: \
+                 PHP-FPM would answer 404 and every server would be taken out; did you mean \"{}{path}\"?",
+                upstream.name,
+                roots[0].trim_end_matches('/')
+            ))
+        })
+        .collect()
 }
 
 fn expired_certificates(config: &Config) -> Vec<String> {
