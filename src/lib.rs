@@ -26,6 +26,10 @@
 //! `main.rs` is a thin CLI over [`Config`] and [`Gateway`]; everything else lives here so
 //! that tests can run a gateway in-process on port 0. docs/design.md walks through it.
 
+// A connection's future (hyper's HTTP/1 or HTTP/2 server over the connection layers) is
+// nested deeper than the default limit lets the compiler prove it `Send`.
+#![recursion_limit = "256"]
+
 mod access_log;
 mod acme;
 mod admin;

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -25,7 +25,7 @@ use crate::admin;
 use crate::client_ip::Peer;
 use crate::config::Config;
 use crate::connection::disconnect::{ClientSocket, Watched};
-use crate::connection::framing::{FramingGuard, HeadLimits};
+use crate::connection::framing::{FramingGuard, HeadLimits, Protocol};
 use crate::connection::send_timeout::SendTimeout;
 use crate::connection::{ConnectionState, serve_until_idle};
 use crate::metrics::Metrics;
@@ -176,20 +176,25 @@ async fn bind(addr: SocketAddr, key: &str) -> io::Result<TcpListener> {
         .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr} ({key}): {e}")))
 }
 
-fn connection_builder() -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+/// hyper's servers for the two protocols a connection may speak.
+struct Builders {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+fn connection_builders() -> Builders {
+    let mut http1 = http1::Builder::new();
     // Slow heads are bounded by the connection's idle limit, the same for both protocols.
-    builder
-        .http1()
+    http1
         .timer(TokioTimer::new())
         .header_read_timeout(None)
         .max_buf_size(HTTP1_LIMITS.bytes)
         .max_headers(HTTP1_LIMITS.fields);
-    builder
-        .http2()
+    let mut http2 = http2::Builder::new(TokioExecutor::new());
+    http2
         .timer(TokioTimer::new())
         .max_header_list_size(MAX_HTTP2_HEADER_LIST);
-    builder
+    Builders { http1, http2 }
 }
 
 /// Accepts connections on `listener` (the HTTPS one when `secure`) until dropped.
@@ -200,7 +205,7 @@ async fn accept_loop(
     connections: TaskTracker,
     closing: CancellationToken,
 ) {
-    let builder = Arc::new(connection_builder());
+    let builders = Arc::new(connection_builders());
     let local_port = listener.local_addr().map_or(0, |address| address.port());
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -224,7 +229,7 @@ async fn accept_loop(
             stream,
             Arc::new(Peer::new(peer, local_port, secure)),
             shared.clone(),
-            builder.clone(),
+            builders.clone(),
             closing.clone(),
             timeouts,
         ));
@@ -244,14 +249,14 @@ async fn serve_connection(
     stream: TcpStream,
     peer: Arc<Peer>,
     shared: Arc<Instance>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builders: Arc<Builders>,
     closing: CancellationToken,
     timeouts: Timeouts,
 ) {
     let _ = stream.set_nodelay(true);
     let (stream, socket) = Watched::new(stream);
     if !peer.tls {
-        return serve_http(stream, peer, socket, shared, &builder, closing, timeouts).await;
+        return serve_http(stream, peer, socket, shared, &builders, closing, timeouts).await;
     }
     // A reload that removed [server.tls] leaves the listener (restart-only) without
     // certificates: its connections are closed.
@@ -260,7 +265,7 @@ async fn serve_connection(
     };
     // A handshake is bounded like a request head.
     match tokio::time::timeout(timeouts.idle, handshakes.accept(stream)).await {
-        Ok(Ok(Some(stream))) => serve_http(stream, peer, socket, shared, &builder, closing, timeouts).await,
+        Ok(Ok(Some(stream))) => serve_http(stream, peer, socket, shared, &builders, closing, timeouts).await,
         // A tls-alpn-01 challenge, answered.
         Ok(Ok(None)) => {}
         Ok(Err(error)) => {
@@ -284,7 +289,7 @@ async fn serve_http<S>(
     tcp_peer: Arc<Peer>,
     socket: Arc<ClientSocket>,
     shared: Arc<Instance>,
-    builder: &auto::Builder<TokioExecutor>,
+    builders: &Builders,
     closing: CancellationToken,
     timeouts: Timeouts,
 ) where
@@ -293,11 +298,26 @@ async fn serve_http<S>(
     let peer = tcp_peer.address;
     let idle_limit = timeouts.idle;
     let connection_state = ConnectionState::new();
-    let io = TokioIo::new(FramingGuard::new(
+    let mut guard = FramingGuard::new(
         SendTimeout::new(stream, timeouts.send),
         HTTP1_LIMITS,
         connection_state.clone(),
-    ));
+    );
+    // Its first bytes tell the protocol; a client that sends none within the idle limit,
+    // or until shutdown, is let go.
+    let protocol = tokio::select! {
+        protocol = guard.protocol() => protocol,
+        () = tokio::time::sleep(idle_limit) => return,
+        () = closing.cancelled() => return,
+    };
+    let protocol = match protocol {
+        Ok(protocol) => protocol,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "connection ended before a request");
+            return;
+        }
+    };
+    let io = TokioIo::new(guard);
     let requests = connection_state.clone();
     let service = service_fn(move |request| {
         handle(
@@ -308,15 +328,30 @@ async fn serve_http<S>(
             request,
         )
     });
-    let connection = builder.serve_connection_with_upgrades(io, service);
-    let result = serve_until_idle(
-        connection,
-        &connection_state,
-        idle_limit,
-        closing.cancelled(),
-        peer,
-    )
-    .await;
+    let result = match protocol {
+        Protocol::Http1 => {
+            let connection = builders.http1.serve_connection(io, service).with_upgrades();
+            serve_until_idle(
+                connection,
+                &connection_state,
+                idle_limit,
+                closing.cancelled(),
+                peer,
+            )
+            .await
+        }
+        Protocol::Http2 => {
+            let connection = builders.http2.serve_connection(io, service);
+            serve_until_idle(
+                connection,
+                &connection_state,
+                idle_limit,
+                closing.cancelled(),
+                peer,
+            )
+            .await
+        }
+    };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }

@@ -16,7 +16,9 @@
 //! through without a copy where possible. It inspects every head of an HTTP/1 connection,
 //! those after an `Upgrade` or `CONNECT` included, until a tunnel actually starts
 //! ([`ConnectionState::tunnel_started`]); it turns transparent only for that, for an
-//! HTTP/2 connection, and for bytes hyper refuses by itself (and then closes).
+//! HTTP/2 connection, and for bytes hyper refuses by itself (and then closes). Before
+//! hyper is given the connection, the guard tells from its first bytes whether it speaks
+//! HTTP/2 ([`FramingGuard::protocol`]), keeping them for hyper.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -363,25 +365,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for FramingGuard<S> {
             if this.advance() {
                 continue;
             }
-            let n = if this.state == State::Head && this.buf.is_empty() {
-                // Waiting for a head with nothing held, as a keep-alive connection does
-                // between requests, often for long: read on the stack and keep only what
-                // arrives, so that an idle connection holds no more of the guard's buffer
-                // than its last head took (8 KB reserved for each read, before).
-                let mut chunk = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
-                let mut read_buf = ReadBuf::uninit(&mut chunk);
-                ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read_buf))?;
-                this.buf.extend_from_slice(read_buf.filled());
-                read_buf.filled().len()
-            } else {
-                this.buf.reserve(READ_CHUNK);
-                let mut read_buf = ReadBuf::uninit(this.buf.spare_capacity_mut());
-                ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read_buf))?;
-                let n = read_buf.filled().len();
-                // SAFETY: `poll_read` initialized the first `n` bytes of the spare capacity.
-                unsafe { this.buf.set_len(this.buf.len() + n) };
-                n
-            };
+            let n = ready!(this.poll_fill(cx))?;
             if n == 0 {
                 // End of stream: hand over whatever is held so hyper sees it all.
                 this.stop_inspecting();
@@ -393,7 +377,60 @@ impl<S: AsyncRead + Unpin> AsyncRead for FramingGuard<S> {
     }
 }
 
+/// What a connection speaks, as its first bytes tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    Http1,
+    /// It opens with the HTTP/2 preface (prior-knowledge h2c, or h2 after TLS).
+    Http2,
+}
+
 impl<S: AsyncRead + Unpin> FramingGuard<S> {
+    /// Which protocol the connection speaks: reads only as much as it takes to tell, and
+    /// keeps what it read for hyper (whose first read then gets the whole head that
+    /// arrived, where a sniffer of its own would hand over its 24 bytes first and make
+    /// hyper double its read buffer). The end of the stream counts as HTTP/1.
+    pub(crate) async fn protocol(&mut self) -> io::Result<Protocol> {
+        std::future::poll_fn(|cx| {
+            loop {
+                let seen = self.buf.len().min(H2_PREFACE.len());
+                if self.buf[..seen] != H2_PREFACE[..seen] {
+                    return Poll::Ready(Ok(Protocol::Http1));
+                }
+                if seen == H2_PREFACE.len() {
+                    return Poll::Ready(Ok(Protocol::Http2));
+                }
+                if ready!(self.poll_fill(cx))? == 0 {
+                    return Poll::Ready(Ok(Protocol::Http1));
+                }
+            }
+        })
+        .await
+    }
+
+    /// Reads from the socket into `buf`; the bytes read, `0` at the end of the stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.state == State::Head && self.buf.is_empty() {
+            // Waiting for a head with nothing held, as a keep-alive connection does
+            // between requests, often for long: read on the stack and keep only what
+            // arrives, so that an idle connection holds no more of the guard's buffer
+            // than its last head took (8 KB reserved for each read, before).
+            let mut chunk = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+            let mut read_buf = ReadBuf::uninit(&mut chunk);
+            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut read_buf))?;
+            self.buf.extend_from_slice(read_buf.filled());
+            Poll::Ready(Ok(read_buf.filled().len()))
+        } else {
+            self.buf.reserve(READ_CHUNK);
+            let mut read_buf = ReadBuf::uninit(self.buf.spare_capacity_mut());
+            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut read_buf))?;
+            let n = read_buf.filled().len();
+            // SAFETY: `poll_read` initialized the first `n` bytes of the spare capacity.
+            unsafe { self.buf.set_len(self.buf.len() + n) };
+            Poll::Ready(Ok(n))
+        }
+    }
+
     /// Reads at most `left` body bytes from the socket straight into `out`.
     fn read_body_directly(
         &mut self,
@@ -476,6 +513,43 @@ mod tests {
     const PIPELINE: &[u8] = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
 POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n0\r\nX-T: 1\r\n\r\n\
 GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    /// The protocol is told by the first bytes, read only as far as needed (one byte for
+    /// HTTP/1, the whole preface for HTTP/2, in any pieces) and kept for hyper.
+    #[tokio::test]
+    async fn the_first_bytes_tell_the_protocol_and_stay_for_hyper() {
+        let mut h2 = H2_PREFACE.to_vec();
+        h2.extend_from_slice(b"\0\0\0\x04\0\0\0\0\0");
+        let cases: [(&[u8], Protocol); 4] = [
+            (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", Protocol::Http1),
+            (b"PRI / HTTP/1.1\r\nHost: x\r\n\r\n", Protocol::Http1),
+            (&h2, Protocol::Http2),
+            (b"", Protocol::Http1),
+        ];
+        for (input, expected) in cases {
+            for piece in [1, 5, 64] {
+                let (mut client, server) = tokio::io::duplex(1 << 16);
+                let sent = input.to_vec();
+                let writer = tokio::spawn(async move {
+                    for chunk in sent.chunks(piece) {
+                        client.write_all(chunk).await.unwrap();
+                        tokio::task::yield_now().await;
+                    }
+                    client.shutdown().await.unwrap();
+                });
+                let mut guard = FramingGuard::new(server, LIMITS, ConnectionState::new());
+                assert_eq!(
+                    guard.protocol().await.unwrap(),
+                    expected,
+                    "{input:?} in pieces of {piece}"
+                );
+                let mut seen = Vec::new();
+                guard.read_to_end(&mut seen).await.unwrap();
+                writer.await.unwrap();
+                assert_eq!(seen, input, "in pieces of {piece}");
+            }
+        }
+    }
 
     /// Between requests, waiting for the next, the guard holds no room beyond what the
     /// last head took (it used to reserve 8 KB for every read); part of a head is held.

@@ -21,7 +21,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use hyper_util::server::graceful::GracefulConnection;
+use std::error::Error as StdError;
+use std::pin::Pin;
+
+use hyper::body::{Body, Incoming};
+use hyper::rt::bounds::Http2ServerConnExec;
+use hyper::rt::{Read, Write};
+use hyper::server::conn::{http1, http2};
+use hyper::service::HttpService;
 
 /// How long a connection closed for idleness may take to wind down (an HTTP/2 client
 /// reading its GOAWAY) before it is dropped.
@@ -77,9 +84,9 @@ pub(crate) async fn serve_until_idle<C>(
     idle_limit: Duration,
     shutdown: impl Future<Output = ()>,
     peer: SocketAddr,
-) -> Result<(), C::Error>
+) -> Result<(), hyper::Error>
 where
-    C: GracefulConnection,
+    C: Graceful,
 {
     tokio::pin!(connection);
     tokio::pin!(shutdown);
@@ -107,6 +114,52 @@ where
                 }
             }
         }
+    }
+}
+
+/// A connection hyper serves, which can be asked to finish what it carries and close
+/// (hyper-util's `GracefulConnection` is sealed and leaves out HTTP/1 with upgrades).
+pub(crate) trait Graceful: Future<Output = Result<(), hyper::Error>> {
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, S, B> Graceful for http1::Connection<I, S>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn StdError + Send + Sync>>,
+    I: Read + Write + Unpin + 'static,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http1::Connection::graceful_shutdown(self);
+    }
+}
+
+impl<I, S, B> Graceful for http1::UpgradeableConnection<I, S>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn StdError + Send + Sync>>,
+    I: Read + Write + Unpin + Send + 'static,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http1::UpgradeableConnection::graceful_shutdown(self);
+    }
+}
+
+impl<I, S, B, E> Graceful for http2::Connection<I, S, E>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn StdError + Send + Sync>>,
+    I: Read + Write + Unpin + 'static,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+    E: Http2ServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http2::Connection::graceful_shutdown(self);
     }
 }
 
