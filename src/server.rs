@@ -341,7 +341,9 @@ async fn serve_http<S>(
             .await
         }
         Protocol::Http2 => {
-            let connection = builders.http2.serve_connection(io, service);
+            // Boxed: HTTP/2's connection state is the larger, and every HTTP/1 connection's
+            // task would otherwise be sized for it (idle connections: docs/performance.md#memory).
+            let connection = Box::pin(builders.http2.serve_connection(io, service));
             serve_until_idle(
                 connection,
                 &connection_state,

@@ -163,6 +163,12 @@ where
     }
 }
 
+impl<C: Graceful + ?Sized> Graceful for Pin<Box<C>> {
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.get_mut().as_mut().graceful_shutdown();
+    }
+}
+
 /// A request's hold on its connection (see the module docs).
 #[derive(Debug)]
 pub(crate) struct InFlight(Arc<ConnectionState>);
