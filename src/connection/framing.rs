@@ -178,13 +178,10 @@ impl<S> FramingGuard<S> {
         if pending.is_empty() {
             return false;
         }
-        let preface_len = pending.len().min(H2_PREFACE.len());
-        if pending[..preface_len] == H2_PREFACE[..preface_len] {
-            return if preface_len == H2_PREFACE.len() {
-                self.stop_inspecting()
-            } else {
-                false
-            };
+        match protocol_of(pending) {
+            Some(Protocol::Http2) => return self.stop_inspecting(),
+            None => return false,
+            Some(Protocol::Http1) => {}
         }
         let Some(head_len) = head_end(pending) else {
             return if pending.len() > self.limits.bytes {
@@ -385,6 +382,19 @@ pub(crate) enum Protocol {
     Http2,
 }
 
+/// What `bytes`, the first a connection sent, tell of its protocol: `None` while they are
+/// the start of HTTP/2's preface and no more.
+fn protocol_of(bytes: &[u8]) -> Option<Protocol> {
+    let seen = bytes.len().min(H2_PREFACE.len());
+    if bytes[..seen] != H2_PREFACE[..seen] {
+        Some(Protocol::Http1)
+    } else if seen == H2_PREFACE.len() {
+        Some(Protocol::Http2)
+    } else {
+        None
+    }
+}
+
 impl<S: AsyncRead + Unpin> FramingGuard<S> {
     /// Which protocol the connection speaks: reads only as much as it takes to tell, and
     /// keeps what it read for hyper (whose first read then gets the whole head that
@@ -393,12 +403,8 @@ impl<S: AsyncRead + Unpin> FramingGuard<S> {
     pub(crate) async fn protocol(&mut self) -> io::Result<Protocol> {
         std::future::poll_fn(|cx| {
             loop {
-                let seen = self.buf.len().min(H2_PREFACE.len());
-                if self.buf[..seen] != H2_PREFACE[..seen] {
-                    return Poll::Ready(Ok(Protocol::Http1));
-                }
-                if seen == H2_PREFACE.len() {
-                    return Poll::Ready(Ok(Protocol::Http2));
+                if let Some(protocol) = protocol_of(&self.buf) {
+                    return Poll::Ready(Ok(protocol));
                 }
                 if ready!(self.poll_fill(cx))? == 0 {
                     return Poll::Ready(Ok(Protocol::Http1));
