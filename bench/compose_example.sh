@@ -143,22 +143,10 @@ echo "$go_image: $(since "$start") s, $(docker image ls --format '{{.Size}}' "$g
 compose "${plain[@]}" --profile monitoring down --remove-orphans >/dev/null 2>&1 || true
 step "1. up"
 container() { compose "${plain[@]}" ps -q "$1"; }
-wait_healthy() { # prints the seconds from START ($1) to floodgate healthy
-  local id
-  id=$(container floodgate)
-  for _ in $(seq 900); do
-    case $(docker inspect --format '{{.State.Health.Status}}' "$id") in
-      healthy) since "$1"; return 0 ;;
-      unhealthy) docker logs --tail 20 "$id" >&2; return 1 ;;
-    esac
-    sleep 0.1
-  done
-  return 1
-}
 start=$(now)
 compose "${plain[@]}" up -d --no-build
 up_time=$(since "$start")
-healthy=$(wait_healthy "$start") || healthy=never
+healthy=$(wait_healthy "$(container floodgate)" "$start") || healthy=never
 echo "up -d returned after ${up_time} s; floodgate healthy ${healthy} s after up started"
 check "floodgate healthy" test "$healthy" != never
 for service in floodgate redis php-a php-b go; do
@@ -283,7 +271,7 @@ step "5. -f docker-compose.yml -f docker-compose.tls.yml up"
 start=$(now)
 compose "${tls[@]}" up -d --no-build
 container() { compose "${tls[@]}" ps -q "$1"; }
-healthy_tls=$(wait_healthy "$start") || healthy_tls=never
+healthy_tls=$(wait_healthy "$(container floodgate)" "$start") || healthy_tls=never
 echo "floodgate (HTTPS) healthy ${healthy_tls} s after up started"
 check "floodgate (HTTPS) healthy" test "$healthy_tls" != never
 curl -si localhost:8080/session.php | head -n 2 | tee "$WORK/redirect.h"
@@ -307,7 +295,7 @@ monitoring=(prometheus)
 if have grafana/grafana:12.2.1; then monitoring+=(grafana); fi
 start=$(now)
 compose "${plain[@]}" --profile monitoring up -d --no-build "${monitoring[@]}"
-wait_healthy "$start" >/dev/null || fail "floodgate healthy again"
+wait_healthy "$(container floodgate)" "$start" >/dev/null || fail "floodgate healthy again"
 # A new floodgate (the plain configuration again): a request, so that its request
 # counter has a series for Prometheus to scrape.
 check "floodgate answers again: 200" test "$(status localhost:8080/)" = 200

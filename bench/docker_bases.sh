@@ -35,6 +35,16 @@ MIRROR=${MIRROR:-http://deb.debian.org/debian}
 step() { printf '\n== %s\n' "$*"; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+wait_healthy() { # CONTAINER START: prints the seconds from START to its health check passing
+  for _ in $(seq 900); do
+    case $(docker inspect --format '{{.State.Health.Status}}' "$1") in
+      healthy) since "$2"; return 0 ;;
+      unhealthy) docker logs --tail 20 "$1" >&2; return 1 ;;
+    esac
+    sleep 0.1
+  done
+  return 1
+}
 
 # Root, the tools (apt-get install of the missing ones: the packages named as arguments
 # "command:package"), and an engine: dockerd with vfs storage and no iptables (published

@@ -53,17 +53,6 @@ docker image ls "$TAG"
 size=$(docker image ls --format '{{.Size}}' "$TAG")
 
 # ---- run ----------------------------------------------------------------------------------
-wait_healthy() { # NAME START: prints the seconds from START to healthy
-  for _ in $(seq 600); do
-    case $(docker inspect --format '{{.State.Health.Status}}' "$1") in
-      healthy) since "$2"; return 0 ;;
-      unhealthy) docker logs "$1" >&2; return 1 ;;
-    esac
-    sleep 0.1
-  done
-  return 1
-}
-
 seconds() { date -d "${1% UTC}" +%s.%N; } # Docker prints "... +0000 UTC" or RFC 3339
 docker rm -f "$NAME" >/dev/null 2>&1 || true
 step "docker run -d -p $HTTP_PORT:8080 -p $ADMIN_PORT:9901 $TAG"
