@@ -48,7 +48,8 @@ wait_healthy() { # CONTAINER START: prints the seconds from START to its health 
 
 # Root, the tools (apt-get install of the missing ones: the packages named as arguments
 # "command:package"), and an engine: dockerd with vfs storage and no iptables (published
-# ports go through docker-proxy) when none answers.
+# ports go through docker-proxy) when none answers. vfs copies every layer whole: the stand-ins
+# and a few builds of the images fill tens of GB of /var/lib/docker (`docker system prune -af`).
 # shellcheck disable=SC2120 # the extra tools are optional
 docker_engine() {
   [ "$(id -u)" = 0 ] || { echo "run as root (debootstrap, chroot, dockerd)" >&2; exit 1; }
