@@ -504,6 +504,34 @@ async fn after_a_slow_reader(response_buffer: &str) -> (StatusCode, Duration) {
     (status, waited)
 }
 
+/// The upstream's `timeout` bounds each request's wait for PHP's head on a pooled
+/// connection too: a connection whose last request's deadline passed while it was idle
+/// serves the next request in full, a script slower than the timeout is a 504, and the
+/// request after it is served.
+#[tokio::test]
+async fn the_timeout_holds_for_each_request_on_a_pooled_connection() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    fpm.file("/slower.php", "<?php usleep(2000000); echo 'slower';");
+    let gw = gateway(&fpm, "timeout = \"1s\"").await;
+    let (status, _, body) = get(&gw.url("/login.php")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // The first request's deadline passes while its connection waits in the pool.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let (status, _, body) = get(&gw.url("/login.php")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let started = std::time::Instant::now();
+    let (status, _, _) = get(&gw.url("/slower.php")).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_millis(1900),
+        "{waited:?}"
+    );
+    let (status, _, body) = get(&gw.url("/login.php")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
 #[tokio::test]
 async fn a_request_a_server_never_answered_goes_to_the_next_with_its_parameters() {
     let fpm = PhpFpm::start(2);

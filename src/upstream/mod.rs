@@ -258,14 +258,15 @@ impl Upstream {
                 Transport::FastCgi(pool) => {
                     let (parts, body) = request.into_parts();
                     let head = parts.extensions.get::<FastCgiHead>();
-                    let sent = pool.send((head, &span.id), body, deadline, timeout, &mut held, counted);
-                    match tokio::time::timeout_at(deadline, sent).await {
-                        Ok(Ok(response)) => Ok(response.map(Either::Right)),
-                        Ok(Err(fastcgi::Unsent { error, body })) => Err((
+                    match pool
+                        .send((head, &span.id), body, deadline, timeout, &mut held, counted)
+                        .await
+                    {
+                        Ok(response) => Ok(response.map(Either::Right)),
+                        Err(fastcgi::Unsent { error, body }) => Err((
                             classify_fastcgi(error)?,
                             body.map(|body| Request::from_parts(parts, body)),
                         )),
-                        Err(_elapsed) => Err((timed_out(), None)),
                     }
                 }
             };
@@ -379,6 +380,7 @@ fn classify_fastcgi(error: fastcgi::FastCgiError) -> Result<(UpstreamFailure, St
         fastcgi::FastCgiError::Connect { .. } | fastcgi::FastCgiError::ConnectTimeout(_) => {
             Ok((UpstreamFailure::Connect, detail(&error)))
         }
+        fastcgi::FastCgiError::Timeout => Ok(timed_out()),
         fastcgi::FastCgiError::Exchange(fastcgi::ExchangeError::Body(body_error)) => {
             Err(body_error.answer(detail(&error)))
         }

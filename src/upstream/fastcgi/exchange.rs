@@ -108,7 +108,16 @@ impl Exchange {
     ) -> Poll<Result<(StatusCode, HeaderMap), ExchangeError>> {
         loop {
             match ready!(self.poll_received(cx))? {
-                Received::Stdout(content) => {
+                Received::Stdout(mut content) => {
+                    // The usual case: the whole head in the first piece, read where it is.
+                    if self.head.is_empty()
+                        && let Some(end) = head::end(&content)
+                    {
+                        let parsed = head::parse(&content[..end]).map_err(ExchangeError::Malformed)?;
+                        let rest = content.split_off(end);
+                        self.ahead = Some(rest).filter(|rest| !rest.is_empty());
+                        return Poll::Ready(Ok(parsed));
+                    }
                     self.head.extend_from_slice(&content);
                     if let Some(end) = head::end(&self.head) {
                         let head = self.head.split_to(end);
@@ -124,6 +133,15 @@ impl Exchange {
                 Received::Stderr(text) => self.endpoint.log_stderr(&text),
                 Received::End { .. } => return Poll::Ready(Err(ExchangeError::Malformed("no head"))),
             }
+        }
+    }
+
+    /// Whether the deadline of the connection's timer has passed (then the response head
+    /// came too late).
+    pub(super) fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self.connection.as_mut() {
+            Some(connection) => connection.deadline.as_mut().poll(cx),
+            None => Poll::Pending,
         }
     }
 

@@ -73,7 +73,9 @@ pub(crate) struct FastCgiHead {
 impl FastCgiHead {
     /// The records for a try whose span is `span`: the try's `traceparent` names it.
     fn for_try(&self, span: &SpanId) -> BytesMut {
-        let mut records = BytesMut::from(&self.records[..]);
+        // Room for the end of stdin, which a request without a body adds at once.
+        let mut records = BytesMut::with_capacity(self.records.len() + record::HEADER_LEN);
+        records.extend_from_slice(&self.records);
         let at = self.traceparent;
         if let Some(parent) = records.get_mut(at + context::PARENT_ID.start..at + context::PARENT_ID.end) {
             context::write_span_id(span, parent);

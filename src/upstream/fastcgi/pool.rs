@@ -20,6 +20,7 @@ use bytes::BytesMut;
 use http::Response;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
+use tokio::time::Sleep;
 use tokio_util::either::Either;
 
 use super::exchange::{Exchange, ExchangeError};
@@ -51,10 +52,14 @@ impl std::fmt::Display for Address {
     }
 }
 
-/// A connection to PHP-FPM, and what was read on it and not yet used.
+/// A connection to PHP-FPM, what was read on it and not yet used, and the timer for the
+/// response head of the request on it. The timer is moved to each request's deadline:
+/// moving a timer costs next to nothing, where one made per request is registered with
+/// the runtime and removed again each time.
 pub(crate) struct Connection {
     pub(super) stream: Either<TcpStream, UnixStream>,
     pub(super) read: BytesMut,
+    pub(super) deadline: Pin<Box<Sleep>>,
 }
 
 impl Connection {
@@ -77,6 +82,8 @@ pub(crate) enum FastCgiError {
     Connect { address: String, source: io::Error },
     #[error("cannot connect to {0}: no answer within the connect timeout")]
     ConnectTimeout(String),
+    #[error("no response headers in time")]
+    Timeout,
     #[error(transparent)]
     Exchange(#[from] ExchangeError),
 }
@@ -117,7 +124,8 @@ impl Endpoint {
         tracing::warn!(target: "fastcgi", server = %self.address, stderr = %line, "PHP wrote to stderr");
     }
 
-    async fn connect(&self) -> Result<Connection, FastCgiError> {
+    /// A new connection, its timer set for `deadline`.
+    async fn connect(&self, deadline: tokio::time::Instant) -> Result<Connection, FastCgiError> {
         let opened = match &self.address {
             Address::Tcp(address) => tokio::time::timeout(self.connect_timeout, TcpStream::connect(address))
                 .await
@@ -135,6 +143,7 @@ impl Endpoint {
             Ok(Ok(stream)) => Ok(Connection {
                 stream,
                 read: BytesMut::new(),
+                deadline: Box::pin(tokio::time::sleep_until(deadline)),
             }),
             Ok(Err(source)) => Err(FastCgiError::Connect {
                 address: self.address.to_string(),
@@ -174,7 +183,8 @@ impl Pool {
     /// An active check: the status of a `GET` for the script `path` (PHP-FPM's
     /// `ping.path`, a status page, or a script) on a connection of its own.
     pub(crate) async fn check(&self, path: &str) -> Option<http::StatusCode> {
-        let connection = self.endpoint.connect().await.ok()?;
+        let deadline = tokio::time::Instant::now() + self.endpoint.connect_timeout;
+        let connection = self.endpoint.connect(deadline).await.ok()?;
         let head = super::params::check_head(path);
         let mut exchange = Exchange::new(connection, self.endpoint.clone(), head, RequestBody::empty());
         poll_fn(|cx| exchange.poll_head(cx))
@@ -185,7 +195,7 @@ impl Pool {
 
     /// Sends the request whose begin and parameter records are `head`, naming `span` as
     /// the try's in its `traceparent` ([`FastCgiHead::for_try`], on each connection), with `body`, and
-    /// waits for the response head. The caller bounds the wait (it drops this future);
+    /// waits for the response head until `deadline` (then [`FastCgiError::Timeout`]);
     /// `keep`, with `detach`, is what the request holds while PHP works on it: dropped
     /// before the answer (its client left), the exchange goes on in a task of its own
     /// until `deadline`, its answer read and discarded for at most `timeout`, and only
@@ -206,16 +216,22 @@ impl Pool {
                 .checkout(|connection| !connection.closed_while_idle());
             let reused = pooled.is_some();
             let connection = match pooled {
-                Some(connection) => connection,
-                None => match Box::pin(self.endpoint.connect()).await {
-                    Ok(connection) => connection,
-                    Err(error) => {
-                        return Err(Unsent {
-                            error,
-                            body: Some(body),
-                        });
+                Some(mut connection) => {
+                    connection.deadline.as_mut().reset(deadline);
+                    connection
+                }
+                None => {
+                    match Box::pin(tokio::time::timeout_at(deadline, self.endpoint.connect(deadline))).await {
+                        Ok(Ok(connection)) => connection,
+                        Ok(Err(error)) => {
+                            return Err(Unsent {
+                                error,
+                                body: Some(body),
+                            });
+                        }
+                        Err(_elapsed) => return Err(timed_out()),
                     }
-                },
+                }
             };
             let exchange = Box::new(Exchange::new(
                 connection,
@@ -229,8 +245,14 @@ impl Pool {
                 deadline,
                 timeout,
             };
-            let answer =
-                poll_fn(|cx| detached.exchange.as_mut().expect("until answered").poll_head(cx)).await;
+            let answer = poll_fn(|cx| {
+                let exchange = detached.exchange.as_mut().expect("until answered");
+                match exchange.poll_head(cx) {
+                    Poll::Pending if exchange.poll_deadline(cx).is_ready() => Poll::Ready(Err(None)),
+                    polled => polled.map_err(Some),
+                }
+            })
+            .await;
             let exchange = detached.exchange.take().expect("until answered");
             match answer {
                 Ok((status, headers)) => {
@@ -241,12 +263,14 @@ impl Pool {
                     *response.headers_mut() = headers;
                     return Ok(response);
                 }
-                Err(ExchangeError::Closed | ExchangeError::Io(_))
+                Err(Some(ExchangeError::Closed | ExchangeError::Io(_)))
                     if reused && exchange.unanswered_and_unread() =>
                 {
                     body = exchange.into_body().expect("unread");
                 }
-                Err(error) => {
+                // Past the deadline the exchange is dropped, its connection closed.
+                Err(None) => return Err(timed_out()),
+                Err(Some(error)) => {
                     return Err(Unsent {
                         error: error.into(),
                         body: exchange.into_body(),
@@ -254,6 +278,13 @@ impl Pool {
                 }
             }
         }
+    }
+}
+
+fn timed_out() -> Unsent {
+    Unsent {
+        error: FastCgiError::Timeout,
+        body: None,
     }
 }
 
