@@ -219,13 +219,25 @@ fn hex_byte(pair: &[u8]) -> Option<u8> {
     Some(digit(pair[0])? << 4 | digit(pair[1])?)
 }
 
+/// `bytes` as lower-case hex digits over the start of `out`, two a byte.
 fn hex_into(bytes: &[u8], out: &mut [u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for (byte, pair) in bytes.iter().zip(out.chunks_mut(2)) {
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 0x0f)];
+    for (byte, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(*byte)]);
     }
 }
+
+/// Each byte's two hex digits: one load and one store a byte, where splitting it into
+/// digits costs a dozen instructions (IDs and `traceparent` values are made per request).
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut pairs = [[0; 2]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        pairs[byte] = [DIGITS[byte >> 4], DIGITS[byte & 0x0f]];
+        byte += 1;
+    }
+    pairs
+};
 
 #[cfg(test)]
 mod tests {

@@ -12,10 +12,6 @@ pub(super) const MAX_HEAD: usize = 64 * 1024;
 /// Room for the headers floodgate adds to a response after the head is read.
 const ADDED_LATER: usize = 6;
 
-fn line_count(head: &[u8]) -> usize {
-    head.iter().filter(|&&b| b == b'\n').count()
-}
-
 /// Where the head ends in `output`: the length of the head with its empty line, if it has
 /// arrived.
 pub(super) fn end(output: &[u8]) -> Option<usize> {
@@ -38,7 +34,7 @@ pub(super) fn parse(head: &[u8]) -> Result<(StatusCode, HeaderMap), &'static str
     let mut status = None;
     // Sized for the lines and the headers floodgate adds to a response (its request ID, a
     // limit's, the route's rules), so that the map is not grown and rehashed on the way.
-    let lines = line_count(head);
+    let lines = memchr::memchr_iter(b'\n', head).count();
     let mut headers = HeaderMap::with_capacity(lines + ADDED_LATER);
     for line in head.split(|&b| b == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
