@@ -24,7 +24,7 @@ use tokio::io::{AsyncReadExt, Take};
 use tokio_util::io::ReaderStream;
 
 use super::{Found, Opened, Root};
-use crate::compression::{Accepted, vary_on_encoding};
+use crate::compression::{Accepted, Coding, vary_on_encoding};
 
 /// Files up to this size are read whole when opened; larger ones stream.
 const READ_AT_ONCE: u64 = 64 * 1024;
@@ -157,18 +157,16 @@ pub(crate) fn serve(
         None => (None, file),
     };
     let length = metadata.len();
+    // A file dated before 1970 counts as of 1970, after 9999 (which HTTP dates cannot
+    // write) as of the end of 9999.
     let modified = metadata.modified().unwrap_or(UNIX_EPOCH);
-    let since_epoch = modified.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let etag = match coding {
-        None => format!("\"{:x}-{:x}\"", since_epoch.as_secs(), length),
-        Some(coding) => format!(
-            "\"{:x}-{:x}-{}\"",
-            since_epoch.as_secs(),
-            length,
-            coding.extension()
-        ),
-    };
-    let last_modified = httpdate::fmt_http_date(modified);
+    let modified_secs = modified
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+        .min(LAST_HTTP_DATE);
+    let etag = etag(modified_secs, length, coding.map(Coding::extension));
+    let last_modified = http_date(modified_secs);
+    let last_modified = std::str::from_utf8(&last_modified).expect("ASCII");
     let mut response = Response::new(FileBody::empty());
     let out = response.headers_mut();
     out.insert(
@@ -178,7 +176,7 @@ pub(crate) fn serve(
     if let Ok(etag) = HeaderValue::try_from(etag.as_str()) {
         out.insert(header::ETAG, etag);
     }
-    if let Ok(date) = HeaderValue::try_from(last_modified.as_str()) {
+    if let Ok(date) = HeaderValue::try_from(last_modified) {
         out.insert(header::LAST_MODIFIED, date);
     }
     if let Some(coding) = coding {
@@ -192,7 +190,7 @@ pub(crate) fn serve(
     out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     let range = headers
         .get(header::RANGE)
-        .filter(|_| if_range_holds(headers, &etag, &last_modified))
+        .filter(|_| if_range_holds(headers, &etag, last_modified))
         .and_then(|range| range.to_str().ok())
         .and_then(|range| Range::parse(range, length));
     let (start, count) = match range {
@@ -280,6 +278,73 @@ impl Range {
 
 /// Whether a `Range` applies: no `If-Range`, or one that names the current
 /// representation by its strong `ETag` or its exact `Last-Modified`.
+/// A file version's ETag, as nginx writes it: its modification time and length in hex,
+/// and the coding of a precompressed sibling.
+fn etag(modified_secs: u64, length: u64, coding: Option<&str>) -> String {
+    let mut etag = String::with_capacity(48);
+    etag.push('"');
+    push_hex(&mut etag, modified_secs);
+    etag.push('-');
+    push_hex(&mut etag, length);
+    if let Some(coding) = coding {
+        etag.push('-');
+        etag.push_str(coding);
+    }
+    etag.push('"');
+    etag
+}
+
+fn push_hex(out: &mut String, value: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let digits = (u64::BITS - value.leading_zeros()).div_ceil(4).max(1);
+    for digit in (0..digits).rev() {
+        out.push(char::from(DIGITS[(value >> (digit * 4)) as usize & 0x0f]));
+    }
+}
+
+/// The last second an HTTP date can name: 9999-12-31 23:59:59.
+const LAST_HTTP_DATE: u64 = 253_402_300_799;
+
+/// `secs` since 1970 (at most [`LAST_HTTP_DATE`]) as an HTTP date (RFC 9110 section
+/// 5.6.7, `Sun, 06 Nov 1994 08:49:37 GMT`). Written here rather than through `httpdate`'s
+/// `Display`: the formatting machinery cost a file's response about 1,000 instructions,
+/// and `httpdate` panics on times before 1970.
+fn http_date(secs: u64) -> [u8; 29] {
+    const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
+    const MONTHS: [&[u8; 3]; 12] = [
+        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec",
+    ];
+    let secs = secs.min(LAST_HTTP_DATE);
+    let days = secs / 86_400;
+    let of_day = secs % 86_400;
+    // The civil date of a day count (Howard Hinnant's days_from_civil, inverted), in
+    // eras of 400 years from 0000-03-01.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era = (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    let two = |n: u64| [b'0' + (n / 10) as u8, b'0' + (n % 10) as u8];
+    let mut out = *b"Thu, 01 Jan 1970 00:00:00 GMT";
+    out[0..3].copy_from_slice(DAYS[(days % 7) as usize]);
+    out[5..7].copy_from_slice(&two(day));
+    out[8..11].copy_from_slice(MONTHS[(month - 1) as usize]);
+    out[12..14].copy_from_slice(&two(year / 100));
+    out[14..16].copy_from_slice(&two(year % 100));
+    out[17..19].copy_from_slice(&two(of_day / 3_600));
+    out[20..22].copy_from_slice(&two(of_day / 60 % 60));
+    out[23..25].copy_from_slice(&two(of_day % 60));
+    out
+}
+
 fn if_range_holds(headers: &HeaderMap, etag: &str, last_modified: &str) -> bool {
     match headers.get(header::IF_RANGE).map(HeaderValue::to_str) {
         None => true,
@@ -369,6 +434,49 @@ mod tests {
             panic!("{path}: no file");
         };
         serve(&root, &path, opened, method, headers)
+    }
+
+    /// The HTTP dates written here are `httpdate`'s, every third day from 1970 to 9999 at a
+    /// varying time of day, and the last second.
+    #[test]
+    fn http_dates_are_httpdates() {
+        let mut secs = 0;
+        while secs <= LAST_HTTP_DATE {
+            let expected = httpdate::fmt_http_date(UNIX_EPOCH + std::time::Duration::from_secs(secs));
+            assert_eq!(std::str::from_utf8(&http_date(secs)).unwrap(), expected);
+            secs += 3 * 86_400 + 3_607;
+        }
+        assert_eq!(&http_date(LAST_HTTP_DATE), b"Fri, 31 Dec 9999 23:59:59 GMT");
+        assert_eq!(&http_date(u64::MAX), b"Fri, 31 Dec 9999 23:59:59 GMT");
+    }
+
+    #[test]
+    fn etags_are_hex_time_length_and_coding() {
+        assert_eq!(etag(0, 0, None), "\"0-0\"");
+        assert_eq!(etag(0x65a1_b2c3, 4096, Some("br")), "\"65a1b2c3-1000-br\"");
+        assert_eq!(etag(u64::MAX, 15, None), "\"ffffffffffffffff-f\"");
+    }
+
+    /// A file dated before 1970 (which `touch -d` can make) is served, its dates clamped
+    /// to the epoch.
+    #[test]
+    fn a_file_from_before_the_epoch_is_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("old.txt");
+        std::fs::write(&file, "old").unwrap();
+        let before = UNIX_EPOCH - std::time::Duration::from_secs(10 * 365 * 86_400);
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(before)
+            .unwrap();
+        let response = serve_at(&file, &Method::GET, &HeaderMap::new()).unwrap();
+        assert_eq!(
+            response.headers()["last-modified"],
+            "Thu, 01 Jan 1970 00:00:00 GMT"
+        );
+        assert_eq!(response.headers()["etag"], "\"0-3\"");
     }
 
     #[test]
