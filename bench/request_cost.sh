@@ -28,6 +28,12 @@ BINARY=${2:-target/release/floodgate}
 SECONDS_MEASURED=${RUN_SECONDS:-5}
 CONNECTIONS=${CONNECTIONS:-8}
 TOP=${TOP:-20}
+# HEADERS: request headers wrk sends besides Host, one `Name: value` a line (a browser's,
+# say: wrk alone sends none).
+wrk_headers=()
+while IFS= read -r line; do
+  [ -n "$line" ] && wrk_headers+=(-H "$line")
+done <<<"${HEADERS:-}"
 for tool in nginx wrk redis-server valgrind callgrind_control callgrind_annotate python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
 done
@@ -78,11 +84,11 @@ pids+=($gateway)
 for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$gateway_port") 2>/dev/null && break; sleep 0.1; done
 
 url=http://127.0.0.1:$gateway_port${URL_PATH:-$url_path}
-wrk -t1 -c"$CONNECTIONS" -d3s "$url" >/dev/null
+wrk -t1 -c"$CONNECTIONS" -d3s "${wrk_headers[@]}" "$url" >/dev/null
 script_calls() { redis-cli -p "$redis_port" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/ {n = $3} END {print n + 0}'; }
 calls_before=$(script_calls)
 callgrind_control -z "$gateway" >/dev/null 2>&1
-requests=$(wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_MEASURED}s" "$url" | awk '/requests in/ {print $1}')
+requests=$(wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_MEASURED}s" "${wrk_headers[@]}" "$url" | awk '/requests in/ {print $1}')
 callgrind_control -d "$gateway" >/dev/null 2>&1
 calls=$(( $(script_calls) - calls_before ))
 dump=$(ls "$dir"/callgrind.out.* | sort | tail -1)

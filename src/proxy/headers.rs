@@ -139,6 +139,9 @@ pub(crate) struct ForwardingContext<'a> {
     /// Underscore spellings (`x_api_key`) dropped too: of the headers rate limits key on,
     /// and of those request rules set or remove.
     pub guarded_spellings: &'a [String],
+    /// Whether the request may hold header names PHP and CGI fold (kept by
+    /// `server.drop_invalid_headers = false`): only then are the spellings looked for.
+    pub folding_names: bool,
 }
 
 /// Sets `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `X-Forwarded-Host`, `Via`
@@ -146,7 +149,9 @@ pub(crate) struct ForwardingContext<'a> {
 /// host the client asked for (its `Host`, or the `:authority` of HTTP/2 and absolute-form
 /// targets): `X-Forwarded-Host` repeats it.
 pub(crate) fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingContext<'_>) {
-    remove_underscore_spellings(headers, ctx.guarded_spellings);
+    if ctx.folding_names {
+        remove_underscore_spellings(headers, ctx.guarded_spellings);
+    }
 
     let peer = ctx.peer.ip;
     let peer_value = ctx.peer.value.clone();
@@ -301,6 +306,7 @@ mod tests {
             peer_trusted: trusted,
             version: Version::HTTP_11,
             guarded_spellings: &[],
+            folding_names: true,
         }
     }
 

@@ -375,6 +375,7 @@ async fn serve(
                 peer_trusted: state.trusted_proxies.contains(client.peer.ip),
                 version: request.version(),
                 guarded_spellings: &state.guarded_spellings,
+                folding_names: untidy.leaves_folding_names(names),
             };
             // From here on the slots go with the exchange, which may outlive this request
             // if its client leaves (`upstream`'s module docs).

@@ -64,6 +64,11 @@ pub(crate) struct Untidy {
 }
 
 impl Untidy {
+    /// Whether names PHP and CGI would fold remain after [`tidy`], under `names`.
+    pub(crate) fn leaves_folding_names(self, names: InvalidNames) -> bool {
+        self.invalid_names && names == InvalidNames::Keep
+    }
+
     /// Whether [`tidy`] changes anything, under `names`.
     pub(crate) fn any(self, names: InvalidNames) -> bool {
         (self.invalid_names && names == InvalidNames::Drop) || self.cookie_crumbs
