@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fails when the request path costs more instructions than bench/cost_budgets allows:
 # each template there is measured with bench/request_cost.sh (callgrind counts, which a
-# loaded machine does not change) and compared with its budget plus 2 %. Usage (from the
+# loaded machine does not change) and compared with its budget plus 2 %. A third field
+# names a file in bench/conf of request headers to send (request_cost.sh's HEADERS), for
+# what a real client's request costs beside wrk's bare one. Usage (from the
 # repository root, after `cargo build --release`):
 #
 #   bash bench/cost_guard.sh [BINARY]
@@ -13,21 +15,28 @@ cd "$(dirname "$0")/.."
 BINARY=${1:-target/release/floodgate}
 TOLERANCE_PERCENT=2
 failed=0
-while read -r template budget; do
+while read -r template budget headers; do
   case $template in '' | '#'*) continue ;; esac
-  measured=$(TOP=0 RUN_SECONDS=${RUN_SECONDS:-3} bash bench/request_cost.sh "bench/conf/$template.toml.tmpl" "$BINARY" |
+  header_lines=""
+  if [ -n "$headers" ]; then
+    header_lines=$(cat "bench/conf/$headers")
+    template_label="$template with $headers"
+  else
+    template_label=$template
+  fi
+  measured=$(HEADERS=$header_lines TOP=0 RUN_SECONDS=${RUN_SECONDS:-3} bash bench/request_cost.sh "bench/conf/$template.toml.tmpl" "$BINARY" |
     awk '/instructions per request/ {print $2}')
   if [ -z "$measured" ]; then
-    echo "cost guard: $template could not be measured" >&2
+    echo "cost guard: $template_label could not be measured" >&2
     failed=1
     continue
   fi
   limit=$((budget * (100 + TOLERANCE_PERCENT) / 100))
   if [ "$measured" -gt "$limit" ]; then
-    echo "cost guard: $template costs $measured instructions per request, over its budget of $budget (+$TOLERANCE_PERCENT %: $limit); see bench/cost_budgets" >&2
+    echo "cost guard: $template_label costs $measured instructions per request, over its budget of $budget (+$TOLERANCE_PERCENT %: $limit); see bench/cost_budgets" >&2
     failed=1
   else
-    echo "cost guard: $template $measured instructions per request (budget $budget, limit $limit)"
+    echo "cost guard: $template_label $measured instructions per request (budget $budget, limit $limit)"
   fi
 done <bench/cost_budgets
 exit "$failed"
