@@ -30,6 +30,9 @@
 // nested deeper than the default limit lets the compiler prove it `Send`.
 #![recursion_limit = "256"]
 
+#[macro_use]
+mod byte_set;
+
 mod access_log;
 mod acme;
 mod admin;

@@ -146,18 +146,8 @@ fn valid_name(name: &str) -> bool {
     name.bytes().all(|b| VALID_NAME_BYTE[usize::from(b)])
 }
 
-/// The bytes of a valid name, by value: one load a byte where the test is several
-/// comparisons (every name of every request is checked).
-const VALID_NAME_BYTE: [bool; 256] = {
-    let mut valid = [false; 256];
-    let mut byte = 0;
-    while byte < 256 {
-        let b = byte as u8;
-        valid[byte] = b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-';
-        byte += 1;
-    }
-    valid
-};
+/// The bytes of a valid name.
+const VALID_NAME_BYTE: [bool; 256] = byte_set!(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
 
 /// Removes the fields with invalid names; returns how many went.
 fn drop_invalid_names(headers: &mut HeaderMap) -> usize {

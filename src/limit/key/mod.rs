@@ -155,16 +155,7 @@ fn is_plain(byte: u8) -> bool {
 }
 
 /// The bytes kept as they are in a tuple: `A-Z a-z 0-9 . - _`.
-static PLAIN: [bool; 256] = {
-    let mut plain = [false; 256];
-    let mut byte = 0;
-    while byte < 256 {
-        let b = byte as u8;
-        plain[byte] = b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_');
-        byte += 1;
-    }
-    plain
-};
+static PLAIN: [bool; 256] = byte_set!(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
 
 #[cfg(test)]
 mod tests {

@@ -248,8 +248,10 @@ impl Pool {
             let answer = poll_fn(|cx| {
                 let exchange = detached.exchange.as_mut().expect("until answered");
                 match exchange.poll_head(cx) {
-                    Poll::Pending if exchange.poll_deadline(cx).is_ready() => Poll::Ready(Err(None)),
-                    polled => polled.map_err(Some),
+                    Poll::Pending if exchange.poll_deadline(cx).is_ready() => {
+                        Poll::Ready(Err(FastCgiError::Timeout))
+                    }
+                    polled => polled.map_err(FastCgiError::Exchange),
                 }
             })
             .await;
@@ -263,16 +265,16 @@ impl Pool {
                     *response.headers_mut() = headers;
                     return Ok(response);
                 }
-                Err(Some(ExchangeError::Closed | ExchangeError::Io(_)))
+                Err(FastCgiError::Exchange(ExchangeError::Closed | ExchangeError::Io(_)))
                     if reused && exchange.unanswered_and_unread() =>
                 {
                     body = exchange.into_body().expect("unread");
                 }
                 // Past the deadline the exchange is dropped, its connection closed.
-                Err(None) => return Err(timed_out()),
-                Err(Some(error)) => {
+                Err(FastCgiError::Timeout) => return Err(timed_out()),
+                Err(error) => {
                     return Err(Unsent {
-                        error: error.into(),
+                        error,
                         body: exchange.into_body(),
                     });
                 }
