@@ -690,3 +690,127 @@ async fn stderr_is_logged_once_a_second_at_most() {
         .count();
     assert_eq!(logged, 1, "{:?}", gateway.stdout_lines());
 }
+
+/// Every `HTTP_*` parameter PHP got, sorted, one `NAME=value` line each.
+const HTTP_DUMP: &str = r#"<?php
+$names = array_filter(array_keys($_SERVER), fn ($k) => str_starts_with($k, 'HTTP_'));
+sort($names);
+foreach ($names as $k) { echo $k, '=', $_SERVER[$k], "\n"; }
+"#;
+
+/// PHP is told the request's headers as they go upstream: the client's forwarding
+/// headers replaced, its `Via` followed by floodgate's, hop-by-hop headers and those
+/// `Connection` names left out; and a route's request rules apply (a route with rules
+/// rewrites the headers where one without reads them as they go: both must tell PHP the
+/// same).
+#[tokio::test]
+async fn php_is_told_the_headers_as_they_go_with_or_without_rules() {
+    let fpm = PhpFpm::start(2);
+    fpm.file("/headers.php", HTTP_DUMP);
+    let root = fpm.site().display().to_string();
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .table("upstreams.php", &format!("url = \"{}\"", fpm.url()))
+            .route(
+                "ruled",
+                &format!(
+                    "path_prefix = \"/ruled/\"\nstrip_prefix = \"/ruled\"\nupstream = \"php\"\nroot = \"{root}\"\n\
+                     request_headers = {{ set = {{ \"X-Env\" = \"prod\" }}, remove = [\"Cookie\"] }}"
+                ),
+            )
+            .route("plain", &format!("upstream = \"php\"\nroot = \"{root}\"")),
+    )
+    .await;
+    let port = gw.addr.port();
+    let ask = |path: &str, extra: &str| {
+        format!(
+            "GET {path} HTTP/1.1\r\nHost: shop.example:{port}\r\nX-Forwarded-For: 6.6.6.6\r\n\
+             X-Forwarded-Proto: https\r\nX-Forwarded-Host: evil.example\r\nX-Real-IP: 6.6.6.6\r\n\
+             Forwarded: for=6.6.6.6\r\nVia: 1.0 corp\r\nCookie: a=1\r\nKeep-Alive: timeout=5\r\n\
+             TE: trailers\r\n{extra}Connection: close\r\n\r\n"
+        )
+    };
+    let dump = |raw: String| -> Vec<String> {
+        let body = raw.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+        // The body comes chunked: its lines of parameters, between chunk sizes.
+        body.lines()
+            .filter(|line| line.starts_with("HTTP_"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let tail = |lines: &[&str]| lines.iter().map(|line| line.to_string()).collect::<Vec<_>>();
+
+    let plain = dump(raw_request(gw.addr, ask("/headers.php", "").as_bytes()).await);
+    let id = plain
+        .iter()
+        .find_map(|line| line.strip_prefix("HTTP_X_REQUEST_ID="))
+        .unwrap_or_else(|| panic!("no request ID in {plain:?}"))
+        .to_owned();
+    let traceparent = plain
+        .iter()
+        .find(|line| line.starts_with("HTTP_TRACEPARENT="))
+        .unwrap()
+        .clone();
+    let host = format!("HTTP_HOST=shop.example:{port}");
+    let forwarded_host = format!("HTTP_X_FORWARDED_HOST=shop.example:{port}");
+    let request_id = format!("HTTP_X_REQUEST_ID={id}");
+    assert_eq!(
+        plain,
+        tail(&[
+            "HTTP_COOKIE=a=1",
+            &host,
+            &traceparent,
+            "HTTP_VIA=1.0 corp, 1.1 floodgate",
+            "HTTP_X_FORWARDED_FOR=127.0.0.1",
+            &forwarded_host,
+            "HTTP_X_FORWARDED_PROTO=http",
+            "HTTP_X_REAL_IP=127.0.0.1",
+            &request_id,
+        ])
+    );
+
+    // What `Connection` names goes too (the map is rewritten then), `Host` never.
+    let named = dump(
+        raw_request(
+            gw.addr,
+            ask("/headers.php", "X-Secret: 1\r\nConnection: X-Secret, Host\r\n").as_bytes(),
+        )
+        .await,
+    );
+    assert!(
+        !named.iter().any(|line| line.starts_with("HTTP_X_SECRET")),
+        "{named:?}"
+    );
+    assert!(named.contains(&host), "{named:?}");
+    assert!(
+        named.contains(&"HTTP_X_REAL_IP=127.0.0.1".to_owned()),
+        "{named:?}"
+    );
+
+    let ruled = dump(raw_request(gw.addr, ask("/ruled/headers.php", "").as_bytes()).await);
+    let id = ruled
+        .iter()
+        .find_map(|line| line.strip_prefix("HTTP_X_REQUEST_ID="))
+        .unwrap()
+        .to_owned();
+    let traceparent = ruled
+        .iter()
+        .find(|line| line.starts_with("HTTP_TRACEPARENT="))
+        .unwrap()
+        .clone();
+    assert_eq!(
+        ruled,
+        tail(&[
+            &host,
+            &traceparent,
+            "HTTP_VIA=1.0 corp, 1.1 floodgate",
+            "HTTP_X_ENV=prod",
+            "HTTP_X_FORWARDED_FOR=127.0.0.1",
+            &forwarded_host,
+            "HTTP_X_FORWARDED_PROTO=http",
+            "HTTP_X_REAL_IP=127.0.0.1",
+            &format!("HTTP_X_REQUEST_ID={id}"),
+        ])
+    );
+}

@@ -22,6 +22,13 @@ pub struct HeaderRules {
     pub remove: Vec<HeaderName>,
 }
 
+impl HeaderRules {
+    /// Whether there are no rules.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.remove.is_empty()
+    }
+}
+
 /// A `respond` header's value (docs/configuration.md#routesrespond): fixed, or filled in
 /// from the request.
 #[derive(Debug, Clone, PartialEq, Eq)]

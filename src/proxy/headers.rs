@@ -2,7 +2,9 @@
 //! (RFC 9110 §7.6.1, including the names listed in `Connection`), forwarding headers set by
 //! floodgate alone, and other spellings of them dropped where invalid names are kept (PHP
 //! and CGI read `X_Real_IP` and `X.Real.IP` as `HTTP_X_REAL_IP`, so a client could
-//! otherwise plant one).
+//! otherwise plant one). What the forwarding headers become is decided once
+//! ([`Forwarding`]) and then either written into the request's map or, for PHP-FPM, read
+//! beside the client's headers as they would go ([`AsForwarded`]).
 
 use std::net::IpAddr;
 
@@ -63,38 +65,44 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
     if !present.contains(&true) {
         return;
     }
-    // `Connection` comes first in hop_by_hop(). A token naming a hop-by-hop header (as
-    // `keep-alive` and `close` do) needs no removal of its own: that header goes below if
-    // present.
-    let mut named = Vec::new();
+    // `Connection` comes first in hop_by_hop().
     if present[0] {
-        for value in headers.get_all(header::CONNECTION) {
-            // What nearly every message says, checked whole first.
-            let value = value.as_bytes();
-            if value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close") {
-                continue;
-            }
-            for token in value.split(|&byte| byte == b',') {
-                let token = token.trim_ascii();
-                if token.is_empty() || token.eq_ignore_ascii_case(b"close") || is_hop_by_hop(token) {
-                    continue;
-                }
-                if let Ok(name) = HeaderName::from_bytes(token)
-                    && name != header::HOST
-                {
-                    named.push(name);
-                }
-            }
+        for name in connection_named(headers) {
+            headers.remove(name);
         }
-    }
-    for name in named {
-        headers.remove(name);
     }
     for (name, present) in hop_by_hop().into_iter().zip(present) {
         if present {
             headers.remove(name);
         }
     }
+}
+
+/// The headers `Connection` names for removal besides the hop-by-hop ones, never `Host`.
+/// A token naming a hop-by-hop header (as `keep-alive` and `close` do) is left out: that
+/// header goes as hop-by-hop.
+#[inline(always)]
+pub(crate) fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    let mut named = Vec::new();
+    for value in headers.get_all(header::CONNECTION) {
+        // What nearly every message says, checked whole first.
+        let value = value.as_bytes();
+        if value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close") {
+            continue;
+        }
+        for token in value.split(|&byte| byte == b',') {
+            let token = token.trim_ascii();
+            if token.is_empty() || token.eq_ignore_ascii_case(b"close") || is_hop_by_hop(token) {
+                continue;
+            }
+            if let Ok(name) = HeaderName::from_bytes(token)
+                && name != header::HOST
+            {
+                named.push(name);
+            }
+        }
+    }
+    named
 }
 
 /// Applies header rules, the server's or a route's (docs/configuration.md#header-rules):
@@ -152,60 +160,211 @@ pub(crate) fn set_forwarding_headers(headers: &mut HeaderMap, ctx: &ForwardingCo
     if ctx.folding_names {
         remove_underscore_spellings(headers, ctx.guarded_spellings);
     }
-
-    let peer = ctx.peer.ip;
-    let peer_value = ctx.peer.value.clone();
-    if ctx.peer_trusted {
-        let previous: Vec<&str> = headers
-            .get_all(&X_FORWARDED_FOR)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .collect();
-        if previous.is_empty() {
-            headers.insert(X_FORWARDED_FOR.clone(), peer_value.clone());
-        } else {
-            insert(
-                headers,
-                &X_FORWARDED_FOR,
-                &format!("{}, {}", previous.join(", "), ctx.peer.text),
-            );
-        }
-    } else {
+    let forwarding = Forwarding::decide(headers, headers.get(header::HOST), ctx);
+    if forwarding.drops_forwarded {
         headers.remove(&FORWARDED);
-        headers.insert(X_FORWARDED_FOR.clone(), peer_value.clone());
     }
-    // From an untrusted peer (the usual case) the client is the peer: one value for both.
-    let client_value = if ctx.client_ip == peer {
-        peer_value
-    } else {
-        ip_value(ctx.client_ip)
+    match forwarding.forwarded_for {
+        Some(chain) => headers.insert(X_FORWARDED_FOR.clone(), chain),
+        None => headers.remove(&X_FORWARDED_FOR),
     };
-    headers.insert(X_REAL_IP.clone(), client_value);
-
-    if !(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-        let proto = if ctx.peer.tls { "https" } else { "http" };
-        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+    headers.insert(X_REAL_IP.clone(), forwarding.real_ip);
+    if let Some(proto) = forwarding.proto {
+        headers.insert(X_FORWARDED_PROTO.clone(), proto);
     }
-    if !(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
-        // The same bytes, shared (a host that is not visible ASCII is not repeated).
-        match headers
-            .get(header::HOST)
-            .filter(|host| host.to_str().is_ok())
-            .cloned()
-        {
-            Some(host) => {
-                headers.insert(X_FORWARDED_HOST.clone(), host);
+    match forwarding.host {
+        Owned::Keep => None,
+        Owned::Set(host) => headers.insert(X_FORWARDED_HOST.clone(), host),
+        Owned::Remove => headers.remove(&X_FORWARDED_HOST),
+    };
+    headers.append(header::VIA, forwarding.via);
+    if let Some((name, id)) = forwarding.request_id {
+        headers.insert(name.clone(), id.clone());
+    }
+}
+
+/// What becomes of a forwarding header the client may have sent.
+enum Owned {
+    /// The client's values go on (a trusted proxy's).
+    Keep,
+    /// Replaced by this value.
+    Set(HeaderValue),
+    Remove,
+}
+
+/// The forwarding headers of a request going upstream, decided from its headers and
+/// connection.
+struct Forwarding<'a> {
+    /// `X-Forwarded-For`; `None` when a trusted chain makes no valid value.
+    forwarded_for: Option<HeaderValue>,
+    /// Whether `Forwarded` goes (from an untrusted peer).
+    drops_forwarded: bool,
+    real_ip: HeaderValue,
+    /// `X-Forwarded-Proto`; `None` keeps a trusted proxy's.
+    proto: Option<HeaderValue>,
+    /// `X-Forwarded-Host`.
+    host: Owned,
+    /// After the client's.
+    via: HeaderValue,
+    request_id: Option<(&'a HeaderName, &'a HeaderValue)>,
+}
+
+impl<'a> Forwarding<'a> {
+    /// The forwarding headers for a request with `headers` (hop-by-hop ones gone) asking
+    /// for `host`. Inlined: returned from a call, the decision costs about 150
+    /// instructions more (callgrind), on every proxied request.
+    #[inline(always)]
+    fn decide(headers: &HeaderMap, host: Option<&HeaderValue>, ctx: &ForwardingContext<'a>) -> Self {
+        let peer_value = ctx.peer.value.clone();
+        let forwarded_for = if ctx.peer_trusted {
+            let previous: Vec<&str> = headers
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .collect();
+            if previous.is_empty() {
+                Some(peer_value.clone())
+            } else {
+                HeaderValue::from_str(&format!("{}, {}", previous.join(", "), ctx.peer.text)).ok()
             }
-            None => {
-                headers.remove(&X_FORWARDED_HOST);
+        } else {
+            Some(peer_value.clone())
+        };
+        // From an untrusted peer (the usual case) the client is the peer: one value for both.
+        let real_ip = if ctx.client_ip == ctx.peer.ip {
+            peer_value
+        } else {
+            ip_value(ctx.client_ip)
+        };
+        let proto = (!(ctx.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO))).then(|| {
+            const HTTPS: HeaderValue = HeaderValue::from_static("https");
+            const HTTP: HeaderValue = HeaderValue::from_static("http");
+            if ctx.peer.tls { HTTPS } else { HTTP }
+        });
+        let host = if ctx.peer_trusted && headers.contains_key(&X_FORWARDED_HOST) {
+            Owned::Keep
+        } else {
+            // The same bytes, shared (a host that is not visible ASCII is not repeated).
+            match host.filter(|host| host.to_str().is_ok()) {
+                Some(host) => Owned::Set(host.clone()),
+                None => Owned::Remove,
+            }
+        };
+        Forwarding {
+            forwarded_for,
+            drops_forwarded: !ctx.peer_trusted,
+            real_ip,
+            proto,
+            host,
+            via: via_value(ctx.version),
+            request_id: ctx.request_id,
+        }
+    }
+}
+
+/// The headers of a request as they go upstream, read without rewriting its map: the
+/// client's, less the hop-by-hop ones and those floodgate replaces, then floodgate's (the
+/// `Host` of the target, the forwarding headers, `Via` after the client's). This is what
+/// the map would hold after [`remove_hop_by_hop`], the target's `Host`,
+/// [`set_forwarding_headers`] and a dropped `tracestate`, for a request whose
+/// `Connection` names nothing else, with no header rules to apply and no folding names
+/// to look for: PHP-FPM is told them as parameters, and rewriting a map only to read it
+/// back costs more than the request's own parameters.
+pub(crate) struct AsForwarded<'a> {
+    headers: &'a HeaderMap,
+    /// `Host` as the target names it (HTTP/2, absolute-form), in place of the client's.
+    host: Option<HeaderValue>,
+    forwarding: Forwarding<'a>,
+    /// `tracestate`, when the client's goes.
+    dropped: Option<&'a HeaderName>,
+}
+
+impl<'a> AsForwarded<'a> {
+    /// Whether the headers `headers` go upstream with can be read as they go: not when
+    /// `Connection` names any besides the hop-by-hop ones, nor when the request may hold
+    /// names that PHP folds (both need the map rewritten).
+    pub(crate) fn readable(headers: &HeaderMap, ctx: &ForwardingContext<'_>) -> bool {
+        !ctx.folding_names && connection_named(headers).is_empty()
+    }
+
+    /// The headers `headers` go upstream with, the target's `host` in place of the
+    /// client's, without the `dropped` header; for headers that are
+    /// [`readable`](Self::readable), with no header rules to apply.
+    pub(crate) fn new(
+        headers: &'a HeaderMap,
+        host: Option<HeaderValue>,
+        dropped: Option<&'a HeaderName>,
+        ctx: &ForwardingContext<'a>,
+    ) -> Self {
+        let forwarding = Forwarding::decide(headers, host.as_ref().or(headers.get(header::HOST)), ctx);
+        AsForwarded {
+            headers,
+            host,
+            forwarding,
+            dropped,
+        }
+    }
+
+    /// Whether the client's values of `name` go as they came: not hop-by-hop, nor
+    /// replaced. One match on the name (by length, then bytes) where comparing names one
+    /// by one cost more per header than the rewrite of the map it spares.
+    fn goes_as_sent(&self, name: &HeaderName) -> bool {
+        let forwarding = &self.forwarding;
+        match name.as_str() {
+            // hop_by_hop(), and `Via`, which comes with floodgate's.
+            "connection" | "keep-alive" | "proxy-connection" | "te" | "trailer" | "transfer-encoding"
+            | "upgrade" | "via" => false,
+            "host" => self.host.is_none(),
+            "x-forwarded-for" | "x-real-ip" => false,
+            "forwarded" => !forwarding.drops_forwarded,
+            "x-forwarded-proto" => forwarding.proto.is_none(),
+            "x-forwarded-host" => matches!(forwarding.host, Owned::Keep),
+            _ => {
+                self.dropped.is_none_or(|dropped| dropped != name)
+                    && forwarding.request_id.is_none_or(|(id, _)| id != name)
             }
         }
     }
-    headers.append(header::VIA, via_value(ctx.version));
-    if let Some((name, id)) = ctx.request_id {
-        headers.insert(name.clone(), id.clone());
+
+    // The headers as they go come in three runs that share no name, each with a name's
+    // values one after the other: [`sent`](Self::sent), [`added`](Self::added) and
+    // [`via`](Self::via). Runs, not one chain of iterators: stepping through a chain of
+    // five cost more than the rewrite it spares.
+
+    /// The client's headers that go as sent.
+    pub(crate) fn sent(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        self.headers.iter().filter(|(name, _)| self.goes_as_sent(name))
+    }
+
+    /// floodgate's headers, `Via` apart.
+    pub(crate) fn added(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        let forwarding = &self.forwarding;
+        let forwarded_host = match &forwarding.host {
+            Owned::Set(host) => Some(host),
+            Owned::Keep | Owned::Remove => None,
+        };
+        let added = [
+            (&header::HOST, self.host.as_ref()),
+            (&X_FORWARDED_FOR, forwarding.forwarded_for.as_ref()),
+            (&X_REAL_IP, Some(&forwarding.real_ip)),
+            (&X_FORWARDED_PROTO, forwarding.proto.as_ref()),
+            (&X_FORWARDED_HOST, forwarded_host),
+        ];
+        added
+            .into_iter()
+            .filter_map(|(name, value)| Some((name, value?)))
+            .chain(forwarding.request_id)
+    }
+
+    /// `Via`: the client's values, then floodgate's.
+    pub(crate) fn via(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        self.headers
+            .get_all(header::VIA)
+            .iter()
+            .chain(std::iter::once(&self.forwarding.via))
+            .map(|value| (&header::VIA, value))
     }
 }
 
@@ -215,23 +374,18 @@ fn ip_value(ip: IpAddr) -> HeaderValue {
 }
 
 fn via_value(version: Version) -> HeaderValue {
-    HeaderValue::from_static(match version {
-        Version::HTTP_09 => "0.9 floodgate",
-        Version::HTTP_10 => "1.0 floodgate",
-        Version::HTTP_2 => "2.0 floodgate",
-        Version::HTTP_3 => "3.0 floodgate",
-        _ => "1.1 floodgate",
-    })
-}
-
-fn insert(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
-    match HeaderValue::from_str(value) {
-        Ok(value) => {
-            headers.insert(name.clone(), value);
-        }
-        Err(_) => {
-            headers.remove(name);
-        }
+    // Constants: `from_static` called at run time checks each byte.
+    const VIA_09: HeaderValue = HeaderValue::from_static("0.9 floodgate");
+    const VIA_10: HeaderValue = HeaderValue::from_static("1.0 floodgate");
+    const VIA_11: HeaderValue = HeaderValue::from_static("1.1 floodgate");
+    const VIA_2: HeaderValue = HeaderValue::from_static("2.0 floodgate");
+    const VIA_3: HeaderValue = HeaderValue::from_static("3.0 floodgate");
+    match version {
+        Version::HTTP_09 => VIA_09,
+        Version::HTTP_10 => VIA_10,
+        Version::HTTP_2 => VIA_2,
+        Version::HTTP_3 => VIA_3,
+        _ => VIA_11,
     }
 }
 
@@ -412,5 +566,85 @@ mod tests {
         assert_eq!(all(&h, "x-forwarded-proto"), ["https"]);
         assert_eq!(all(&h, "x-forwarded-host"), ["app.example.com"]);
         assert_eq!(all(&h, "via"), ["1.1 lb", "1.1 floodgate"]);
+    }
+
+    /// What a map holds, name by name, each name's values in order.
+    fn as_lists<'a>(
+        pairs: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>,
+    ) -> std::collections::BTreeMap<String, Vec<Vec<u8>>> {
+        let mut lists = std::collections::BTreeMap::<String, Vec<Vec<u8>>>::new();
+        for (name, value) in pairs {
+            lists
+                .entry(name.to_string())
+                .or_default()
+                .push(value.as_bytes().to_vec());
+        }
+        lists
+    }
+
+    proptest::proptest! {
+        /// Reading the headers as they go gives what rewriting the map gives, for every
+        /// request whose headers can be read so: the client's forwarding headers, hop-by-hop
+        /// ones, `Via`, `Host`s, trusted or not, with a target host or not.
+        #[test]
+        fn headers_read_as_they_go_are_the_rewritten_maps(
+            sent in proptest::collection::vec((0usize..16, 0usize..6), 0..12),
+            trusted: bool,
+            client_is_peer: bool,
+            tls: bool,
+            with_id: bool,
+            target_host: bool,
+            drops_tracestate: bool,
+        ) {
+            const NAMES: [&str; 16] = [
+                "x-forwarded-for", "x-real-ip", "x-forwarded-proto", "x-forwarded-host",
+                "forwarded", "via", "host", "connection", "keep-alive", "te", "upgrade",
+                "tracestate", "x-request-id", "accept", "cookie", "x-forwarded-port",
+            ];
+            let values: [&[u8]; 6] = [
+                b"keep-alive", b"1.2.3.4", b"", b"shop.example:8080", b"caf\xc3\xa9.example", b"upgrade",
+            ];
+            let mut headers = HeaderMap::new();
+            for (name, value) in sent {
+                headers.append(
+                    HeaderName::from_static(NAMES[name]),
+                    HeaderValue::from_bytes(values[value]).unwrap(),
+                );
+            }
+            let peer = Peer::new("10.0.0.1:40000".parse().unwrap(), 8080, tls);
+            let id = HeaderValue::from_static("0af7651916cd43dd8448eb211c80319c");
+            let id_name = HeaderName::from_static("x-request-id");
+            let ctx = ForwardingContext {
+                request_id: with_id.then_some((&id_name, &id)),
+                peer: &peer,
+                client_ip: if client_is_peer { peer.ip } else { "198.51.100.7".parse().unwrap() },
+                peer_trusted: trusted,
+                version: Version::HTTP_11,
+                guarded_spellings: &[],
+                folding_names: false,
+            };
+            proptest::prop_assume!(AsForwarded::readable(&headers, &ctx));
+            let host = target_host.then(|| HeaderValue::from_static("target.example"));
+            let dropped = drops_tracestate.then_some(&crate::trace::TRACESTATE);
+
+            let mut rewritten = headers.clone();
+            remove_hop_by_hop(&mut rewritten);
+            if let Some(host) = host.clone() {
+                rewritten.insert(header::HOST, host);
+            }
+            set_forwarding_headers(&mut rewritten, &ctx);
+            if let Some(dropped) = dropped {
+                rewritten.remove(dropped);
+            }
+
+            let read = AsForwarded::new(&headers, host, dropped, &ctx);
+            let mut runs = as_lists(read.sent());
+            for run in [as_lists(read.added()), as_lists(read.via())] {
+                for (name, values) in run {
+                    proptest::prop_assert!(runs.insert(name.clone(), values).is_none(), "{name} in two runs");
+                }
+            }
+            proptest::prop_assert_eq!(runs, as_lists(rewritten.iter()));
+        }
     }
 }

@@ -46,7 +46,7 @@ use crate::limit::store::{ConcurrencySlot, Unit};
 use crate::metrics::Metrics;
 use crate::path::normalize_path;
 use crate::proxy::headers::{
-    ForwardingContext, apply_rules, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
+    AsForwarded, ForwardingContext, apply_rules, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
 };
 use crate::proxy::request_body::RequestBody;
 use crate::router::normalize_host;
@@ -564,29 +564,48 @@ async fn forward(
     let uri = upstream
         .uri_for(path, parts.uri.query())
         .map_err(|_| GatewayError::MalformedRequest("the request target cannot be forwarded"))?;
-    // Room for what floodgate adds (the forwarding headers, the request ID, `traceparent`)
-    // made once: the map hyper parsed has room for the client's headers only.
-    parts.headers.reserve(ADDED_UPSTREAM_HEADERS);
-    remove_hop_by_hop(&mut parts.headers);
-    if let Some(authority) = parts.uri.authority() {
-        let host = HeaderValue::from_str(authority.as_str())
-            .map_err(|_| GatewayError::MalformedRequest("invalid authority"))?;
-        parts.headers.insert(header::HOST, host);
-    }
-    set_forwarding_headers(&mut parts.headers, context);
+    // The host the target names (HTTP/2, absolute form), in place of the client's `Host`.
+    let mut target_host = match parts.uri.authority() {
+        Some(authority) => Some(
+            HeaderValue::from_str(authority.as_str())
+                .map_err(|_| GatewayError::MalformedRequest("invalid authority"))?,
+        ),
+        None => None,
+    };
     let trace = tries.trace;
-    if trace.drops_tracestate {
-        parts.headers.remove(&TRACESTATE);
+    let dropped = trace.drops_tracestate.then_some(&TRACESTATE);
+    let fastcgi = match (script, &upstream.config.fastcgi) {
+        (Some((php, script)), Some(fastcgi)) => Some((php, script, fastcgi)),
+        _ => None,
+    };
+    // PHP-FPM reads the headers as parameters: without rules to apply, they are read as
+    // they go rather than rewritten in the map first.
+    let rules = !(server.request_headers.is_empty() && destination.route.request_headers.is_empty());
+    let read_as_they_go = fastcgi.is_some() && !rules && AsForwarded::readable(&parts.headers, context);
+    if !read_as_they_go {
+        // Room for what floodgate adds (the forwarding headers, the request ID,
+        // `traceparent`) made once: the map hyper parsed has room for the client's only.
+        parts.headers.reserve(ADDED_UPSTREAM_HEADERS);
+        remove_hop_by_hop(&mut parts.headers);
+        if let Some(host) = target_host.take() {
+            parts.headers.insert(header::HOST, host);
+        }
+        set_forwarding_headers(&mut parts.headers, context);
+        if let Some(dropped) = dropped {
+            parts.headers.remove(dropped);
+        }
+        apply_rules(&server.request_headers, &mut parts.headers);
+        apply_rules(&destination.route.request_headers, &mut parts.headers);
     }
-    apply_rules(&server.request_headers, &mut parts.headers);
-    apply_rules(&destination.route.request_headers, &mut parts.headers);
     let mut body = RequestBody::new(body, max_body, server.body_timeout);
-    if let (Some((php, script)), Some(fastcgi)) = (script, &upstream.config.fastcgi) {
+    if let Some((php, script, fastcgi)) = fastcgi {
         // Boxed: the request path's future need not hold a body being read whole.
         let (length, whole) = Box::pin(site::with_length(&parts, declared, body)).await?;
         body = whole;
+        let as_forwarded =
+            read_as_they_go.then(|| AsForwarded::new(&parts.headers, target_host, dropped, context));
         let head = site::fastcgi_head(
-            &parts,
+            (&parts, as_forwarded.as_ref()),
             &script,
             context,
             (destination.host.as_deref(), length),

@@ -15,6 +15,7 @@ use crate::files::Opened;
 use crate::files::choice::{self, Choice, Script};
 use crate::files::serve;
 use crate::path::decode_file_path;
+use crate::proxy::headers::AsForwarded;
 use crate::proxy::headers::ForwardingContext;
 use crate::proxy::request_body::RequestBody;
 use crate::proxy::spool::spool;
@@ -78,11 +79,12 @@ fn serve_file<B>(
 }
 
 /// What PHP-FPM is told of the request in `parts` (its headers as they go upstream, its
-/// target and version as the client sent them) running `script`; `host` is the name the
-/// client asked for, `content_length` the body's when it has framing; `trace` names the
-/// request's span as the parent, which each try writes over with its own.
+/// target and version as the client sent them) running `script`: its headers are
+/// `as_forwarded` when given (`parts` then holds them as the client sent them); `host` is
+/// the name the client asked for, `content_length` the body's when it has framing; `trace`
+/// names the request's span as the parent, which each try writes over with its own.
 pub(super) fn fastcgi_head(
-    parts: &Parts,
+    (parts, as_forwarded): (&Parts, Option<&AsForwarded<'_>>),
     script: &Script,
     context: &ForwardingContext<'_>,
     (host, content_length): (Option<&str>, Option<u64>),
@@ -97,6 +99,7 @@ pub(super) fn fastcgi_head(
         target,
         query: parts.uri.query().unwrap_or(""),
         headers: &parts.headers,
+        as_forwarded,
         content_length,
         traceparent: &context::traceparent(&trace.trace_id, trace.span_id(), trace.flags),
     };

@@ -4,11 +4,12 @@
 use std::net::IpAddr;
 
 use bytes::BytesMut;
-use http::{HeaderMap, HeaderValue, Method, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Version};
 
 use super::FastCgiHead;
 use super::record::{self, Params};
 use crate::files::choice::Script;
+use crate::proxy::headers::AsForwarded;
 use crate::trace::TRACEPARENT;
 
 /// Where a request came from and arrived.
@@ -32,6 +33,8 @@ pub(crate) struct Call<'a> {
     pub(crate) query: &'a str,
     /// The request headers, after header rules.
     pub(crate) headers: &'a HeaderMap,
+    /// The request headers as they go, when `headers` holds the client's as they came.
+    pub(crate) as_forwarded: Option<&'a AsForwarded<'a>>,
     /// The body's length, when the request has body framing (`Some(0)` for an empty one).
     pub(crate) content_length: Option<u64>,
     /// The `traceparent` PHP gets (`HTTP_TRACEPARENT`) in place of any the client sent;
@@ -106,7 +109,15 @@ pub(crate) fn request_head(
     for (name, value) in env {
         params.pair(name.as_bytes(), value.as_bytes());
     }
-    http_variables(&mut params, call.headers);
+    match call.as_forwarded {
+        Some(headers) => {
+            // Three runs that share no name.
+            http_variables(&mut params, headers.sent());
+            http_variables(&mut params, headers.added());
+            http_variables(&mut params, headers.via());
+        }
+        None => http_variables(&mut params, call.headers.iter()),
+    }
     params.finish();
     FastCgiHead {
         records: out.freeze(),
@@ -133,10 +144,13 @@ pub(crate) fn check_head(path: &str) -> BytesMut {
 /// Each request header as `HTTP_NAME` (upper case, `-` as `_`), repeated ones joined
 /// with `, `; `Proxy` never (httpoxy), nor a name holding `_`, which would pass for the
 /// `-` spelling of another; `traceparent` is floodgate's, written apart.
-fn http_variables(params: &mut Params<'_>, headers: &HeaderMap) {
+fn http_variables<'h>(
+    params: &mut Params<'_>,
+    headers: impl Iterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+) {
     const PREFIX: &[u8] = b"HTTP_";
     // A name's values come one after the other.
-    let mut values = headers.iter().peekable();
+    let mut values = headers.peekable();
     let mut repeated: Vec<&HeaderValue> = Vec::new();
     while let Some((name, first)) = values.next() {
         repeated.clear();
@@ -185,7 +199,7 @@ mod tests {
         headers.insert("x-last", "z".parse().unwrap());
         let mut out = BytesMut::new();
         let mut params = Params::new(&mut out);
-        http_variables(&mut params, &headers);
+        http_variables(&mut params, headers.iter());
         params.finish();
         assert_eq!(
             decoded(&out),
@@ -209,6 +223,7 @@ mod tests {
             target: "/index.php/cart?id=7",
             query: "id=7",
             headers: &headers,
+            as_forwarded: None,
             content_length: Some(12),
             traceparent: b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         };
@@ -288,6 +303,7 @@ mod tests {
             target: "/",
             query: "",
             headers: &headers,
+            as_forwarded: None,
             content_length: None,
             traceparent: PARENT.as_bytes(),
         };

@@ -92,11 +92,25 @@ impl<'a> Params<'a> {
     }
 
     /// Appends the pair `name` = `value`.
+    ///
+    /// Inlined, so that a constant name is copied as the few bytes it is rather than by a
+    /// call; a name and a value both shorter than 128 bytes (nearly every pair) have
+    /// one-byte lengths.
+    #[inline]
     pub(super) fn pair(&mut self, name: &[u8], value: &[u8]) {
-        self.pair_with(name.len(), value.len(), |out| {
-            out.extend_from_slice(name);
-            out.extend_from_slice(value);
-        });
+        match (u8::try_from(name.len()), u8::try_from(value.len())) {
+            (Ok(name_len @ ..0x80), Ok(value_len @ ..0x80)) => {
+                self.out.reserve(2 + name.len() + value.len());
+                self.out.put_u8(name_len);
+                self.out.put_u8(value_len);
+                self.out.extend_from_slice(name);
+                self.out.extend_from_slice(value);
+            }
+            _ => self.pair_with(name.len(), value.len(), |out| {
+                out.extend_from_slice(name);
+                out.extend_from_slice(value);
+            }),
+        }
     }
 
     /// Appends the pair `name` = the `parts` one after the other.
