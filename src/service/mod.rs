@@ -598,13 +598,15 @@ async fn forward(
         apply_rules(&destination.route.request_headers, &mut parts.headers);
     }
     let mut body = RequestBody::new(body, max_body, server.body_timeout);
+    // A script's begin and parameter records, which a FastCGI server gets for the head.
+    let mut records = None;
     if let Some((php, script, fastcgi)) = fastcgi {
         // Boxed: the request path's future need not hold a body being read whole.
         let (length, whole) = Box::pin(site::with_length(&parts, declared, body)).await?;
         body = whole;
         let as_forwarded =
             read_as_they_go.then(|| AsForwarded::new(&parts.headers, target_host, dropped, context));
-        let head = site::fastcgi_head(
+        records = Some(site::fastcgi_head(
             (&parts, as_forwarded.as_ref()),
             &script,
             context,
@@ -612,8 +614,7 @@ async fn forward(
             php,
             &fastcgi.env,
             trace,
-        );
-        parts.extensions.insert(head);
+        ));
     }
     if let Some(protocol) = upgrade {
         parts
@@ -627,7 +628,7 @@ async fn forward(
     let request = Request::from_parts(parts, body);
     let mut response = upstream
         .send(
-            request,
+            (request, records.as_ref()),
             (destination.hash_tuple, destination.instances),
             slots,
             tries,

@@ -202,13 +202,14 @@ impl Upstream {
 
     /// Sends `request` to a server and waits for the response headers, at most the
     /// upstream's `timeout` per try; after a failure, tries other servers as `retries`
-    /// allows. `hash_tuple` is the request's `hash_key` tuple (with `balance = "hash"`);
+    /// allows. A FastCGI server is sent `fastcgi`, the request's records, in place of its
+    /// HTTP head. `hash_tuple` is the request's `hash_key` tuple (with `balance = "hash"`);
     /// `instances` the live gateway instances that share `max_requests`; `limits` the
     /// request's concurrency-limit slots, held with its server slot from then on. Each try
     /// passes its own span on in `traceparent` and is told to `tries`.
     pub(crate) async fn send(
         &self,
-        mut request: Request<RequestBody>,
+        (mut request, fastcgi): (Request<RequestBody>, Option<&FastCgiHead>),
         (hash_tuple, instances): (Option<&str>, u64),
         mut limits: Vec<ConcurrencySlot>,
         tries: &mut Tries<'_>,
@@ -257,9 +258,8 @@ impl Upstream {
                 }
                 Transport::FastCgi(pool) => {
                     let (parts, body) = request.into_parts();
-                    let head = parts.extensions.get::<FastCgiHead>();
                     match pool
-                        .send((head, &span.id), body, deadline, timeout, &mut held, counted)
+                        .send((fastcgi, &span.id), body, deadline, timeout, &mut held, counted)
                         .await
                     {
                         Ok(response) => Ok(response.map(Either::Right)),

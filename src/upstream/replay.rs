@@ -21,8 +21,6 @@ pub(super) struct Replay {
     /// The target, then each header's name and value (repeated names once per value, in
     /// order), each after its length as four little-endian bytes.
     packed: Vec<u8>,
-    /// What a FastCGI server is told of the request, sent again with it.
-    fastcgi: Option<super::FastCgiHead>,
 }
 
 impl Replay {
@@ -40,7 +38,6 @@ impl Replay {
             method: request.method().clone(),
             version: request.version(),
             packed,
-            fastcgi: request.extensions().get::<super::FastCgiHead>().cloned(),
         }
     }
 
@@ -53,9 +50,6 @@ impl Replay {
         *request.method_mut() = self.method.clone();
         *request.uri_mut() = Uri::from(target);
         *request.version_mut() = self.version;
-        if let Some(head) = &self.fastcgi {
-            request.extensions_mut().insert(head.clone());
-        }
         let headers = request.headers_mut();
         while !rest.is_empty() {
             let name = HeaderName::from_bytes(take(&mut rest)?).ok()?;

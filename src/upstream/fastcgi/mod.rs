@@ -61,7 +61,8 @@ impl Body for FastCgiBody {
 }
 
 /// A FastCGI request's begin and parameter records ([`params::request_head`]), built by
-/// the request path (which chose the script) and carried with the request to the server.
+/// the request path (which chose the script) and passed with the request to the
+/// upstream, for each try.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct FastCgiHead {
     pub(crate) records: Bytes,
