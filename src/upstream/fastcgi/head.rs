@@ -16,10 +16,7 @@ const ADDED_LATER: usize = 6;
 /// arrived.
 pub(super) fn end(output: &[u8]) -> Option<usize> {
     let mut line_start = 0;
-    for (i, &byte) in output.iter().enumerate() {
-        if byte != b'\n' {
-            continue;
-        }
+    for i in memchr::memchr_iter(b'\n', output) {
         let line = &output[line_start..i];
         if line.is_empty() || line == b"\r" {
             return Some(i + 1);
@@ -36,15 +33,15 @@ pub(super) fn parse(head: &[u8]) -> Result<(StatusCode, HeaderMap), &'static str
     // limit's, the route's rules), so that the map is not grown and rehashed on the way.
     let lines = memchr::memchr_iter(b'\n', head).count();
     let mut headers = HeaderMap::with_capacity(lines + ADDED_LATER);
-    for line in head.split(|&b| b == b'\n') {
+    let mut line_start = 0;
+    for line_end in memchr::memchr_iter(b'\n', head) {
+        let line = &head[line_start..line_end];
+        line_start = line_end + 1;
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
             break;
         }
-        let colon = line
-            .iter()
-            .position(|&b| b == b':')
-            .ok_or("a header line without a colon")?;
+        let colon = memchr::memchr(b':', line).ok_or("a header line without a colon")?;
         let name = &line[..colon];
         let value = line[colon + 1..].trim_ascii();
         if name.eq_ignore_ascii_case(b"status") {
