@@ -740,21 +740,21 @@ async fn php_is_told_the_headers_as_they_go_with_or_without_rules() {
             .collect()
     };
     let tail = |lines: &[&str]| lines.iter().map(|line| line.to_string()).collect::<Vec<_>>();
+    // The lines of what floodgate made up for the request: its ID and `traceparent`.
+    let made_up = |lines: &[String]| -> [String; 2] {
+        ["HTTP_X_REQUEST_ID=", "HTTP_TRACEPARENT="].map(|name| {
+            lines
+                .iter()
+                .find(|line| line.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} in {lines:?}"))
+                .clone()
+        })
+    };
 
     let plain = dump(raw_request(gw.addr, ask("/headers.php", "").as_bytes()).await);
-    let id = plain
-        .iter()
-        .find_map(|line| line.strip_prefix("HTTP_X_REQUEST_ID="))
-        .unwrap_or_else(|| panic!("no request ID in {plain:?}"))
-        .to_owned();
-    let traceparent = plain
-        .iter()
-        .find(|line| line.starts_with("HTTP_TRACEPARENT="))
-        .unwrap()
-        .clone();
+    let [request_id, traceparent] = made_up(&plain);
     let host = format!("HTTP_HOST=shop.example:{port}");
     let forwarded_host = format!("HTTP_X_FORWARDED_HOST=shop.example:{port}");
-    let request_id = format!("HTTP_X_REQUEST_ID={id}");
     assert_eq!(
         plain,
         tail(&[
@@ -789,16 +789,7 @@ async fn php_is_told_the_headers_as_they_go_with_or_without_rules() {
     );
 
     let ruled = dump(raw_request(gw.addr, ask("/ruled/headers.php", "").as_bytes()).await);
-    let id = ruled
-        .iter()
-        .find_map(|line| line.strip_prefix("HTTP_X_REQUEST_ID="))
-        .unwrap()
-        .to_owned();
-    let traceparent = ruled
-        .iter()
-        .find(|line| line.starts_with("HTTP_TRACEPARENT="))
-        .unwrap()
-        .clone();
+    let [request_id, traceparent] = made_up(&ruled);
     assert_eq!(
         ruled,
         tail(&[
@@ -810,7 +801,7 @@ async fn php_is_told_the_headers_as_they_go_with_or_without_rules() {
             &forwarded_host,
             "HTTP_X_FORWARDED_PROTO=http",
             "HTTP_X_REAL_IP=127.0.0.1",
-            &format!("HTTP_X_REQUEST_ID={id}"),
+            &request_id,
         ])
     );
 }
