@@ -561,9 +561,17 @@ async fn forward(
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
 
     let (mut parts, body) = request.into_parts();
-    let uri = upstream
-        .uri_for(path, parts.uri.query())
-        .map_err(|_| GatewayError::MalformedRequest("the request target cannot be forwarded"))?;
+    let fastcgi = match (script, &upstream.config.fastcgi) {
+        (Some((php, script)), Some(fastcgi)) => Some((php, script, fastcgi)),
+        _ => None,
+    };
+    let uri = match fastcgi {
+        // PHP-FPM gets the target in the records, as the client sent it; `/` is never sent.
+        Some(_) => Uri::default(),
+        None => upstream
+            .uri_for(path, parts.uri.query())
+            .map_err(|_| GatewayError::MalformedRequest("the request target cannot be forwarded"))?,
+    };
     // The host the target names (HTTP/2, absolute form), in place of the client's `Host`.
     let mut target_host = match parts.uri.authority() {
         Some(authority) => Some(
@@ -574,10 +582,6 @@ async fn forward(
     };
     let trace = tries.trace;
     let dropped = trace.drops_tracestate.then_some(&TRACESTATE);
-    let fastcgi = match (script, &upstream.config.fastcgi) {
-        (Some((php, script)), Some(fastcgi)) => Some((php, script, fastcgi)),
-        _ => None,
-    };
     // PHP-FPM reads the headers as parameters: without rules to apply, they are read as
     // they go rather than rewritten in the map first.
     let rules = !(server.request_headers.is_empty() && destination.route.request_headers.is_empty());
