@@ -96,7 +96,7 @@ impl<'a> Params<'a> {
     /// Inlined, so that a constant name is copied as the few bytes it is rather than by a
     /// call; a name and a value both shorter than 128 bytes (nearly every pair) have
     /// one-byte lengths.
-    #[inline]
+    #[inline(always)]
     pub(super) fn pair(&mut self, name: &[u8], value: &[u8]) {
         match (u8::try_from(name.len()), u8::try_from(value.len())) {
             (Ok(name_len @ ..0x80), Ok(value_len @ ..0x80)) => {
