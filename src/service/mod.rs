@@ -582,10 +582,18 @@ async fn forward(
     };
     let trace = tries.trace;
     let dropped = trace.drops_tracestate.then_some(&TRACESTATE);
+    let mut body = RequestBody::new(body, max_body, server.body_timeout);
+    // The length PHP-FPM is told, of the body as the client framed it: found before the
+    // headers are rewritten (`Transfer-Encoding` goes as hop-by-hop), whichever way they go.
+    let mut length = None;
+    if fastcgi.is_some() {
+        // Boxed: the request path's future need not hold a body being read whole.
+        (length, body) = Box::pin(site::with_length(&parts, declared, body)).await?;
+    }
     // PHP-FPM reads the headers as parameters: without rules to apply, they are read as
     // they go rather than rewritten in the map first.
-    let rules = !(server.request_headers.is_empty() && destination.route.request_headers.is_empty());
-    let read_as_they_go = fastcgi.is_some() && !rules && AsForwarded::readable(&parts.headers, context);
+    let no_rules = server.request_headers.is_empty() && destination.route.request_headers.is_empty();
+    let read_as_they_go = fastcgi.is_some() && no_rules && AsForwarded::readable(&parts.headers, context);
     if !read_as_they_go {
         // Room for what floodgate adds (the forwarding headers, the request ID,
         // `traceparent`) made once: the map hyper parsed has room for the client's only.
@@ -601,13 +609,9 @@ async fn forward(
         apply_rules(&server.request_headers, &mut parts.headers);
         apply_rules(&destination.route.request_headers, &mut parts.headers);
     }
-    let mut body = RequestBody::new(body, max_body, server.body_timeout);
     // A script's begin and parameter records, which a FastCGI server gets for the head.
     let mut records = None;
     if let Some((php, script, fastcgi)) = fastcgi {
-        // Boxed: the request path's future need not hold a body being read whole.
-        let (length, whole) = Box::pin(site::with_length(&parts, declared, body)).await?;
-        body = whole;
         let as_forwarded =
             read_as_they_go.then(|| AsForwarded::new(&parts.headers, target_host, dropped, context));
         records = Some(site::fastcgi_head(
