@@ -16,7 +16,7 @@ use std::net::IpAddr;
 
 use crate::config::{LimitConfig, LimitKind, Mode, Override};
 use crate::limit::algorithm::Algorithm;
-use crate::limit::key::slots_key;
+use crate::limit::key::{KeyedTuple, slots_key};
 use crate::service::Instance;
 use crate::service::limits::AppliedRate;
 use crate::service::request_key::{NamedTuple, named_tuple};
@@ -133,7 +133,7 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
         rate,
         algorithm,
     }
-    .check(prefix, &tuple, 1);
+    .check(prefix, KeyedTuple::of(prefix, &tuple, &limit.name), 1);
     match *method {
         Method::GET => match state.store.peek(&check).await {
             Ok(peeked) => {

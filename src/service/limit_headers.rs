@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
@@ -76,9 +77,20 @@ pub fn render(
         if let Some(policy) = policy {
             out.push((RATELIMIT_POLICY.clone(), policy.clone()));
         }
-        // Written on the stack, then copied once into a buffer of its exact size: one
-        // allocation (a `String` handed over as `Bytes` costs two).
-        let mut value: SmallVec<[u8; 96]> = SmallVec::new();
+        // Written into a buffer of its exact length, which the value then owns: one
+        // allocation and no copy.
+        let decimals = |n: u64| n.checked_ilog10().map_or(1, |log| log as usize + 1);
+        let len = decided
+            .iter()
+            .map(|(limit, d)| {
+                limit.name.len()
+                    + "\"\";r=;t=".len()
+                    + decimals(d.remaining)
+                    + decimals(ceil_seconds(d.reset))
+            })
+            .sum::<usize>()
+            + ", ".len() * (decided.len() - 1);
+        let mut value = Vec::with_capacity(len);
         let mut digits = itoa::Buffer::new();
         for (i, (limit, d)) in decided.iter().enumerate() {
             if i > 0 {
@@ -91,7 +103,8 @@ pub fn render(
             value.extend_from_slice(b";t=");
             value.extend_from_slice(digits.format(ceil_seconds(d.reset)).as_bytes());
         }
-        if let Ok(value) = HeaderValue::from_bytes(&value) {
+        debug_assert_eq!(value.len(), len);
+        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
             out.push((RATELIMIT.clone(), value));
         }
     }
@@ -187,5 +200,28 @@ mod tests {
         );
         assert_eq!(rendered(RateLimitHeaders::Both).len(), 5);
         assert!(rendered(RateLimitHeaders::None).is_empty());
+    }
+
+    #[test]
+    fn every_count_is_written_whole() {
+        let limit = Described {
+            name: "n",
+            algorithm: &Algorithm::FixedWindow { limit: 1, window: 1 },
+        };
+        for remaining in [0, 9, 10, 99, 100, 999_999, u64::MAX] {
+            for reset_ms in [0, 1, 9_001, 10_000, 100_000_000] {
+                let decided = [
+                    (limit, decision(remaining, reset_ms)),
+                    (limit, decision(remaining, 0)),
+                ];
+                let mut out = LimitHeaders::new();
+                render(RateLimitHeaders::Ietf, None, &decided, &mut out);
+                let reset = reset_ms.div_ceil(1000);
+                assert_eq!(
+                    out[0].1.to_str().unwrap(),
+                    format!("\"n\";r={remaining};t={reset}, \"n\";r={remaining};t=0")
+                );
+            }
+        }
     }
 }

@@ -12,11 +12,11 @@ use smallvec::SmallVec;
 
 use super::limit_headers::{Described, LimitHeaders, ceil_seconds, policy_value, render};
 use super::own_answer::{OwnAnswer, Refusal};
-use super::request_key::{AmbiguousKey, KeySource, key_tuple};
+use super::request_key::{AmbiguousKey, KeySource, key_tuple, keyed_tuple};
 use crate::config::{Concurrency, LimitConfig, LimitKind, Mode, Override, RateLimit, RateLimitHeaders};
 use crate::error::GatewayError;
 use crate::limit::algorithm::micros;
-use crate::limit::key::{lock_key, slots_key, store_key};
+use crate::limit::key::{KeyedTuple, lock_key, slots_key};
 use crate::limit::redis::refusals::RefusalCache;
 use crate::limit::store::{ConcurrencySlot, Fallback, LimitStore, OnError, StoreAnswer, Unit};
 use crate::limit::{Algorithm, Decisions, LimitCheck, LimitDecision, Lockout, Outcome};
@@ -51,8 +51,6 @@ pub(crate) struct Verdict {
     pub slots: Vec<ConcurrencySlot>,
     /// The access log's `limit` field.
     pub outcome: LimitOutcome,
-    /// Rate-limit headers for the response, whatever it turns out to be.
-    pub headers: LimitHeaders,
 }
 
 pub(crate) enum Action {
@@ -101,12 +99,14 @@ impl RouteLimits {
         self.limits.is_empty()
     }
 
-    /// Decides this request's limits, all in one store call.
+    /// Decides this request's limits, all in one store call; writes the rate-limit headers
+    /// for the response, whatever it turns out to be, into `headers`.
     pub(crate) async fn decide(
         &self,
         settings: &LimitSettings<'_>,
         client_ip: IpAddr,
         source: &KeySource<'_>,
+        headers: &mut LimitHeaders,
     ) -> Result<Verdict, AmbiguousKey> {
         let mut planned = Planned::default();
         let mut concurrent: SmallVec<[(&LimitConfig, String, Concurrency); 1]> = SmallVec::new();
@@ -118,13 +118,13 @@ impl RouteLimits {
                 as_configured = false;
                 continue;
             }
-            let tuple = key_tuple(&limit.key, source)?;
+            let tuple = keyed_tuple(&limit.key, source, (settings.prefix, &limit.name))?;
             let rate = match &limit.kind {
                 LimitKind::Rate(rate) => rate,
                 LimitKind::Concurrency(concurrency) => {
                     concurrent.push((
                         limit,
-                        slots_key(settings.prefix, &tuple, &limit.name),
+                        slots_key(settings.prefix, tuple.tuple(), &limit.name),
                         *concurrency,
                     ));
                     continue;
@@ -135,7 +135,7 @@ impl RouteLimits {
             } else {
                 let part =
                     |i: usize| key_tuple(std::slice::from_ref(&limit.key[i]), source).unwrap_or_default();
-                match rate.overrides.find(&tuple, client_ip, part) {
+                match rate.overrides.find(tuple.tuple(), client_ip, part) {
                     None => &rate.algorithm,
                     Some(Override::Exempt) => {
                         as_configured = false;
@@ -152,7 +152,7 @@ impl RouteLimits {
                 rate,
                 algorithm,
             };
-            planned.push(applied, applied.check(settings.prefix, &tuple, self.cost));
+            planned.push(applied, applied.check(settings.prefix, tuple, self.cost));
         }
         // Concurrency limits take their slots first: one that has none free refuses the
         // request before anything is consumed; the slots taken go back if another limit
@@ -184,13 +184,12 @@ impl RouteLimits {
                         action: refused_by(limit, 1),
                         slots: Vec::new(),
                         outcome: LimitOutcome::Rejected,
-                        headers: LimitHeaders::new(),
                     });
                 }
                 Err(()) => return Ok(store_refused()),
             }
         }
-        let verdict = self.decide_rates(settings, planned, as_configured).await;
+        let verdict = self.decide_rates(settings, planned, as_configured, headers).await;
         Ok(Verdict { slots, ..verdict })
     }
 
@@ -201,16 +200,17 @@ impl RouteLimits {
         settings: &LimitSettings<'_>,
         planned: Planned<'_>,
         as_configured: bool,
+        headers: &mut LimitHeaders,
     ) -> Verdict {
-        let Planned { applied, checks } = planned;
-        if checks.is_empty() {
+        if planned.checks.is_empty() {
             return pass(LimitOutcome::Exempt);
         }
         // Shadow limits must be evaluated every time, so their requests are never served
         // from remembered refusals; nor are those of limits that count failures, whose
         // room comes back when an attempt in flight is not one.
         let refusals = settings.refusals.filter(|_| {
-            !checks.iter().any(|c| c.shadow) && !applied.iter().any(|a| a.rate.failures.is_some())
+            !planned.checks.iter().any(|c| c.shadow)
+                && !planned.applied.iter().any(|a| a.rate.failures.is_some())
         });
         let started = Instant::now();
         // The checks' identity is hashed only while some refusal may hold, or to remember one.
@@ -218,12 +218,12 @@ impl RouteLimits {
         if let Some(cache) = refusals
             && cache.may_hold(started)
         {
-            let id = *identity.insert(cache.identity(&checks));
+            let id = *identity.insert(cache.identity(&planned.checks));
             if let Some(decisions) = cache.get(id, started) {
-                return self.verdict(settings, &applied, as_configured, checks, &decisions, false);
+                return self.verdict(settings, planned, as_configured, &decisions, false, headers);
             }
         }
-        let answer = settings.store.decide(&checks, settings.on_error).await;
+        let answer = settings.store.decide(&planned.checks, settings.on_error).await;
         let store = settings.store.label();
         settings
             .metrics
@@ -236,12 +236,12 @@ impl RouteLimits {
                     // Counted as what the local store decided; the failure itself is in
                     // floodgate_store_errors_total.
                     Fallback::Local(decisions) => {
-                        return self.verdict(settings, &applied, as_configured, checks, &decisions, true);
+                        return self.verdict(settings, planned, as_configured, &decisions, true, headers);
                     }
                     Fallback::Admit => false,
                     Fallback::Refuse => true,
                 };
-                for applied in &applied {
+                for applied in &planned.applied {
                     settings
                         .metrics
                         .record_decision(&applied.limit.name, LimitOutcome::StoreError);
@@ -253,21 +253,23 @@ impl RouteLimits {
             }
         };
         if let Some(cache) = refusals {
-            remember_refusal(cache, identity, &checks, &decisions, started);
+            remember_refusal(cache, identity, &planned.checks, &decisions, started);
         }
-        self.verdict(settings, &applied, as_configured, checks, &decisions, false)
+        self.verdict(settings, planned, as_configured, &decisions, false, headers)
     }
 
-    /// The verdict on `decisions`, the store's (or its in-process fallback's, `by_fallback`).
+    /// The verdict on `decisions`, the store's (or its in-process fallback's, `by_fallback`),
+    /// with their rate-limit headers written into `headers`.
     fn verdict(
         &self,
         settings: &LimitSettings<'_>,
-        applied: &[AppliedRate<'_>],
+        planned: Planned<'_>,
         as_configured: bool,
-        checks: Checks,
         decisions: &[LimitDecision],
         by_fallback: bool,
+        headers: &mut LimitHeaders,
     ) -> Verdict {
+        let Planned { applied, checks } = planned;
         let mut enforced: SmallVec<[(Described<'_>, LimitDecision); 2]> = SmallVec::new();
         // The first refusing limit, whether it is locked, and the longest wait of all.
         let mut refusal: Option<(&LimitConfig, bool, Duration)> = None;
@@ -321,8 +323,7 @@ impl RouteLimits {
             partial = policy_value(enforced.iter().map(|(described, _)| *described));
             partial.as_ref()
         };
-        let mut headers = LimitHeaders::new();
-        render(settings.headers, policy, &enforced, &mut headers);
+        render(settings.headers, policy, &enforced, headers);
         if let Some((limit, locked, retry)) = refusal {
             return Verdict {
                 action: refused_by(limit, ceil_seconds(retry).max(1)),
@@ -332,7 +333,6 @@ impl RouteLimits {
                 } else {
                     LimitOutcome::Rejected
                 },
-                headers,
             };
         }
         if !delay.is_zero() {
@@ -371,7 +371,6 @@ impl RouteLimits {
             },
             slots: Vec::new(),
             outcome,
-            headers,
         }
     }
 }
@@ -406,7 +405,6 @@ fn store_refused() -> Verdict {
         action: Action::Reject(OwnAnswer::Error(GatewayError::StoreUnavailable)),
         slots: Vec::new(),
         outcome: LimitOutcome::StoreError,
-        headers: LimitHeaders::new(),
     }
 }
 
@@ -455,7 +453,6 @@ fn pass(outcome: LimitOutcome) -> Verdict {
         },
         slots: Vec::new(),
         outcome,
-        headers: LimitHeaders::new(),
     }
 }
 
@@ -471,17 +468,18 @@ pub(crate) struct AppliedRate<'a> {
 impl<'a> AppliedRate<'a> {
     /// What the store is asked on key tuple `tuple`: its keys, its algorithm and
     /// lock-out, `cost`.
-    pub(crate) fn check(&self, prefix: &str, tuple: &str, cost: u64) -> LimitCheck {
+    pub(crate) fn check(&self, prefix: &str, tuple: KeyedTuple, cost: u64) -> LimitCheck {
         let name = &self.limit.name;
+        let lockout = self.rate.lockout.map(|penalty| Lockout {
+            key: lock_key(prefix, tuple.tuple(), name),
+            micros: micros(penalty),
+            // A failure-counting limit's refusal may be of attempts still in flight.
+            starts_on_refusal: self.rate.failures.is_none(),
+        });
         LimitCheck {
-            key: store_key(prefix, tuple, name, self.algorithm),
+            key: tuple.into_store_key(name, self.algorithm),
             algorithm: *self.algorithm,
-            lockout: self.rate.lockout.map(|penalty| Lockout {
-                key: lock_key(prefix, tuple, name),
-                micros: micros(penalty),
-                // A failure-counting limit's refusal may be of attempts still in flight.
-                starts_on_refusal: self.rate.failures.is_none(),
-            }),
+            lockout,
             cost,
             shadow: self.limit.mode == Mode::Shadow,
         }

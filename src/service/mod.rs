@@ -299,10 +299,12 @@ async fn serve(
             metrics: &shared.metrics,
             refusals: state.refusals.as_ref(),
         };
-        let verdict =
-            (route.limits.decide(&settings, client.ip, &source).await).map_err(GatewayError::from)?;
+        let verdict = (route
+            .limits
+            .decide(&settings, client.ip, &source, &mut leftovers.limit_headers))
+        .await
+        .map_err(GatewayError::from)?;
         record.limit_outcome = verdict.outcome;
-        leftovers.limit_headers = verdict.headers;
         leftovers.slots = verdict.slots;
         match verdict.action {
             Action::Reject(answer) => return Err(answer),

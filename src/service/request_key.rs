@@ -12,7 +12,7 @@ use http::{HeaderMap, Method, header};
 
 use crate::config::KeyPart;
 use crate::error::GatewayError;
-use crate::limit::key::{PartKind, TupleEncoder};
+use crate::limit::key::{KeyedTuple, PartKind, TupleEncoder, key_suffix_len};
 
 /// A key part occurred more than once in the request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,7 +38,25 @@ pub struct KeySource<'a> {
 
 /// The encoded tuple of `parts` for this request.
 pub fn key_tuple(parts: &[KeyPart], source: &KeySource<'_>) -> Result<String, AmbiguousKey> {
-    let mut tuple = TupleEncoder::default();
+    Ok(encode_parts(parts, source, TupleEncoder::default())?.finish())
+}
+
+/// The encoded tuple of `parts` for this request, written where the store keys of limit
+/// `limit` under `prefix` hold it.
+pub fn keyed_tuple(
+    parts: &[KeyPart],
+    source: &KeySource<'_>,
+    (prefix, limit): (&str, &str),
+) -> Result<KeyedTuple, AmbiguousKey> {
+    let encoder = TupleEncoder::in_key(prefix, key_suffix_len(limit));
+    Ok(encode_parts(parts, source, encoder)?.finish_in_key())
+}
+
+fn encode_parts(
+    parts: &[KeyPart],
+    source: &KeySource<'_>,
+    mut tuple: TupleEncoder,
+) -> Result<TupleEncoder, AmbiguousKey> {
     for part in parts {
         let (tag, value) = match part {
             KeyPart::ClientIp => (PartKind::ClientIp, Cow::Borrowed(source.client_ip.as_bytes())),
@@ -69,7 +87,7 @@ pub fn key_tuple(parts: &[KeyPart], source: &KeySource<'_>) -> Result<String, Am
         };
         tuple.part(tag, &value);
     }
-    Ok(tuple.finish())
+    Ok(tuple)
 }
 
 /// A key tuple built from named values (the admin API's).

@@ -48,23 +48,43 @@ pub enum PartKind {
 
 /// Builds a key tuple part by part, escaping as it goes (no copy of a part is made).
 pub struct TupleEncoder {
-    /// ASCII only: every byte outside `A-Z a-z 0-9 . - _` is escaped.
+    /// ASCII only: every byte outside `A-Z a-z 0-9 . - _` is escaped. From `start` on;
+    /// before it, the beginning of the store key the tuple is written into.
     escaped: Vec<u8>,
+    start: usize,
     parts: usize,
 }
 
+/// Room for a typical tuple (an IPv6 address, escaped, or an API key), so that building
+/// one allocates once.
+const TYPICAL_TUPLE: usize = 64;
+
 impl Default for TupleEncoder {
-    /// An encoder with room for a typical tuple (an IPv6 address, escaped, or an API key),
-    /// so that building one allocates once.
     fn default() -> Self {
         TupleEncoder {
-            escaped: Vec::with_capacity(64),
+            escaped: Vec::with_capacity(TYPICAL_TUPLE),
+            start: 0,
             parts: 0,
         }
     }
 }
 
 impl TupleEncoder {
+    /// An encoder that writes the tuple where a store key under `prefix` holds it, with
+    /// room after it for a suffix of `suffix` bytes: the tuple and the key are then one
+    /// allocation ([`KeyedTuple::into_store_key`]).
+    pub fn in_key(prefix: &str, suffix: usize) -> Self {
+        let start = prefix.len() + 2;
+        let mut escaped = Vec::with_capacity(start + TYPICAL_TUPLE + suffix);
+        escaped.extend_from_slice(prefix.as_bytes());
+        escaped.extend_from_slice(b":{");
+        TupleEncoder {
+            escaped,
+            start,
+            parts: 0,
+        }
+    }
+
     /// Starts the next part; [`Self::push`] then appends its bytes.
     pub fn next_part(&mut self) {
         if self.parts > 0 {
@@ -102,30 +122,80 @@ impl TupleEncoder {
 
     /// The tuple: as escaped, or if that would not fit, `#` and the digest's hex.
     pub fn finish(self) -> String {
-        if self.escaped.len() <= TUPLE_BUDGET {
-            return String::from_utf8(self.escaped).expect("escaped tuples are ASCII");
+        self.finish_in_key().text
+    }
+
+    /// The tuple, in the store key it began ([`Self::in_key`]).
+    pub fn finish_in_key(mut self) -> KeyedTuple {
+        if self.escaped.len() - self.start > TUPLE_BUDGET {
+            let digest = Sha256::digest(&self.escaped[self.start..]);
+            self.escaped.truncate(self.start);
+            self.escaped.push(b'#');
+            for byte in &digest[..DIGEST_HEX / 2] {
+                self.escaped
+                    .extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 0xf)]]);
+            }
         }
-        let digest = Sha256::digest(&self.escaped);
-        let mut hashed = String::with_capacity(1 + DIGEST_HEX);
-        hashed.push('#');
-        for byte in &digest[..DIGEST_HEX / 2] {
-            hashed.push(HEX[usize::from(byte >> 4)] as char);
-            hashed.push(HEX[usize::from(byte & 0xf)] as char);
+        KeyedTuple {
+            text: String::from_utf8(self.escaped).expect("prefixes and escaped tuples are UTF-8"),
+            start: self.start,
         }
-        hashed
+    }
+}
+
+/// A key tuple written where a store key holds it: `PREFIX:{TUPLE`.
+pub struct KeyedTuple {
+    text: String,
+    start: usize,
+}
+
+impl KeyedTuple {
+    /// `tuple` (already encoded) where the store keys of `limit` under `prefix` hold it.
+    pub fn of(prefix: &str, tuple: &str, limit: &str) -> Self {
+        let mut text = String::with_capacity(prefix.len() + 2 + tuple.len() + key_suffix_len(limit));
+        for part in [prefix, ":{", tuple] {
+            text.push_str(part);
+        }
+        KeyedTuple {
+            text,
+            start: prefix.len() + 2,
+        }
+    }
+
+    pub fn tuple(&self) -> &str {
+        &self.text[self.start..]
+    }
+
+    /// The store key of `limit`'s counter for this tuple ([`store_key`]), in the tuple's
+    /// own buffer.
+    pub fn into_store_key(self, limit: &str, algorithm: &Algorithm) -> String {
+        let mut key = self.text;
+        for part in ["}:", limit, ":", algorithm_tag(algorithm)] {
+            key.push_str(part);
+        }
+        key
     }
 }
 
 /// The store key of `limit`'s counter for `tuple`. It names the algorithm, so that a limit
 /// edited to another algorithm starts afresh instead of meeting state of another shape.
 pub fn store_key(prefix: &str, tuple: &str, limit: &str, algorithm: &Algorithm) -> String {
-    let tag = match algorithm {
+    joined_key(prefix, tuple, limit, algorithm_tag(algorithm))
+}
+
+/// The last part of a counter's key: its algorithm.
+fn algorithm_tag(algorithm: &Algorithm) -> &'static str {
+    match algorithm {
         Algorithm::FixedWindow { .. } => "fw",
         Algorithm::SlidingWindow { .. } => "sw",
         Algorithm::TokenBucket { .. } => "tb",
         Algorithm::LeakyBucket { .. } => "lb",
-    };
-    joined_key(prefix, tuple, limit, tag)
+    }
+}
+
+/// The longest suffix a key tuple's store keys add after `limit`'s name: `}:NAME:lock`.
+pub fn key_suffix_len(limit: &str) -> usize {
+    limit.len() + ":lock".len() + 2
 }
 
 /// The store key of concurrency limit `limit`'s slots for `tuple`.
@@ -214,6 +284,26 @@ mod tests {
             if a != b {
                 prop_assert_ne!(ka, kb);
             }
+        }
+
+        #[test]
+        fn a_tuple_written_in_its_key_is_the_key_of_the_tuple(
+            parts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..150), 1..4),
+            prefix in "[a-z]{0,32}",
+            name in "[a-z_]{1,48}",
+        ) {
+            let tuple = encode_tuple(parts.iter().map(Vec::as_slice));
+            let mut encoder = TupleEncoder::in_key(&prefix, key_suffix_len(&name));
+            for part in &parts {
+                encoder.next_part();
+                encoder.push(part);
+            }
+            let keyed = encoder.finish_in_key();
+            prop_assert_eq!(keyed.tuple(), tuple.as_str());
+            let algorithm = Algorithm::TokenBucket { rate: 1.0, per: 1, burst: 1 };
+            let key = store_key(&prefix, &tuple, &name, &algorithm);
+            prop_assert_eq!(KeyedTuple::of(&prefix, &tuple, &name).into_store_key(&name, &algorithm), key.as_str());
+            prop_assert_eq!(keyed.into_store_key(&name, &algorithm), key);
         }
 
         #[test]
