@@ -21,7 +21,10 @@ pub type LimitHeaders = SmallVec<[(HeaderName, HeaderValue); 2]>;
 
 /// Whole seconds, rounded up.
 pub fn ceil_seconds(duration: Duration) -> u64 {
-    duration.as_micros().div_ceil(1_000_000) as u64
+    // Of whole microseconds (what the stores count in), without 128-bit division.
+    duration
+        .as_secs()
+        .saturating_add(u64::from(duration.subsec_micros() > 0))
 }
 
 /// A rate limit as the headers name it: its name, and the algorithm that decides the
@@ -222,6 +225,23 @@ mod tests {
                     format!("\"n\";r={remaining};t={reset}, \"n\";r={remaining};t=0")
                 );
             }
+        }
+    }
+
+    #[test]
+    fn seconds_round_up_whole_microseconds() {
+        let cases = [
+            (Duration::ZERO, 0),
+            (Duration::from_nanos(999), 0),
+            (Duration::from_micros(1), 1),
+            (Duration::from_secs(1), 1),
+            (Duration::new(1, 500), 1),
+            (Duration::new(1, 1_000), 2),
+            (Duration::from_micros(41_200_000), 42),
+            (Duration::MAX, u64::MAX),
+        ];
+        for (duration, seconds) in cases {
+            assert_eq!(ceil_seconds(duration), seconds, "{duration:?}");
         }
     }
 }
