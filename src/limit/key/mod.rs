@@ -96,9 +96,10 @@ impl TupleEncoder {
     /// Appends a whole part: its kind, then `value`.
     pub fn part(&mut self, kind: PartKind, value: &[u8]) {
         self.next_part();
-        self.push(match kind {
-            PartKind::ClientIp => b"i",
-            PartKind::Value => b"v",
+        // Plain bytes: nothing to escape.
+        self.escaped.push(match kind {
+            PartKind::ClientIp => b'i',
+            PartKind::Value => b'v',
         });
         self.push(value);
     }
