@@ -335,6 +335,10 @@ impl RouteLimits {
                 },
             };
         }
+        // Units are kept only for a request held (delayed), or by limits that count failures.
+        if delay.is_zero() && applied.iter().all(|applied| applied.rate.failures.is_none()) {
+            return pass(outcome);
+        }
         if !delay.is_zero() {
             outcome = LimitOutcome::Delayed;
         }
