@@ -189,7 +189,9 @@ impl RouteLimits {
                 Err(()) => return Ok(store_refused()),
             }
         }
-        let verdict = self.decide_rates(settings, planned, as_configured, headers).await;
+        let verdict = self
+            .decide_rates(settings, &mut planned, as_configured, headers)
+            .await;
         Ok(Verdict { slots, ..verdict })
     }
 
@@ -198,7 +200,7 @@ impl RouteLimits {
     async fn decide_rates(
         &self,
         settings: &LimitSettings<'_>,
-        planned: Planned<'_>,
+        planned: &mut Planned<'_>,
         as_configured: bool,
         headers: &mut LimitHeaders,
     ) -> Verdict {
@@ -263,13 +265,13 @@ impl RouteLimits {
     fn verdict(
         &self,
         settings: &LimitSettings<'_>,
-        planned: Planned<'_>,
+        planned: &mut Planned<'_>,
         as_configured: bool,
         decisions: &[LimitDecision],
         by_fallback: bool,
         headers: &mut LimitHeaders,
     ) -> Verdict {
-        let Planned { applied, checks } = planned;
+        let applied = &planned.applied;
         let mut enforced: SmallVec<[(Described<'_>, LimitDecision); 2]> = SmallVec::new();
         // The first refusing limit, whether it is locked, and the longest wait of all.
         let mut refusal: Option<(&LimitConfig, bool, Duration)> = None;
@@ -344,6 +346,7 @@ impl RouteLimits {
         }
         let mut held = Vec::new();
         let mut attempts = Vec::new();
+        let checks = std::mem::take(&mut planned.checks);
         for ((check, decision), applied) in checks.into_iter().zip(decisions).zip(applied) {
             let taken = |check| {
                 Unit::taken(
