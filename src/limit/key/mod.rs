@@ -48,8 +48,8 @@ pub enum PartKind {
 
 /// Builds a key tuple part by part, escaping as it goes (no copy of a part is made).
 pub struct TupleEncoder {
-    /// ASCII only: every byte outside `A-Z a-z 0-9 . - _` is escaped. From `start` on;
-    /// before it, the beginning of the store key the tuple is written into.
+    /// Before `start`, the beginning of the store key the tuple is written into (if any);
+    /// from it on, the tuple: ASCII only, every byte outside `A-Z a-z 0-9 . - _` escaped.
     escaped: Vec<u8>,
     start: usize,
     parts: usize,
