@@ -88,15 +88,17 @@ impl<V, const SHARDS: usize> ShardedMap<V, SHARDS> {
     /// The shards of all `identities`, locked together in index order (so that two callers
     /// never deadlock): a change to all of them is atomic.
     pub(crate) fn lock_all(&self, identities: impl IntoIterator<Item = u128>) -> Locked<'_, V, SHARDS> {
-        let mut indexes: SmallVec<[usize; 2]> = identities.into_iter().map(Self::index).collect();
-        indexes.sort_unstable();
-        indexes.dedup();
-        Locked {
-            guards: indexes
-                .into_iter()
-                .map(|index| (index, lock(&self.shards[index])))
-                .collect(),
+        const { assert!(SHARDS <= 64, "the shards to lock are a set of 64 bits") };
+        let mut shards = identities
+            .into_iter()
+            .fold(0u64, |set, identity| set | 1 << Self::index(identity));
+        let mut guards = SmallVec::new();
+        while shards != 0 {
+            let index = shards.trailing_zeros() as usize;
+            guards.push((index, lock(&self.shards[index])));
+            shards &= shards - 1;
         }
+        Locked { guards }
     }
 
     /// Entries held (expired ones included until they are swept).
