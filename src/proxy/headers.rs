@@ -307,6 +307,11 @@ impl<'a> AsForwarded<'a> {
         }
     }
 
+    /// The client's headers, as they came.
+    pub(crate) fn client(&self) -> &'a HeaderMap {
+        self.headers
+    }
+
     /// Whether the client's values of `name` go as they came: not hop-by-hop, nor
     /// replaced. One match on the name (by length, then bytes) where comparing names one
     /// by one cost more per header than the rewrite of the map it spares.

@@ -22,7 +22,7 @@ use crate::proxy::spool::spool;
 use crate::trace::RequestTrace;
 use crate::trace::context;
 use crate::upstream::FastCgiHead;
-use crate::upstream::fastcgi::params::{Call, Caller, request_head};
+use crate::upstream::fastcgi::params::{Call, Caller, Headers, request_head};
 
 /// What a request to a site comes to, besides an answer.
 pub(super) enum Prepared {
@@ -98,8 +98,10 @@ pub(super) fn fastcgi_head(
         version: context.version,
         target,
         query: parts.uri.query().unwrap_or(""),
-        headers: &parts.headers,
-        as_forwarded,
+        headers: match as_forwarded {
+            Some(headers) => Headers::AsForwarded(headers),
+            None => Headers::Rewritten(&parts.headers),
+        },
         content_length,
         traceparent: &context::traceparent(&trace.trace_id, trace.span_id(), trace.flags),
     };

@@ -24,6 +24,15 @@ pub(crate) struct Caller<'a> {
     pub(crate) https: bool,
 }
 
+/// A request's headers as they go upstream.
+#[derive(Clone, Copy)]
+pub(crate) enum Headers<'a> {
+    /// Rewritten in the request's map (after header rules).
+    Rewritten(&'a HeaderMap),
+    /// Read beside the client's as they would go.
+    AsForwarded(&'a AsForwarded<'a>),
+}
+
 /// The request as it goes to PHP.
 pub(crate) struct Call<'a> {
     pub(crate) method: &'a Method,
@@ -31,10 +40,7 @@ pub(crate) struct Call<'a> {
     /// The target exactly as the client sent it (`REQUEST_URI`).
     pub(crate) target: &'a str,
     pub(crate) query: &'a str,
-    /// The request headers, after header rules.
-    pub(crate) headers: &'a HeaderMap,
-    /// The request headers as they go, when `headers` holds the client's as they came.
-    pub(crate) as_forwarded: Option<&'a AsForwarded<'a>>,
+    pub(crate) headers: Headers<'a>,
     /// The body's length, when the request has body framing (`Some(0)` for an empty one).
     pub(crate) content_length: Option<u64>,
     /// The `traceparent` PHP gets (`HTTP_TRACEPARENT`) in place of any the client sent;
@@ -103,20 +109,25 @@ pub(crate) fn request_head(
     if let Some(length) = call.content_length {
         params.pair(b"CONTENT_LENGTH", number.format(length).as_bytes());
     }
-    if let Some(content_type) = call.headers.get(http::header::CONTENT_TYPE) {
+    let content_type = match call.headers {
+        Headers::Rewritten(map) => map.get(http::header::CONTENT_TYPE),
+        // Sent as the client sent it.
+        Headers::AsForwarded(headers) => headers.client().get(http::header::CONTENT_TYPE),
+    };
+    if let Some(content_type) = content_type {
         params.pair(b"CONTENT_TYPE", content_type.as_bytes());
     }
     for (name, value) in env {
         params.pair(name.as_bytes(), value.as_bytes());
     }
-    match call.as_forwarded {
-        Some(headers) => {
+    match call.headers {
+        Headers::AsForwarded(headers) => {
             // Three runs that share no name.
             http_variables(&mut params, headers.sent());
             http_variables(&mut params, headers.added());
             http_variables(&mut params, headers.via());
         }
-        None => http_variables(&mut params, call.headers.iter()),
+        Headers::Rewritten(map) => http_variables(&mut params, map.iter()),
     }
     params.finish();
     FastCgiHead {
@@ -222,8 +233,7 @@ mod tests {
             version: Version::HTTP_11,
             target: "/index.php/cart?id=7",
             query: "id=7",
-            headers: &headers,
-            as_forwarded: None,
+            headers: Headers::Rewritten(&headers),
             content_length: Some(12),
             traceparent: b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         };
@@ -302,8 +312,7 @@ mod tests {
             version: Version::HTTP_11,
             target: "/",
             query: "",
-            headers: &headers,
-            as_forwarded: None,
+            headers: Headers::Rewritten(&headers),
             content_length: None,
             traceparent: PARENT.as_bytes(),
         };
@@ -333,7 +342,7 @@ mod tests {
         let mut big = headers.clone();
         big.insert("x-big", "v".repeat(70_000).parse().unwrap());
         let call = Call {
-            headers: &big,
+            headers: Headers::Rewritten(&big),
             ..call
         };
         let FastCgiHead {
