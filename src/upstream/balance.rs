@@ -205,13 +205,7 @@ mod tests {
                 let pool = Pool::new(label.clone(), Duration::from_secs(1), None);
                 let series =
                     crate::metrics::Metrics::new().upstream_server(&"u".into(), &label.as_str().into());
-                Server::new(
-                    label.into(),
-                    weight,
-                    Transport::Http { pool, tls: None },
-                    series,
-                    None,
-                )
+                Server::new(label.into(), weight, Transport::Http(pool), series, None)
             })
             .collect()
     }

@@ -5,14 +5,11 @@
 
 use std::sync::{Arc, Weak};
 
-use bytes::Bytes;
-use http::{Request, header};
-use http_body_util::Empty;
 use tokio::time::MissedTickBehavior;
 use tokio_util::task::AbortOnDropHandle;
 
+use super::Rotation;
 use super::server::{Server, Transport};
-use super::{Rotation, pool};
 use crate::config::HealthCheck;
 
 /// Starts checking `rotation`'s servers; the checks stop when the handle is dropped.
@@ -39,27 +36,9 @@ async fn run(rotation: Weak<Rotation>, check: HealthCheck) {
 /// One check of `server`, over TLS for an `https://` one, on a connection of its own
 /// (closed when the check ends, answered or not).
 async fn probe(server: &Server, check: &HealthCheck) -> bool {
-    let authority: &str = &server.label;
-    let tls = match &server.transport {
-        Transport::Http { tls, .. } => tls.as_ref(),
-        Transport::FastCgi(pool) => {
-            let status = tokio::time::timeout(check.timeout, pool.check(check.path.path())).await;
-            return matches!(status, Ok(Some(status)) if status.is_success() || status.is_redirection());
-        }
+    let status = match &server.transport {
+        Transport::Http(pool) => tokio::time::timeout(check.timeout, pool.check(check.path.as_str())).await,
+        Transport::FastCgi(pool) => tokio::time::timeout(check.timeout, pool.check(check.path.path())).await,
     };
-    let exchange = async {
-        let mut sender = pool::open::<Empty<Bytes>>(authority, tls).await.ok()?;
-        let request = Request::get(check.path.as_str())
-            .header(header::HOST, authority)
-            .header(header::CONNECTION, "close")
-            .header(header::USER_AGENT, "floodgate-health-check")
-            .body(Empty::<Bytes>::new())
-            .ok()?;
-        let status = sender.send_request(request).await.ok()?.status();
-        Some(status.is_success() || status.is_redirection())
-    };
-    matches!(
-        tokio::time::timeout(check.timeout, exchange).await,
-        Ok(Some(true))
-    )
+    matches!(status, Ok(Some(status)) if status.is_success() || status.is_redirection())
 }

@@ -4,8 +4,81 @@
 //! task that runs while connections are idle and wakes when the oldest is due, so that
 //! neither requests on the newer ones nor the lack of any request keep it open.
 
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Sleep;
+
+/// A connection to a server: its stream, what was read on it and not yet used, and the
+/// timer for the response head of the request on it. The timer is moved to each
+/// request's deadline: moving a timer costs next to nothing, where one made per request
+/// is registered with the runtime and removed again each time.
+pub(crate) struct Connection<S> {
+    pub(super) stream: S,
+    pub(super) read: BytesMut,
+    pub(super) deadline: Pin<Box<Sleep>>,
+}
+
+/// Read as a byte stream (a tunnel's, after a protocol switch): what was read on it and
+/// not yet used comes first.
+impl<S: AsyncRead + Unpin> AsyncRead for Connection<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.read.is_empty() {
+            return Pin::new(&mut self.stream).poll_read(cx, buf);
+        }
+        let n = self.read.len().min(buf.remaining());
+        buf.put_slice(&self.read.split_to(n));
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Connection<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl<S: AsyncRead + Unpin> Connection<S> {
+    /// `stream`, its timer set for `deadline`.
+    pub(super) fn new(stream: S, deadline: tokio::time::Instant) -> Self {
+        Connection {
+            stream,
+            read: BytesMut::new(),
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+        }
+    }
+
+    /// Whether the server closed the idle connection (or sent on it unasked).
+    pub(super) fn closed_while_idle(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        let mut buffer = ReadBuf::new(&mut probe);
+        let mut cx = Context::from_waker(Waker::noop());
+        !matches!(
+            Pin::new(&mut self.stream).poll_read(&mut cx, &mut buffer),
+            Poll::Pending
+        )
+    }
+}
 
 struct Idle<C> {
     connection: C,

@@ -16,7 +16,9 @@
 //! upstream's `timeout`; only then are the slots given back.
 
 mod balance;
+mod exchange;
 pub(crate) mod fastcgi;
+mod h1;
 mod health;
 mod idle;
 pub(crate) mod pool;
@@ -26,7 +28,6 @@ mod server;
 mod tunnel;
 
 use std::collections::VecDeque;
-use std::error::Error as _;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -52,10 +53,11 @@ use crate::config::{
 use crate::error::{GatewayError, UpstreamFailure};
 use crate::limit::store::ConcurrencySlot;
 use crate::metrics::Metrics;
-use crate::proxy::request_body::{RequestBody, RequestBodyError};
+use crate::proxy::request_body::RequestBody;
 use crate::trace::context::traceparent_value;
 use crate::trace::{RequestTrace, TRACEPARENT, TryEnd};
 use balance::Balancer;
+use exchange::ExchangeError;
 pub(crate) use fastcgi::FastCgiHead;
 use pool::{Pool, SendError, Unsent};
 use replay::Replay;
@@ -120,10 +122,7 @@ impl Upstream {
                                 .or_else(|| server_name(authority))
                                 .expect("an https server has a name to check"),
                         });
-                        Transport::Http {
-                            pool: Pool::new(label.to_string(), config.connect_timeout, tls.clone()),
-                            tls,
-                        }
+                        Transport::Http(Pool::new(label.to_string(), config.connect_timeout, tls))
                     }
                     (ServerAddress::Unix(_), None) => {
                         unreachable!("only fastcgi:// servers are unix sockets")
@@ -246,7 +245,7 @@ impl Upstream {
             let started = Instant::now();
             let deadline = tokio::time::Instant::from_std(started) + timeout;
             let tried = match &server.transport {
-                Transport::Http { pool, .. } => {
+                Transport::Http(pool) => {
                     request.headers_mut().insert(
                         TRACEPARENT.clone(),
                         traceparent_value(&trace.trace_id, &span.id, trace.flags),
@@ -356,22 +355,15 @@ fn idempotent(method: &Method) -> bool {
 /// A failure of the server (`Ok`), or of the client's request body (`Err`, answered
 /// as it is: no other server would do better).
 fn classify(error: SendError) -> Result<(UpstreamFailure, String), GatewayError> {
-    match error {
+    match &error {
         SendError::Connect { .. } | SendError::ConnectTimeout(_) => {
-            return Ok((UpstreamFailure::Connect, detail(&error)));
+            Ok((UpstreamFailure::Connect, detail(&error)))
         }
-        SendError::Tls { .. } => return Ok((UpstreamFailure::Tls, detail(&error))),
-        SendError::Timeout => return Ok(timed_out()),
-        SendError::Exchange(_) => {}
+        SendError::Tls { .. } => Ok((UpstreamFailure::Tls, detail(&error))),
+        SendError::Timeout => Ok(timed_out()),
+        SendError::Exchange(ExchangeError::Body(body_error)) => Err(body_error.answer(detail(&error))),
+        SendError::Exchange(_) => Ok((UpstreamFailure::Reset, detail(&error))),
     }
-    let mut source = error.source();
-    while let Some(cause) = source {
-        if let Some(body_error) = cause.downcast_ref::<RequestBodyError>() {
-            return Err(body_error.answer(detail(&error)));
-        }
-        source = cause.source();
-    }
-    Ok((UpstreamFailure::Reset, detail(&error)))
 }
 
 /// [`classify`] for a FastCGI server.
@@ -695,13 +687,15 @@ pub(crate) struct UpstreamBody {
 }
 
 /// A response body as its server's protocol carries it.
-type Transported = Either<pool::UpstreamBody<RequestBody>, fastcgi::FastCgiBody>;
+type Transported = Either<pool::UpstreamBody, fastcgi::FastCgiBody>;
 
-/// Whether `body` has been read to its end.
-fn finished(body: &Transported) -> bool {
-    match body {
-        Either::Left(body) => body.is_finished(),
-        Either::Right(body) => body.is_end_stream(),
+impl UpstreamBody {
+    /// The server's connection after a protocol switch, with what it sent past its `101`.
+    pub(crate) fn take_switched(&mut self) -> Option<pool::Connection> {
+        match self.inner.as_mut()? {
+            Either::Left(body) => body.take_switched(),
+            Either::Right(_) => None,
+        }
     }
 }
 
@@ -734,7 +728,7 @@ impl Drop for UpstreamBody {
     fn drop(&mut self) {
         // Finished, or uncounted: the fields are dropped in order, the connection first.
         match (&self.inner, &self.held) {
-            (Some(body), Some(held)) if !finished(body) && held.counted() => {}
+            (Some(body), Some(held)) if !body.is_end_stream() && held.counted() => {}
             _ => return,
         }
         let (Some(body), Some(held)) = (self.inner.take(), self.held.take()) else {

@@ -1,39 +1,41 @@
-//! Keep-alive HTTP/1.1 connections to one upstream server, over hyper's `client::conn::http1`.
+//! Keep-alive HTTP/1.1 connections to one upstream server, and sending a request on one
+//! ([`super::exchange`]: floodgate's own HTTP/1.1 client, run in the request's task).
 //!
-//! A connection goes back to the pool when the response body it carried has been read
-//! to its end (by the client, or by [`discard`] for a response whose client left while a
-//! cap counted the request); a response dropped half-way takes its connection with it,
-//! since hyper then closes it. Idle connections are kept for [`IDLE_TIMEOUT`]
-//! ([`super::idle`]).
+//! A connection goes back to the pool when the response it carried has been read to its
+//! end (by the client, or by [`discard`] for a response whose client left while a cap
+//! counted the request), the whole request was written, and the server keeps it open; a
+//! response dropped half-way takes its connection with it. Idle connections are kept for
+//! [`IDLE_TIMEOUT`] ([`super::idle`]).
 //!
-//! A request that could not even be written, because the upstream had closed the idle
-//! connection it was given, is sent again on another connection (hyper hands it back
-//! untouched); any other failure is the caller's.
+//! A pooled connection the server closed meanwhile is noticed when taken, or when the
+//! request written on it meets the close before any answer and before any of the request
+//! body was read: the request then goes out on another connection. Any other failure is
+//! the caller's.
 //!
-//! This replaces hyper-util's general-purpose client, whose pool checkout, per-request
-//! readiness task and extra channels cost measurably more CPU per request
-//! (docs/performance.md, "Choices measured").
+//! This replaces hyper's client, whose connection task, channels and response parsing
+//! cost several thousand instructions per request more (docs/performance.md, "Choices
+//! measured").
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::header::{CONNECTION, HOST, USER_AGENT};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use hyper::client::conn::TrySendError;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
-use tokio::time::Sleep;
 use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_util::either::Either;
 
+use super::exchange::{Exchange, ExchangeError};
 use super::idle::IdlePool;
+use crate::proxy::request_body::RequestBody;
 
 /// How long an idle connection is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -50,7 +52,7 @@ pub(crate) enum SendError {
     #[error("TLS with {address} failed: {source}")]
     Tls { address: String, source: std::io::Error },
     #[error(transparent)]
-    Exchange(#[from] hyper::Error),
+    Exchange(#[from] ExchangeError),
     #[error("no response headers in time")]
     Timeout,
 }
@@ -62,128 +64,79 @@ pub(crate) struct Tls {
     pub(crate) server_name: ServerName<'static>,
 }
 
+/// A connection to an HTTP server, plain or over TLS.
+pub(crate) type Connection = super::idle::Connection<Either<TcpStream, TlsStream<TcpStream>>>;
+
 /// One upstream address and its idle connections.
-struct Endpoint<B> {
+pub(crate) struct Endpoint {
     /// `host:port`, as configured.
     address: String,
     connect_timeout: Duration,
     tls: Option<Tls>,
-    idle: Arc<IdlePool<Connection<B>>>,
+    idle: Arc<IdlePool<Connection>>,
 }
 
-/// A connection to a server, with the timer that bounds each wait for a response head
-/// on it. The timer is moved to each request's deadline: moving a timer later costs next
-/// to nothing, where one made per request is registered with the runtime and removed
-/// again each time.
-struct Connection<B> {
-    sender: SendRequest<B>,
-    deadline: Pin<Box<Sleep>>,
-}
-
-impl<B> Connection<B> {
-    /// `sender`'s connection, its timer set for `deadline`.
-    fn new(sender: SendRequest<B>, deadline: tokio::time::Instant) -> Self {
-        Connection {
-            sender,
-            deadline: Box::pin(tokio::time::sleep_until(deadline)),
-        }
-    }
-}
-
-impl<B: Send + 'static> Endpoint<B> {
-    /// The most recently used live connection.
-    fn checkout(&self) -> Option<Connection<B>> {
-        self.idle.checkout(|connection| !connection.sender.is_closed())
+impl Endpoint {
+    pub(super) fn check_in(&self, connection: Connection) {
+        self.idle.check_in(connection);
     }
 
-    fn check_in(&self, connection: Connection<B>) {
-        if !connection.sender.is_closed() {
-            self.idle.check_in(connection);
-        }
-    }
-}
-
-impl<B> Endpoint<B>
-where
-    B: Body + Send + Unpin + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    /// A new connection, its TLS handshake included, within `connect_timeout` and before
-    /// `deadline` (then [`SendError::Timeout`]).
-    async fn connect(&self, deadline: tokio::time::Instant) -> Result<Connection<B>, SendError> {
-        let opened = tokio::time::timeout(self.connect_timeout, self.open());
-        match tokio::time::timeout_at(deadline, opened).await {
-            Ok(Ok(Ok(sender))) => Ok(Connection::new(sender, deadline)),
-            Ok(Ok(Err(error))) => Err(error),
-            Ok(Err(_)) => Err(SendError::ConnectTimeout(self.address.clone())),
-            Err(_) => Err(SendError::Timeout),
+    /// A new connection, its TLS handshake included, within `connect_timeout`, its timer
+    /// set for `deadline`.
+    async fn connect(&self, deadline: tokio::time::Instant) -> Result<Connection, SendError> {
+        match tokio::time::timeout(self.connect_timeout, self.open()).await {
+            Ok(Ok(stream)) => Ok(Connection::new(stream, deadline)),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(SendError::ConnectTimeout(self.address.clone())),
         }
     }
 
-    async fn open(&self) -> Result<SendRequest<B>, SendError> {
-        open(&self.address, self.tls.as_ref()).await
+    async fn open(&self) -> Result<Either<TcpStream, TlsStream<TcpStream>>, SendError> {
+        let address = &self.address;
+        let stream = TcpStream::connect(address)
+            .await
+            .map_err(|source| SendError::Connect {
+                address: address.to_owned(),
+                source,
+            })?;
+        // Requests and responses are written whole; never wait to coalesce them.
+        let _ = stream.set_nodelay(true);
+        let Some(tls) = &self.tls else {
+            return Ok(Either::Left(stream));
+        };
+        let stream = tls
+            .connector
+            .connect(tls.server_name.clone(), stream)
+            .await
+            .map_err(|source| SendError::Tls {
+                address: address.to_owned(),
+                source,
+            })?;
+        Ok(Either::Right(stream))
     }
 }
 
-/// A new HTTP/1.1 connection to `address` (`host:port`), over TLS with `tls`: the pool's
-/// and the active health checks' (no deadline: the caller's).
-pub(super) async fn open<B>(address: &str, tls: Option<&Tls>) -> Result<SendRequest<B>, SendError>
-where
-    B: Body + Send + Unpin + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let stream = TcpStream::connect(address)
-        .await
-        .map_err(|source| SendError::Connect {
-            address: address.to_owned(),
-            source,
-        })?;
-    // Requests and responses are written whole; never wait to coalesce them.
-    let _ = stream.set_nodelay(true);
-    let Some(tls) = tls else {
-        return handshake(stream).await;
-    };
-    let stream = tls
-        .connector
-        .connect(tls.server_name.clone(), stream)
-        .await
-        .map_err(|source| SendError::Tls {
-            address: address.to_owned(),
-            source,
-        })?;
-    handshake(stream).await
+/// The connections to one upstream server.
+pub(crate) struct Pool {
+    endpoint: Arc<Endpoint>,
 }
 
-/// An HTTP/1.1 connection over `stream`, driven by a task of its own.
-async fn handshake<B, S>(stream: S) -> Result<SendRequest<B>, SendError>
-where
-    B: Body + Send + Unpin + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.with_upgrades().await {
-            tracing::debug!(%error, "upstream connection ended with an error");
-        }
-    });
-    Ok(sender)
+/// Why a request failed, and the request itself when none of it was sent.
+pub(crate) struct Unsent {
+    pub(crate) error: SendError,
+    pub(crate) request: Option<Request<RequestBody>>,
 }
 
-/// The connections to one upstream, for requests with bodies of type `B`.
-pub(crate) struct Pool<B> {
-    endpoint: Arc<Endpoint<B>>,
+impl std::fmt::Debug for Unsent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unsent")
+            .field("error", &self.error)
+            .field("unsent", &self.request.is_some())
+            .finish()
+    }
 }
 
-impl<B> Pool<B>
-where
-    B: Body + Send + Unpin + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+impl Pool {
     /// A pool for `address` (`host:port`), over TLS with `tls`.
     pub(crate) fn new(address: String, connect_timeout: Duration, tls: Option<Tls>) -> Self {
         Pool::with_idle_timeout(address, connect_timeout, tls, IDLE_TIMEOUT)
@@ -206,8 +159,28 @@ where
         }
     }
 
+    /// An active check: the status of a `GET` for `target` on a connection of its own
+    /// (closed when the check ends).
+    pub(crate) async fn check(&self, target: &str) -> Option<StatusCode> {
+        let deadline = tokio::time::Instant::now() + self.endpoint.connect_timeout;
+        let connection = self.endpoint.connect(deadline).await.ok()?;
+        let host = HeaderValue::from_str(&self.endpoint.address).ok()?;
+        let request = Request::get(target)
+            .header(HOST, host)
+            .header(CONNECTION, "close")
+            .header(USER_AGENT, "floodgate-health-check")
+            .body(())
+            .ok()?;
+        let (parts, ()) = request.into_parts();
+        let mut exchange = Exchange::new(connection, self.endpoint.clone(), &parts, RequestBody::empty());
+        poll_fn(|cx| exchange.poll_head(cx))
+            .await
+            .ok()
+            .map(|response| response.status())
+    }
+
     /// Sends `request` (its target in origin form, its `Host` set) and waits for the
-    /// response headers until `deadline` (then [`SendError::Timeout`]). A request that was
+    /// response head until `deadline` (then [`SendError::Timeout`]). A request that was
     /// not sent (no connection could be made) comes back with the error.
     ///
     /// `keep` is what the request holds while the server works on it. With `detach` (a cap
@@ -215,145 +188,109 @@ where
     /// dropped before the response head and before `deadline` once the request is on its
     /// way, `keep` is taken, the answer awaited in a task of its own until `deadline`, the
     /// response read and discarded for at most `timeout` ([`discard`]), and only then is
-    /// `keep` dropped (see [`Detached`]).
+    /// `keep` dropped.
     pub(crate) async fn send<K: Send + 'static>(
         &self,
-        mut request: Request<B>,
+        request: Request<RequestBody>,
         deadline: tokio::time::Instant,
         timeout: Duration,
         keep: &mut Option<K>,
         detach: bool,
-    ) -> Result<Response<UpstreamBody<B>>, Unsent<B>> {
+    ) -> Result<Response<UpstreamBody>, Unsent> {
+        let (parts, mut body) = request.into_parts();
         loop {
-            let (mut connection, reused) = match self.endpoint.checkout() {
+            let pooled = self
+                .endpoint
+                .idle
+                .checkout(|connection| !connection.closed_while_idle());
+            let reused = pooled.is_some();
+            let connection = match pooled {
                 Some(mut connection) => {
                     connection.deadline.as_mut().reset(deadline);
-                    (connection, true)
+                    connection
                 }
-                None => match Box::pin(self.endpoint.connect(deadline)).await {
-                    Ok(connection) => (connection, false),
-                    Err(SendError::Timeout) => return Err(timed_out()),
-                    Err(error) => {
-                        let request = Some(request);
-                        return Err(Unsent { error, request });
+                None => {
+                    match Box::pin(tokio::time::timeout_at(deadline, self.endpoint.connect(deadline))).await {
+                        Ok(Ok(connection)) => connection,
+                        Ok(Err(error)) => {
+                            return Err(Unsent {
+                                error,
+                                request: Some(Request::from_parts(parts, body)),
+                            });
+                        }
+                        Err(_elapsed) => return Err(timed_out()),
                     }
-                },
-            };
-            // A pooled connection has finished its last exchange: this waits at most for
-            // its connection task to notice.
-            if reused {
-                let ready = tokio::select! {
-                    biased;
-                    ready = connection.sender.ready() => ready,
-                    () = connection.deadline.as_mut() => return Err(timed_out()),
-                };
-                if ready.is_err() {
-                    continue;
-                }
-            }
-            let answer = connection.sender.try_send_request(request);
-            let answer = match detach {
-                false => tokio::select! {
-                    biased;
-                    answer = answer => answer,
-                    () = connection.deadline.as_mut() => return Err(timed_out()),
-                },
-                true => {
-                    let mut detached = Detached {
-                        answer: Some(Box::pin(answer)),
-                        connection: Some(connection),
-                        keep: &mut *keep,
-                        endpoint: &self.endpoint,
-                        deadline,
-                        timeout,
-                    };
-                    let Detached {
-                        answer: Some(waiting),
-                        connection: Some(held),
-                        ..
-                    } = &mut detached
-                    else {
-                        unreachable!("both set above");
-                    };
-                    // Dropped past its deadline, `detached` leaves nothing going on.
-                    let answer = tokio::select! {
-                        biased;
-                        answer = waiting.as_mut() => answer,
-                        () = held.deadline.as_mut() => return Err(timed_out()),
-                    };
-                    detached.answer = None;
-                    connection = detached.connection.take().expect("taken only when dropped");
-                    answer
                 }
             };
+            let exchange = Box::new(Exchange::new(connection, self.endpoint.clone(), &parts, body));
+            let mut detached = Detached {
+                exchange: Some(exchange),
+                keep: detach.then_some(&mut *keep),
+                deadline,
+                timeout,
+            };
+            let answer = poll_fn(|cx| {
+                let exchange = detached.exchange.as_mut().expect("until answered");
+                match exchange.poll_head(cx) {
+                    Poll::Pending if exchange.poll_deadline(cx).is_ready() => Poll::Ready(Err(None)),
+                    polled => polled.map_err(Some),
+                }
+            })
+            .await;
+            let exchange = detached.exchange.take().expect("until answered");
             match answer {
-                Ok(response) => return Ok(UpstreamBody::of(response, connection, &self.endpoint)),
-                // Refused before any of it was written: the upstream had closed the pooled
-                // connection meanwhile.
-                Err(mut error) => match error.take_message() {
-                    Some(unsent) if reused => request = unsent,
-                    unsent => {
-                        return Err(Unsent {
-                            error: SendError::Exchange(error.into_error()),
-                            request: unsent,
-                        });
-                    }
-                },
+                Ok(response) => {
+                    return Ok(response.map(|()| UpstreamBody {
+                        exchange: Some(exchange),
+                    }));
+                }
+                Err(Some(ExchangeError::Closed | ExchangeError::Io(_)))
+                    if reused && exchange.unanswered_and_unread() =>
+                {
+                    body = exchange.into_body().expect("unread");
+                }
+                // Past the deadline the exchange is dropped, its connection closed.
+                Err(None) => return Err(timed_out()),
+                Err(Some(error)) => {
+                    return Err(Unsent {
+                        error: error.into(),
+                        request: exchange.into_body().map(|body| Request::from_parts(parts, body)),
+                    });
+                }
             }
         }
     }
 }
 
 /// A try that ran out of time: what was sent of the request is lost.
-fn timed_out<B>() -> Unsent<B> {
+fn timed_out() -> Unsent {
     Unsent {
         error: SendError::Timeout,
         request: None,
     }
 }
 
-/// What a request's response head comes to.
-type HeadAnswer<B> = Result<Response<Incoming>, TrySendError<Request<B>>>;
-
-/// The wait for a response head, boxed.
-type BoxedHead<B> = Pin<Box<dyn Future<Output = HeadAnswer<B>> + Send>>;
-
-/// The wait for the response head of a request a cap counts (see [`Pool::send`]), boxed so
-/// that it can move: dropped before the answer and before the deadline (its client left),
-/// it goes on in a task of its own, which takes `keep` and drops it only once the response
-/// has been read and discarded ([`discard`]). Nothing is spawned while the client stays.
-struct Detached<'a, B, K>
-where
-    B: Send + 'static,
-    K: Send + 'static,
-{
-    /// `None` once answered.
-    answer: Option<BoxedHead<B>>,
-    /// The connection the request went out on, back to the caller once answered.
-    connection: Option<Connection<B>>,
-    keep: &'a mut Option<K>,
-    endpoint: &'a Arc<Endpoint<B>>,
-    /// The try's deadline: dropped past it, the exchange timed out.
+/// An exchange awaited for its head; dropped before (its client left) with `keep` (a cap
+/// counts the request) and before the deadline, it goes on in a task of its own.
+struct Detached<'a, K: Send + 'static> {
+    exchange: Option<Box<Exchange>>,
+    keep: Option<&'a mut Option<K>>,
     deadline: tokio::time::Instant,
-    /// How long the rest of an answer no one waits for is read.
     timeout: Duration,
 }
 
-impl<B, K> Drop for Detached<'_, B, K>
-where
-    B: Send + 'static,
-    K: Send + 'static,
-{
+impl<K: Send + 'static> Drop for Detached<'_, K> {
     fn drop(&mut self) {
-        let (Some(answer), Some(connection)) = (self.answer.take(), self.connection.take()) else {
+        let (Some(mut exchange), Some(keep)) = (self.exchange.take(), self.keep.take()) else {
             return;
         };
-        let endpoint = self.endpoint.clone();
         let body = async move {
-            let response = answer.await.ok()?;
-            Some(UpstreamBody::of(response, connection, &endpoint).into_body())
+            poll_fn(|cx| exchange.poll_head(cx)).await.ok()?;
+            Some(UpstreamBody {
+                exchange: Some(exchange),
+            })
         };
-        go_on(body, self.keep, self.deadline, self.timeout);
+        go_on(body, keep, self.deadline, self.timeout);
     }
 }
 
@@ -383,6 +320,7 @@ pub(super) fn go_on<B, K>(
         }
     });
 }
+
 /// Reads and drops the rest of a response no one waits for, for at most `timeout`, then
 /// drops `keep` (what the request holds while the server works on it): the server is
 /// done with a request once it has sent all of its response. Read to its end, the
@@ -394,99 +332,43 @@ pub(crate) async fn discard<B: Body + Unpin, K>(mut body: B, keep: K, timeout: D
     drop(keep);
 }
 
-/// Why a request failed, and the request itself when none of it was sent.
-pub(crate) struct Unsent<B> {
-    pub(crate) error: SendError,
-    pub(crate) request: Option<Request<B>>,
+/// A response body from an HTTP server, read from its exchange as the client takes it.
+pub(crate) struct UpstreamBody {
+    /// `None` once the exchange has been taken by a tunnel.
+    exchange: Option<Box<Exchange>>,
 }
 
-impl<B> std::fmt::Debug for Unsent<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Unsent")
-            .field("error", &self.error)
-            .field("unsent", &self.request.is_some())
-            .finish()
+impl UpstreamBody {
+    /// The connection after a protocol switch, with what the server sent past its `101`.
+    pub(crate) fn take_switched(&mut self) -> Option<Connection> {
+        self.exchange.take()?.into_switched()
     }
 }
 
-/// A response body from the upstream; once read to its end, its connection goes back
-/// to the pool.
-pub(crate) struct UpstreamBody<B: Send + 'static> {
-    inner: Incoming,
-    finished: bool,
-    reuse: Option<(Connection<B>, Arc<Endpoint<B>>)>,
-}
-
-impl<B: Send + 'static> UpstreamBody<B> {
-    /// The response whose head came on `connection` to `endpoint`.
-    fn of(
-        response: Response<Incoming>,
-        connection: Connection<B>,
-        endpoint: &Arc<Endpoint<B>>,
-    ) -> Response<Self> {
-        // After a protocol switch the connection belongs to the tunnel.
-        let reuse =
-            (response.status() != StatusCode::SWITCHING_PROTOCOLS).then(|| (connection, endpoint.clone()));
-        response.map(|inner| UpstreamBody {
-            inner,
-            finished: false,
-            reuse,
-        })
-    }
-
-    /// Whether the body has been read to its end.
-    pub(crate) fn is_finished(&self) -> bool {
-        self.finished || self.inner.is_end_stream()
-    }
-}
-
-impl<B: Send + 'static> Body for UpstreamBody<B> {
+impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ExchangeError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let frame = Pin::new(&mut self.inner).poll_frame(cx);
-        match &frame {
-            Poll::Ready(None) => self.finished = true,
-            Poll::Ready(Some(Err(_))) => self.reuse = None,
-            _ => {}
+        match self.exchange.as_mut() {
+            Some(exchange) => exchange
+                .poll_data(cx)
+                .map(|data| data.map(|data| data.map(Frame::data))),
+            None => Poll::Ready(None),
         }
-        frame
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.exchange.as_deref().is_none_or(Exchange::is_ended)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl<B: Send + 'static> Drop for UpstreamBody<B> {
-    fn drop(&mut self) {
-        let Some((mut connection, pool)) = self.reuse.take() else {
-            return;
-        };
-        if !self.is_finished() {
-            return;
-        }
-        if connection.sender.is_ready() {
-            pool.check_in(connection);
-            return;
-        }
-        // The upstream answered before it had read the whole request body (an early 413 or
-        // 401, say): the connection is free once the body has been sent, so it waits for
-        // that apart from the pool, and checkouts never wait behind a slow upload.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if connection.sender.ready().await.is_ok() {
-                    pool.check_in(connection);
-                }
-            });
+        match self.exchange.as_deref() {
+            Some(exchange) => exchange.size_hint(),
+            None => SizeHint::with_exact(0),
         }
     }
 }
@@ -501,6 +383,7 @@ mod tests {
 
     use http_body_util::{BodyExt, Full};
     use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
 
     use super::*;
 
@@ -514,19 +397,17 @@ mod tests {
         }
     }
 
-    async fn send(
-        pool: &Pool<Full<Bytes>>,
-    ) -> Result<Response<UpstreamBody<Full<Bytes>>>, Unsent<Full<Bytes>>> {
+    async fn send(pool: &Pool) -> Result<Response<UpstreamBody>, Unsent> {
         let timeout = Duration::from_secs(1);
         let deadline = tokio::time::Instant::now() + timeout;
         pool.send(request(), deadline, timeout, &mut None::<()>, false)
             .await
     }
 
-    fn request() -> Request<Full<Bytes>> {
+    fn request() -> Request<RequestBody> {
         Request::get("/")
             .header("host", "app")
-            .body(Full::default())
+            .body(RequestBody::empty())
             .unwrap()
     }
 
@@ -598,7 +479,7 @@ mod tests {
         (address, open)
     }
 
-    async fn ok(pool: &Pool<Full<Bytes>>) {
+    async fn ok(pool: &Pool) {
         let response = send(pool).await.unwrap();
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
     }

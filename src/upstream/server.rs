@@ -16,17 +16,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
 use super::fastcgi;
-use super::pool::{Pool, Tls};
+use super::pool::Pool;
 use crate::metrics::ServerSeries;
-use crate::proxy::request_body::RequestBody;
 
 /// How requests reach a server.
 pub(super) enum Transport {
-    /// HTTP/1.1, over TLS for an `https://` server (also what active checks use).
-    Http {
-        pool: Pool<RequestBody>,
-        tls: Option<Tls>,
-    },
+    /// HTTP/1.1, over TLS for an `https://` server.
+    Http(Pool),
     FastCgi(fastcgi::Pool),
 }
 
@@ -241,7 +237,7 @@ mod tests {
         Server::new(
             "127.0.0.1:9".into(),
             1,
-            Transport::Http { pool, tls: None },
+            Transport::Http(pool),
             crate::metrics::Metrics::new().upstream_server(&"u".into(), &"127.0.0.1:9".into()),
             passive,
         )

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Response, StatusCode};
-use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
@@ -31,12 +31,15 @@ pub(crate) fn tunnel(
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
         return;
     }
-    let held = response.body_mut().held.take();
-    let upstream_side = hyper::upgrade::on(response);
+    let body = response.body_mut();
+    let held = body.held.take();
+    let Some(upstream_side) = body.take_switched() else {
+        return;
+    };
     tokio::spawn(async move {
-        match tokio::try_join!(client, upstream_side) {
-            Ok((client, upstream_io)) => {
-                if let Err(e) = relay(client, upstream_io, idle_timeout).await {
+        match client.await {
+            Ok(client) => {
+                if let Err(e) = relay(TokioIo::new(client), upstream_side, idle_timeout).await {
                     tracing::debug!(%upstream, error = %e, "upgraded connection ended with an error");
                 }
             }
@@ -48,16 +51,20 @@ pub(crate) fn tunnel(
 
 /// Copies bytes both ways until either side closes, or until neither has sent a byte for
 /// `idle_timeout`; then both connections are closed.
-async fn relay(client: Upgraded, upstream: Upgraded, idle_timeout: Duration) -> io::Result<()> {
+async fn relay(
+    client: impl AsyncRead + AsyncWrite + Unpin,
+    upstream: impl AsyncRead + AsyncWrite + Unpin,
+    idle_timeout: Duration,
+) -> io::Result<()> {
     let opened = Instant::now();
     let last_read = AtomicU64::new(0);
     let mut client = Side {
-        io: TokioIo::new(client),
+        io: client,
         opened,
         last_read: &last_read,
     };
     let mut upstream = Side {
-        io: TokioIo::new(upstream),
+        io: upstream,
         opened,
         last_read: &last_read,
     };
@@ -82,13 +89,13 @@ async fn relay(client: Upgraded, upstream: Upgraded, idle_timeout: Duration) -> 
 
 /// One side of a tunnel, noting when it last delivered bytes (in microseconds since the
 /// tunnel opened).
-struct Side<'a> {
-    io: TokioIo<Upgraded>,
+struct Side<'a, T> {
+    io: T,
     opened: Instant,
     last_read: &'a AtomicU64,
 }
 
-impl AsyncRead for Side<'_> {
+impl<T: AsyncRead + Unpin> AsyncRead for Side<'_, T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -104,7 +111,7 @@ impl AsyncRead for Side<'_> {
     }
 }
 
-impl AsyncWrite for Side<'_> {
+impl<T: AsyncWrite + Unpin> AsyncWrite for Side<'_, T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.io).poll_write(cx, buf)
     }

@@ -10,17 +10,13 @@
 use std::future::poll_fn;
 use std::io;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use http::Response;
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
-use tokio::time::Sleep;
 use tokio_util::either::Either;
 
 use super::exchange::{Exchange, ExchangeError};
@@ -52,28 +48,8 @@ impl std::fmt::Display for Address {
     }
 }
 
-/// A connection to PHP-FPM, what was read on it and not yet used, and the timer for the
-/// response head of the request on it. The timer is moved to each request's deadline:
-/// moving a timer costs next to nothing, where one made per request is registered with
-/// the runtime and removed again each time.
-pub(crate) struct Connection {
-    pub(super) stream: Either<TcpStream, UnixStream>,
-    pub(super) read: BytesMut,
-    pub(super) deadline: Pin<Box<Sleep>>,
-}
-
-impl Connection {
-    /// Whether PHP-FPM closed the idle connection (or sent on it unasked).
-    fn closed_while_idle(&mut self) -> bool {
-        let mut probe = [0u8; 1];
-        let mut buffer = ReadBuf::new(&mut probe);
-        let mut cx = Context::from_waker(Waker::noop());
-        !matches!(
-            Pin::new(&mut self.stream).poll_read(&mut cx, &mut buffer),
-            Poll::Pending
-        )
-    }
-}
+/// A connection to PHP-FPM.
+pub(crate) type Connection = crate::upstream::idle::Connection<Either<TcpStream, UnixStream>>;
 
 /// Why a request got no response from PHP-FPM.
 #[derive(Debug, thiserror::Error)]
@@ -140,11 +116,7 @@ impl Endpoint {
                 .map(|stream| stream.map(Either::Right)),
         };
         match opened {
-            Ok(Ok(stream)) => Ok(Connection {
-                stream,
-                read: BytesMut::new(),
-                deadline: Box::pin(tokio::time::sleep_until(deadline)),
-            }),
+            Ok(Ok(stream)) => Ok(Connection::new(stream, deadline)),
             Ok(Err(source)) => Err(FastCgiError::Connect {
                 address: self.address.to_string(),
                 source,

@@ -1,0 +1,381 @@
+//! One request on one HTTP/1.1 connection to an upstream server, in the request's own
+//! task: the head and the body written as the body streams in, and the answer read back
+//! as it comes (the response head, then the body by its framing). Writing and reading go
+//! on together, so that a server that answers before it has read the whole body never
+//! waits on floodgate, nor floodgate on it. Neither side is buffered beyond one read and
+//! one body frame: memory does not grow with the body or the response.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use http::request::Parts;
+use http::{Method, Response};
+use http_body::{Body, SizeHint};
+use tokio::io::AsyncWrite;
+use tokio_util::io::poll_read_buf;
+
+use super::h1::{self, Chunks, Decoded, Malformed, RequestFraming, ResponseFraming};
+use super::pool::{Connection, Endpoint};
+use crate::proxy::request_body::{RequestBody, RequestBodyError};
+
+/// How much is read from the server at a time.
+const READ_SIZE: usize = 16 * 1024;
+
+/// Why an exchange with a server failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExchangeError {
+    #[error("the connection to the upstream failed: {0}")]
+    Io(#[from] io::Error),
+    #[error("the upstream closed the connection before it answered")]
+    Closed,
+    #[error("the upstream closed the connection before the end of its response body")]
+    Incomplete,
+    #[error(transparent)]
+    Malformed(#[from] Malformed),
+    #[error("the request body did not match its Content-Length")]
+    BodyLength,
+    #[error(transparent)]
+    Body(#[from] RequestBodyError),
+}
+
+/// Where the response is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    Head,
+    Length(u64),
+    Chunked(Chunks),
+    UntilClose,
+    /// Read to its end, or the connection switched protocols.
+    Done,
+}
+
+/// A request on a connection, from the first byte written to the end of its answer.
+pub(crate) struct Exchange {
+    connection: Option<Connection>,
+    endpoint: Arc<Endpoint>,
+    /// Bytes to write: the head, then the body's as it comes.
+    write: BytesMut,
+    /// The request body still to be read; `None` once its end is queued.
+    body: Option<RequestBody>,
+    /// How the request body goes; what is left of its length.
+    sending: RequestFraming,
+    head_request: bool,
+    reading: Reading,
+    /// Whether the connection may carry another request once the response is read.
+    keep_alive: bool,
+    /// Data decoded past the piece last handed out.
+    ahead: Option<Bytes>,
+    /// Whether what was written may still sit in a TLS stream's buffer.
+    unflushed: bool,
+    /// Whether anything of the answer came: until then, a reused connection that closes
+    /// was closed by the server while idle.
+    answered: bool,
+    /// Whether any of the request body was read.
+    body_read: bool,
+    /// A failure found while looking past a piece already handed out: the next one.
+    deferred: Option<ExchangeError>,
+}
+
+impl Exchange {
+    /// An exchange of the request `parts` (its target in origin form, its `Host` set) and
+    /// `body` on `connection`.
+    pub(super) fn new(
+        connection: Connection,
+        endpoint: Arc<Endpoint>,
+        parts: &Parts,
+        body: RequestBody,
+    ) -> Self {
+        let length = match body.is_end_stream() {
+            true => Some(0),
+            false => body.size_hint().exact(),
+        };
+        let mut write = BytesMut::new();
+        let sending = h1::write_request_head(parts, length, &mut write);
+        Exchange {
+            connection: Some(connection),
+            endpoint,
+            write,
+            body: Some(body),
+            sending,
+            head_request: parts.method == Method::HEAD,
+            reading: Reading::Head,
+            keep_alive: false,
+            unflushed: false,
+            ahead: None,
+            answered: false,
+            body_read: false,
+            deferred: None,
+        }
+    }
+
+    /// Whether the exchange failed before the server sent anything back and before any of
+    /// the request body was read: then the request can go out again on another connection.
+    pub(super) fn unanswered_and_unread(&self) -> bool {
+        !self.answered && !self.body_read
+    }
+
+    /// Takes back the request body (for another try), when none of it was read.
+    pub(super) fn into_body(mut self: Box<Self>) -> Option<RequestBody> {
+        if self.body_read {
+            return None;
+        }
+        Some(self.body.take().unwrap_or_else(RequestBody::empty))
+    }
+
+    /// The response head, its body to come from this exchange.
+    pub(super) fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<()>, ExchangeError>> {
+        let method = if self.head_request {
+            Method::HEAD
+        } else {
+            Method::GET
+        };
+        loop {
+            self.poll_write(cx)?;
+            let connection = self.connection.as_mut().ok_or(ExchangeError::Closed)?;
+            if !connection.read.is_empty() {
+                self.answered = true;
+                if let Some(head) = h1::read_response_head(&mut connection.read, &method)? {
+                    self.keep_alive = head.keep_alive;
+                    self.reading = match head.framing {
+                        ResponseFraming::Length(length) => Reading::Length(length),
+                        ResponseFraming::Chunked => Reading::Chunked(Chunks::Size),
+                        ResponseFraming::UntilClose => Reading::UntilClose,
+                        ResponseFraming::Switched => Reading::Done,
+                    };
+                    if self.reading == Reading::Length(0) {
+                        self.end();
+                    }
+                    let mut response = Response::new(());
+                    *response.status_mut() = head.status;
+                    *response.version_mut() = head.version;
+                    *response.headers_mut() = head.headers;
+                    return Poll::Ready(Ok(response));
+                }
+            }
+            ready!(self.poll_read(cx))?;
+        }
+    }
+
+    /// Whether the deadline of the connection's timer has passed (then the response head
+    /// came too late).
+    pub(super) fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match self.connection.as_mut() {
+            Some(connection) => connection.deadline.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+
+    /// The next piece of the response body; `None` at its end, when the connection goes
+    /// back to the pool if it can carry another request.
+    pub(crate) fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ExchangeError>>> {
+        if let Some(error) = self.deferred.take() {
+            return Poll::Ready(Some(Err(error)));
+        }
+        if let Some(ahead) = self.ahead.take() {
+            self.look_past();
+            return Poll::Ready(Some(Ok(ahead)));
+        }
+        loop {
+            match self.decode() {
+                Err(error) => return Poll::Ready(Some(Err(error))),
+                Ok(Some(data)) => {
+                    self.look_past();
+                    return Poll::Ready(Some(Ok(data)));
+                }
+                Ok(None) if self.reading == Reading::Done => return Poll::Ready(None),
+                Ok(None) => {}
+            }
+            if let Err(error) = self.poll_write(cx) {
+                return Poll::Ready(Some(Err(error)));
+            }
+            match ready!(self.poll_read(cx)) {
+                Ok(()) => {}
+                Err(ExchangeError::Closed) if self.reading == Reading::UntilClose => {
+                    self.reading = Reading::Done;
+                    self.connection = None;
+                    return Poll::Ready(None);
+                }
+                Err(ExchangeError::Closed) => return Poll::Ready(Some(Err(ExchangeError::Incomplete))),
+                Err(error) => return Poll::Ready(Some(Err(error))),
+            }
+        }
+    }
+
+    /// The next piece of the body from what has been read, if any; at the body's end,
+    /// the exchange ends.
+    fn decode(&mut self) -> Result<Option<Bytes>, ExchangeError> {
+        let Some(connection) = self.connection.as_mut() else {
+            return Ok(None);
+        };
+        let read = &mut connection.read;
+        let data = match &mut self.reading {
+            Reading::Head | Reading::Done => return Ok(None),
+            Reading::Length(left) => {
+                if read.is_empty() {
+                    return Ok(None);
+                }
+                let take = (*left).min(read.len() as u64);
+                *left -= take;
+                let data = read.split_to(take as usize).freeze();
+                if *left == 0 {
+                    self.end();
+                }
+                data
+            }
+            Reading::Chunked(chunks) => match chunks.decode(read)? {
+                Decoded::Data(data) => data,
+                Decoded::Short => return Ok(None),
+                Decoded::End => {
+                    self.end();
+                    return Ok(None);
+                }
+            },
+            Reading::UntilClose if read.is_empty() => return Ok(None),
+            Reading::UntilClose => read.split().freeze(),
+        };
+        Ok(Some(data))
+    }
+
+    /// Decodes past the piece about to be handed out, up to the next one: when the body's
+    /// end is already there, the body knows it is done with this piece, and the client's
+    /// response ends in the same write.
+    fn look_past(&mut self) {
+        match self.decode() {
+            Ok(data) => self.ahead = data,
+            Err(error) => self.deferred = Some(error),
+        }
+    }
+
+    /// The response has been read: the connection goes back to the pool when the exchange
+    /// left it clean (the whole request written, nothing read past the response, the
+    /// server willing), else it is closed.
+    fn end(&mut self) {
+        self.reading = Reading::Done;
+        let Some(connection) = self.connection.take() else {
+            return;
+        };
+        if self.keep_alive
+            && self.write.is_empty()
+            && !self.unflushed
+            && self.body.is_none()
+            && connection.read.is_empty()
+        {
+            self.endpoint.check_in(connection);
+        }
+    }
+
+    /// What is known of the body's length.
+    pub(crate) fn size_hint(&self) -> SizeHint {
+        let ahead = self.ahead.as_ref().map_or(0, |ahead| ahead.len() as u64);
+        match self.reading {
+            Reading::Length(left) => SizeHint::with_exact(left + ahead),
+            Reading::Done if self.deferred.is_none() => SizeHint::with_exact(ahead),
+            _ => SizeHint::default(),
+        }
+    }
+
+    /// Whether the whole answer has been read and handed out.
+    pub(crate) fn is_ended(&self) -> bool {
+        self.reading == Reading::Done && self.ahead.is_none() && self.deferred.is_none()
+    }
+
+    /// The connection after a protocol switch, with what the server sent past its `101`.
+    pub(crate) fn into_switched(mut self: Box<Self>) -> Option<Connection> {
+        match self.reading {
+            Reading::Done if !self.keep_alive => self.connection.take(),
+            _ => None,
+        }
+    }
+
+    /// Reads more of the answer, writing what can be written meanwhile; the server
+    /// closing the connection is [`ExchangeError::Closed`].
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ExchangeError>> {
+        let connection = self.connection.as_mut().ok_or(ExchangeError::Closed)?;
+        let buffer = &mut connection.read;
+        buffer.reserve(READ_SIZE);
+        let filled = ready!(poll_read_buf(Pin::new(&mut connection.stream), cx, buffer))?;
+        if filled == 0 {
+            return Poll::Ready(Err(ExchangeError::Closed));
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Writes what is queued, and queues the body's frames as they come, until either
+    /// would wait. Once the answer has ended, nothing more is written.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<(), ExchangeError> {
+        loop {
+            if self.connection.is_none() {
+                return Ok(());
+            }
+            if self.body.as_ref().is_some_and(|body| body.is_end_stream()) {
+                self.body = None;
+                self.end_body()?;
+            }
+            let Some(connection) = self.connection.as_mut() else {
+                return Ok(());
+            };
+            if !self.write.is_empty() {
+                match Pin::new(&mut connection.stream).poll_write(cx, &self.write)? {
+                    Poll::Ready(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
+                    Poll::Ready(n) => {
+                        let _ = self.write.split_to(n);
+                        self.unflushed = true;
+                        continue;
+                    }
+                    Poll::Pending => return Ok(()),
+                }
+            }
+            // A TLS stream may hold the last record back until flushed.
+            if self.unflushed {
+                match Pin::new(&mut connection.stream).poll_flush(cx)? {
+                    Poll::Ready(()) => self.unflushed = false,
+                    Poll::Pending => return Ok(()),
+                }
+            }
+            let Some(body) = self.body.as_mut() else {
+                return Ok(());
+            };
+            match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        self.body_read = true;
+                        match &mut self.sending {
+                            RequestFraming::Length(left) => {
+                                *left = left
+                                    .checked_sub(data.len() as u64)
+                                    .ok_or(ExchangeError::BodyLength)?;
+                                self.write.extend_from_slice(&data);
+                            }
+                            RequestFraming::Chunked => h1::write_chunk(&data, &mut self.write),
+                        }
+                    }
+                }
+                Poll::Ready(None) => {
+                    self.body = None;
+                    self.end_body()?;
+                }
+                Poll::Ready(Some(Err(error))) => return Err(error.into()),
+                Poll::Pending => return Ok(()),
+            }
+        }
+    }
+
+    /// Queues what ends the request body.
+    fn end_body(&mut self) -> Result<(), ExchangeError> {
+        match self.sending {
+            RequestFraming::Length(0) => Ok(()),
+            RequestFraming::Length(_) => Err(ExchangeError::BodyLength),
+            RequestFraming::Chunked => {
+                self.write.extend_from_slice(h1::LAST_CHUNK);
+                // Queued once.
+                self.sending = RequestFraming::Length(0);
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,534 @@
+//! The HTTP/1.1 messages an upstream exchange writes and reads: the request head with its
+//! body's framing, the response head with its body's framing (RFC 9112 section 6.3), and
+//! chunked bodies both ways.
+//!
+//! A response head is parsed by `httparse` where it was read, its header values shared with
+//! that buffer; what the head says of the connection (kept alive or not) and of the body
+//! (a length, chunks, until the close, none) is settled here once.
+
+use std::mem::MaybeUninit;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER_ENCODING};
+use http::request::Parts;
+use http::{HeaderMap, Method, StatusCode, Version};
+
+/// The largest response head read: beyond it the response is malformed.
+pub(super) const MAX_HEAD: usize = 64 * 1024;
+/// The most header lines a response head may have.
+const MAX_HEADERS: usize = 128;
+/// Room for the headers floodgate adds to a response after its head is read (`Via`, the
+/// request ID, a limit's, the route's rules), so that the map is not grown on the way.
+const ADDED_LATER: usize = 6;
+/// The longest chunk-size line (with its extensions) or trailer section read.
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// Why a response could not be read as HTTP/1.1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the upstream's response is malformed: {0}")]
+pub(crate) struct Malformed(pub(crate) &'static str);
+
+/// How a request body goes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RequestFraming {
+    /// As many bytes as the request's `Content-Length` (none: no body).
+    Length(u64),
+    Chunked,
+}
+
+/// Writes the head of the request `parts` (its target in origin form, its `Host` set) into
+/// `out`, with the framing header its body needs: the client's `Content-Length` when it
+/// gave one, else the body's exact size, else chunks. `body_length` is the body's exact
+/// size when known (`Some(0)`: no body).
+pub(super) fn write_request_head(
+    parts: &Parts,
+    body_length: Option<u64>,
+    out: &mut BytesMut,
+) -> RequestFraming {
+    let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
+    let headers = &parts.headers;
+    out.reserve(32 + target.len() + headers.len() * 32);
+    out.put_slice(parts.method.as_str().as_bytes());
+    out.put_u8(b' ');
+    out.put_slice(target.as_bytes());
+    out.put_slice(b" HTTP/1.1\r\n");
+    for (name, value) in headers {
+        if name == TRANSFER_ENCODING {
+            continue;
+        }
+        out.put_slice(name.as_str().as_bytes());
+        out.put_slice(b": ");
+        out.put_slice(value.as_bytes());
+        out.put_slice(b"\r\n");
+    }
+    let given = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|value| parse_length(value.as_bytes()));
+    let framing = match (given, body_length) {
+        (Some(length), _) => RequestFraming::Length(length),
+        (None, Some(0)) => RequestFraming::Length(0),
+        (None, Some(length)) => {
+            out.put_slice(b"content-length: ");
+            out.put_slice(itoa::Buffer::new().format(length).as_bytes());
+            out.put_slice(b"\r\n");
+            RequestFraming::Length(length)
+        }
+        (None, None) => {
+            out.put_slice(b"transfer-encoding: chunked\r\n");
+            RequestFraming::Chunked
+        }
+    };
+    out.put_slice(b"\r\n");
+    framing
+}
+
+/// Writes `data` as one chunk.
+pub(super) fn write_chunk(data: &[u8], out: &mut BytesMut) {
+    out.reserve(data.len() + 20);
+    let mut digits = [0u8; 16];
+    let mut at = digits.len();
+    let mut size = data.len();
+    loop {
+        at -= 1;
+        digits[at] = b"0123456789abcdef"[size & 15];
+        size >>= 4;
+        if size == 0 {
+            break;
+        }
+    }
+    out.put_slice(&digits[at..]);
+    out.put_slice(b"\r\n");
+    out.put_slice(data);
+    out.put_slice(b"\r\n");
+}
+
+/// The end of a chunked body.
+pub(super) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// How a response body arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ResponseFraming {
+    /// This many bytes (`0`: no body).
+    Length(u64),
+    Chunked,
+    /// Everything until the upstream closes the connection.
+    UntilClose,
+    /// A protocol switch (`101`): what follows belongs to the tunnel.
+    Switched,
+}
+
+/// A response head, read.
+pub(super) struct ResponseHead {
+    pub(super) status: StatusCode,
+    pub(super) version: Version,
+    pub(super) headers: HeaderMap,
+    pub(super) framing: ResponseFraming,
+    /// Whether the connection can carry another request once this response has been read.
+    pub(super) keep_alive: bool,
+}
+
+/// Parses the response head at the start of `read` (to a request with `method`), taking it
+/// out of the buffer: `None` while it is incomplete. Interim responses (`100 Continue`,
+/// `103 Early Hints`) are skipped.
+pub(super) fn read_response_head(
+    read: &mut BytesMut,
+    method: &Method,
+) -> Result<Option<ResponseHead>, Malformed> {
+    loop {
+        let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut response = httparse::Response::new(&mut []);
+        let length = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut response,
+            read,
+            &mut lines,
+        ) {
+            Ok(httparse::Status::Complete(length)) => length,
+            Ok(httparse::Status::Partial) if read.len() > MAX_HEAD => {
+                return Err(Malformed("a head larger than 64 KB"));
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(Malformed("more than 128 header lines")),
+            Err(_) => return Err(Malformed("not an HTTP/1.x response head")),
+        };
+        if length > MAX_HEAD {
+            return Err(Malformed("a head larger than 64 KB"));
+        }
+        let code = response.code.unwrap_or_default();
+        let status = StatusCode::from_u16(code).map_err(|_| Malformed("a status outside 100-999"))?;
+        if status.is_informational() && code != 101 {
+            read.advance(length);
+            continue;
+        }
+        let version = match response.version {
+            Some(0) => Version::HTTP_10,
+            _ => Version::HTTP_11,
+        };
+        let count = response.headers.len();
+        // The names and values' places, to take the values out of the buffer as shared
+        // slices once the head is split off.
+        let start = read.as_ptr() as usize;
+        let places: Vec<(usize, usize, usize, usize)> = response
+            .headers
+            .iter()
+            .map(|line| {
+                let name_at = line.name.as_ptr() as usize - start;
+                let value_at = line.value.as_ptr() as usize - start;
+                (
+                    name_at,
+                    name_at + line.name.len(),
+                    value_at,
+                    value_at + line.value.len(),
+                )
+            })
+            .collect();
+        let head = read.split_to(length).freeze();
+        let mut headers = HeaderMap::with_capacity(count + ADDED_LATER);
+        let mut keep_alive = version == Version::HTTP_11;
+        let mut close = false;
+        for &(name_at, name_end, value_at, value_end) in &places {
+            let name = HeaderName::from_bytes(&head[name_at..name_end])
+                .map_err(|_| Malformed("a header name that is not a token"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_end))
+                .map_err(|_| Malformed("a header value with control characters"))?;
+            if name == CONNECTION {
+                if has_token(value.as_bytes(), b"close") {
+                    close = true;
+                } else if has_token(value.as_bytes(), b"keep-alive") {
+                    keep_alive = true;
+                }
+            }
+            headers.append(name, value);
+        }
+        let framing = response_framing(status, version, &headers, method)?;
+        // A response with both a length and a transfer coding is read by the coding, its
+        // length removed before it goes on (RFC 9112 section 6.3), and its connection is
+        // never trusted with another request.
+        let ambiguous = headers.contains_key(TRANSFER_ENCODING) && headers.remove(CONTENT_LENGTH).is_some();
+        let reusable = !matches!(framing, ResponseFraming::UntilClose | ResponseFraming::Switched);
+        let keep_alive = keep_alive && !close && reusable && !ambiguous;
+        return Ok(Some(ResponseHead {
+            status,
+            version,
+            headers,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// How the body of a response with `status` and `headers` to a `method` request is
+/// framed (RFC 9112 section 6.3).
+fn response_framing(
+    status: StatusCode,
+    version: Version,
+    headers: &HeaderMap,
+    method: &Method,
+) -> Result<ResponseFraming, Malformed> {
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(ResponseFraming::Switched);
+    }
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED || method == Method::HEAD {
+        return Ok(ResponseFraming::Length(0));
+    }
+    let mut codings = headers.get_all(TRANSFER_ENCODING).iter().peekable();
+    if codings.peek().is_some() {
+        if version == Version::HTTP_10 {
+            return Err(Malformed("Transfer-Encoding in an HTTP/1.0 response"));
+        }
+        let last = codings.last().map(|value| value.as_bytes()).unwrap_or_default();
+        let last = last.rsplit(|&byte| byte == b',').next().unwrap_or_default();
+        return Ok(match last.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+            true => ResponseFraming::Chunked,
+            false => ResponseFraming::UntilClose,
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for item in value.as_bytes().split(|&byte| byte == b',') {
+            let item = parse_length(item.trim_ascii()).ok_or(Malformed("an invalid Content-Length"))?;
+            if length.is_some_and(|length| length != item) {
+                return Err(Malformed("Content-Length values that differ"));
+            }
+            length = Some(item);
+        }
+    }
+    Ok(length.map_or(ResponseFraming::UntilClose, ResponseFraming::Length))
+}
+
+/// A `Content-Length` value: decimal digits only, at most 18 of them.
+fn parse_length(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(
+        digits
+            .iter()
+            .fold(0, |length, digit| length * 10 + u64::from(digit - b'0')),
+    )
+}
+
+/// Whether the comma-separated list `value` holds `token`, in any case.
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&byte| byte == b',')
+        .any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// Where a chunked response body is between reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Chunks {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk's data, this many bytes to go.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// After the last chunk, in the trailer section (dropped).
+    Trailers,
+    Done,
+}
+
+/// What the chunked decoder found in the buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Decoded {
+    Data(Bytes),
+    /// More must be read.
+    Short,
+    End,
+}
+
+impl Chunks {
+    /// Decodes what `read` holds from where the body is: the next piece of data, the end,
+    /// or [`Decoded::Short`] when more must be read first.
+    pub(super) fn decode(&mut self, read: &mut BytesMut) -> Result<Decoded, Malformed> {
+        loop {
+            match *self {
+                Chunks::Size => {
+                    let Some(end) = memchr::memchr(b'\n', read) else {
+                        return match read.len() > MAX_CHUNK_LINE {
+                            true => Err(Malformed("a chunk-size line longer than 4 KB")),
+                            false => Ok(Decoded::Short),
+                        };
+                    };
+                    let line = read[..end]
+                        .strip_suffix(b"\r")
+                        .ok_or(Malformed("a chunk-size line without CRLF"))?;
+                    let digits = line.split(|&byte| byte == b';').next().unwrap_or_default();
+                    let digits = digits.trim_ascii_end();
+                    if digits.is_empty() || digits.len() > 15 {
+                        return Err(Malformed("an invalid chunk size"));
+                    }
+                    let mut size = 0u64;
+                    for &digit in digits {
+                        let value = (digit as char)
+                            .to_digit(16)
+                            .ok_or(Malformed("an invalid chunk size"))?;
+                        size = size << 4 | u64::from(value);
+                    }
+                    read.advance(end + 1);
+                    *self = match size {
+                        0 => Chunks::Trailers,
+                        size => Chunks::Data(size),
+                    };
+                }
+                Chunks::Data(left) => {
+                    if read.is_empty() {
+                        return Ok(Decoded::Short);
+                    }
+                    let take = left.min(read.len() as u64);
+                    *self = match left - take {
+                        0 => Chunks::DataEnd,
+                        left => Chunks::Data(left),
+                    };
+                    return Ok(Decoded::Data(read.split_to(take as usize).freeze()));
+                }
+                Chunks::DataEnd => {
+                    if read.len() < 2 {
+                        return Ok(Decoded::Short);
+                    }
+                    if &read[..2] != b"\r\n" {
+                        return Err(Malformed("chunk data longer than its size"));
+                    }
+                    read.advance(2);
+                    *self = Chunks::Size;
+                }
+                Chunks::Trailers => {
+                    let Some(end) = memchr::memchr(b'\n', read) else {
+                        return match read.len() > MAX_TRAILERS {
+                            true => Err(Malformed("a trailer section longer than 16 KB")),
+                            false => Ok(Decoded::Short),
+                        };
+                    };
+                    let line = &read[..end];
+                    let last = line == b"\r" || line.is_empty();
+                    read.advance(end + 1);
+                    if last {
+                        *self = Chunks::Done;
+                        return Ok(Decoded::End);
+                    }
+                }
+                Chunks::Done => return Ok(Decoded::End),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str, method: Method) -> Result<Option<ResponseHead>, Malformed> {
+        read_response_head(&mut BytesMut::from(text), &method)
+    }
+
+    fn framing(text: &str) -> ResponseFraming {
+        head(text, Method::GET).unwrap().unwrap().framing
+    }
+
+    #[test]
+    fn a_response_head_is_read_with_its_framing_and_the_rest_left() {
+        let mut read =
+            BytesMut::from("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: 1\r\nX-A: 2\r\n\r\nokHTTP");
+        let head = read_response_head(&mut read, &Method::GET).unwrap().unwrap();
+        assert_eq!(head.status, StatusCode::OK);
+        assert_eq!(head.framing, ResponseFraming::Length(2));
+        assert!(head.keep_alive);
+        assert_eq!(head.headers.get_all("x-a").iter().count(), 2);
+        assert_eq!(&read[..], b"okHTTP");
+    }
+
+    #[test]
+    fn an_incomplete_head_waits_and_interim_responses_are_skipped() {
+        assert!(
+            head("HTTP/1.1 200 OK\r\nContent-Le", Method::GET)
+                .unwrap()
+                .is_none()
+        );
+        let mut read =
+            BytesMut::from("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n");
+        let head = read_response_head(&mut read, &Method::POST).unwrap().unwrap();
+        assert_eq!(head.status, StatusCode::CREATED);
+        assert!(read.is_empty());
+    }
+
+    #[test]
+    fn the_framing_follows_rfc_9112() {
+        assert_eq!(framing("HTTP/1.1 200 OK\r\n\r\n"), ResponseFraming::UntilClose);
+        assert_eq!(
+            framing("HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"),
+            ResponseFraming::Length(0)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 304 Not Modified\r\n\r\n"),
+            ResponseFraming::Length(0)
+        );
+        assert_eq!(
+            framing("HTTP/1.1 101 Switching Protocols\r\n\r\n"),
+            ResponseFraming::Switched
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            ResponseFraming::Chunked
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"),
+            ResponseFraming::UntilClose
+        );
+        assert_eq!(
+            framing("HTTP/1.1 200 OK\r\nContent-Length: 7, 7\r\n\r\n"),
+            ResponseFraming::Length(7)
+        );
+        let to_head = head("HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n", Method::HEAD);
+        assert_eq!(to_head.unwrap().unwrap().framing, ResponseFraming::Length(0));
+    }
+
+    #[test]
+    fn lengths_that_could_split_a_response_are_refused() {
+        for text in [
+            "HTTP/1.1 200 OK\r\nContent-Length: 7\r\nContent-Length: 8\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: +7\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 0x7\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nBad Name: x\r\n\r\n",
+            "HTTP/1.1 2000 OK\r\n\r\n",
+        ] {
+            assert!(head(text, Method::GET).is_err(), "{text:?}");
+        }
+        let both = head(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Method::GET,
+        );
+        let both = both.unwrap().unwrap();
+        assert_eq!(both.framing, ResponseFraming::Chunked);
+        assert!(
+            !both.keep_alive,
+            "a response with both framings is not trusted with another request"
+        );
+    }
+
+    #[test]
+    fn keep_alive_follows_the_version_and_connection() {
+        let alive = |text: &str| head(text, Method::GET).unwrap().unwrap().keep_alive;
+        assert!(alive("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(!alive(
+            "HTTP/1.1 200 OK\r\nConnection: Close\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(!alive("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(alive(
+            "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(!alive("HTTP/1.1 200 OK\r\n\r\n"));
+    }
+
+    #[test]
+    fn an_oversized_head_is_refused() {
+        let mut text = String::from("HTTP/1.1 200 OK\r\n");
+        while text.len() <= MAX_HEAD {
+            text.push_str("X-Filler: 0123456789012345678901234567890123456789\r\n");
+        }
+        assert!(head(&text, Method::GET).is_err());
+    }
+
+    fn decode_all(mut input: BytesMut) -> Result<(Vec<u8>, bool), Malformed> {
+        let mut chunks = Chunks::Size;
+        let mut out = Vec::new();
+        loop {
+            match chunks.decode(&mut input)? {
+                Decoded::Data(data) => out.extend_from_slice(&data),
+                Decoded::Short => return Ok((out, false)),
+                Decoded::End => return Ok((out, true)),
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_decode_with_extensions_and_trailers() {
+        let body = BytesMut::from("5;name=value\r\nhello\r\n1\r\n \r\n0\r\nX-Trailer: 1\r\n\r\nnext");
+        assert_eq!(decode_all(body).unwrap(), (b"hello ".to_vec(), true));
+        let (data, ended) = decode_all(BytesMut::from("A\r\n01234")).unwrap();
+        assert_eq!((data, ended), (b"01234".to_vec(), false));
+    }
+
+    #[test]
+    fn bad_chunks_are_refused() {
+        for text in [
+            "zz\r\n",
+            "5\r\nhelloXX",
+            "10000000000000000\r\n",
+            "5\nhello\r\n",
+            ";x\r\n",
+        ] {
+            assert!(decode_all(BytesMut::from(text)).is_err(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_chunk_is_written_with_its_size_in_hex() {
+        let mut out = BytesMut::new();
+        write_chunk(&[b'x'; 26], &mut out);
+        assert!(out.starts_with(b"1a\r\nxxxx"));
+        assert!(out.ends_with(b"x\r\n"));
+    }
+}

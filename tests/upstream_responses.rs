@@ -1,0 +1,174 @@
+//! What an upstream's response bytes can and cannot do to floodgate's HTTP/1.1 client: a
+//! response is read by its framing and nothing past it answers another request; one with
+//! two framings, cut short, with an endless head or bad chunks is never passed off as
+//! whole; interim responses and chunk extensions and trailers are read past.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::config::GatewayToml;
+use common::{TestGateway, get, http1_client};
+use http::StatusCode;
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// An upstream that answers each request head it reads with `reply`, and closes the
+/// connection after it when `close`; it counts its connections.
+async fn scripted_upstream(reply: &'static [u8], close: bool) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let connections = Arc::new(AtomicUsize::new(0));
+    let count = connections.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut read = Vec::new();
+                let mut buffer = [0u8; 4096];
+                loop {
+                    while let Some(end) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+                        read.drain(..end + 4);
+                        if stream.write_all(reply).await.is_err() || close {
+                            return;
+                        }
+                    }
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => read.extend_from_slice(&buffer[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (address, connections)
+}
+
+async fn gateway_to(upstream: &str) -> TestGateway {
+    TestGateway::start(GatewayToml::new().proxy_to(upstream, "")).await
+}
+
+/// The status and body of `GET url`, or `None` when the response could not be read whole.
+async fn try_get(url: &str) -> Option<(StatusCode, String)> {
+    let response = http1_client().get(url.parse().unwrap()).await.ok()?;
+    let status = response.status();
+    let body = response.into_body().collect().await.ok()?.to_bytes();
+    Some((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+#[tokio::test]
+async fn bytes_past_a_responses_end_never_answer_another_request() {
+    let reply =
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled";
+    let (upstream, connections) = scripted_upstream(reply, false).await;
+    let gateway = gateway_to(&upstream).await;
+    for i in 0..3 {
+        let (status, _, body) = get(&gateway.url("/")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"), "request {i}");
+    }
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        3,
+        "a connection with bytes past its response was used again"
+    );
+}
+
+#[tokio::test]
+async fn a_response_with_a_length_and_chunks_is_read_as_chunks_and_its_connection_closed() {
+    let reply =
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n";
+    let (upstream, connections) = scripted_upstream(reply, false).await;
+    let gateway = gateway_to(&upstream).await;
+    for _ in 0..2 {
+        let (status, _, body) = get(&gateway.url("/")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn chunk_extensions_and_trailers_are_read_past_and_the_connection_kept() {
+    let reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Checksum: 1\r\n\r\n";
+    let (upstream, connections) = scripted_upstream(reply, false).await;
+    let gateway = gateway_to(&upstream).await;
+    for _ in 0..3 {
+        let (status, _, body) = get(&gateway.url("/")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "abcde"));
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn interim_responses_are_read_past() {
+    let reply = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    let (upstream, _) = scripted_upstream(reply, false).await;
+    let gateway = gateway_to(&upstream).await;
+    let (status, _, body) = get(&gateway.url("/")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+}
+
+#[tokio::test]
+async fn a_response_until_close_arrives_whole_on_a_connection_of_its_own() {
+    let (upstream, connections) = scripted_upstream(b"HTTP/1.0 200 OK\r\n\r\nuntil the close", true).await;
+    let gateway = gateway_to(&upstream).await;
+    for _ in 0..2 {
+        let (status, _, body) = get(&gateway.url("/")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "until the close"));
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_response_cut_short_or_with_bad_chunks_is_not_passed_off_as_whole() {
+    for reply in [
+        &b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"[..],
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n0\r\n\r\n",
+    ] {
+        let (upstream, _) = scripted_upstream(reply, true).await;
+        let gateway = gateway_to(&upstream).await;
+        let answer = try_get(&gateway.url("/")).await;
+        assert!(
+            answer.is_none(),
+            "{:?} was passed on as {answer:?}",
+            String::from_utf8_lossy(reply)
+        );
+    }
+}
+
+#[tokio::test]
+async fn heads_that_are_not_http_or_never_end_are_a_502() {
+    let endless: &'static [u8] = Box::leak(
+        std::iter::once(&b"HTTP/1.1 200 OK\r\n"[..])
+            .chain(std::iter::repeat_n(
+                &b"X-Filler: 0123456789abcdef0123456789abcdef\r\n"[..],
+                4_000,
+            ))
+            .flatten()
+            .copied()
+            .collect::<Vec<u8>>()
+            .into_boxed_slice(),
+    );
+    for reply in [
+        endless,
+        b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+        b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+    ] {
+        let (upstream, _) = scripted_upstream(reply, false).await;
+        let gateway = gateway_to(&upstream).await;
+        let (status, _, _) = get(&gateway.url("/")).await;
+        assert_eq!(
+            status,
+            StatusCode::BAD_GATEWAY,
+            "{:?}",
+            String::from_utf8_lossy(&reply[..40])
+        );
+    }
+}
