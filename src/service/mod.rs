@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use http::header::{self, HeaderValue};
-use http::{Request, Response, Uri, Version};
+use http::request::Parts;
+use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 
 pub mod limit_headers;
@@ -50,9 +51,10 @@ use crate::proxy::headers::{
 };
 use crate::proxy::request_body::RequestBody;
 use crate::router::normalize_host;
+use crate::trace::context;
 use crate::trace::{RequestTrace, TRACESTATE};
 use crate::upstream::read_ahead::ReadAhead;
-use crate::upstream::{Tries, Upstream, tunnel};
+use crate::upstream::{HttpHead, Outgoing, Tries, Upstream, UpstreamHead, idempotent, tunnel};
 use http_body::Body as _;
 use limit_headers::LimitHeaders;
 use limits::{Action, LimitSettings, settle_attempts};
@@ -592,13 +594,15 @@ async fn forward(
         // Boxed: the request path's future need not hold a body being read whole.
         (length, body) = Box::pin(site::with_length(&parts, declared, body)).await?;
     }
-    // PHP-FPM reads the headers as parameters: without rules to apply, they are read as
-    // they go rather than rewritten in the map first.
+    // The headers go as they are read (into PHP's parameters, or straight into the
+    // request head) when there are no rules to apply; else the map is rewritten first.
     let no_rules = server.request_headers.is_empty() && destination.route.request_headers.is_empty();
-    let read_as_they_go = fastcgi.is_some() && no_rules && AsForwarded::readable(&parts.headers, context);
+    let read_as_they_go = no_rules
+        && (fastcgi.is_some() || upgrade.is_none())
+        && AsForwarded::readable(&parts.headers, context);
     if !read_as_they_go {
-        // Room for what floodgate adds (the forwarding headers, the request ID,
-        // `traceparent`) made once: the map hyper parsed has room for the client's only.
+        // Room for what floodgate adds (the forwarding headers, the request ID) made once:
+        // the map hyper parsed has room for the client's only.
         parts.headers.reserve(ADDED_UPSTREAM_HEADERS);
         remove_hop_by_hop(&mut parts.headers);
         if let Some(host) = target_host.take() {
@@ -611,12 +615,17 @@ async fn forward(
         apply_rules(&server.request_headers, &mut parts.headers);
         apply_rules(&destination.route.request_headers, &mut parts.headers);
     }
-    // A script's begin and parameter records, which a FastCGI server gets for the head.
-    let mut records = None;
-    if let Some((php, script, fastcgi)) = fastcgi {
-        let as_forwarded =
-            read_as_they_go.then(|| AsForwarded::new(&parts.headers, target_host, dropped, context));
-        records = Some(site::fastcgi_head(
+    // An upgrade is asked of an HTTP server in the rewritten map.
+    if let (None, Some(protocol)) = (&fastcgi, upgrade) {
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, protocol);
+    }
+    let as_forwarded =
+        read_as_they_go.then(|| AsForwarded::new(&parts.headers, target_host, dropped, context));
+    let head = match fastcgi {
+        Some((php, script, fastcgi)) => UpstreamHead::FastCgi(site::fastcgi_head(
             (&parts, as_forwarded.as_ref()),
             &script,
             context,
@@ -624,21 +633,17 @@ async fn forward(
             php,
             &fastcgi.env,
             trace,
-        ));
-    }
-    if let Some(protocol) = upgrade {
-        parts
-            .headers
-            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        parts.headers.insert(header::UPGRADE, protocol);
-    }
-    parts.uri = uri;
-    parts.version = Version::HTTP_11;
-
-    let request = Request::from_parts(parts, body);
+        )),
+        None => UpstreamHead::Http(http_head(&parts, &uri, as_forwarded.as_ref(), trace)),
+    };
+    let request = Outgoing {
+        head,
+        repeatable: idempotent(&parts.method) && body.is_end_stream(),
+        body,
+    };
     let mut response = upstream
         .send(
-            (request, records.as_ref()),
+            request,
             (destination.hash_tuple, destination.instances),
             slots,
             tries,
@@ -663,6 +668,48 @@ async fn forward(
         }
         _ => Ok(response.map(Payload::Upstream)),
     }
+}
+
+/// The head an HTTP server is sent for `parts`, to `target`: its headers as they go
+/// (`as_forwarded`), or as the rewritten map holds them, and `traceparent` naming the
+/// request's span (each try writes its own).
+fn http_head(
+    parts: &Parts,
+    target: &Uri,
+    as_forwarded: Option<&AsForwarded<'_>>,
+    trace: &RequestTrace,
+) -> HttpHead {
+    let target = target.path_and_query().map_or("/", |target| target.as_str());
+    let mut head = HttpHead::writer(
+        &parts.method,
+        target,
+        parts.headers.len() + ADDED_UPSTREAM_HEADERS,
+    );
+    match as_forwarded {
+        // Three runs, not one chain of iterators: stepping through a chain costs more.
+        Some(forwarded) => {
+            for (name, value) in forwarded.sent() {
+                head.header(name, value);
+            }
+            for (name, value) in forwarded.added() {
+                head.header(name, value);
+            }
+            for (name, value) in forwarded.via() {
+                head.header(name, value);
+            }
+        }
+        None => {
+            for (name, value) in &parts.headers {
+                head.header(name, value);
+            }
+        }
+    }
+    head.traceparent(&context::traceparent(
+        &trace.trace_id,
+        trace.span_id(),
+        trace.flags,
+    ));
+    head.finish()
 }
 
 #[cfg(test)]

@@ -119,11 +119,6 @@ pub(crate) fn traceparent(trace: &TraceId, span: &SpanId, flags: u8) -> [u8; LEN
     out
 }
 
-/// `traceparent` as a header value.
-pub(crate) fn traceparent_value(trace: &TraceId, span: &SpanId, flags: u8) -> HeaderValue {
-    HeaderValue::from_bytes(&traceparent(trace, span, flags)).expect("hex digits and dashes")
-}
-
 /// Writes `span` as 16 hex digits over `out`: the parent ID of a `traceparent` already
 /// written.
 pub(crate) fn write_span_id(span: &SpanId, out: &mut [u8]) {

@@ -11,15 +11,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
-use http::request::Parts;
 use http::{Method, Response};
 use http_body::{Body, SizeHint};
-use tokio::io::AsyncWrite;
 use tokio_util::io::poll_read_buf;
 
-use super::h1::{self, Chunks, Decoded, Malformed, RequestFraming, ResponseFraming};
+use super::h1::{self, Chunks, Decoded, HttpHead, Malformed, RequestFraming, ResponseFraming};
 use super::pool::{Connection, Endpoint};
+use super::sending::{BodyFraming, Sending};
 use crate::proxy::request_body::{RequestBody, RequestBodyError};
+use crate::trace::context::SpanId;
 
 /// How much is read from the server at a time.
 const READ_SIZE: usize = 16 * 1024;
@@ -56,57 +56,44 @@ enum Reading {
 pub(crate) struct Exchange {
     connection: Option<Connection>,
     endpoint: Arc<Endpoint>,
-    /// Bytes to write: the head, then the body's as it comes.
-    write: BytesMut,
-    /// The request body still to be read; `None` once its end is queued.
-    body: Option<RequestBody>,
-    /// How the request body goes; what is left of its length.
-    sending: RequestFraming,
+    /// The request, in its framing.
+    sending: Sending<RequestFraming>,
     head_request: bool,
     reading: Reading,
     /// Whether the connection may carry another request once the response is read.
     keep_alive: bool,
     /// Data decoded past the piece last handed out.
     ahead: Option<Bytes>,
-    /// Whether what was written may still sit in a TLS stream's buffer.
-    unflushed: bool,
     /// Whether anything of the answer came: until then, a reused connection that closes
     /// was closed by the server while idle.
     answered: bool,
-    /// Whether any of the request body was read.
-    body_read: bool,
     /// A failure found while looking past a piece already handed out: the next one.
     deferred: Option<ExchangeError>,
 }
 
 impl Exchange {
-    /// An exchange of the request `parts` (its target in origin form, its `Host` set) and
-    /// `body` on `connection`.
+    /// An exchange of the request whose head is `head`, for the try whose span is
+    /// `span`, and `body`, on `connection`.
     pub(super) fn new(
         connection: Connection,
         endpoint: Arc<Endpoint>,
-        parts: &Parts,
+        (head, span): (&HttpHead, &SpanId),
         body: RequestBody,
     ) -> Self {
         let length = match body.is_end_stream() {
             true => Some(0),
             false => body.size_hint().exact(),
         };
-        let mut write = BytesMut::new();
-        let sending = h1::write_request_head(parts, length, &mut write);
+        let (write, framing) = head.for_try(span, length);
         Exchange {
             connection: Some(connection),
             endpoint,
-            write,
-            body: Some(body),
-            sending,
-            head_request: parts.method == Method::HEAD,
+            sending: Sending::new(write, body, framing),
+            head_request: head.is_head_request(),
             reading: Reading::Head,
             keep_alive: false,
-            unflushed: false,
             ahead: None,
             answered: false,
-            body_read: false,
             deferred: None,
         }
     }
@@ -114,15 +101,12 @@ impl Exchange {
     /// Whether the exchange failed before the server sent anything back and before any of
     /// the request body was read: then the request can go out again on another connection.
     pub(super) fn unanswered_and_unread(&self) -> bool {
-        !self.answered && !self.body_read
+        !self.answered && !self.sending.body_read()
     }
 
     /// Takes back the request body (for another try), when none of it was read.
-    pub(super) fn into_body(mut self: Box<Self>) -> Option<RequestBody> {
-        if self.body_read {
-            return None;
-        }
-        Some(self.body.take().unwrap_or_else(RequestBody::empty))
+    pub(super) fn into_body(self: Box<Self>) -> Option<RequestBody> {
+        self.sending.into_body()
     }
 
     /// The response head, its body to come from this exchange.
@@ -257,12 +241,7 @@ impl Exchange {
         let Some(connection) = self.connection.take() else {
             return;
         };
-        if self.keep_alive
-            && self.write.is_empty()
-            && !self.unflushed
-            && self.body.is_none()
-            && connection.read.is_empty()
-        {
+        if self.keep_alive && self.sending.is_done() && connection.read.is_empty() {
             self.endpoint.check_in(connection);
         }
     }
@@ -303,77 +282,38 @@ impl Exchange {
         Poll::Ready(Ok(()))
     }
 
-    /// Writes what is queued, and queues the body's frames as they come, until either
-    /// would wait. Once the answer has ended, nothing more is written.
+    /// Writes what can be written of the request until it would wait. Once the answer
+    /// has ended, nothing more is written.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<(), ExchangeError> {
-        loop {
-            if self.connection.is_none() {
-                return Ok(());
-            }
-            if self.body.as_ref().is_some_and(|body| body.is_end_stream()) {
-                self.body = None;
-                self.end_body()?;
-            }
-            let Some(connection) = self.connection.as_mut() else {
-                return Ok(());
-            };
-            if !self.write.is_empty() {
-                match Pin::new(&mut connection.stream).poll_write(cx, &self.write)? {
-                    Poll::Ready(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
-                    Poll::Ready(n) => {
-                        let _ = self.write.split_to(n);
-                        self.unflushed = true;
-                        continue;
-                    }
-                    Poll::Pending => return Ok(()),
-                }
-            }
-            // A TLS stream may hold the last record back until flushed.
-            if self.unflushed {
-                match Pin::new(&mut connection.stream).poll_flush(cx)? {
-                    Poll::Ready(()) => self.unflushed = false,
-                    Poll::Pending => return Ok(()),
-                }
-            }
-            let Some(body) = self.body.as_mut() else {
-                return Ok(());
-            };
-            match Pin::new(body).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data()
-                        && !data.is_empty()
-                    {
-                        self.body_read = true;
-                        match &mut self.sending {
-                            RequestFraming::Length(left) => {
-                                *left = left
-                                    .checked_sub(data.len() as u64)
-                                    .ok_or(ExchangeError::BodyLength)?;
-                                self.write.extend_from_slice(&data);
-                            }
-                            RequestFraming::Chunked => h1::write_chunk(&data, &mut self.write),
-                        }
-                    }
-                }
-                Poll::Ready(None) => {
-                    self.body = None;
-                    self.end_body()?;
-                }
-                Poll::Ready(Some(Err(error))) => return Err(error.into()),
-                Poll::Pending => return Ok(()),
-            }
+        match self.connection.as_mut() {
+            Some(connection) => self.sending.poll_write(&mut connection.stream, cx),
+            None => Ok(()),
         }
     }
+}
 
-    /// Queues what ends the request body.
-    fn end_body(&mut self) -> Result<(), ExchangeError> {
-        match self.sending {
+impl BodyFraming for RequestFraming {
+    type Error = ExchangeError;
+
+    fn data(&mut self, data: &[u8], out: &mut BytesMut) -> Result<(), ExchangeError> {
+        match self {
+            RequestFraming::Length(left) => {
+                *left = left
+                    .checked_sub(data.len() as u64)
+                    .ok_or(ExchangeError::BodyLength)?;
+                out.extend_from_slice(data);
+            }
+            RequestFraming::Chunked => h1::write_chunk(data, out),
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, out: &mut BytesMut) -> Result<(), ExchangeError> {
+        match self {
             RequestFraming::Length(0) => Ok(()),
             RequestFraming::Length(_) => Err(ExchangeError::BodyLength),
             RequestFraming::Chunked => {
-                self.write.extend_from_slice(h1::LAST_CHUNK);
-                // Queued once.
-                self.sending = RequestFraming::Length(0);
+                out.extend_from_slice(h1::LAST_CHUNK);
                 Ok(())
             }
         }

@@ -10,8 +10,10 @@ use std::mem::MaybeUninit;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER_ENCODING};
-use http::request::Parts;
 use http::{HeaderMap, Method, StatusCode, Version};
+
+use crate::trace::TRACEPARENT;
+use crate::trace::context::{self, SpanId};
 
 /// The largest response head read: beyond it the response is malformed.
 pub(super) const MAX_HEAD: usize = 64 * 1024;
@@ -37,50 +39,116 @@ pub(super) enum RequestFraming {
     Chunked,
 }
 
-/// Writes the head of the request `parts` (its target in origin form, its `Host` set) into
-/// `out`, with the framing header its body needs: the client's `Content-Length` when it
-/// gave one, else the body's exact size, else chunks. `body_length` is the body's exact
-/// size when known (`Some(0)`: no body).
-pub(super) fn write_request_head(
-    parts: &Parts,
-    body_length: Option<u64>,
-    out: &mut BytesMut,
-) -> RequestFraming {
-    let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
-    let headers = &parts.headers;
-    out.reserve(32 + target.len() + headers.len() * 32);
-    out.put_slice(parts.method.as_str().as_bytes());
-    out.put_u8(b' ');
-    out.put_slice(target.as_bytes());
-    out.put_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers {
-        if name == TRANSFER_ENCODING {
-            continue;
+/// A request head as each try sends it, written once by the request path: the request
+/// line and the header lines, `traceparent` among them (each try writes its own span ID
+/// into it), less the framing header and the empty line, which depend on the body.
+#[derive(Debug, Clone)]
+pub(crate) struct HttpHead {
+    lines: Bytes,
+    /// Where the `traceparent` value starts in `lines`.
+    traceparent: usize,
+    /// The `Content-Length` among the headers, which frames the body.
+    declared: Option<u64>,
+    head_request: bool,
+}
+
+/// Room for the framing header and the empty line after a head's lines.
+const FRAMING_ROOM: usize = 48;
+
+impl HttpHead {
+    /// A head that starts `method target HTTP/1.1`.
+    pub(crate) fn writer(method: &Method, target: &str, header_count: usize) -> HeadWriter {
+        let mut lines = BytesMut::with_capacity(64 + target.len() + header_count * 48 + FRAMING_ROOM);
+        lines.put_slice(method.as_str().as_bytes());
+        lines.put_u8(b' ');
+        lines.put_slice(target.as_bytes());
+        lines.put_slice(b" HTTP/1.1\r\n");
+        HeadWriter {
+            lines,
+            traceparent: 0,
+            declared: None,
+            head_request: method == Method::HEAD,
         }
-        out.put_slice(name.as_str().as_bytes());
-        out.put_slice(b": ");
-        out.put_slice(value.as_bytes());
-        out.put_slice(b"\r\n");
     }
-    let given = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|value| parse_length(value.as_bytes()));
-    let framing = match (given, body_length) {
-        (Some(length), _) => RequestFraming::Length(length),
-        (None, Some(0)) => RequestFraming::Length(0),
-        (None, Some(length)) => {
-            out.put_slice(b"content-length: ");
-            out.put_slice(itoa::Buffer::new().format(length).as_bytes());
-            out.put_slice(b"\r\n");
-            RequestFraming::Length(length)
+
+    pub(super) fn is_head_request(&self) -> bool {
+        self.head_request
+    }
+
+    /// The head for a try whose span is `span`, with the framing its body needs: the
+    /// declared `Content-Length`, else the body's exact size (`Some(0)`: no body), else
+    /// chunks.
+    pub(super) fn for_try(&self, span: &SpanId, body_length: Option<u64>) -> (BytesMut, RequestFraming) {
+        let mut out = BytesMut::with_capacity(self.lines.len() + FRAMING_ROOM);
+        out.put_slice(&self.lines);
+        let at = self.traceparent;
+        if let Some(parent) = out.get_mut(at + context::PARENT_ID.start..at + context::PARENT_ID.end) {
+            context::write_span_id(span, parent);
         }
-        (None, None) => {
-            out.put_slice(b"transfer-encoding: chunked\r\n");
-            RequestFraming::Chunked
+        let framing = match (self.declared, body_length) {
+            (Some(length), _) => RequestFraming::Length(length),
+            (None, Some(0)) => RequestFraming::Length(0),
+            (None, Some(length)) => {
+                out.put_slice(b"content-length: ");
+                out.put_slice(itoa::Buffer::new().format(length).as_bytes());
+                out.put_slice(b"\r\n");
+                RequestFraming::Length(length)
+            }
+            (None, None) => {
+                out.put_slice(b"transfer-encoding: chunked\r\n");
+                RequestFraming::Chunked
+            }
+        };
+        out.put_slice(b"\r\n");
+        (out, framing)
+    }
+}
+
+/// An [`HttpHead`] being written, header by header.
+pub(crate) struct HeadWriter {
+    lines: BytesMut,
+    traceparent: usize,
+    declared: Option<u64>,
+    head_request: bool,
+}
+
+impl HeadWriter {
+    /// Writes the header `name: value`; a `Transfer-Encoding` is left to the framing,
+    /// and a `traceparent` to [`traceparent`](Self::traceparent).
+    #[inline]
+    pub(crate) fn header(&mut self, name: &HeaderName, value: &HeaderValue) {
+        if name == TRANSFER_ENCODING || name == TRACEPARENT {
+            return;
         }
-    };
-    out.put_slice(b"\r\n");
-    framing
+        if name == CONTENT_LENGTH {
+            self.declared = parse_length_list(value.as_bytes()).ok().flatten();
+        }
+        self.line(name.as_str().as_bytes(), value.as_bytes());
+    }
+
+    /// Writes the `traceparent` header with `value`, whose parent ID each try replaces.
+    pub(crate) fn traceparent(&mut self, value: &[u8]) {
+        self.traceparent = self.lines.len() + b"traceparent: ".len();
+        self.line(b"traceparent", value);
+    }
+
+    fn line(&mut self, name: &[u8], value: &[u8]) {
+        let lines = &mut self.lines;
+        lines.reserve(name.len() + value.len() + 4);
+        lines.put_slice(name);
+        lines.put_slice(b": ");
+        lines.put_slice(value);
+        lines.put_slice(b"\r\n");
+    }
+
+    pub(crate) fn finish(self) -> HttpHead {
+        HttpHead {
+            lines: self.lines.freeze(),
+            traceparent: self.traceparent,
+            declared: self.declared,
+            head_request: self.head_request,
+        }
+    }
 }
 
 /// Writes `data` as one chunk.
@@ -245,15 +313,28 @@ fn response_framing(
     }
     let mut length = None;
     for value in headers.get_all(CONTENT_LENGTH) {
-        for item in value.as_bytes().split(|&byte| byte == b',') {
-            let item = parse_length(item.trim_ascii()).ok_or(Malformed("an invalid Content-Length"))?;
-            if length.is_some_and(|length| length != item) {
-                return Err(Malformed("Content-Length values that differ"));
-            }
-            length = Some(item);
+        let Some(this) = parse_length_list(value.as_bytes())? else {
+            continue;
+        };
+        if length.is_some_and(|length| length != this) {
+            return Err(Malformed("Content-Length values that differ"));
         }
+        length = Some(this);
     }
     Ok(length.map_or(ResponseFraming::UntilClose, ResponseFraming::Length))
+}
+
+/// A `Content-Length` value, which may repeat one length in a list (`7, 7`).
+fn parse_length_list(value: &[u8]) -> Result<Option<u64>, Malformed> {
+    let mut length = None;
+    for item in value.split(|&byte| byte == b',') {
+        let item = parse_length(item.trim_ascii()).ok_or(Malformed("an invalid Content-Length"))?;
+        if length.is_some_and(|length| length != item) {
+            return Err(Malformed("Content-Length values that differ"));
+        }
+        length = Some(item);
+    }
+    Ok(length)
 }
 
 /// A `Content-Length` value: decimal digits only, at most 18 of them.

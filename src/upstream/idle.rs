@@ -4,6 +4,7 @@
 //! task that runs while connections are idle and wakes when the oldest is due, so that
 //! neither requests on the newer ones nor the lack of any request keep it open.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
@@ -21,6 +22,32 @@ pub(crate) struct Connection<S> {
     pub(super) stream: S,
     pub(super) read: BytesMut,
     pub(super) deadline: Pin<Box<Sleep>>,
+}
+
+impl<S: AsyncRead + Unpin> IdlePool<Connection<S>> {
+    /// The most recently used pooled connection the server has not closed, its timer
+    /// moved to `deadline` (with `true`: reused), or else a new one from `connect`
+    /// (`false`); `Err(None)` when none could be made before `deadline`.
+    pub(super) async fn take_or_connect<F, E>(
+        &self,
+        deadline: tokio::time::Instant,
+        connect: impl FnOnce() -> F,
+    ) -> Result<(Connection<S>, bool), Option<E>>
+    where
+        F: Future<Output = Result<Connection<S>, E>>,
+    {
+        if let Some(mut connection) = self.checkout(|connection| !connection.closed_while_idle()) {
+            connection.deadline.as_mut().reset(deadline);
+            return Ok((connection, true));
+        }
+        // Boxed: a connect (with TLS, a few KB) is rare beside a pooled connection, and
+        // would otherwise be nested in every request's future.
+        match Box::pin(tokio::time::timeout_at(deadline, connect())).await {
+            Ok(Ok(connection)) => Ok((connection, false)),
+            Ok(Err(error)) => Err(Some(error)),
+            Err(_elapsed) => Err(None),
+        }
+    }
 }
 
 /// Read as a byte stream (a tunnel's, after a protocol switch): what was read on it and

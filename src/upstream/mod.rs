@@ -12,10 +12,11 @@
 //! ([`tunnel`]), or it failed. When a cap counts the request (a concurrency limit, or
 //! `max_requests`), a client that leaves does not end that: an exchange dropped before
 //! the response head runs on in a task of its own ([`Pool::send`]), and a response dropped
-//! before its end is read and discarded ([`pool::discard`]), each for at most the
+//! before its end is read and discarded ([`detach::discard`]), each for at most the
 //! upstream's `timeout`; only then are the slots given back.
 
 mod balance;
+mod detach;
 mod exchange;
 pub(crate) mod fastcgi;
 mod h1;
@@ -23,7 +24,7 @@ mod health;
 mod idle;
 pub(crate) mod pool;
 pub(crate) mod read_ahead;
-mod replay;
+mod sending;
 mod server;
 mod tunnel;
 
@@ -36,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use http::{Method, Request, Response, Uri};
+use http::{Method, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Either;
 use prometheus_client::metrics::counter::Counter;
@@ -54,15 +55,29 @@ use crate::error::{GatewayError, UpstreamFailure};
 use crate::limit::store::ConcurrencySlot;
 use crate::metrics::Metrics;
 use crate::proxy::request_body::RequestBody;
-use crate::trace::context::traceparent_value;
-use crate::trace::{RequestTrace, TRACEPARENT, TryEnd};
+use crate::trace::{RequestTrace, TryEnd};
 use balance::Balancer;
 use exchange::ExchangeError;
 pub(crate) use fastcgi::FastCgiHead;
-use pool::{Pool, SendError, Unsent};
-use replay::Replay;
+pub(crate) use h1::HttpHead;
+use pool::{Pool, SendError};
 use server::{Server, Transport};
 pub(crate) use tunnel::tunnel;
+
+/// A request's head as each try sends it, written once by the request path.
+pub(crate) enum UpstreamHead {
+    Http(HttpHead),
+    FastCgi(FastCgiHead),
+}
+
+/// A request on its way to an upstream.
+pub(crate) struct Outgoing {
+    pub(crate) head: UpstreamHead,
+    /// Whether the request may go to another server after one took it and failed:
+    /// repeating it is harmless (an idempotent method, no body).
+    pub(crate) repeatable: bool,
+    pub(crate) body: RequestBody,
+}
 
 /// The servers a request has tried, by index.
 type Tried = SmallVec<[usize; 4]>;
@@ -201,14 +216,13 @@ impl Upstream {
 
     /// Sends `request` to a server and waits for the response headers, at most the
     /// upstream's `timeout` per try; after a failure, tries other servers as `retries`
-    /// allows. A FastCGI server is sent `fastcgi`, the request's records, in place of its
-    /// HTTP head. `hash_tuple` is the request's `hash_key` tuple (with `balance = "hash"`);
+    /// allows. `hash_tuple` is the request's `hash_key` tuple (with `balance = "hash"`);
     /// `instances` the live gateway instances that share `max_requests`; `limits` the
     /// request's concurrency-limit slots, held with its server slot from then on. Each try
     /// passes its own span on in `traceparent` and is told to `tries`.
     pub(crate) async fn send(
         &self,
-        (mut request, fastcgi): (Request<RequestBody>, Option<&FastCgiHead>),
+        request: Outgoing,
         (hash_tuple, instances): (Option<&str>, u64),
         mut limits: Vec<ConcurrencySlot>,
         tries: &mut Tries<'_>,
@@ -216,13 +230,20 @@ impl Upstream {
         let trace = tries.trace;
         let affinity = hash_tuple.map(balance::affinity);
         let most = 1 + (self.config.retries as usize).min(self.rotation.servers.len() - 1);
-        // A request that reached a server may go to another only when repeating it is
-        // harmless: an idempotent method without a body, which is rebuilt from a copy.
-        let copy = (most > 1 && idempotent(request.method()) && request.body().is_end_stream())
-            .then(|| Replay::of(&request));
+        let Outgoing {
+            head,
+            repeatable,
+            body,
+        } = request;
+        let mut body = Some(body);
         let mut tried_servers = Tried::new();
         let mut last_failure = None;
         for _ in 0..most {
+            // A request that reached a server goes to another only when repeating it is
+            // harmless: an idempotent method without a body.
+            let Some(this_body) = body.take().or_else(|| repeatable.then(RequestBody::empty)) else {
+                break;
+            };
             let slot = match self.rotation.acquire(affinity, &tried_servers, instances).await {
                 Ok(slot) => slot,
                 // Nowhere left to try: the last failure is the answer.
@@ -244,30 +265,33 @@ impl Upstream {
             let span = trace.begin_try();
             let started = Instant::now();
             let deadline = tokio::time::Instant::from_std(started) + timeout;
-            let tried = match &server.transport {
-                Transport::Http(pool) => {
-                    request.headers_mut().insert(
-                        TRACEPARENT.clone(),
-                        traceparent_value(&trace.trace_id, &span.id, trace.flags),
-                    );
-                    match pool.send(request, deadline, timeout, &mut held, counted).await {
+            let tried = match (&server.transport, &head) {
+                (Transport::Http(pool), UpstreamHead::Http(head)) => {
+                    match pool
+                        .send((head, &span.id), this_body, deadline, timeout, &mut held, counted)
+                        .await
+                    {
                         Ok(response) => Ok(response.map(Either::Left)),
-                        Err(Unsent { error, request }) => Err((classify(error)?, request)),
+                        Err(pool::Unsent { error, body }) => Err((classify(error)?, body)),
                     }
                 }
-                Transport::FastCgi(pool) => {
-                    let (parts, body) = request.into_parts();
+                (Transport::FastCgi(pool), UpstreamHead::FastCgi(head)) => {
                     match pool
-                        .send((fastcgi, &span.id), body, deadline, timeout, &mut held, counted)
+                        .send((head, &span.id), this_body, deadline, timeout, &mut held, counted)
                         .await
                     {
                         Ok(response) => Ok(response.map(Either::Right)),
-                        Err(fastcgi::Unsent { error, body }) => Err((
-                            classify_fastcgi(error)?,
-                            body.map(|body| Request::from_parts(parts, body)),
-                        )),
+                        Err(fastcgi::Unsent { error, body }) => Err((classify_fastcgi(error)?, body)),
                     }
                 }
+                // Validation gives a site's PHP only FastCGI servers, and them only to it.
+                _ => Err((
+                    (
+                        UpstreamFailure::Connect,
+                        "a server of another protocol".to_owned(),
+                    ),
+                    None,
+                )),
             };
             let held = held.expect("taken only by an exchange whose client left");
             let elapsed = started.elapsed();
@@ -298,14 +322,7 @@ impl Upstream {
             server.failed(Instant::now());
             self.failures.get(kind).inc();
             last_failure = Some(self.failure(kind, format!("{}: {detail}", server.label)));
-            request = match (unsent, &copy) {
-                (Some(unsent), _) => unsent,
-                (None, Some(copy)) => match copy.request() {
-                    Some(again) => again,
-                    None => break,
-                },
-                (None, None) => break,
-            };
+            body = unsent;
         }
         Err(last_failure.unwrap_or_else(|| self.failure(UpstreamFailure::NoServer, "no server tried".into())))
     }
@@ -345,7 +362,7 @@ fn client_tls(tls: &UpstreamTls) -> TlsConnector {
 }
 
 /// Methods whose repetition has the effect of one request (RFC 9110 §9.2.2).
-fn idempotent(method: &Method) -> bool {
+pub(crate) fn idempotent(method: &Method) -> bool {
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
@@ -736,7 +753,7 @@ impl Drop for UpstreamBody {
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let timeout = held.server.rotation.timeout;
-            runtime.spawn(pool::discard(body, held, timeout));
+            runtime.spawn(detach::discard(body, held, timeout));
         }
     }
 }

@@ -2,8 +2,8 @@
 //! ([`super::exchange`]: floodgate's own HTTP/1.1 client, run in the request's task).
 //!
 //! A connection goes back to the pool when the response it carried has been read to its
-//! end (by the client, or by [`discard`] for a response whose client left while a cap
-//! counted the request), the whole request was written, and the server keeps it open; a
+//! end (by the client, or by [`detach::discard`] for a response whose client left while
+//! a cap counted the request), the whole request was written, and the server keeps it open; a
 //! response dropped half-way takes its connection with it. Idle connections are kept for
 //! [`IDLE_TIMEOUT`] ([`super::idle`]).
 //!
@@ -16,7 +16,7 @@
 //! cost several thousand instructions per request more (docs/performance.md, "Choices
 //! measured").
 
-use std::future::{Future, poll_fn};
+use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -24,18 +24,20 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONNECTION, HOST, USER_AGENT};
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_util::either::Either;
 
+use super::detach::{self, Exchanging};
 use super::exchange::{Exchange, ExchangeError};
+use super::h1::HttpHead;
 use super::idle::IdlePool;
 use crate::proxy::request_body::RequestBody;
+use crate::trace::context::SpanId;
 
 /// How long an idle connection is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -64,8 +66,13 @@ pub(crate) struct Tls {
     pub(crate) server_name: ServerName<'static>,
 }
 
-/// A connection to an HTTP server, plain or over TLS.
-pub(crate) type Connection = super::idle::Connection<Either<TcpStream, TlsStream<TcpStream>>>;
+/// A connection to an HTTP server, plain or over TLS. A TLS session is boxed: it is a
+/// few hundred bytes, which every move of a plain connection (into the exchange, back
+/// into the pool) would otherwise copy too.
+pub(crate) type Connection = super::idle::Connection<Stream>;
+
+/// A connection's byte stream.
+type Stream = Either<TcpStream, Box<TlsStream<TcpStream>>>;
 
 /// One upstream address and its idle connections.
 pub(crate) struct Endpoint {
@@ -91,7 +98,7 @@ impl Endpoint {
         }
     }
 
-    async fn open(&self) -> Result<Either<TcpStream, TlsStream<TcpStream>>, SendError> {
+    async fn open(&self) -> Result<Stream, SendError> {
         let address = &self.address;
         let stream = TcpStream::connect(address)
             .await
@@ -112,7 +119,7 @@ impl Endpoint {
                 address: address.to_owned(),
                 source,
             })?;
-        Ok(Either::Right(stream))
+        Ok(Either::Right(Box::new(stream)))
     }
 }
 
@@ -121,19 +128,10 @@ pub(crate) struct Pool {
     endpoint: Arc<Endpoint>,
 }
 
-/// Why a request failed, and the request itself when none of it was sent.
+/// Why a request failed, and its body when none of it was read.
 pub(crate) struct Unsent {
     pub(crate) error: SendError,
-    pub(crate) request: Option<Request<RequestBody>>,
-}
-
-impl std::fmt::Debug for Unsent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Unsent")
-            .field("error", &self.error)
-            .field("unsent", &self.request.is_some())
-            .finish()
-    }
+    pub(crate) body: Option<RequestBody>,
 }
 
 impl Pool {
@@ -164,15 +162,18 @@ impl Pool {
     pub(crate) async fn check(&self, target: &str) -> Option<StatusCode> {
         let deadline = tokio::time::Instant::now() + self.endpoint.connect_timeout;
         let connection = self.endpoint.connect(deadline).await.ok()?;
-        let host = HeaderValue::from_str(&self.endpoint.address).ok()?;
-        let request = Request::get(target)
-            .header(HOST, host)
-            .header(CONNECTION, "close")
-            .header(USER_AGENT, "floodgate-health-check")
-            .body(())
-            .ok()?;
-        let (parts, ()) = request.into_parts();
-        let mut exchange = Exchange::new(connection, self.endpoint.clone(), &parts, RequestBody::empty());
+        let mut head = HttpHead::writer(&Method::GET, target, 3);
+        head.header(&HOST, &HeaderValue::from_str(&self.endpoint.address).ok()?);
+        head.header(&CONNECTION, &HeaderValue::from_static("close"));
+        head.header(&USER_AGENT, &HeaderValue::from_static("floodgate-health-check"));
+        let head = head.finish();
+        let span = SpanId([0; 8]);
+        let mut exchange = Exchange::new(
+            connection,
+            self.endpoint.clone(),
+            (&head, &span),
+            RequestBody::empty(),
+        );
         poll_fn(|cx| exchange.poll_head(cx))
             .await
             .ok()
@@ -184,66 +185,37 @@ impl Pool {
     /// not sent (no connection could be made) comes back with the error.
     ///
     /// `keep` is what the request holds while the server works on it. With `detach` (a cap
-    /// counts it), the server's work outlives a client that leaves: if this future is
-    /// dropped before the response head and before `deadline` once the request is on its
-    /// way, `keep` is taken, the answer awaited in a task of its own until `deadline`, the
-    /// response read and discarded for at most `timeout` ([`discard`]), and only then is
-    /// `keep` dropped.
+    /// counts it), the server's work outlives a client that leaves ([`detach::head`]).
     pub(crate) async fn send<K: Send + 'static>(
         &self,
-        request: Request<RequestBody>,
+        (head, span): (&HttpHead, &SpanId),
+        mut body: RequestBody,
         deadline: tokio::time::Instant,
         timeout: Duration,
         keep: &mut Option<K>,
         detach: bool,
     ) -> Result<Response<UpstreamBody>, Unsent> {
-        let (parts, mut body) = request.into_parts();
         loop {
-            let pooled = self
-                .endpoint
+            let endpoint = &self.endpoint;
+            let (connection, reused) = match endpoint
                 .idle
-                .checkout(|connection| !connection.closed_while_idle());
-            let reused = pooled.is_some();
-            let connection = match pooled {
-                Some(mut connection) => {
-                    connection.deadline.as_mut().reset(deadline);
-                    connection
+                .take_or_connect(deadline, || endpoint.connect(deadline))
+                .await
+            {
+                Ok(taken) => taken,
+                Err(Some(error)) => {
+                    return Err(Unsent {
+                        error,
+                        body: Some(body),
+                    });
                 }
-                None => {
-                    match Box::pin(tokio::time::timeout_at(deadline, self.endpoint.connect(deadline))).await {
-                        Ok(Ok(connection)) => connection,
-                        Ok(Err(error)) => {
-                            return Err(Unsent {
-                                error,
-                                request: Some(Request::from_parts(parts, body)),
-                            });
-                        }
-                        Err(_elapsed) => return Err(timed_out()),
-                    }
-                }
+                Err(None) => return Err(timed_out()),
             };
-            let exchange = Box::new(Exchange::new(connection, self.endpoint.clone(), &parts, body));
-            let mut detached = Detached {
-                exchange: Some(exchange),
-                keep: detach.then_some(&mut *keep),
-                deadline,
-                timeout,
-            };
-            let answer = poll_fn(|cx| {
-                let exchange = detached.exchange.as_mut().expect("until answered");
-                match exchange.poll_head(cx) {
-                    Poll::Pending if exchange.poll_deadline(cx).is_ready() => Poll::Ready(Err(None)),
-                    polled => polled.map_err(Some),
-                }
-            })
-            .await;
-            let exchange = detached.exchange.take().expect("until answered");
+            let exchange = Box::new(Exchange::new(connection, endpoint.clone(), (head, span), body));
+            let (exchange, answer) =
+                detach::head(exchange, detach.then_some(&mut *keep), deadline, timeout).await;
             match answer {
-                Ok(response) => {
-                    return Ok(response.map(|()| UpstreamBody {
-                        exchange: Some(exchange),
-                    }));
-                }
+                Ok(response) => return Ok(response.map(|()| exchange.into_response_body())),
                 Err(Some(ExchangeError::Closed | ExchangeError::Io(_)))
                     if reused && exchange.unanswered_and_unread() =>
                 {
@@ -254,7 +226,7 @@ impl Pool {
                 Err(Some(error)) => {
                     return Err(Unsent {
                         error: error.into(),
-                        request: exchange.into_body().map(|body| Request::from_parts(parts, body)),
+                        body: exchange.into_body(),
                     });
                 }
             }
@@ -266,70 +238,26 @@ impl Pool {
 fn timed_out() -> Unsent {
     Unsent {
         error: SendError::Timeout,
-        request: None,
+        body: None,
     }
 }
 
-/// An exchange awaited for its head; dropped before (its client left) with `keep` (a cap
-/// counts the request) and before the deadline, it goes on in a task of its own.
-struct Detached<'a, K: Send + 'static> {
-    exchange: Option<Box<Exchange>>,
-    keep: Option<&'a mut Option<K>>,
-    deadline: tokio::time::Instant,
-    timeout: Duration,
-}
+impl Exchanging for Exchange {
+    type Head = Response<()>;
+    type Error = ExchangeError;
+    type Body = UpstreamBody;
 
-impl<K: Send + 'static> Drop for Detached<'_, K> {
-    fn drop(&mut self) {
-        let (Some(mut exchange), Some(keep)) = (self.exchange.take(), self.keep.take()) else {
-            return;
-        };
-        let body = async move {
-            poll_fn(|cx| exchange.poll_head(cx)).await.ok()?;
-            Some(UpstreamBody {
-                exchange: Some(exchange),
-            })
-        };
-        go_on(body, keep, self.deadline, self.timeout);
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<()>, ExchangeError>> {
+        Exchange::poll_head(self, cx)
     }
-}
 
-/// Goes on with an exchange whose client left, in a task of its own: takes `keep`, waits
-/// for the response `body` until `deadline`, reads and discards it ([`discard`]), and
-/// only then drops what it took. Past the deadline (read only now, on this rare path) the
-/// try failed: nothing goes on, and `keep` stays with the caller, who answers the failure.
-pub(super) fn go_on<B, K>(
-    body: impl Future<Output = Option<B>> + Send + 'static,
-    keep: &mut Option<K>,
-    deadline: tokio::time::Instant,
-    timeout: Duration,
-) where
-    B: Body + Send + Unpin + 'static,
-    K: Send + 'static,
-{
-    if tokio::time::Instant::now() >= deadline {
-        return;
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        Exchange::poll_deadline(self, cx)
     }
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let keep = keep.take();
-    runtime.spawn(async move {
-        if let Ok(Some(body)) = tokio::time::timeout_at(deadline, body).await {
-            discard(body, keep, timeout).await;
-        }
-    });
-}
 
-/// Reads and drops the rest of a response no one waits for, for at most `timeout`, then
-/// drops `keep` (what the request holds while the server works on it): the server is
-/// done with a request once it has sent all of its response. Read to its end, the
-/// connection goes back to the pool first.
-pub(crate) async fn discard<B: Body + Unpin, K>(mut body: B, keep: K, timeout: Duration) {
-    let rest = async { while let Some(Ok(_)) = body.frame().await {} };
-    let _ = tokio::time::timeout(timeout, rest).await;
-    drop(body);
-    drop(keep);
+    fn into_response_body(self: Box<Self>) -> UpstreamBody {
+        UpstreamBody { exchange: Some(self) }
+    }
 }
 
 /// A response body from an HTTP server, read from its exchange as the client takes it.
@@ -387,6 +315,16 @@ mod tests {
 
     use super::*;
 
+    /// A connection and its exchange move on every request (out of the pool, into the
+    /// exchange, back): they stay small, a TLS session boxed apart.
+    #[test]
+    fn a_connection_and_its_exchange_stay_small() {
+        let connection = std::mem::size_of::<Connection>();
+        let exchange = std::mem::size_of::<Exchange>();
+        assert!(connection <= 96, "a connection is {connection} bytes");
+        assert!(exchange <= 384, "an exchange is {exchange} bytes");
+    }
+
     /// Reads one request head from `stream`.
     fn read_head(stream: &mut TcpStream) {
         let mut head = Vec::new();
@@ -397,18 +335,26 @@ mod tests {
         }
     }
 
-    async fn send(pool: &Pool) -> Result<Response<UpstreamBody>, Unsent> {
+    async fn send(pool: &Pool) -> Response<UpstreamBody> {
         let timeout = Duration::from_secs(1);
         let deadline = tokio::time::Instant::now() + timeout;
-        pool.send(request(), deadline, timeout, &mut None::<()>, false)
-            .await
-    }
-
-    fn request() -> Request<RequestBody> {
-        Request::get("/")
-            .header("host", "app")
-            .body(RequestBody::empty())
-            .unwrap()
+        let mut head = HttpHead::writer(&Method::GET, "/", 1);
+        head.header(&HOST, &HeaderValue::from_static("app"));
+        let head = head.finish();
+        let span = SpanId([1; 8]);
+        let mut keep = None::<()>;
+        let sent = pool.send(
+            (&head, &span),
+            RequestBody::empty(),
+            deadline,
+            timeout,
+            &mut keep,
+            false,
+        );
+        match sent.await {
+            Ok(response) => response,
+            Err(unsent) => panic!("{}", unsent.error),
+        }
     }
 
     /// The upstream closes an idle connection the pool holds: the next request goes out
@@ -437,13 +383,13 @@ mod tests {
 
         let pool = Pool::new(address, Duration::from_secs(1), None);
         let response = send(&pool).await;
-        let body = response.unwrap().into_body().collect().await.unwrap().to_bytes();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, "first");
         closed_tx.send(()).unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         closed_tx.send(()).unwrap();
         let response = send(&pool).await;
-        let body = response.unwrap().into_body().collect().await.unwrap().to_bytes();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, "second");
         server.join().unwrap();
     }
@@ -480,7 +426,7 @@ mod tests {
     }
 
     async fn ok(pool: &Pool) {
-        let response = send(pool).await.unwrap();
+        let response = send(pool).await;
         assert_eq!(response.into_body().collect().await.unwrap().to_bytes(), "ok");
     }
 

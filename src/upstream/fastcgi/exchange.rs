@@ -12,14 +12,13 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, StatusCode};
-use http_body::Body;
-use tokio::io::AsyncWrite;
 use tokio_util::io::poll_read_buf;
 
 use super::head;
 use super::pool::{Connection, Endpoint};
 use super::record::{self, ProtocolError, Reader, Received};
 use crate::proxy::request_body::{RequestBody, RequestBodyError};
+use crate::upstream::sending::{BodyFraming, Sending};
 
 /// How much is read from PHP-FPM at a time.
 const READ_SIZE: usize = 16 * 1024;
@@ -43,10 +42,8 @@ pub(crate) enum ExchangeError {
 pub(crate) struct Exchange {
     connection: Option<Connection>,
     endpoint: Arc<Endpoint>,
-    /// Bytes to write: the head records, then the body's as it comes.
-    write: BytesMut,
-    /// The request body still to be read; `None` once its end is queued.
-    body: Option<RequestBody>,
+    /// The request: its head records, then the body as `FCGI_STDIN` as it comes.
+    sending: Sending<Stdin>,
     reader: Reader,
     /// `FCGI_STDOUT` content read while the head is incomplete.
     head: BytesMut,
@@ -56,8 +53,6 @@ pub(crate) struct Exchange {
     /// Whether anything of the answer came: until then, a reused connection that closes
     /// was closed by PHP-FPM while idle.
     answered: bool,
-    /// Whether any of the request body was read.
-    body_read: bool,
     /// A failure found while looking past a piece already handed out: the next one.
     deferred: Option<ExchangeError>,
 }
@@ -74,14 +69,12 @@ impl Exchange {
         Exchange {
             connection: Some(connection),
             endpoint,
-            write: head,
-            body: Some(body),
+            sending: Sending::new(head, body, Stdin),
             reader: Reader::default(),
             head: BytesMut::new(),
             ahead: None,
             ended: false,
             answered: false,
-            body_read: false,
             deferred: None,
         }
     }
@@ -89,16 +82,12 @@ impl Exchange {
     /// Whether the exchange failed before PHP-FPM sent anything back and before any of
     /// the request body was read: then the request can go out again on another connection.
     pub(super) fn unanswered_and_unread(&self) -> bool {
-        !self.answered && !self.body_read
+        !self.answered && !self.sending.body_read()
     }
 
     /// Takes back the request body (for another try), when none of it was read.
-    pub(super) fn into_body(mut self: Box<Self>) -> Option<RequestBody> {
-        if self.body_read {
-            return None;
-        }
-        // A body that ended without data is as good as none.
-        Some(self.body.take().unwrap_or_else(RequestBody::empty))
+    pub(super) fn into_body(self: Box<Self>) -> Option<RequestBody> {
+        self.sending.into_body()
     }
 
     /// The response head: its status and headers.
@@ -221,7 +210,7 @@ impl Exchange {
         let Some(connection) = self.connection.take() else {
             return;
         };
-        if self.write.is_empty() && self.body.is_none() && !self.reader.mid_record() {
+        if self.sending.is_done() && !self.reader.mid_record() {
             self.endpoint.check_in(connection);
         }
     }
@@ -244,48 +233,29 @@ impl Exchange {
         }
     }
 
-    /// Writes what is queued, and queues the body's frames as they come, until either
-    /// would wait. Once the answer has ended, nothing more is written.
+    /// Writes what can be written of the request until it would wait. Once the answer
+    /// has ended, nothing more is written.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<(), ExchangeError> {
-        let Some(connection) = self.connection.as_mut() else {
-            return Ok(());
-        };
-        loop {
-            // A body already ended (a request without one) ends stdin in the same write as
-            // the records before it.
-            if self.body.as_ref().is_some_and(|body| body.is_end_stream()) {
-                record::end_of_stdin(&mut self.write);
-                self.body = None;
-            }
-            if !self.write.is_empty() {
-                match Pin::new(&mut connection.stream).poll_write(cx, &self.write)? {
-                    Poll::Ready(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
-                    Poll::Ready(n) => {
-                        let _ = self.write.split_to(n);
-                        continue;
-                    }
-                    Poll::Pending => return Ok(()),
-                }
-            }
-            let Some(body) = self.body.as_mut() else {
-                return Ok(());
-            };
-            match Pin::new(body).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data()
-                        && !data.is_empty()
-                    {
-                        self.body_read = true;
-                        record::stdin(&mut self.write, &data);
-                    }
-                }
-                Poll::Ready(None) => {
-                    record::end_of_stdin(&mut self.write);
-                    self.body = None;
-                }
-                Poll::Ready(Some(Err(error))) => return Err(error.into()),
-                Poll::Pending => return Ok(()),
-            }
+        match self.connection.as_mut() {
+            Some(connection) => self.sending.poll_write(&mut connection.stream, cx),
+            None => Ok(()),
         }
+    }
+}
+
+/// A request body as `FCGI_STDIN` records.
+struct Stdin;
+
+impl BodyFraming for Stdin {
+    type Error = ExchangeError;
+
+    fn data(&mut self, data: &[u8], out: &mut BytesMut) -> Result<(), ExchangeError> {
+        record::stdin(out, data);
+        Ok(())
+    }
+
+    fn end(&mut self, out: &mut BytesMut) -> Result<(), ExchangeError> {
+        record::end_of_stdin(out);
+        Ok(())
     }
 }

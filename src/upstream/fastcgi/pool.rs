@@ -12,10 +12,10 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use http::Response;
+use http::{HeaderMap, Response, StatusCode};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_util::either::Either;
 
@@ -23,8 +23,8 @@ use super::exchange::{Exchange, ExchangeError};
 use super::{FastCgiBody, FastCgiHead};
 use crate::proxy::request_body::RequestBody;
 use crate::trace::context::SpanId;
+use crate::upstream::detach::{self, Exchanging};
 use crate::upstream::idle::IdlePool;
-use crate::upstream::pool::go_on;
 
 /// How long an idle connection (and the PHP-FPM worker it holds) is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -174,7 +174,7 @@ impl Pool {
     /// then is `keep` dropped.
     pub(crate) async fn send<K: Send + 'static>(
         &self,
-        (head, span): (Option<&FastCgiHead>, &SpanId),
+        (head, span): (&FastCgiHead, &SpanId),
         mut body: RequestBody,
         deadline: tokio::time::Instant,
         timeout: Duration,
@@ -182,71 +182,46 @@ impl Pool {
         detach: bool,
     ) -> Result<Response<FastCgiBody>, Unsent> {
         loop {
-            let pooled = self
-                .endpoint
+            let endpoint = &self.endpoint;
+            let (connection, reused) = match endpoint
                 .idle
-                .checkout(|connection| !connection.closed_while_idle());
-            let reused = pooled.is_some();
-            let connection = match pooled {
-                Some(mut connection) => {
-                    connection.deadline.as_mut().reset(deadline);
-                    connection
+                .take_or_connect(deadline, || endpoint.connect(deadline))
+                .await
+            {
+                Ok(taken) => taken,
+                Err(Some(error)) => {
+                    return Err(Unsent {
+                        error,
+                        body: Some(body),
+                    });
                 }
-                None => {
-                    match Box::pin(tokio::time::timeout_at(deadline, self.endpoint.connect(deadline))).await {
-                        Ok(Ok(connection)) => connection,
-                        Ok(Err(error)) => {
-                            return Err(Unsent {
-                                error,
-                                body: Some(body),
-                            });
-                        }
-                        Err(_elapsed) => return Err(timed_out()),
-                    }
-                }
+                Err(None) => return Err(timed_out()),
             };
             let exchange = Box::new(Exchange::new(
                 connection,
-                self.endpoint.clone(),
-                head.map(|head| head.for_try(span)).unwrap_or_default(),
+                endpoint.clone(),
+                head.for_try(span),
                 body,
             ));
-            let mut detached = Detached {
-                exchange: Some(exchange),
-                keep: detach.then_some(&mut *keep),
-                deadline,
-                timeout,
-            };
-            let answer = poll_fn(|cx| {
-                let exchange = detached.exchange.as_mut().expect("until answered");
-                match exchange.poll_head(cx) {
-                    Poll::Pending if exchange.poll_deadline(cx).is_ready() => {
-                        Poll::Ready(Err(FastCgiError::Timeout))
-                    }
-                    polled => polled.map_err(FastCgiError::Exchange),
-                }
-            })
-            .await;
-            let exchange = detached.exchange.take().expect("until answered");
+            let (exchange, answer) =
+                detach::head(exchange, detach.then_some(&mut *keep), deadline, timeout).await;
             match answer {
                 Ok((status, headers)) => {
-                    let mut response = Response::new(FastCgiBody {
-                        exchange: Some(exchange),
-                    });
+                    let mut response = Response::new(exchange.into_response_body());
                     *response.status_mut() = status;
                     *response.headers_mut() = headers;
                     return Ok(response);
                 }
-                Err(FastCgiError::Exchange(ExchangeError::Closed | ExchangeError::Io(_)))
+                Err(Some(ExchangeError::Closed | ExchangeError::Io(_)))
                     if reused && exchange.unanswered_and_unread() =>
                 {
                     body = exchange.into_body().expect("unread");
                 }
                 // Past the deadline the exchange is dropped, its connection closed.
-                Err(FastCgiError::Timeout) => return Err(timed_out()),
-                Err(error) => {
+                Err(None) => return Err(timed_out()),
+                Err(Some(error)) => {
                     return Err(Unsent {
-                        error,
+                        error: error.into(),
                         body: exchange.into_body(),
                     });
                 }
@@ -262,26 +237,20 @@ fn timed_out() -> Unsent {
     }
 }
 
-/// An exchange awaited for its head; dropped before (its client left) with `keep` (a cap
-/// counts the request) and before the deadline, it goes on in a task of its own.
-struct Detached<'a, K: Send + 'static> {
-    exchange: Option<Box<Exchange>>,
-    keep: Option<&'a mut Option<K>>,
-    deadline: tokio::time::Instant,
-    timeout: Duration,
-}
+impl Exchanging for Exchange {
+    type Head = (StatusCode, HeaderMap);
+    type Error = ExchangeError;
+    type Body = FastCgiBody;
 
-impl<K: Send + 'static> Drop for Detached<'_, K> {
-    fn drop(&mut self) {
-        let (Some(mut exchange), Some(keep)) = (self.exchange.take(), self.keep.take()) else {
-            return;
-        };
-        let body = async move {
-            poll_fn(|cx| exchange.poll_head(cx)).await.ok()?;
-            Some(FastCgiBody {
-                exchange: Some(exchange),
-            })
-        };
-        go_on(body, keep, self.deadline, self.timeout);
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<(StatusCode, HeaderMap), ExchangeError>> {
+        Exchange::poll_head(self, cx)
+    }
+
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        Exchange::poll_deadline(self, cx)
+    }
+
+    fn into_response_body(self: Box<Self>) -> FastCgiBody {
+        FastCgiBody { exchange: Some(self) }
     }
 }
