@@ -23,6 +23,15 @@ pub struct HeaderRules {
 }
 
 impl HeaderRules {
+    /// No rules.
+    pub fn none() -> &'static HeaderRules {
+        static NONE: HeaderRules = HeaderRules {
+            set: Vec::new(),
+            remove: Vec::new(),
+        };
+        &NONE
+    }
+
     /// Whether there are no rules.
     pub fn is_empty(&self) -> bool {
         self.set.is_empty() && self.remove.is_empty()

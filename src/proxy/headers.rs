@@ -266,12 +266,13 @@ impl<'a> Forwarding<'a> {
 
 /// The headers of a request as they go upstream, read without rewriting its map: the
 /// client's, less the hop-by-hop ones and those floodgate replaces, then floodgate's (the
-/// `Host` of the target, the forwarding headers, `Via` after the client's). This is what
-/// the map would hold after [`remove_hop_by_hop`], the target's `Host`,
-/// [`set_forwarding_headers`] and a dropped `tracestate`, for a request whose
-/// `Connection` names nothing else, with no header rules to apply and no folding names
-/// to look for: PHP-FPM is told them as parameters, and rewriting a map only to read it
-/// back costs more than the request's own parameters.
+/// `Host` of the target, the forwarding headers, `Via` after the client's), then what the
+/// header rules set. This is what the map would hold after [`remove_hop_by_hop`], the
+/// target's `Host`, [`set_forwarding_headers`], a dropped `tracestate` and
+/// [`apply_rules`] (the server's, then the route's), for a request whose `Connection`
+/// names nothing else and with no folding names to look for: an upstream's request head
+/// and PHP-FPM's parameters are written from it, and rewriting a map only to read it back
+/// costs more than the request's own head.
 pub(crate) struct AsForwarded<'a> {
     headers: &'a HeaderMap,
     /// `Host` as the target names it (HTTP/2, absolute-form), in place of the client's.
@@ -279,6 +280,8 @@ pub(crate) struct AsForwarded<'a> {
     forwarding: Forwarding<'a>,
     /// `tracestate`, when the client's goes.
     dropped: Option<&'a HeaderName>,
+    /// The server's rules, then the route's; `None` when both are empty.
+    rules: Option<[&'a HeaderRules; 2]>,
 }
 
 impl<'a> AsForwarded<'a> {
@@ -290,13 +293,14 @@ impl<'a> AsForwarded<'a> {
     }
 
     /// The headers `headers` go upstream with, the target's `host` in place of the
-    /// client's, without the `dropped` header; for headers that are
-    /// [`readable`](Self::readable), with no header rules to apply.
+    /// client's, without the `dropped` header, `rules` (the server's, then the route's)
+    /// applied; for headers that are [`readable`](Self::readable).
     pub(crate) fn new(
         headers: &'a HeaderMap,
         host: Option<HeaderValue>,
         dropped: Option<&'a HeaderName>,
         ctx: &ForwardingContext<'a>,
+        rules: [&'a HeaderRules; 2],
     ) -> Self {
         let forwarding = Forwarding::decide(headers, host.as_ref().or(headers.get(header::HOST)), ctx);
         AsForwarded {
@@ -304,12 +308,26 @@ impl<'a> AsForwarded<'a> {
             host,
             forwarding,
             dropped,
+            rules: (!rules.iter().all(|rules| rules.is_empty())).then_some(rules),
         }
     }
 
-    /// The client's headers, as they came.
-    pub(crate) fn client(&self) -> &'a HeaderMap {
-        self.headers
+    /// The first value `name` goes with, of a header the client may send (floodgate's own
+    /// are not looked at).
+    pub(crate) fn first(&self, name: &HeaderName) -> Option<&HeaderValue> {
+        match self.rules {
+            Some(_) if self.ruled(name) => self.set().find(|(set, _)| *set == name).map(|(_, value)| value),
+            _ => self.headers.get(name).filter(|_| self.goes_as_sent(name)),
+        }
+    }
+
+    /// Whether a rule sets or removes `name`: then the rules alone say what it goes with.
+    fn ruled(&self, name: &HeaderName) -> bool {
+        self.rules.is_some_and(|rules| {
+            rules
+                .iter()
+                .any(|rules| rules.set.iter().any(|(set, _)| set == name) || rules.remove.contains(name))
+        })
     }
 
     /// Whether the client's values of `name` go as they came: not hop-by-hop, nor
@@ -340,7 +358,9 @@ impl<'a> AsForwarded<'a> {
 
     /// The client's headers that go as sent.
     pub(crate) fn sent(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        self.headers.iter().filter(|(name, _)| self.goes_as_sent(name))
+        self.headers
+            .iter()
+            .filter(|(name, _)| self.goes_as_sent(name) && !self.ruled(name))
     }
 
     /// floodgate's headers, `Via` apart.
@@ -361,15 +381,34 @@ impl<'a> AsForwarded<'a> {
             .into_iter()
             .filter_map(|(name, value)| Some((name, value?)))
             .chain(forwarding.request_id)
+            .filter(|(name, _)| !self.ruled(name))
     }
 
     /// `Via`: the client's values, then floodgate's.
     pub(crate) fn via(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        let ruled = self.ruled(&header::VIA);
         self.headers
             .get_all(header::VIA)
             .iter()
             .chain(std::iter::once(&self.forwarding.via))
+            .filter(move |_| !ruled)
             .map(|value| (&header::VIA, value))
+    }
+
+    /// What the rules set: a `set` of the server's goes unless the server removes that
+    /// header too or the route sets or removes it; a route's unless the route removes it.
+    pub(crate) fn set(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        let [server, route] = self.rules.unwrap_or([HeaderRules::none(); 2]);
+        let from_server = server.set.iter().filter(move |(name, _)| {
+            !server.remove.contains(name)
+                && !route.remove.contains(name)
+                && !route.set.iter().any(|(set, _)| set == name)
+        });
+        let from_route = route
+            .set
+            .iter()
+            .filter(move |(name, _)| !route.remove.contains(name));
+        from_server.chain(from_route).map(|(name, value)| (name, value))
     }
 }
 
@@ -600,13 +639,14 @@ mod tests {
             with_id: bool,
             target_host: bool,
             drops_tracestate: bool,
+            rules in proptest::collection::vec((0usize..4, 0usize..20, 0usize..6), 0..6),
         ) {
             // Every hop-by-hop name among them: `goes_as_sent` spells the list out again.
-            const NAMES: [&str; 19] = [
+            const NAMES: [&str; 20] = [
                 "x-forwarded-for", "x-real-ip", "x-forwarded-proto", "x-forwarded-host",
                 "forwarded", "via", "host", "connection", "keep-alive", "proxy-connection", "te",
                 "trailer", "transfer-encoding", "upgrade", "tracestate", "x-request-id", "accept",
-                "cookie", "x-forwarded-port",
+                "cookie", "x-forwarded-port", "content-type",
             ];
             for hop in hop_by_hop() {
                 proptest::prop_assert!(NAMES.contains(&hop.as_str()), "{hop} not tried");
@@ -620,6 +660,22 @@ mod tests {
                     HeaderName::from_static(NAMES[name]),
                     HeaderValue::from_bytes(values[value]).unwrap(),
                 );
+            }
+            // Rules of the server (0: set, 1: remove) and the route (2, 3), as validation
+            // allows them (no hop-by-hop names).
+            let (mut server_rules, mut route_rules) = (HeaderRules::default(), HeaderRules::default());
+            for (kind, name, value) in rules {
+                let name = HeaderName::from_static(NAMES[name]);
+                if hop_by_hop().contains(&&name) {
+                    continue;
+                }
+                let value = HeaderValue::from_bytes(values[value]).unwrap();
+                let target = if kind < 2 { &mut server_rules } else { &mut route_rules };
+                match kind % 2 {
+                    0 if !target.set.iter().any(|(set, _)| *set == name) => target.set.push((name, value)),
+                    0 => {}
+                    _ => target.remove.push(name),
+                }
             }
             let peer = Peer::new("10.0.0.1:40000".parse().unwrap(), 8080, tls);
             let id = HeaderValue::from_static("0af7651916cd43dd8448eb211c80319c");
@@ -646,10 +702,15 @@ mod tests {
             if let Some(dropped) = dropped {
                 rewritten.remove(dropped);
             }
+            apply_rules(&server_rules, &mut rewritten);
+            apply_rules(&route_rules, &mut rewritten);
 
-            let read = AsForwarded::new(&headers, host, dropped, &ctx);
+            let read = AsForwarded::new(&headers, host, dropped, &ctx, [&server_rules, &route_rules]);
+            for name in ["accept", "cookie", "content-type", "tracestate"] {
+                proptest::prop_assert_eq!(read.first(&HeaderName::from_static(name)), rewritten.get(name), "{}", name);
+            }
             let mut runs = as_lists(read.sent());
-            for run in [as_lists(read.added()), as_lists(read.via())] {
+            for run in [as_lists(read.added()), as_lists(read.via()), as_lists(read.set())] {
                 for (name, values) in run {
                     proptest::prop_assert!(runs.insert(name.clone(), values).is_none(), "{name} in two runs");
                 }

@@ -595,11 +595,9 @@ async fn forward(
         (length, body) = Box::pin(site::with_length(&parts, declared, body)).await?;
     }
     // The headers go as they are read (into PHP's parameters, or straight into the
-    // request head) when there are no rules to apply; else the map is rewritten first.
-    let no_rules = server.request_headers.is_empty() && destination.route.request_headers.is_empty();
-    let read_as_they_go = no_rules
-        && (fastcgi.is_some() || upgrade.is_none())
-        && AsForwarded::readable(&parts.headers, context);
+    // request head); the map is rewritten first only where that cannot be done.
+    let read_as_they_go =
+        (fastcgi.is_some() || upgrade.is_none()) && AsForwarded::readable(&parts.headers, context);
     if !read_as_they_go {
         // Room for what floodgate adds (the forwarding headers, the request ID) made once:
         // the map hyper parsed has room for the client's only.
@@ -622,8 +620,9 @@ async fn forward(
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         parts.headers.insert(header::UPGRADE, protocol);
     }
+    let rules = [&server.request_headers, &destination.route.request_headers];
     let as_forwarded =
-        read_as_they_go.then(|| AsForwarded::new(&parts.headers, target_host, dropped, context));
+        read_as_they_go.then(|| AsForwarded::new(&parts.headers, target_host, dropped, context, rules));
     let head = match fastcgi {
         Some((php, script, fastcgi)) => UpstreamHead::FastCgi(site::fastcgi_head(
             (&parts, as_forwarded.as_ref()),
@@ -686,7 +685,7 @@ fn http_head(
         parts.headers.len() + ADDED_UPSTREAM_HEADERS,
     );
     match as_forwarded {
-        // Three runs, not one chain of iterators: stepping through a chain costs more.
+        // Four runs, not one chain of iterators: stepping through a chain costs more.
         Some(forwarded) => {
             for (name, value) in forwarded.sent() {
                 head.header(name, value);
@@ -695,6 +694,9 @@ fn http_head(
                 head.header(name, value);
             }
             for (name, value) in forwarded.via() {
+                head.header(name, value);
+            }
+            for (name, value) in forwarded.set() {
                 head.header(name, value);
             }
         }

@@ -112,7 +112,7 @@ pub(crate) fn request_head(
     let content_type = match call.headers {
         Headers::Rewritten(map) => map.get(http::header::CONTENT_TYPE),
         // Sent as the client sent it.
-        Headers::AsForwarded(headers) => headers.client().get(http::header::CONTENT_TYPE),
+        Headers::AsForwarded(headers) => headers.first(&http::header::CONTENT_TYPE),
     };
     if let Some(content_type) = content_type {
         params.pair(b"CONTENT_TYPE", content_type.as_bytes());
@@ -122,10 +122,11 @@ pub(crate) fn request_head(
     }
     match call.headers {
         Headers::AsForwarded(headers) => {
-            // Three runs that share no name.
+            // Four runs that share no name.
             http_variables(&mut params, headers.sent());
             http_variables(&mut params, headers.added());
             http_variables(&mut params, headers.via());
+            http_variables(&mut params, headers.set());
         }
         Headers::Rewritten(map) => http_variables(&mut params, map.iter()),
     }
