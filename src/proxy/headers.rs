@@ -85,24 +85,35 @@ pub(crate) fn remove_hop_by_hop(headers: &mut HeaderMap) {
 pub(crate) fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
     let mut named = Vec::new();
     for value in headers.get_all(header::CONNECTION) {
-        // What nearly every message says, checked whole first.
-        let value = value.as_bytes();
-        if value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close") {
-            continue;
-        }
-        for token in value.split(|&byte| byte == b',') {
-            let token = token.trim_ascii();
-            if token.is_empty() || token.eq_ignore_ascii_case(b"close") || is_hop_by_hop(token) {
-                continue;
-            }
-            if let Ok(name) = HeaderName::from_bytes(token)
-                && name != header::HOST
-            {
-                named.push(name);
-            }
-        }
+        named_by_connection(value, &mut named);
     }
     named
+}
+
+/// Adds to `named` the headers one `Connection` value names, as [`connection_named`].
+#[inline(always)]
+pub(crate) fn named_by_connection(value: &HeaderValue, named: &mut Vec<HeaderName>) {
+    // What nearly every message says, checked whole first.
+    let value = value.as_bytes();
+    if value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close") {
+        return;
+    }
+    for token in value.split(|&byte| byte == b',') {
+        let token = token.trim_ascii();
+        if token.is_empty() || token.eq_ignore_ascii_case(b"close") || is_hop_by_hop(token) {
+            continue;
+        }
+        if let Ok(name) = HeaderName::from_bytes(token)
+            && name != header::HOST
+        {
+            named.push(name);
+        }
+    }
+}
+
+/// Whether `name` is a hop-by-hop header.
+pub(crate) fn is_hop_by_hop_name(name: &HeaderName) -> bool {
+    hop_by_hop().contains(&name)
 }
 
 /// Applies header rules, the server's or a route's (docs/configuration.md#header-rules):

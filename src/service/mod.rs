@@ -635,6 +635,7 @@ async fn forward(
         )),
         None => UpstreamHead::Http(http_head(&parts, &uri, as_forwarded.as_ref(), trace)),
     };
+    let from_fastcgi = matches!(head, UpstreamHead::FastCgi(_));
     let request = Outgoing {
         head,
         repeatable: idempotent(&parts.method) && body.is_end_stream(),
@@ -658,7 +659,12 @@ async fn forward(
                 server.tunnel_idle_timeout,
             );
         }
-        _ => remove_hop_by_hop(response.headers_mut()),
+        // An HTTP server's response comes without its hop-by-hop headers, but for a
+        // protocol switch (`upstream::h1`).
+        _ if from_fastcgi || response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+            remove_hop_by_hop(response.headers_mut())
+        }
+        _ => {}
     }
     let tunnelled = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
     match upstream.read_ahead() {

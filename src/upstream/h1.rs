@@ -12,6 +12,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, StatusCode, Version};
 
+use crate::proxy::headers::{is_hop_by_hop_name, named_by_connection};
 use crate::trace::TRACEPARENT;
 use crate::trace::context::{self, SpanId};
 
@@ -254,6 +255,13 @@ pub(super) fn read_response_head(
         let mut headers = HeaderMap::with_capacity(count + ADDED_LATER);
         let mut keep_alive = version == Version::HTTP_11;
         let mut close = false;
+        // The last `Transfer-Encoding` line, whose last coding frames the body.
+        let mut codings = None;
+        // What `Connection` names besides the hop-by-hop headers (rarely anything).
+        let mut named = Vec::new();
+        // Hop-by-hop headers go no further than this connection, but for a protocol
+        // switch, whose `Upgrade` and `Connection` the client's tunnel needs.
+        let switched = code == 101;
         for &(name_at, name_end, value_at, value_end) in &places {
             let name = HeaderName::from_bytes(&head[name_at..name_end])
                 .map_err(|_| Malformed("a header name that is not a token"))?;
@@ -265,14 +273,25 @@ pub(super) fn read_response_head(
                 } else if has_token(value.as_bytes(), b"keep-alive") {
                     keep_alive = true;
                 }
+                named_by_connection(&value, &mut named);
+            } else if name == TRANSFER_ENCODING {
+                codings = Some(value.clone());
+            }
+            if !switched && is_hop_by_hop_name(&name) {
+                continue;
             }
             headers.append(name, value);
         }
-        let framing = response_framing(status, version, &headers, method)?;
+        if !switched {
+            for name in named {
+                headers.remove(name);
+            }
+        }
+        let framing = response_framing(status, version, (codings.as_ref(), &headers), method)?;
         // A response with both a length and a transfer coding is read by the coding, its
         // length removed before it goes on (RFC 9112 section 6.3), and its connection is
         // never trusted with another request.
-        let ambiguous = headers.contains_key(TRANSFER_ENCODING) && headers.remove(CONTENT_LENGTH).is_some();
+        let ambiguous = codings.is_some() && headers.remove(CONTENT_LENGTH).is_some();
         let reusable = !matches!(framing, ResponseFraming::UntilClose | ResponseFraming::Switched);
         let keep_alive = keep_alive && !close && reusable && !ambiguous;
         return Ok(Some(ResponseHead {
@@ -285,12 +304,12 @@ pub(super) fn read_response_head(
     }
 }
 
-/// How the body of a response with `status` and `headers` to a `method` request is
-/// framed (RFC 9112 section 6.3).
+/// How the body of a response with `status`, the last `Transfer-Encoding` line `codings`
+/// and `headers` to a `method` request is framed (RFC 9112 section 6.3).
 fn response_framing(
     status: StatusCode,
     version: Version,
-    headers: &HeaderMap,
+    (codings, headers): (Option<&HeaderValue>, &HeaderMap),
     method: &Method,
 ) -> Result<ResponseFraming, Malformed> {
     if status == StatusCode::SWITCHING_PROTOCOLS {
@@ -299,13 +318,15 @@ fn response_framing(
     if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED || method == Method::HEAD {
         return Ok(ResponseFraming::Length(0));
     }
-    let mut codings = headers.get_all(TRANSFER_ENCODING).iter().peekable();
-    if codings.peek().is_some() {
+    if let Some(codings) = codings {
         if version == Version::HTTP_10 {
             return Err(Malformed("Transfer-Encoding in an HTTP/1.0 response"));
         }
-        let last = codings.last().map(|value| value.as_bytes()).unwrap_or_default();
-        let last = last.rsplit(|&byte| byte == b',').next().unwrap_or_default();
+        let last = codings
+            .as_bytes()
+            .rsplit(|&byte| byte == b',')
+            .next()
+            .unwrap_or_default();
         return Ok(match last.trim_ascii().eq_ignore_ascii_case(b"chunked") {
             true => ResponseFraming::Chunked,
             false => ResponseFraming::UntilClose,
@@ -561,6 +582,18 @@ mod tests {
             "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n"
         ));
         assert!(!alive("HTTP/1.1 200 OK\r\n\r\n"));
+    }
+
+    #[test]
+    fn hop_by_hop_headers_stay_with_the_connection_but_for_a_protocol_switch() {
+        let text = "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nKeep-Alive: timeout=5\r\nX-Hop: 1\r\nTransfer-Encoding: chunked\r\nX-App: 1\r\n\r\n";
+        let read = head(text, Method::GET).unwrap().unwrap();
+        assert_eq!(read.framing, ResponseFraming::Chunked);
+        let names: Vec<&str> = read.headers.keys().map(|name| name.as_str()).collect();
+        assert_eq!(names, ["x-app"]);
+        let text = "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+        let switched = head(text, Method::GET).unwrap().unwrap();
+        assert_eq!(switched.headers.len(), 2);
     }
 
     #[test]
