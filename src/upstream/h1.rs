@@ -11,6 +11,7 @@ use std::mem::MaybeUninit;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, StatusCode, Version};
+use smallvec::SmallVec;
 
 use crate::proxy::headers::{is_hop_by_hop_name, named_by_connection};
 use crate::trace::TRACEPARENT;
@@ -237,17 +238,19 @@ pub(super) fn read_response_head(
         // The names and values' places, to take the values out of the buffer as shared
         // slices once the head is split off.
         let start = read.as_ptr() as usize;
-        let places: Vec<(usize, usize, usize, usize)> = response
+        // On the stack for the usual head (a server sends a handful of headers).
+        let places: SmallVec<[(u32, u32, u32, u32); 16]> = response
             .headers
             .iter()
             .map(|line| {
-                let name_at = line.name.as_ptr() as usize - start;
-                let value_at = line.value.as_ptr() as usize - start;
+                // Within the head, at most 64 KB.
+                let name_at = (line.name.as_ptr() as usize - start) as u32;
+                let value_at = (line.value.as_ptr() as usize - start) as u32;
                 (
                     name_at,
-                    name_at + line.name.len(),
+                    name_at + line.name.len() as u32,
                     value_at,
-                    value_at + line.value.len(),
+                    value_at + line.value.len() as u32,
                 )
             })
             .collect();
@@ -255,17 +258,19 @@ pub(super) fn read_response_head(
         let mut headers = HeaderMap::with_capacity(count + ADDED_LATER);
         let mut keep_alive = version == Version::HTTP_11;
         let mut close = false;
-        // The last `Transfer-Encoding` line, whose last coding frames the body.
+        // The last `Transfer-Encoding` line, whose last coding frames the body, and the
+        // length the `Content-Length` lines agree on.
         let mut codings = None;
+        let mut length = Ok(None);
         // What `Connection` names besides the hop-by-hop headers (rarely anything).
         let mut named = Vec::new();
         // Hop-by-hop headers go no further than this connection, but for a protocol
         // switch, whose `Upgrade` and `Connection` the client's tunnel needs.
         let switched = code == 101;
         for &(name_at, name_end, value_at, value_end) in &places {
-            let name = HeaderName::from_bytes(&head[name_at..name_end])
+            let name = HeaderName::from_bytes(&head[name_at as usize..name_end as usize])
                 .map_err(|_| Malformed("a header name that is not a token"))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_end))
+            let value = HeaderValue::from_maybe_shared(head.slice(value_at as usize..value_end as usize))
                 .map_err(|_| Malformed("a header value with control characters"))?;
             if name == CONNECTION {
                 if has_token(value.as_bytes(), b"close") {
@@ -276,6 +281,15 @@ pub(super) fn read_response_head(
                 named_by_connection(&value, &mut named);
             } else if name == TRANSFER_ENCODING {
                 codings = Some(value.clone());
+            } else if name == CONTENT_LENGTH {
+                // An error matters only where the length frames the body (not for `HEAD`).
+                length = match (length, parse_length_list(value.as_bytes())) {
+                    (Ok(Some(before)), Ok(Some(this))) if before != this => {
+                        Err(Malformed("Content-Length values that differ"))
+                    }
+                    (Ok(before), Ok(this)) => Ok(this.or(before)),
+                    (Err(error), _) | (_, Err(error)) => Err(error),
+                };
             }
             if !switched && is_hop_by_hop_name(&name) {
                 continue;
@@ -287,7 +301,7 @@ pub(super) fn read_response_head(
                 headers.remove(name);
             }
         }
-        let framing = response_framing(status, version, (codings.as_ref(), &headers), method)?;
+        let framing = response_framing(status, version, (codings.as_ref(), length), method)?;
         // A response with both a length and a transfer coding is read by the coding, its
         // length removed before it goes on (RFC 9112 section 6.3), and its connection is
         // never trusted with another request.
@@ -305,11 +319,12 @@ pub(super) fn read_response_head(
 }
 
 /// How the body of a response with `status`, the last `Transfer-Encoding` line `codings`
-/// and `headers` to a `method` request is framed (RFC 9112 section 6.3).
+/// and the `Content-Length` `length` to a `method` request is framed (RFC 9112 section
+/// 6.3).
 fn response_framing(
     status: StatusCode,
     version: Version,
-    (codings, headers): (Option<&HeaderValue>, &HeaderMap),
+    (codings, length): (Option<&HeaderValue>, Result<Option<u64>, Malformed>),
     method: &Method,
 ) -> Result<ResponseFraming, Malformed> {
     if status == StatusCode::SWITCHING_PROTOCOLS {
@@ -332,17 +347,7 @@ fn response_framing(
             false => ResponseFraming::UntilClose,
         });
     }
-    let mut length = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        let Some(this) = parse_length_list(value.as_bytes())? else {
-            continue;
-        };
-        if length.is_some_and(|length| length != this) {
-            return Err(Malformed("Content-Length values that differ"));
-        }
-        length = Some(this);
-    }
-    Ok(length.map_or(ResponseFraming::UntilClose, ResponseFraming::Length))
+    Ok(length?.map_or(ResponseFraming::UntilClose, ResponseFraming::Length))
 }
 
 /// A `Content-Length` value, which may repeat one length in a list (`7, 7`).
