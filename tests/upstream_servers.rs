@@ -343,6 +343,28 @@ async fn after_a_request_was_sent_only_idempotent_requests_without_a_body_are_tr
     assert_eq!(live.targets().iter().filter(|t| *t == "/echo").count(), 4);
 }
 
+/// A POST without a body that reached a server is not sent again either: the server may
+/// have acted on its head alone.
+#[tokio::test]
+async fn a_post_without_a_body_that_reached_a_server_is_not_sent_again() {
+    let live = Upstream::start().await;
+    let (hangs_up, _task) = hanging_up_server().await;
+    let gw = gateway(&format!("{}\nmax_fails = 0", servers(&[hangs_up, live.url()]))).await;
+    let mut refused = 0;
+    for _ in 0..8 {
+        let post = Request::post(gw.url("/orders"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        match send(post).await.0 {
+            StatusCode::OK => {}
+            StatusCode::BAD_GATEWAY => refused += 1,
+            other => panic!("POST answered {other}"),
+        }
+    }
+    assert_eq!(refused, 4);
+    assert_eq!(live.targets().iter().filter(|t| *t == "/orders").count(), 4);
+}
+
 /// Polls `metric` until it reads `value`, at most `within`.
 async fn metric_becomes(gw: &TestGateway, metric: &str, value: f64, within: Duration) {
     let started = Instant::now();

@@ -59,6 +59,8 @@ pub(crate) struct Exchange {
     /// The request, in its framing.
     sending: Sending<RequestFraming>,
     head_request: bool,
+    /// Whether the request said `Connection: close` (an active check).
+    asked_to_close: bool,
     reading: Reading,
     /// Whether the connection may carry another request once the response is read.
     keep_alive: bool,
@@ -69,6 +71,9 @@ pub(crate) struct Exchange {
     answered: bool,
     /// A failure found while looking past a piece already handed out: the next one.
     deferred: Option<ExchangeError>,
+    /// A write that failed (the server closed its side): kept while the answer is read,
+    /// since a server may answer before it has read the whole request, and close.
+    write_failed: Option<io::Error>,
 }
 
 impl Exchange {
@@ -90,21 +95,27 @@ impl Exchange {
             endpoint,
             sending: Sending::new(write, body, framing),
             head_request: head.is_head_request(),
+            asked_to_close: head.closes(),
             reading: Reading::Head,
             keep_alive: false,
             ahead: None,
             answered: false,
             deferred: None,
+            write_failed: None,
         }
     }
 
-    /// Whether the exchange failed before the server sent anything back and before any of
-    /// the request body was read: then the request can go out again on another connection.
-    pub(super) fn unanswered_and_unread(&self) -> bool {
-        !self.answered && !self.sending.body_read()
+    /// Whether the server has sent nothing back.
+    pub(super) fn unanswered(&self) -> bool {
+        !self.answered
     }
 
-    /// Takes back the request body (for another try), when none of it was read.
+    /// Whether nothing of the request reached the server and none of its body was read.
+    pub(super) fn untouched(&self) -> bool {
+        self.sending.untouched()
+    }
+
+    /// Takes back the request body (for another try), when the request is untouched.
     pub(super) fn into_body(self: Box<Self>) -> Option<RequestBody> {
         self.sending.into_body()
     }
@@ -122,7 +133,7 @@ impl Exchange {
             if !connection.read.is_empty() {
                 self.answered = true;
                 if let Some(head) = h1::read_response_head(&mut connection.read, &method)? {
-                    self.keep_alive = head.keep_alive;
+                    self.keep_alive = head.keep_alive && !self.asked_to_close;
                     self.reading = match head.framing {
                         ResponseFraming::Length(length) => Reading::Length(length),
                         ResponseFraming::Chunked => Reading::Chunked(Chunks::Size),
@@ -275,19 +286,34 @@ impl Exchange {
         let connection = self.connection.as_mut().ok_or(ExchangeError::Closed)?;
         let buffer = &mut connection.read;
         buffer.reserve(READ_SIZE);
-        let filled = ready!(poll_read_buf(Pin::new(&mut connection.stream), cx, buffer))?;
-        if filled == 0 {
-            return Poll::Ready(Err(ExchangeError::Closed));
-        }
-        Poll::Ready(Ok(()))
+        let read = ready!(poll_read_buf(Pin::new(&mut connection.stream), cx, buffer));
+        Poll::Ready(match (read, self.write_failed.take()) {
+            (Ok(filled), write_failed) if filled > 0 => {
+                self.write_failed = write_failed;
+                Ok(())
+            }
+            (_, Some(write_failed)) => Err(ExchangeError::Io(write_failed)),
+            (Ok(_), None) => Err(ExchangeError::Closed),
+            (Err(error), None) => Err(ExchangeError::Io(error)),
+        })
     }
 
     /// Writes what can be written of the request until it would wait. Once the answer
     /// has ended, nothing more is written.
+    /// A failed write is kept until the answer shows whether the server answered anyway.
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<(), ExchangeError> {
-        match self.connection.as_mut() {
-            Some(connection) => self.sending.poll_write(&mut connection.stream, cx),
-            None => Ok(()),
+        let Some(connection) = self.connection.as_mut() else {
+            return Ok(());
+        };
+        if self.write_failed.is_some() {
+            return Ok(());
+        }
+        match self.sending.poll_write(&mut connection.stream, cx) {
+            Err(ExchangeError::Io(error)) => {
+                self.write_failed = Some(error);
+                Ok(())
+            }
+            written => written,
         }
     }
 }

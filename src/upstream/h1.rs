@@ -43,15 +43,18 @@ pub(super) enum RequestFraming {
 
 /// A request head as each try sends it, written once by the request path: the request
 /// line and the header lines, `traceparent` among them (each try writes its own span ID
-/// into it), less the framing header and the empty line, which depend on the body.
+/// into it), less the framing header and the empty line, which depend on the body and
+/// are always floodgate's (a client's `Content-Length` is read, not copied).
 #[derive(Debug, Clone)]
 pub(crate) struct HttpHead {
     lines: Bytes,
-    /// Where the `traceparent` value starts in `lines`.
-    traceparent: usize,
+    /// Where the `traceparent` value starts in `lines`, if it has one.
+    traceparent: Option<usize>,
     /// The `Content-Length` among the headers, which frames the body.
     declared: Option<u64>,
     head_request: bool,
+    /// Whether the head says `Connection: close`: its connection is not used again.
+    closes: bool,
 }
 
 /// Room for the framing header and the empty line after a head's lines.
@@ -67,14 +70,20 @@ impl HttpHead {
         lines.put_slice(b" HTTP/1.1\r\n");
         HeadWriter {
             lines,
-            traceparent: 0,
+            traceparent: None,
             declared: None,
             head_request: method == Method::HEAD,
+            closes: false,
         }
     }
 
     pub(super) fn is_head_request(&self) -> bool {
         self.head_request
+    }
+
+    /// Whether the head asks the server to close the connection after its answer.
+    pub(super) fn closes(&self) -> bool {
+        self.closes
     }
 
     /// The head for a try whose span is `span`, with the framing its body needs: the
@@ -83,20 +92,21 @@ impl HttpHead {
     pub(super) fn for_try(&self, span: &SpanId, body_length: Option<u64>) -> (BytesMut, RequestFraming) {
         let mut out = BytesMut::with_capacity(self.lines.len() + FRAMING_ROOM);
         out.put_slice(&self.lines);
-        let at = self.traceparent;
-        if let Some(parent) = out.get_mut(at + context::PARENT_ID.start..at + context::PARENT_ID.end) {
+        if let Some(at) = self.traceparent
+            && let Some(parent) = out.get_mut(at + context::PARENT_ID.start..at + context::PARENT_ID.end)
+        {
             context::write_span_id(span, parent);
         }
-        let framing = match (self.declared, body_length) {
-            (Some(length), _) => RequestFraming::Length(length),
-            (None, Some(0)) => RequestFraming::Length(0),
-            (None, Some(length)) => {
+        let framing = match self.declared.or(body_length) {
+            // A body the client framed with a length of 0 says so; none at all, nothing.
+            Some(0) if self.declared.is_none() => RequestFraming::Length(0),
+            Some(length) => {
                 out.put_slice(b"content-length: ");
                 out.put_slice(itoa::Buffer::new().format(length).as_bytes());
                 out.put_slice(b"\r\n");
                 RequestFraming::Length(length)
             }
-            (None, None) => {
+            None => {
                 out.put_slice(b"transfer-encoding: chunked\r\n");
                 RequestFraming::Chunked
             }
@@ -109,28 +119,33 @@ impl HttpHead {
 /// An [`HttpHead`] being written, header by header.
 pub(crate) struct HeadWriter {
     lines: BytesMut,
-    traceparent: usize,
+    traceparent: Option<usize>,
     declared: Option<u64>,
     head_request: bool,
+    closes: bool,
 }
 
 impl HeadWriter {
-    /// Writes the header `name: value`; a `Transfer-Encoding` is left to the framing,
-    /// and a `traceparent` to [`traceparent`](Self::traceparent).
+    /// Writes the header `name: value`; `Content-Length` and `Transfer-Encoding` are
+    /// left to the framing, and a `traceparent` to [`traceparent`](Self::traceparent).
     #[inline]
     pub(crate) fn header(&mut self, name: &HeaderName, value: &HeaderValue) {
+        if name == CONTENT_LENGTH {
+            self.declared = parse_length_list(value.as_bytes()).ok().flatten();
+            return;
+        }
         if name == TRANSFER_ENCODING || name == TRACEPARENT {
             return;
         }
-        if name == CONTENT_LENGTH {
-            self.declared = parse_length_list(value.as_bytes()).ok().flatten();
+        if name == CONNECTION && has_token(value.as_bytes(), b"close") {
+            self.closes = true;
         }
         self.line(name.as_str().as_bytes(), value.as_bytes());
     }
 
     /// Writes the `traceparent` header with `value`, whose parent ID each try replaces.
     pub(crate) fn traceparent(&mut self, value: &[u8]) {
-        self.traceparent = self.lines.len() + b"traceparent: ".len();
+        self.traceparent = Some(self.lines.len() + b"traceparent: ".len());
         self.line(b"traceparent", value);
     }
 
@@ -149,6 +164,7 @@ impl HeadWriter {
             traceparent: self.traceparent,
             declared: self.declared,
             head_request: self.head_request,
+            closes: self.closes,
         }
     }
 }
@@ -262,6 +278,7 @@ pub(super) fn read_response_head(
         // length the `Content-Length` lines agree on.
         let mut codings = None;
         let mut length = Ok(None);
+        let mut saw_length = false;
         // What `Connection` names besides the hop-by-hop headers (rarely anything).
         let mut named = Vec::new();
         // Hop-by-hop headers go no further than this connection, but for a protocol
@@ -282,6 +299,7 @@ pub(super) fn read_response_head(
             } else if name == TRANSFER_ENCODING {
                 codings = Some(value.clone());
             } else if name == CONTENT_LENGTH {
+                saw_length = true;
                 // An error matters only where the length frames the body (not for `HEAD`).
                 length = match (length, parse_length_list(value.as_bytes())) {
                     (Ok(Some(before)), Ok(Some(this))) if before != this => {
@@ -305,7 +323,10 @@ pub(super) fn read_response_head(
         // A response with both a length and a transfer coding is read by the coding, its
         // length removed before it goes on (RFC 9112 section 6.3), and its connection is
         // never trusted with another request.
-        let ambiguous = codings.is_some() && headers.remove(CONTENT_LENGTH).is_some();
+        let ambiguous = codings.is_some() && saw_length;
+        if ambiguous {
+            headers.remove(CONTENT_LENGTH);
+        }
         let reusable = !matches!(framing, ResponseFraming::UntilClose | ResponseFraming::Switched);
         let keep_alive = keep_alive && !close && reusable && !ambiguous;
         return Ok(Some(ResponseHead {
@@ -363,16 +384,18 @@ fn parse_length_list(value: &[u8]) -> Result<Option<u64>, Malformed> {
     Ok(length)
 }
 
-/// A `Content-Length` value: decimal digits only, at most 18 of them.
+/// A `Content-Length` value: decimal digits only (leading zeros allowed, as hyper reads
+/// them), no more than a `u64` holds.
 fn parse_length(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
+    if digits.is_empty() {
         return None;
     }
-    Some(
-        digits
-            .iter()
-            .fold(0, |length, digit| length * 10 + u64::from(digit - b'0')),
-    )
+    digits.iter().try_fold(0u64, |length, &digit| {
+        if !digit.is_ascii_digit() {
+            return None;
+        }
+        length.checked_mul(10)?.checked_add(u64::from(digit - b'0'))
+    })
 }
 
 /// Whether the comma-separated list `value` holds `token`, in any case.
@@ -391,8 +414,8 @@ pub(super) enum Chunks {
     Data(u64),
     /// After a chunk's data, before its CRLF.
     DataEnd,
-    /// After the last chunk, in the trailer section (dropped).
-    Trailers,
+    /// After the last chunk, in the trailer section (dropped), this many bytes of it read.
+    Trailers(usize),
     Done,
 }
 
@@ -435,7 +458,7 @@ impl Chunks {
                     }
                     read.advance(end + 1);
                     *self = match size {
-                        0 => Chunks::Trailers,
+                        0 => Chunks::Trailers(0),
                         size => Chunks::Data(size),
                     };
                 }
@@ -460,20 +483,26 @@ impl Chunks {
                     read.advance(2);
                     *self = Chunks::Size;
                 }
-                Chunks::Trailers => {
+                Chunks::Trailers(seen) => {
                     let Some(end) = memchr::memchr(b'\n', read) else {
-                        return match read.len() > MAX_TRAILERS {
+                        return match seen + read.len() > MAX_TRAILERS {
                             true => Err(Malformed("a trailer section longer than 16 KB")),
                             false => Ok(Decoded::Short),
                         };
                     };
-                    let line = &read[..end];
-                    let last = line == b"\r" || line.is_empty();
+                    if seen + end > MAX_TRAILERS {
+                        return Err(Malformed("a trailer section longer than 16 KB"));
+                    }
+                    let line = read[..end]
+                        .strip_suffix(b"\r")
+                        .ok_or(Malformed("a trailer line without CRLF"))?;
+                    let last = line.is_empty();
                     read.advance(end + 1);
                     if last {
                         *self = Chunks::Done;
                         return Ok(Decoded::End);
                     }
+                    *self = Chunks::Trailers(seen + end + 1);
                 }
                 Chunks::Done => return Ok(Decoded::End),
             }
@@ -599,6 +628,30 @@ mod tests {
         let text = "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
         let switched = head(text, Method::GET).unwrap().unwrap();
         assert_eq!(switched.headers.len(), 2);
+    }
+
+    #[test]
+    fn a_head_without_traceparent_goes_as_written_and_the_client_length_is_written_once() {
+        let mut writer = HttpHead::writer(&Method::POST, "/health", 3);
+        writer.header(&http::header::HOST, &HeaderValue::from_static("10.0.0.1:8080"));
+        writer.header(&CONTENT_LENGTH, &HeaderValue::from_static("0005"));
+        writer.header(&CONNECTION, &HeaderValue::from_static("close"));
+        let head = writer.finish();
+        assert!(head.closes());
+        let (bytes, framing) = head.for_try(&SpanId([7; 8]), None);
+        assert_eq!(
+            &bytes[..],
+            b"POST /health HTTP/1.1\r\nhost: 10.0.0.1:8080\r\nconnection: close\r\ncontent-length: 5\r\n\r\n"
+        );
+        assert_eq!(framing, RequestFraming::Length(5));
+    }
+
+    #[test]
+    fn a_length_named_by_connection_still_makes_the_framing_ambiguous() {
+        let text = "HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let read = head(text, Method::GET).unwrap().unwrap();
+        assert_eq!(read.framing, ResponseFraming::Chunked);
+        assert!(!read.keep_alive);
     }
 
     #[test]

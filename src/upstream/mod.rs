@@ -268,7 +268,14 @@ impl Upstream {
             let tried = match (&server.transport, &head) {
                 (Transport::Http(pool), UpstreamHead::Http(head)) => {
                     match pool
-                        .send((head, &span.id), this_body, deadline, timeout, &mut held, counted)
+                        .send(
+                            (head, &span.id),
+                            (this_body, repeatable),
+                            deadline,
+                            timeout,
+                            &mut held,
+                            counted,
+                        )
                         .await
                     {
                         Ok(response) => Ok(response.map(Either::Left)),
@@ -277,7 +284,14 @@ impl Upstream {
                 }
                 (Transport::FastCgi(pool), UpstreamHead::FastCgi(head)) => {
                     match pool
-                        .send((head, &span.id), this_body, deadline, timeout, &mut held, counted)
+                        .send(
+                            (head, &span.id),
+                            (this_body, repeatable),
+                            deadline,
+                            timeout,
+                            &mut held,
+                            counted,
+                        )
                         .await
                     {
                         Ok(response) => Ok(response.map(Either::Right)),

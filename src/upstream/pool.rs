@@ -8,9 +8,9 @@
 //! [`IDLE_TIMEOUT`] ([`super::idle`]).
 //!
 //! A pooled connection the server closed meanwhile is noticed when taken, or when the
-//! request written on it meets the close before any answer and before any of the request
-//! body was read: the request then goes out on another connection. Any other failure is
-//! the caller's.
+//! request written on it meets the close before any answer: the request then goes out on
+//! another connection if none of it was written, or if it is idempotent without a body.
+//! Any other failure is the caller's.
 //!
 //! This replaces hyper's client, whose connection task, channels and response parsing
 //! cost several thousand instructions per request more (docs/performance.md, "Choices
@@ -180,16 +180,19 @@ impl Pool {
             .map(|response| response.status())
     }
 
-    /// Sends `request` (its target in origin form, its `Host` set) and waits for the
-    /// response head until `deadline` (then [`SendError::Timeout`]). A request that was
-    /// not sent (no connection could be made) comes back with the error.
+    /// Sends the request whose head is `head`, naming `span` as the try's in its
+    /// `traceparent`, with `body`, and waits for the response head until `deadline` (then
+    /// [`SendError::Timeout`]). A request that did not reach the server comes back with
+    /// the error; on a pooled connection the server had closed, it goes out again on
+    /// another when nothing of it reached the server or it is `repeatable` (idempotent,
+    /// without a body).
     ///
     /// `keep` is what the request holds while the server works on it. With `detach` (a cap
     /// counts it), the server's work outlives a client that leaves ([`detach::head`]).
     pub(crate) async fn send<K: Send + 'static>(
         &self,
         (head, span): (&HttpHead, &SpanId),
-        mut body: RequestBody,
+        (mut body, repeatable): (RequestBody, bool),
         deadline: tokio::time::Instant,
         timeout: Duration,
         keep: &mut Option<K>,
@@ -217,9 +220,11 @@ impl Pool {
             match answer {
                 Ok(response) => return Ok(response.map(|()| exchange.into_response_body())),
                 Err(Some(ExchangeError::Closed | ExchangeError::Io(_)))
-                    if reused && exchange.unanswered_and_unread() =>
+                    if reused && exchange.unanswered() && (repeatable || exchange.untouched()) =>
                 {
-                    body = exchange.into_body().expect("unread");
+                    // A pooled connection the server had closed: the request goes out
+                    // again on another, unless the server may have acted on it.
+                    body = exchange.into_body().unwrap_or_else(RequestBody::empty);
                 }
                 // Past the deadline the exchange is dropped, its connection closed.
                 Err(None) => return Err(timed_out()),
@@ -325,6 +330,46 @@ mod tests {
         assert!(exchange <= 384, "an exchange is {exchange} bytes");
     }
 
+    /// A server that answers before it has read the request and closes at once (a reset):
+    /// the request cannot be written, but the answer it sent is what the client gets.
+    #[tokio::test]
+    async fn an_answer_sent_before_a_reset_is_read_though_the_request_could_not_be_written() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let pool = Pool::new(
+            listener.local_addr().unwrap().to_string(),
+            Duration::from_secs(1),
+            None,
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        let (connection, accepted) = tokio::join!(pool.endpoint.connect(deadline), listener.accept());
+        let (mut server, _) = accepted.unwrap();
+        tokio::io::AsyncWriteExt::write_all(
+            &mut server,
+            b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        #[allow(deprecated)]
+        server.set_linger(Some(Duration::ZERO)).unwrap();
+        drop(server);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut head = HttpHead::writer(&Method::POST, "/upload", 1);
+        head.header(&HOST, &HeaderValue::from_static("app"));
+        let head = head.finish();
+        let span = SpanId([1; 8]);
+        let mut exchange = Exchange::new(
+            connection.unwrap(),
+            pool.endpoint.clone(),
+            (&head, &span),
+            RequestBody::empty(),
+        );
+        let answer = poll_fn(|cx| exchange.poll_head(cx)).await;
+        assert_eq!(
+            answer.map(|response| response.status()).ok(),
+            Some(StatusCode::PAYLOAD_TOO_LARGE)
+        );
+    }
+
     /// Reads one request head from `stream`.
     fn read_head(stream: &mut TcpStream) {
         let mut head = Vec::new();
@@ -345,7 +390,7 @@ mod tests {
         let mut keep = None::<()>;
         let sent = pool.send(
             (&head, &span),
-            RequestBody::empty(),
+            (RequestBody::empty(), true),
             deadline,
             timeout,
             &mut keep,

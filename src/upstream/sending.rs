@@ -33,6 +33,8 @@ pub(super) struct Sending<F> {
     framing: F,
     /// Whether any of the request body was read.
     body_read: bool,
+    /// Whether any byte went to the server: then it may have acted on the request.
+    written: bool,
     /// Whether what was written may still sit in a TLS stream's buffer.
     unflushed: bool,
 }
@@ -45,6 +47,7 @@ impl<F: BodyFraming> Sending<F> {
             body: Some(body),
             framing,
             body_read: false,
+            written: false,
             unflushed: false,
         }
     }
@@ -54,14 +57,15 @@ impl<F: BodyFraming> Sending<F> {
         self.write.is_empty() && self.body.is_none() && !self.unflushed
     }
 
-    /// Whether any of the request body was read.
-    pub(super) fn body_read(&self) -> bool {
-        self.body_read
+    /// Whether nothing of the request reached the server and none of its body was read:
+    /// then it can go out again, whatever its method.
+    pub(super) fn untouched(&self) -> bool {
+        !self.written && !self.body_read
     }
 
-    /// The request body (for another try), when none of it was read.
+    /// The request body (for another try), when the request is [`untouched`](Self::untouched).
     pub(super) fn into_body(self) -> Option<RequestBody> {
-        if self.body_read {
+        if !self.untouched() {
             return None;
         }
         // A body that ended without data is as good as none.
@@ -87,6 +91,7 @@ impl<F: BodyFraming> Sending<F> {
                     Poll::Ready(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
                     Poll::Ready(n) => {
                         let _ = self.write.split_to(n);
+                        self.written = true;
                         self.unflushed = true;
                         continue;
                     }

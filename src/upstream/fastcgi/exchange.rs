@@ -79,13 +79,17 @@ impl Exchange {
         }
     }
 
-    /// Whether the exchange failed before PHP-FPM sent anything back and before any of
-    /// the request body was read: then the request can go out again on another connection.
-    pub(super) fn unanswered_and_unread(&self) -> bool {
-        !self.answered && !self.sending.body_read()
+    /// Whether PHP-FPM has sent nothing back.
+    pub(super) fn unanswered(&self) -> bool {
+        !self.answered
     }
 
-    /// Takes back the request body (for another try), when none of it was read.
+    /// Whether nothing of the request reached PHP-FPM and none of its body was read.
+    pub(super) fn untouched(&self) -> bool {
+        self.sending.untouched()
+    }
+
+    /// Takes back the request body (for another try), when the request is untouched.
     pub(super) fn into_body(self: Box<Self>) -> Option<RequestBody> {
         self.sending.into_body()
     }

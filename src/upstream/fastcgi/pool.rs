@@ -4,8 +4,9 @@
 //! Each open connection holds a PHP-FPM worker, idle ones included, so the pool keeps at
 //! most as many idle connections as the server's cap allows, and closes them sooner than
 //! HTTP ones. A pooled connection PHP-FPM closed meanwhile is noticed when taken, or when
-//! the request written on it meets the close before any answer and before any of the
-//! request body was read: the request then goes out on another connection.
+//! the request written on it meets the close before any answer: the request then goes
+//! out on another connection if none of it was written, or if it is idempotent without a
+//! body.
 
 use std::future::poll_fn;
 use std::io;
@@ -175,7 +176,7 @@ impl Pool {
     pub(crate) async fn send<K: Send + 'static>(
         &self,
         (head, span): (&FastCgiHead, &SpanId),
-        mut body: RequestBody,
+        (mut body, repeatable): (RequestBody, bool),
         deadline: tokio::time::Instant,
         timeout: Duration,
         keep: &mut Option<K>,
@@ -213,9 +214,11 @@ impl Pool {
                     return Ok(response);
                 }
                 Err(Some(ExchangeError::Closed | ExchangeError::Io(_)))
-                    if reused && exchange.unanswered_and_unread() =>
+                    if reused && exchange.unanswered() && (repeatable || exchange.untouched()) =>
                 {
-                    body = exchange.into_body().expect("unread");
+                    // A pooled connection the server had closed: the request goes out
+                    // again on another, unless the server may have acted on it.
+                    body = exchange.into_body().unwrap_or_else(RequestBody::empty);
                 }
                 // Past the deadline the exchange is dropped, its connection closed.
                 Err(None) => return Err(timed_out()),
