@@ -691,9 +691,16 @@ mod tests {
             "10000000000000000\r\n",
             "5\nhello\r\n",
             ";x\r\n",
+            "0\r\nX-Trailer: 1\n\r\n",
         ] {
             assert!(decode_all(BytesMut::from(text)).is_err(), "{text:?}");
         }
+        // Short lines, each within any per-line bound, that never end the section.
+        let mut endless = BytesMut::from("0\r\n");
+        for _ in 0..2_000 {
+            endless.extend_from_slice(b"X-Trailer: 0123456789\r\n");
+        }
+        assert!(decode_all(endless).is_err(), "a trailer section that never ends");
     }
 
     #[test]
