@@ -11,6 +11,8 @@ use std::time::Duration;
 use http_body::Body;
 use http_body_util::BodyExt;
 
+use crate::proxy::request_body::RequestBody;
+
 /// An exchange with a server, whatever the protocol, as it waits for its response head.
 pub(super) trait Exchanging: Send + 'static {
     type Head;
@@ -24,6 +26,19 @@ pub(super) trait Exchanging: Send + 'static {
 
     /// The response body the exchange goes on to read.
     fn into_response_body(self: Box<Self>) -> Self::Body;
+
+    /// Whether `error` is the connection closing or failing, as a pooled one the server
+    /// had closed does.
+    fn closed(error: &Self::Error) -> bool;
+
+    /// Whether the server has sent nothing back.
+    fn unanswered(&self) -> bool;
+
+    /// Whether nothing of the request reached the server and none of its body was read.
+    fn untouched(&self) -> bool;
+
+    /// The request body (for another try), when the request is untouched.
+    fn into_body(self: Box<Self>) -> Option<RequestBody>;
 }
 
 /// Waits for `exchange`'s response head until the deadline of its connection's timer

@@ -15,6 +15,7 @@
 //! before its end is read and discarded ([`detach::discard`]), each for at most the
 //! upstream's `timeout`; only then are the slots given back.
 
+mod attempt;
 mod balance;
 mod detach;
 mod exchange;

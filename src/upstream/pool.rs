@@ -32,7 +32,8 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_util::either::Either;
 
-use super::detach::{self, Exchanging};
+use super::attempt::{Failed, attempt};
+use super::detach::Exchanging;
 use super::exchange::{Exchange, ExchangeError};
 use super::h1::HttpHead;
 use super::idle::IdlePool;
@@ -192,58 +193,34 @@ impl Pool {
     pub(crate) async fn send<K: Send + 'static>(
         &self,
         (head, span): (&HttpHead, &SpanId),
-        (mut body, repeatable): (RequestBody, bool),
+        (body, repeatable): (RequestBody, bool),
         deadline: tokio::time::Instant,
         timeout: Duration,
         keep: &mut Option<K>,
         detach: bool,
     ) -> Result<Response<UpstreamBody>, Unsent> {
-        loop {
-            let endpoint = &self.endpoint;
-            let (connection, reused) = match endpoint
-                .idle
-                .take_or_connect(deadline, || endpoint.connect(deadline))
-                .await
-            {
-                Ok(taken) => taken,
-                Err(Some(error)) => {
-                    return Err(Unsent {
-                        error,
-                        body: Some(body),
-                    });
-                }
-                Err(None) => return Err(timed_out()),
-            };
-            let exchange = Box::new(Exchange::new(connection, endpoint.clone(), (head, span), body));
-            let (exchange, answer) =
-                detach::head(exchange, detach.then_some(&mut *keep), deadline, timeout).await;
-            match answer {
-                Ok(response) => return Ok(response.map(|()| exchange.into_response_body())),
-                Err(Some(ExchangeError::Closed | ExchangeError::Io(_)))
-                    if reused && exchange.unanswered() && (repeatable || exchange.untouched()) =>
-                {
-                    // A pooled connection the server had closed: the request goes out
-                    // again on another, unless the server may have acted on it.
-                    body = exchange.into_body().unwrap_or_else(RequestBody::empty);
-                }
-                // Past the deadline the exchange is dropped, its connection closed.
-                Err(None) => return Err(timed_out()),
-                Err(Some(error)) => {
-                    return Err(Unsent {
-                        error: error.into(),
-                        body: exchange.into_body(),
-                    });
-                }
-            }
+        let endpoint = &self.endpoint;
+        let tried = attempt(
+            &endpoint.idle,
+            || endpoint.connect(deadline),
+            |connection, body| Box::new(Exchange::new(connection, endpoint.clone(), (head, span), body)),
+            (body, repeatable),
+            (deadline, timeout),
+            keep,
+            detach,
+        )
+        .await;
+        match tried {
+            Ok((exchange, response)) => Ok(response.map(|()| exchange.into_response_body())),
+            Err((failed, body)) => Err(Unsent {
+                error: match failed {
+                    Failed::Connect(error) => error,
+                    Failed::Exchange(error) => error.into(),
+                    Failed::TimedOut => SendError::Timeout,
+                },
+                body,
+            }),
         }
-    }
-}
-
-/// A try that ran out of time: what was sent of the request is lost.
-fn timed_out() -> Unsent {
-    Unsent {
-        error: SendError::Timeout,
-        body: None,
     }
 }
 
@@ -262,6 +239,22 @@ impl Exchanging for Exchange {
 
     fn into_response_body(self: Box<Self>) -> UpstreamBody {
         UpstreamBody { exchange: Some(self) }
+    }
+
+    fn closed(error: &ExchangeError) -> bool {
+        matches!(error, ExchangeError::Closed | ExchangeError::Io(_))
+    }
+
+    fn unanswered(&self) -> bool {
+        Exchange::unanswered(self)
+    }
+
+    fn untouched(&self) -> bool {
+        Exchange::untouched(self)
+    }
+
+    fn into_body(self: Box<Self>) -> Option<RequestBody> {
+        Exchange::into_body(self)
     }
 }
 

@@ -24,7 +24,8 @@ use super::exchange::{Exchange, ExchangeError};
 use super::{FastCgiBody, FastCgiHead};
 use crate::proxy::request_body::RequestBody;
 use crate::trace::context::SpanId;
-use crate::upstream::detach::{self, Exchanging};
+use crate::upstream::attempt::{Failed, attempt};
+use crate::upstream::detach::Exchanging;
 use crate::upstream::idle::IdlePool;
 
 /// How long an idle connection (and the PHP-FPM worker it holds) is kept.
@@ -176,67 +177,46 @@ impl Pool {
     pub(crate) async fn send<K: Send + 'static>(
         &self,
         (head, span): (&FastCgiHead, &SpanId),
-        (mut body, repeatable): (RequestBody, bool),
+        (body, repeatable): (RequestBody, bool),
         deadline: tokio::time::Instant,
         timeout: Duration,
         keep: &mut Option<K>,
         detach: bool,
     ) -> Result<Response<FastCgiBody>, Unsent> {
-        loop {
-            let endpoint = &self.endpoint;
-            let (connection, reused) = match endpoint
-                .idle
-                .take_or_connect(deadline, || endpoint.connect(deadline))
-                .await
-            {
-                Ok(taken) => taken,
-                Err(Some(error)) => {
-                    return Err(Unsent {
-                        error,
-                        body: Some(body),
-                    });
-                }
-                Err(None) => return Err(timed_out()),
-            };
-            let exchange = Box::new(Exchange::new(
-                connection,
-                endpoint.clone(),
-                head.for_try(span),
-                body,
-            ));
-            let (exchange, answer) =
-                detach::head(exchange, detach.then_some(&mut *keep), deadline, timeout).await;
-            match answer {
-                Ok((status, headers)) => {
-                    let mut response = Response::new(exchange.into_response_body());
-                    *response.status_mut() = status;
-                    *response.headers_mut() = headers;
-                    return Ok(response);
-                }
-                Err(Some(ExchangeError::Closed | ExchangeError::Io(_)))
-                    if reused && exchange.unanswered() && (repeatable || exchange.untouched()) =>
-                {
-                    // A pooled connection the server had closed: the request goes out
-                    // again on another, unless the server may have acted on it.
-                    body = exchange.into_body().unwrap_or_else(RequestBody::empty);
-                }
-                // Past the deadline the exchange is dropped, its connection closed.
-                Err(None) => return Err(timed_out()),
-                Err(Some(error)) => {
-                    return Err(Unsent {
-                        error: error.into(),
-                        body: exchange.into_body(),
-                    });
-                }
+        let endpoint = &self.endpoint;
+        let tried = attempt(
+            &endpoint.idle,
+            || endpoint.connect(deadline),
+            |connection, body| {
+                Box::new(Exchange::new(
+                    connection,
+                    endpoint.clone(),
+                    head.for_try(span),
+                    body,
+                ))
+            },
+            (body, repeatable),
+            (deadline, timeout),
+            keep,
+            detach,
+        )
+        .await;
+        match tried {
+            Ok((exchange, (status, headers))) => {
+                let mut response = Response::new(exchange.into_response_body());
+                *response.status_mut() = status;
+                *response.headers_mut() = headers;
+                Ok(response)
             }
+            Err((failed, body)) => Err(Unsent {
+                error: match failed {
+                    Failed::Connect(error) => error,
+                    Failed::Exchange(error) => error.into(),
+                    Failed::TimedOut => FastCgiError::Timeout,
+                },
+                body,
+            }),
         }
-    }
-}
-
-fn timed_out() -> Unsent {
-    Unsent {
-        error: FastCgiError::Timeout,
-        body: None,
     }
 }
 
@@ -255,5 +235,21 @@ impl Exchanging for Exchange {
 
     fn into_response_body(self: Box<Self>) -> FastCgiBody {
         FastCgiBody { exchange: Some(self) }
+    }
+
+    fn closed(error: &ExchangeError) -> bool {
+        matches!(error, ExchangeError::Closed | ExchangeError::Io(_))
+    }
+
+    fn unanswered(&self) -> bool {
+        Exchange::unanswered(self)
+    }
+
+    fn untouched(&self) -> bool {
+        Exchange::untouched(self)
+    }
+
+    fn into_body(self: Box<Self>) -> Option<RequestBody> {
+        Exchange::into_body(self)
     }
 }
