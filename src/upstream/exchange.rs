@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
-use http::{Method, Response};
+use http::Response;
 use http_body::{Body, SizeHint};
 use tokio_util::io::poll_read_buf;
 
@@ -122,17 +122,12 @@ impl Exchange {
 
     /// The response head, its body to come from this exchange.
     pub(super) fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<()>, ExchangeError>> {
-        let method = if self.head_request {
-            Method::HEAD
-        } else {
-            Method::GET
-        };
         loop {
             self.poll_write(cx)?;
             let connection = self.connection.as_mut().ok_or(ExchangeError::Closed)?;
             if !connection.read.is_empty() {
                 self.answered = true;
-                if let Some(head) = h1::read_response_head(&mut connection.read, &method)? {
+                if let Some(head) = h1::read_response_head(&mut connection.read, self.head_request)? {
                     self.keep_alive = head.keep_alive && !self.asked_to_close;
                     self.reading = match head.framing {
                         ResponseFraming::Length(length) => Reading::Length(length),

@@ -214,12 +214,12 @@ pub(super) struct ResponseHead {
     pub(super) keep_alive: bool,
 }
 
-/// Parses the response head at the start of `read` (to a request with `method`), taking it
+/// Parses the response head at the start of `read` (to a `HEAD` request when `to_head`), taking it
 /// out of the buffer: `None` while it is incomplete. Interim responses (`100 Continue`,
 /// `103 Early Hints`) are skipped.
 pub(super) fn read_response_head(
     read: &mut BytesMut,
-    method: &Method,
+    to_head: bool,
 ) -> Result<Option<ResponseHead>, Malformed> {
     loop {
         let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -319,7 +319,7 @@ pub(super) fn read_response_head(
                 headers.remove(name);
             }
         }
-        let framing = response_framing(status, version, (codings.as_ref(), length), method)?;
+        let framing = response_framing(status, version, (codings.as_ref(), length), to_head)?;
         // A response with both a length and a transfer coding is read by the coding, its
         // length removed before it goes on (RFC 9112 section 6.3), and its connection is
         // never trusted with another request.
@@ -340,18 +340,18 @@ pub(super) fn read_response_head(
 }
 
 /// How the body of a response with `status`, the last `Transfer-Encoding` line `codings`
-/// and the `Content-Length` `length` to a `method` request is framed (RFC 9112 section
+/// and the `Content-Length` `length` to a request (a `HEAD` one when `to_head`) is framed (RFC 9112 section
 /// 6.3).
 fn response_framing(
     status: StatusCode,
     version: Version,
     (codings, length): (Option<&HeaderValue>, Result<Option<u64>, Malformed>),
-    method: &Method,
+    to_head: bool,
 ) -> Result<ResponseFraming, Malformed> {
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Ok(ResponseFraming::Switched);
     }
-    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED || method == Method::HEAD {
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED || to_head {
         return Ok(ResponseFraming::Length(0));
     }
     if let Some(codings) = codings {
@@ -515,7 +515,7 @@ mod tests {
     use super::*;
 
     fn head(text: &str, method: Method) -> Result<Option<ResponseHead>, Malformed> {
-        read_response_head(&mut BytesMut::from(text), &method)
+        read_response_head(&mut BytesMut::from(text), method == Method::HEAD)
     }
 
     fn framing(text: &str) -> ResponseFraming {
@@ -526,7 +526,7 @@ mod tests {
     fn a_response_head_is_read_with_its_framing_and_the_rest_left() {
         let mut read =
             BytesMut::from("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: 1\r\nX-A: 2\r\n\r\nokHTTP");
-        let head = read_response_head(&mut read, &Method::GET).unwrap().unwrap();
+        let head = read_response_head(&mut read, false).unwrap().unwrap();
         assert_eq!(head.status, StatusCode::OK);
         assert_eq!(head.framing, ResponseFraming::Length(2));
         assert!(head.keep_alive);
@@ -543,7 +543,7 @@ mod tests {
         );
         let mut read =
             BytesMut::from("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n");
-        let head = read_response_head(&mut read, &Method::POST).unwrap().unwrap();
+        let head = read_response_head(&mut read, false).unwrap().unwrap();
         assert_eq!(head.status, StatusCode::CREATED);
         assert!(read.is_empty());
     }
