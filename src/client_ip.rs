@@ -3,6 +3,7 @@
 //! addresses, and the first untrusted one is the client. A client can therefore never
 //! choose its own address by sending `X-Forwarded-For` directly.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use http::HeaderMap;
@@ -60,6 +61,16 @@ impl Peer {
             ip,
             text,
             value,
+        }
+    }
+
+    /// `ip` (a client's address) as text: the peer's, already written out, when it is
+    /// the peer's.
+    pub(crate) fn text_of(&self, ip: IpAddr) -> Cow<'_, str> {
+        if ip == self.ip {
+            Cow::Borrowed(self.text.as_str())
+        } else {
+            Cow::Owned(ip_text(ip))
         }
     }
 }

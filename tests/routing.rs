@@ -123,6 +123,39 @@ async fn paths_are_normalized_before_matching_and_forwarded_normalized() {
     }
 }
 
+/// The target an upstream gets: its URL's base path, the path without the route's
+/// `strip_prefix`, and the query exactly as sent (an empty one included).
+#[tokio::test]
+async fn the_target_goes_under_the_base_path_with_the_query_as_sent() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .upstream("app", &format!("{}/base", upstream.url()), "")
+            .route(
+                "api",
+                r#"path_prefix = "/api"
+                strip_prefix = "/api"
+                upstream = "app""#,
+            ),
+    )
+    .await;
+    for (sent, forwarded) in [
+        ("/api/x?y=1&z=%20", "/base/x?y=1&z=%20"),
+        ("/api?q", "/base/?q"),
+        ("/api/x?", "/base/x?"),
+        ("/api/a/./b/../%63", "/base/a/c"),
+        ("/apix/y", "/base/apix/y"),
+    ] {
+        let raw = raw_request(
+            gw.addr,
+            format!("GET {sent} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(raw.starts_with("HTTP/1.1 200"), "{sent}: {raw}");
+        assert!(raw.contains(&format!("GET {forwarded}\n")), "{sent}: {raw}");
+    }
+}
+
 /// PHP runs `/login.php/anything` as `login.php` (PATH_INFO): a route whose exact `path`
 /// names a script takes those requests too, so its limits cannot be walked around.
 #[tokio::test]

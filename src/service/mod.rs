@@ -409,11 +409,7 @@ async fn serve(
 impl Client<'_> {
     /// The client's address as text: usually the peer's, already written out.
     fn ip_text(&self) -> Cow<'_, str> {
-        if self.ip == self.peer.ip {
-            Cow::Borrowed(self.peer.text.as_str())
-        } else {
-            Cow::Owned(crate::client_ip::ip_text(self.ip))
-        }
+        self.peer.text_of(self.ip)
     }
 }
 
@@ -569,13 +565,6 @@ async fn forward(
         (Some((php, script)), Some(fastcgi)) => Some((php, script, fastcgi)),
         _ => None,
     };
-    let uri = match fastcgi {
-        // PHP-FPM gets the target in the records, as the client sent it; `/` is never sent.
-        Some(_) => Uri::default(),
-        None => upstream
-            .uri_for(path, parts.uri.query())
-            .map_err(|_| GatewayError::MalformedRequest("the request target cannot be forwarded"))?,
-    };
     // The host the target names (HTTP/2, absolute form), in place of the client's `Host`.
     let mut target_host = match parts.uri.authority() {
         Some(authority) => Some(
@@ -633,7 +622,12 @@ async fn forward(
             &fastcgi.env,
             trace,
         )),
-        None => UpstreamHead::Http(http_head(&parts, &uri, as_forwarded.as_ref(), trace)),
+        None => UpstreamHead::Http(http_head(
+            &parts,
+            &upstream.target(path, parts.uri.query()),
+            as_forwarded.as_ref(),
+            trace,
+        )),
     };
     let from_fastcgi = matches!(head, UpstreamHead::FastCgi(_));
     let request = Outgoing {
@@ -675,16 +669,15 @@ async fn forward(
     }
 }
 
-/// The head an HTTP server is sent for `parts`, to `target`: its headers as they go
+/// The head an HTTP server is sent for `parts`, to `target` (its pieces): its headers as they go
 /// (`as_forwarded`), or as the rewritten map holds them, and `traceparent` naming the
 /// request's span (each try writes its own).
 fn http_head(
     parts: &Parts,
-    target: &Uri,
+    target: &[&str],
     as_forwarded: Option<&AsForwarded<'_>>,
     trace: &RequestTrace,
 ) -> HttpHead {
-    let target = target.path_and_query().map_or("/", |target| target.as_str());
     let mut head = HttpHead::writer(
         &parts.method,
         target,

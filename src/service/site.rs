@@ -105,8 +105,9 @@ pub(super) fn fastcgi_head(
         content_length,
         traceparent: &context::traceparent(&trace.trace_id, trace.span_id(), trace.flags),
     };
+    let address = context.peer.text_of(context.client_ip);
     let caller = Caller {
-        address: context.client_ip,
+        address: &address,
         port: context.peer.address.port(),
         server_name: host.unwrap_or(""),
         server_port: context.peer.local_port,

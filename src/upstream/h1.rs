@@ -61,12 +61,16 @@ pub(crate) struct HttpHead {
 const FRAMING_ROOM: usize = 48;
 
 impl HttpHead {
-    /// A head that starts `method target HTTP/1.1`.
-    pub(crate) fn writer(method: &Method, target: &str, header_count: usize) -> HeadWriter {
-        let mut lines = BytesMut::with_capacity(64 + target.len() + header_count * 48 + FRAMING_ROOM);
+    /// A head that starts `method target HTTP/1.1`, the target written from the pieces
+    /// it is made of (each valid in a request target).
+    pub(crate) fn writer(method: &Method, target: &[&str], header_count: usize) -> HeadWriter {
+        let target_len: usize = target.iter().map(|piece| piece.len()).sum();
+        let mut lines = BytesMut::with_capacity(64 + target_len + header_count * 48 + FRAMING_ROOM);
         lines.put_slice(method.as_str().as_bytes());
         lines.put_u8(b' ');
-        lines.put_slice(target.as_bytes());
+        for piece in target {
+            lines.put_slice(piece.as_bytes());
+        }
         lines.put_slice(b" HTTP/1.1\r\n");
         HeadWriter {
             lines,
@@ -632,7 +636,7 @@ mod tests {
 
     #[test]
     fn a_head_without_traceparent_goes_as_written_and_the_client_length_is_written_once() {
-        let mut writer = HttpHead::writer(&Method::POST, "/health", 3);
+        let mut writer = HttpHead::writer(&Method::POST, &["/health"], 3);
         writer.header(&http::header::HOST, &HeaderValue::from_static("10.0.0.1:8080"));
         writer.header(&CONTENT_LENGTH, &HeaderValue::from_static("0005"));
         writer.header(&CONNECTION, &HeaderValue::from_static("close"));

@@ -37,8 +37,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::uri::PathAndQuery;
-use http::{Method, Response, Uri};
+use http::{Method, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Either;
 use prometheus_client::metrics::counter::Counter;
@@ -202,17 +201,12 @@ impl Upstream {
     }
 
     /// The request target (origin form) for `path` (already normalized) and `query` on
-    /// this upstream.
-    pub(crate) fn uri_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
-        let base = &self.config.base_path;
-        let mut target = String::with_capacity(base.len() + path.len() + query.map_or(0, |q| q.len() + 1));
-        target.push_str(base);
-        target.push_str(path);
-        if let Some(query) = query {
-            target.push('?');
-            target.push_str(query);
-        }
-        Ok(Uri::from(PathAndQuery::try_from(target)?))
+    /// this upstream, as the pieces it is written from: the base path, the path, and `?`
+    /// and the query if there is one. Each piece is valid in a target as it is: the base
+    /// path was parsed from the upstream's URL, the path and the query from the client's.
+    pub(crate) fn target<'a>(&'a self, path: &'a str, query: Option<&'a str>) -> [&'a str; 4] {
+        let (mark, query) = query.map_or(("", ""), |query| ("?", query));
+        [&self.config.base_path, path, mark, query]
     }
 
     /// Sends `request` to a server and waits for the response headers, at most the

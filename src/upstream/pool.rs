@@ -163,7 +163,7 @@ impl Pool {
     pub(crate) async fn check(&self, target: &str) -> Option<StatusCode> {
         let deadline = tokio::time::Instant::now() + self.endpoint.connect_timeout;
         let connection = self.endpoint.connect(deadline).await.ok()?;
-        let mut head = HttpHead::writer(&Method::GET, target, 3);
+        let mut head = HttpHead::writer(&Method::GET, &[target], 3);
         head.header(&HOST, &HeaderValue::from_str(&self.endpoint.address).ok()?);
         head.header(&CONNECTION, &HeaderValue::from_static("close"));
         head.header(&USER_AGENT, &HeaderValue::from_static("floodgate-health-check"));
@@ -346,7 +346,7 @@ mod tests {
         server.set_linger(Some(Duration::ZERO)).unwrap();
         drop(server);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let mut head = HttpHead::writer(&Method::POST, "/upload", 1);
+        let mut head = HttpHead::writer(&Method::POST, &["/upload"], 1);
         head.header(&HOST, &HeaderValue::from_static("app"));
         let head = head.finish();
         let span = SpanId([1; 8]);
@@ -376,7 +376,7 @@ mod tests {
     async fn send(pool: &Pool) -> Response<UpstreamBody> {
         let timeout = Duration::from_secs(1);
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut head = HttpHead::writer(&Method::GET, "/", 1);
+        let mut head = HttpHead::writer(&Method::GET, &["/"], 1);
         head.header(&HOST, &HeaderValue::from_static("app"));
         let head = head.finish();
         let span = SpanId([1; 8]);

@@ -1,8 +1,6 @@
 //! What a request tells PHP: the CGI/1.1 variables (RFC 3875) as nginx's `fastcgi_params`
 //! sets them, and every request header as `HTTP_*` (docs/php-fpm.md#parameters).
 
-use std::net::IpAddr;
-
 use bytes::BytesMut;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Version};
 
@@ -14,8 +12,8 @@ use crate::trace::TRACEPARENT;
 
 /// Where a request came from and arrived.
 pub(crate) struct Caller<'a> {
-    /// The client's address, as floodgate decided it (trusted proxies applied).
-    pub(crate) address: IpAddr,
+    /// The client's address, as floodgate decided it (trusted proxies applied), as text.
+    pub(crate) address: &'a str,
     pub(crate) port: u16,
     /// The `Host` name without its port.
     pub(crate) server_name: &'a str,
@@ -87,10 +85,7 @@ pub(crate) fn request_head(
     params.pair(b"REQUEST_SCHEME", scheme.as_bytes());
     params.pair(b"SERVER_NAME", caller.server_name.as_bytes());
     params.pair(b"SERVER_PORT", number.format(caller.server_port).as_bytes());
-    params.pair(
-        b"REMOTE_ADDR",
-        crate::client_ip::ip_text(caller.address).as_bytes(),
-    );
+    params.pair(b"REMOTE_ADDR", caller.address.as_bytes());
     params.pair(b"REMOTE_PORT", number.format(caller.port).as_bytes());
     params.pair(b"REQUEST_METHOD", call.method.as_str().as_bytes());
     params.pair(b"REQUEST_URI", call.target.as_bytes());
@@ -243,7 +238,7 @@ mod tests {
             path_info: "/cart".into(),
         };
         let caller = Caller {
-            address: "203.0.113.9".parse().unwrap(),
+            address: "203.0.113.9",
             port: 50123,
             server_name: "shop.example",
             server_port: 8443,
@@ -322,7 +317,7 @@ mod tests {
             path_info: String::new(),
         };
         let caller = Caller {
-            address: "127.0.0.1".parse().unwrap(),
+            address: "127.0.0.1",
             port: 1,
             server_name: "a",
             server_port: 80,
