@@ -293,6 +293,14 @@ pub(crate) struct AsForwarded<'a> {
     dropped: Option<&'a HeaderName>,
     /// The server's rules, then the route's; `None` when both are empty.
     rules: Option<[&'a HeaderRules; 2]>,
+    /// A bit for the length (modulo 64) of each name the rules set or remove: most
+    /// names are not ruled, and their length alone says so.
+    ruled_lengths: u64,
+}
+
+/// `name`'s bit in [`AsForwarded::ruled_lengths`].
+fn length_bit(name: &HeaderName) -> u64 {
+    1 << (name.as_str().len() % 64)
 }
 
 impl<'a> AsForwarded<'a> {
@@ -314,12 +322,17 @@ impl<'a> AsForwarded<'a> {
         rules: [&'a HeaderRules; 2],
     ) -> Self {
         let forwarding = Forwarding::decide(headers, host.as_ref().or(headers.get(header::HOST)), ctx);
+        let ruled_lengths = rules
+            .iter()
+            .flat_map(|rules| rules.set.iter().map(|(name, _)| name).chain(&rules.remove))
+            .fold(0, |lengths, name| lengths | length_bit(name));
         AsForwarded {
             headers,
             host,
             forwarding,
             dropped,
-            rules: (!rules.iter().all(|rules| rules.is_empty())).then_some(rules),
+            rules: (ruled_lengths != 0).then_some(rules),
+            ruled_lengths,
         }
     }
 
@@ -334,11 +347,13 @@ impl<'a> AsForwarded<'a> {
 
     /// Whether a rule sets or removes `name`: then the rules alone say what it goes with.
     fn ruled(&self, name: &HeaderName) -> bool {
-        self.rules.is_some_and(|rules| {
-            rules
+        let Some(rules) = self.rules else {
+            return false;
+        };
+        self.ruled_lengths & length_bit(name) != 0
+            && rules
                 .iter()
                 .any(|rules| rules.set.iter().any(|(set, _)| set == name) || rules.remove.contains(name))
-        })
     }
 
     /// Whether the client's values of `name` go as they came: not hop-by-hop, nor
