@@ -34,7 +34,7 @@ pub(crate) use limits::DEFAULT_PREFIX;
 pub use limits::{
     Concurrency, KeyPart, LimitConfig, LimitKind, Mode, Override, Overrides, RateLimit, RedisConfig,
 };
-pub use shaping::{ErrorPage, HeaderRules, TemplatePart, ValueTemplate};
+pub use shaping::{CombinedRules, ErrorPage, HeaderRules, TemplatePart, ValueTemplate};
 pub use site::{Php, Site};
 pub use tls::{Certificate, TlsConfig, TlsVersion};
 pub(crate) use tls::{certified_key, leaf_facts, provider as tls_provider};

@@ -38,6 +38,67 @@ impl HeaderRules {
     }
 }
 
+/// A route's rules of one direction and the server's as one (docs/configuration.md#header-rules):
+/// the names either sets or removes, and the values that go in their place. A message's
+/// headers are then read through them, each header once, instead of rewriting a map.
+#[derive(Debug, PartialEq, Eq)]
+pub struct CombinedRules {
+    /// A bit for the length (modulo 64) of each name in `ruled`: most names are not
+    /// ruled, and their length alone says so.
+    lengths: u64,
+    ruled: Vec<HeaderName>,
+    set: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl CombinedRules {
+    /// The server's rules, then the route's (what applying one and then the other
+    /// leaves); `None` when neither has any.
+    pub fn of(server: &HeaderRules, route: &HeaderRules) -> Option<CombinedRules> {
+        let ruled: Vec<HeaderName> = [server, route]
+            .iter()
+            .flat_map(|rules| rules.set.iter().map(|(name, _)| name).chain(&rules.remove))
+            .cloned()
+            .collect();
+        if ruled.is_empty() {
+            return None;
+        }
+        // A `set` of the server's goes unless the server removes that header too or the
+        // route sets or removes it; a route's unless the route removes it.
+        let set = server
+            .set
+            .iter()
+            .filter(|(name, _)| {
+                !server.remove.contains(name)
+                    && !route.remove.contains(name)
+                    && !route.set.iter().any(|(set, _)| set == name)
+            })
+            .chain(route.set.iter().filter(|(name, _)| !route.remove.contains(name)))
+            .cloned()
+            .collect();
+        Some(CombinedRules {
+            lengths: ruled.iter().fold(0, |lengths, name| lengths | length_bit(name)),
+            ruled,
+            set,
+        })
+    }
+
+    /// Whether a rule sets or removes `name`: then the message's own values of it go no
+    /// further, and [`Self::set`] says what does.
+    pub fn names(&self, name: &HeaderName) -> bool {
+        self.lengths & length_bit(name) != 0 && self.ruled.contains(name)
+    }
+
+    /// The headers the rules set, each name once.
+    pub fn set(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.set
+    }
+}
+
+/// `name`'s bit in [`CombinedRules::lengths`].
+fn length_bit(name: &HeaderName) -> u64 {
+    1 << (name.as_str().len() % 64)
+}
+
 /// A `respond` header's value (docs/configuration.md#routesrespond): fixed, or filled in
 /// from the request.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use http::Version;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::client_ip::Peer;
-use crate::config::HeaderRules;
+use crate::config::{CombinedRules, HeaderRules};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
@@ -291,16 +291,8 @@ pub(crate) struct AsForwarded<'a> {
     forwarding: Forwarding<'a>,
     /// `tracestate`, when the client's goes.
     dropped: Option<&'a HeaderName>,
-    /// The server's rules, then the route's; `None` when both are empty.
-    rules: Option<[&'a HeaderRules; 2]>,
-    /// A bit for the length (modulo 64) of each name the rules set or remove: most
-    /// names are not ruled, and their length alone says so.
-    ruled_lengths: u64,
-}
-
-/// `name`'s bit in [`AsForwarded::ruled_lengths`].
-fn length_bit(name: &HeaderName) -> u64 {
-    1 << (name.as_str().len() % 64)
+    /// The server's request rules and the route's, if either has any.
+    rules: Option<&'a CombinedRules>,
 }
 
 impl<'a> AsForwarded<'a> {
@@ -312,48 +304,38 @@ impl<'a> AsForwarded<'a> {
     }
 
     /// The headers `headers` go upstream with, the target's `host` in place of the
-    /// client's, without the `dropped` header, `rules` (the server's, then the route's)
+    /// client's, without the `dropped` header, `rules` (the server's and the route's)
     /// applied; for headers that are [`readable`](Self::readable).
     pub(crate) fn new(
         headers: &'a HeaderMap,
         host: Option<HeaderValue>,
         dropped: Option<&'a HeaderName>,
         ctx: &ForwardingContext<'a>,
-        rules: [&'a HeaderRules; 2],
+        rules: Option<&'a CombinedRules>,
     ) -> Self {
         let forwarding = Forwarding::decide(headers, host.as_ref().or(headers.get(header::HOST)), ctx);
-        let ruled_lengths = rules
-            .iter()
-            .flat_map(|rules| rules.set.iter().map(|(name, _)| name).chain(&rules.remove))
-            .fold(0, |lengths, name| lengths | length_bit(name));
         AsForwarded {
             headers,
             host,
             forwarding,
             dropped,
-            rules: (ruled_lengths != 0).then_some(rules),
-            ruled_lengths,
+            rules,
         }
     }
 
     /// The first value `name` goes with, of a header the client may send (floodgate's own
     /// are not looked at).
     pub(crate) fn first(&self, name: &HeaderName) -> Option<&HeaderValue> {
-        match self.rules {
-            Some(_) if self.ruled(name) => self.set().find(|(set, _)| *set == name).map(|(_, value)| value),
-            _ => self.headers.get(name).filter(|_| self.goes_as_sent(name)),
+        if self.ruled(name) {
+            self.set().find(|(set, _)| *set == name).map(|(_, value)| value)
+        } else {
+            self.headers.get(name).filter(|_| self.goes_as_sent(name))
         }
     }
 
     /// Whether a rule sets or removes `name`: then the rules alone say what it goes with.
     fn ruled(&self, name: &HeaderName) -> bool {
-        let Some(rules) = self.rules else {
-            return false;
-        };
-        self.ruled_lengths & length_bit(name) != 0
-            && rules
-                .iter()
-                .any(|rules| rules.set.iter().any(|(set, _)| set == name) || rules.remove.contains(name))
+        self.rules.is_some_and(|rules| rules.names(name))
     }
 
     /// Whether the client's values of `name` go as they came: not hop-by-hop, nor
@@ -421,20 +403,12 @@ impl<'a> AsForwarded<'a> {
             .map(|value| (&header::VIA, value))
     }
 
-    /// What the rules set: a `set` of the server's goes unless the server removes that
-    /// header too or the route sets or removes it; a route's unless the route removes it.
+    /// What the rules set.
     pub(crate) fn set(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        let [server, route] = self.rules.unwrap_or([HeaderRules::none(); 2]);
-        let from_server = server.set.iter().filter(move |(name, _)| {
-            !server.remove.contains(name)
-                && !route.remove.contains(name)
-                && !route.set.iter().any(|(set, _)| set == name)
-        });
-        let from_route = route
-            .set
+        self.rules
+            .map_or(&[][..], CombinedRules::set)
             .iter()
-            .filter(move |(name, _)| !route.remove.contains(name));
-        from_server.chain(from_route).map(|(name, value)| (name, value))
+            .map(|(name, value)| (name, value))
     }
 }
 
@@ -731,7 +705,8 @@ mod tests {
             apply_rules(&server_rules, &mut rewritten);
             apply_rules(&route_rules, &mut rewritten);
 
-            let read = AsForwarded::new(&headers, host, dropped, &ctx, [&server_rules, &route_rules]);
+            let combined = CombinedRules::of(&server_rules, &route_rules);
+            let read = AsForwarded::new(&headers, host, dropped, &ctx, combined.as_ref());
             for name in ["accept", "cookie", "content-type", "tracestate"] {
                 proptest::prop_assert_eq!(read.first(&HeaderName::from_static(name)), rewritten.get(name), "{}", name);
             }

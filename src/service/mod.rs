@@ -38,7 +38,9 @@ pub(crate) mod state;
 use crate::access_log::AccessRecord;
 use crate::client_ip::{Peer, client_ip};
 use crate::compression::Accepted;
-use crate::config::{Php, RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate};
+use crate::config::{
+    CombinedRules, Php, RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate,
+};
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
@@ -137,13 +139,16 @@ pub(crate) async fn handle(
         Ok(response) => response,
         Err(answer) => own_answer::render(answer, &record, version, &state.config.server.errors),
     };
-    // The server's response rules, then the route's; none may touch what follows.
-    apply_rules(&state.config.server.response_headers, response.headers_mut());
-    if let Some(route) = leftovers.route {
-        apply_rules(
-            &state.router.routes()[route].response_headers,
-            response.headers_mut(),
-        );
+    // The server's response rules, then the route's (unless applied as an HTTP server's
+    // response head was read); none may touch what follows.
+    if !leftovers.response_ruled {
+        apply_rules(&state.config.server.response_headers, response.headers_mut());
+        if let Some(route) = leftovers.route {
+            apply_rules(
+                &state.router.routes()[route].response_headers,
+                response.headers_mut(),
+            );
+        }
     }
     for (name, value) in leftovers.limit_headers {
         response.headers_mut().append(name, value);
@@ -177,6 +182,9 @@ struct Leftovers {
     route: Option<usize>,
     /// For a route with `compress`, what the client accepts.
     compress: Option<Accepted>,
+    /// Whether the response rules were applied already: to an HTTP server's response, as
+    /// its head was read.
+    response_ruled: bool,
 }
 
 /// The access record of a request not answered yet. hyper drops the request's future when
@@ -359,6 +367,8 @@ async fn serve(
             let destination = Destination {
                 upstream,
                 route: route_config,
+                request_rules: route.request_rules.as_ref(),
+                response_rules: route.response_rules.as_ref(),
                 hash_tuple: hash_tuple.as_deref(),
                 instances: state.store.instances(),
                 host: route_config
@@ -381,9 +391,6 @@ async fn serve(
                 guarded_spellings: &state.guarded_spellings,
                 folding_names: untidy.leaves_folding_names(names),
             };
-            // From here on the slots go with the exchange, which may outlive this request
-            // if its client leaves (`upstream`'s module docs).
-            let slots = std::mem::take(&mut leftovers.slots);
             let mut tries = Tries::new(&record.trace);
             let forwarded = forward(
                 &destination,
@@ -392,7 +399,7 @@ async fn serve(
                 &context,
                 &state.config.server,
                 client.connection,
-                (slots, &mut tries),
+                (leftovers, &mut tries),
             )
             .await;
             record.upstream = tries.last;
@@ -437,6 +444,10 @@ struct Destination<'a> {
     upstream: &'a Upstream,
     /// The route that matched: its `strip_prefix` and request rules.
     route: &'a RouteConfig,
+    /// Its request rules with the server's.
+    request_rules: Option<&'a CombinedRules>,
+    /// Its response rules with the server's.
+    response_rules: Option<&'a Arc<CombinedRules>>,
     /// The request's `hash_key` tuple, with `balance = "hash"`.
     hash_tuple: Option<&'a str>,
     /// Live gateway instances sharing the upstream's `max_requests`.
@@ -536,9 +547,9 @@ fn forwarded_path<'a>(route: &RouteConfig, path: &'a str) -> &'a str {
 /// How many headers floodgate may add to a request going upstream.
 const ADDED_UPSTREAM_HEADERS: usize = 8;
 
-/// Rewrites the request for `upstream`, sends it and relays the response; `slots` (the
-/// request's concurrency-limit slots) are held with the exchange, and `tries` told of
-/// each try. `path` is without the route's prefix; `script`, for a site, what PHP-FPM
+/// Rewrites the request for `upstream`, sends it and relays the response; the request's
+/// concurrency-limit slots, taken from `leftovers`, are held with the exchange, and
+/// `tries` told of each try. `path` is without the route's prefix; `script`, for a site, what PHP-FPM
 /// runs.
 async fn forward(
     destination: &Destination<'_>,
@@ -547,8 +558,11 @@ async fn forward(
     context: &ForwardingContext<'_>,
     server: &ServerConfig,
     connection: &InFlight,
-    (slots, tries): (Vec<ConcurrencySlot>, &mut Tries<'_>),
+    (leftovers, tries): (&mut Leftovers, &mut Tries<'_>),
 ) -> Result<Response<Payload>, OwnAnswer> {
+    // From here on the slots go with the exchange, which may outlive this request if its
+    // client leaves (`upstream`'s module docs).
+    let slots = std::mem::take(&mut leftovers.slots);
     let upstream = destination.upstream;
     let max_body = server.max_body;
     let declared = declared_length(&request);
@@ -609,9 +623,15 @@ async fn forward(
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         parts.headers.insert(header::UPGRADE, protocol);
     }
-    let rules = [&server.request_headers, &destination.route.request_headers];
-    let as_forwarded =
-        read_as_they_go.then(|| AsForwarded::new(&parts.headers, target_host, dropped, context, rules));
+    let as_forwarded = read_as_they_go.then(|| {
+        AsForwarded::new(
+            &parts.headers,
+            target_host,
+            dropped,
+            context,
+            destination.request_rules,
+        )
+    });
     let head = match fastcgi {
         Some((php, script, fastcgi)) => UpstreamHead::FastCgi(site::fastcgi_head(
             (&parts, as_forwarded.as_ref()),
@@ -626,7 +646,7 @@ async fn forward(
             &parts,
             &upstream.target(path, parts.uri.query()),
             as_forwarded.as_ref(),
-            trace,
+            (trace, destination.response_rules),
         )),
     };
     let from_fastcgi = matches!(head, UpstreamHead::FastCgi(_));
@@ -643,6 +663,8 @@ async fn forward(
             tries,
         )
         .await?;
+    // An HTTP server's response head was read through the response rules.
+    leftovers.response_ruled = !from_fastcgi;
     match client_upgrade {
         Some(client) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
             connection.start_tunnel();
@@ -676,7 +698,7 @@ fn http_head(
     parts: &Parts,
     target: &[&str],
     as_forwarded: Option<&AsForwarded<'_>>,
-    trace: &RequestTrace,
+    (trace, response_rules): (&RequestTrace, Option<&Arc<CombinedRules>>),
 ) -> HttpHead {
     let mut head = HttpHead::writer(
         &parts.method,
@@ -710,7 +732,7 @@ fn http_head(
         trace.span_id(),
         trace.flags,
     ));
-    head.finish()
+    head.finish(response_rules.cloned())
 }
 
 #[cfg(test)]

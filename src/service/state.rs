@@ -9,7 +9,9 @@ use std::sync::Arc;
 use super::limits::RouteLimits;
 use crate::acme::Acme;
 use crate::client_ip::TrustedProxies;
-use crate::config::{Config, DEFAULT_PREFIX, KeyPart, RedisConfig, RespondConfig, RouteTarget, Site};
+use crate::config::{
+    CombinedRules, Config, DEFAULT_PREFIX, KeyPart, RedisConfig, RespondConfig, RouteTarget, Site,
+};
 use crate::limit::redis::refusals::RefusalCache;
 use crate::limit::redis::{RedisTarget, StoreError};
 use crate::limit::store::{LimitStore, OnError, RedisSeries};
@@ -78,6 +80,11 @@ fn same_acme_store(old: &Config, new: &Config) -> bool {
 pub(crate) struct RouteRuntime {
     pub(crate) target: Target,
     pub(crate) limits: RouteLimits,
+    /// The route's request rules with the server's, read as the headers go upstream.
+    pub(crate) request_rules: Option<CombinedRules>,
+    /// Its response rules with the server's, applied as an HTTP server's response head
+    /// is read.
+    pub(crate) response_rules: Option<Arc<CombinedRules>>,
 }
 
 /// Where a route's requests go.
@@ -132,6 +139,9 @@ impl GatewayState {
                     RouteTarget::Files(site) => Target::Files(site.clone()),
                 },
                 limits: RouteLimits::new(route.limits.clone(), route.cost),
+                request_rules: CombinedRules::of(&config.server.request_headers, &route.request_headers),
+                response_rules: CombinedRules::of(&config.server.response_headers, &route.response_headers)
+                    .map(Arc::new),
             })
             .collect();
         let key_headers = config

@@ -18,6 +18,7 @@ use tokio_util::io::poll_read_buf;
 use super::h1::{self, Chunks, Decoded, HttpHead, Malformed, RequestFraming, ResponseFraming};
 use super::pool::{Connection, Endpoint};
 use super::sending::{BodyFraming, Sending};
+use crate::config::CombinedRules;
 use crate::proxy::request_body::{RequestBody, RequestBodyError};
 use crate::trace::context::SpanId;
 
@@ -59,6 +60,8 @@ pub(crate) struct Exchange {
     /// The request, in its framing.
     sending: Sending<RequestFraming>,
     head_request: bool,
+    /// The rules the response head is read through.
+    response_rules: Option<Arc<CombinedRules>>,
     /// Whether the request said `Connection: close` (an active check).
     asked_to_close: bool,
     reading: Reading,
@@ -95,6 +98,7 @@ impl Exchange {
             endpoint,
             sending: Sending::new(write, body, framing),
             head_request: head.is_head_request(),
+            response_rules: head.response_rules().cloned(),
             asked_to_close: head.closes(),
             reading: Reading::Head,
             keep_alive: false,
@@ -127,7 +131,11 @@ impl Exchange {
             let connection = self.connection.as_mut().ok_or(ExchangeError::Closed)?;
             if !connection.read.is_empty() {
                 self.answered = true;
-                if let Some(head) = h1::read_response_head(&mut connection.read, self.head_request)? {
+                if let Some(head) = h1::read_response_head(
+                    &mut connection.read,
+                    self.head_request,
+                    self.response_rules.as_deref(),
+                )? {
                     self.keep_alive = head.keep_alive && !self.asked_to_close;
                     self.reading = match head.framing {
                         ResponseFraming::Length(length) => Reading::Length(length),

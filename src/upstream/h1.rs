@@ -7,12 +7,14 @@
 //! (a length, chunks, until the close, none) is settled here once.
 
 use std::mem::MaybeUninit;
+use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, StatusCode, Version};
 use smallvec::SmallVec;
 
+use crate::config::CombinedRules;
 use crate::proxy::headers::{is_hop_by_hop_name, named_by_connection};
 use crate::trace::TRACEPARENT;
 use crate::trace::context::{self, SpanId};
@@ -55,6 +57,8 @@ pub(crate) struct HttpHead {
     head_request: bool,
     /// Whether the head says `Connection: close`: its connection is not used again.
     closes: bool,
+    /// The route's response rules with the server's, applied as the response head is read.
+    response_rules: Option<Arc<CombinedRules>>,
 }
 
 /// Room for the framing header and the empty line after a head's lines.
@@ -83,6 +87,11 @@ impl HttpHead {
 
     pub(super) fn is_head_request(&self) -> bool {
         self.head_request
+    }
+
+    /// The rules its response is read through.
+    pub(super) fn response_rules(&self) -> Option<&Arc<CombinedRules>> {
+        self.response_rules.as_ref()
     }
 
     /// Whether the head asks the server to close the connection after its answer.
@@ -162,13 +171,15 @@ impl HeadWriter {
         lines.put_slice(b"\r\n");
     }
 
-    pub(crate) fn finish(self) -> HttpHead {
+    /// The head, its response to be read through `response_rules`.
+    pub(crate) fn finish(self, response_rules: Option<Arc<CombinedRules>>) -> HttpHead {
         HttpHead {
             lines: self.lines.freeze(),
             traceparent: self.traceparent,
             declared: self.declared,
             head_request: self.head_request,
             closes: self.closes,
+            response_rules,
         }
     }
 }
@@ -220,10 +231,12 @@ pub(super) struct ResponseHead {
 
 /// Parses the response head at the start of `read` (to a `HEAD` request when `to_head`), taking it
 /// out of the buffer: `None` while it is incomplete. Interim responses (`100 Continue`,
-/// `103 Early Hints`) are skipped.
+/// `103 Early Hints`) are skipped. `rules` are applied as the headers are read: a header
+/// they name is left out, and what they set is added.
 pub(super) fn read_response_head(
     read: &mut BytesMut,
     to_head: bool,
+    rules: Option<&CombinedRules>,
 ) -> Result<Option<ResponseHead>, Malformed> {
     loop {
         let mut lines = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -275,7 +288,8 @@ pub(super) fn read_response_head(
             })
             .collect();
         let head = read.split_to(length).freeze();
-        let mut headers = HeaderMap::with_capacity(count + ADDED_LATER);
+        let set = rules.map_or(&[][..], CombinedRules::set);
+        let mut headers = HeaderMap::with_capacity(count + set.len() + ADDED_LATER);
         let mut keep_alive = version == Version::HTTP_11;
         let mut close = false;
         // The last `Transfer-Encoding` line, whose last coding frames the body, and the
@@ -313,7 +327,7 @@ pub(super) fn read_response_head(
                     (Err(error), _) | (_, Err(error)) => Err(error),
                 };
             }
-            if !switched && is_hop_by_hop_name(&name) {
+            if !switched && is_hop_by_hop_name(&name) || rules.is_some_and(|rules| rules.names(&name)) {
                 continue;
             }
             headers.append(name, value);
@@ -322,6 +336,9 @@ pub(super) fn read_response_head(
             for name in named {
                 headers.remove(name);
             }
+        }
+        for (name, value) in set {
+            headers.append(name.clone(), value.clone());
         }
         let framing = response_framing(status, version, (codings.as_ref(), length), to_head)?;
         // A response with both a length and a transfer coding is read by the coding, its
@@ -519,18 +536,62 @@ mod tests {
     use super::*;
 
     fn head(text: &str, method: Method) -> Result<Option<ResponseHead>, Malformed> {
-        read_response_head(&mut BytesMut::from(text), method == Method::HEAD)
+        read_response_head(&mut BytesMut::from(text), method == Method::HEAD, None)
     }
 
     fn framing(text: &str) -> ResponseFraming {
         head(text, Method::GET).unwrap().unwrap().framing
     }
 
+    proptest::proptest! {
+        /// Rules applied as the head is read leave what applying the server's and then
+        /// the route's to the map read without them would.
+        #[test]
+        fn rules_applied_as_read_leave_what_rewriting_the_map_would(
+            lines in proptest::collection::vec((0usize..6, 0usize..3), 0..10),
+            rules in proptest::collection::vec((0usize..4, 0usize..5, 0usize..3), 0..6),
+        ) {
+            use crate::config::HeaderRules;
+            use crate::proxy::headers::apply_rules;
+            // `connection` (naming `x-c`) and names rules may take.
+            const NAMES: [&str; 6] = ["x-a", "x-b", "server", "x-c", "connection", "x-powered-by"];
+            const VALUES: [&str; 3] = ["1", "two", "x-c"];
+            let mut text = String::from("HTTP/1.1 200 OK\r\n");
+            for (name, value) in lines {
+                text.push_str(&format!("{}: {}\r\n", NAMES[name], VALUES[value]));
+            }
+            text.push_str("\r\n");
+            let (mut server, mut route) = (HeaderRules::default(), HeaderRules::default());
+            for (kind, name, value) in rules {
+                let name = HeaderName::from_static(NAMES[if name == 4 { 5 } else { name }]);
+                let target = if kind < 2 { &mut server } else { &mut route };
+                match kind % 2 {
+                    0 if !target.set.iter().any(|(set, _)| *set == name) => {
+                        target.set.push((name, HeaderValue::from_static(VALUES[value])))
+                    }
+                    0 => {}
+                    _ => target.remove.push(name),
+                }
+            }
+            let combined = CombinedRules::of(&server, &route);
+            let read = |rules| {
+                read_response_head(&mut BytesMut::from(text.as_str()), false, rules)
+                    .unwrap()
+                    .unwrap()
+                    .headers
+            };
+            let mut rewritten = read(None);
+            apply_rules(&server, &mut rewritten);
+            apply_rules(&route, &mut rewritten);
+            proptest::prop_assert_eq!(read(combined.as_ref()), rewritten);
+        }
+    }
+
     #[test]
     fn a_response_head_is_read_with_its_framing_and_the_rest_left() {
         let mut read =
             BytesMut::from("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: 1\r\nX-A: 2\r\n\r\nokHTTP");
-        let head = read_response_head(&mut read, false).unwrap().unwrap();
+        let head = read_response_head(&mut read, false, None).unwrap().unwrap();
         assert_eq!(head.status, StatusCode::OK);
         assert_eq!(head.framing, ResponseFraming::Length(2));
         assert!(head.keep_alive);
@@ -547,7 +608,7 @@ mod tests {
         );
         let mut read =
             BytesMut::from("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n");
-        let head = read_response_head(&mut read, false).unwrap().unwrap();
+        let head = read_response_head(&mut read, false, None).unwrap().unwrap();
         assert_eq!(head.status, StatusCode::CREATED);
         assert!(read.is_empty());
     }
@@ -640,7 +701,7 @@ mod tests {
         writer.header(&http::header::HOST, &HeaderValue::from_static("10.0.0.1:8080"));
         writer.header(&CONTENT_LENGTH, &HeaderValue::from_static("0005"));
         writer.header(&CONNECTION, &HeaderValue::from_static("close"));
-        let head = writer.finish();
+        let head = writer.finish(None);
         assert!(head.closes());
         let (bytes, framing) = head.for_try(&SpanId([7; 8]), None);
         assert_eq!(

@@ -167,7 +167,7 @@ impl Pool {
         head.header(&HOST, &HeaderValue::from_str(&self.endpoint.address).ok()?);
         head.header(&CONNECTION, &HeaderValue::from_static("close"));
         head.header(&USER_AGENT, &HeaderValue::from_static("floodgate-health-check"));
-        let head = head.finish();
+        let head = head.finish(None);
         let span = SpanId([0; 8]);
         let mut exchange = Exchange::new(
             connection,
@@ -348,7 +348,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let mut head = HttpHead::writer(&Method::POST, &["/upload"], 1);
         head.header(&HOST, &HeaderValue::from_static("app"));
-        let head = head.finish();
+        let head = head.finish(None);
         let span = SpanId([1; 8]);
         let mut exchange = Exchange::new(
             connection.unwrap(),
@@ -378,7 +378,7 @@ mod tests {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut head = HttpHead::writer(&Method::GET, &["/"], 1);
         head.header(&HOST, &HeaderValue::from_static("app"));
-        let head = head.finish();
+        let head = head.finish(None);
         let span = SpanId([1; 8]);
         let mut keep = None::<()>;
         let sent = pool.send(
