@@ -108,14 +108,16 @@ pub(crate) async fn handle(
         let trusted = state.trusted_proxies.contains(peer.ip);
         request_id::decide(name, request.headers(), trusted, &trace)
     });
-    let mut record = AccessRecord::new(
+    // Boxed: the record goes from the request's future into the response body, which
+    // hyper moves several times; a pointer moves cheaper than the record.
+    let mut record = Box::new(AccessRecord::new(
         shared.metrics.clone(),
         start,
         (request.method().clone(), if peer.tls { "https" } else { "http" }),
         client_ip,
         trace,
         shared.no_route.clone(),
-    );
+    ));
     record.request_id = request_id;
     let mut record = Unanswered(Some(record));
     let mut leftovers = Leftovers::default();
@@ -190,7 +192,7 @@ struct Leftovers {
 /// The access record of a request not answered yet. hyper drops the request's future when
 /// the client leaves before the response starts (a held request, a slow upstream); the
 /// request is then logged and counted with nginx's 499, "client closed request".
-struct Unanswered(Option<AccessRecord>);
+struct Unanswered(Option<Box<AccessRecord>>);
 
 impl Drop for Unanswered {
     fn drop(&mut self) {

@@ -143,7 +143,7 @@ pin_project! {
     /// The body sent to the client; logs the request when done.
     pub(crate) struct ResponseBody {
         inner: Payload,
-        record: Option<AccessRecord>,
+        record: Option<Box<AccessRecord>>,
         bytes: u64,
         // Dropped with the body: the connection carries this request until then.
         in_flight: InFlight,
@@ -160,7 +160,7 @@ pin_project! {
 }
 
 impl ResponseBody {
-    pub(crate) fn new(inner: Payload, record: AccessRecord, in_flight: InFlight) -> Self {
+    pub(crate) fn new(inner: Payload, record: Box<AccessRecord>, in_flight: InFlight) -> Self {
         ResponseBody {
             inner,
             record: Some(record),
