@@ -24,7 +24,7 @@ pub(super) const MAX_HEAD: usize = 64 * 1024;
 /// The most header lines a response head may have.
 const MAX_HEADERS: usize = 128;
 /// Room for the headers floodgate adds to a response after its head is read (`Via`, the
-/// request ID, a limit's, the route's rules), so that the map is not grown on the way.
+/// request ID, a limit's), so that the map is not grown on the way.
 const ADDED_LATER: usize = 6;
 /// The longest chunk-size line (with its extensions) or trailer section read.
 const MAX_CHUNK_LINE: usize = 4 * 1024;
