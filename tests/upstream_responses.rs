@@ -172,3 +172,45 @@ async fn heads_that_are_not_http_or_never_end_are_a_502() {
         );
     }
 }
+
+/// A `101` to a request that asked for no protocol switch loses its hop-by-hop headers,
+/// and those its `Connection` names; a header the rules set is still set on it, though
+/// the upstream's `Connection` names it.
+#[tokio::test]
+async fn a_header_the_rules_set_survives_an_unasked_switch_that_names_it() {
+    let (upstream, _) = scripted_upstream(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade, x-frame-options\r\n\
+          Upgrade: x\r\nX-Frame-Options: ALLOWALL\r\n\r\n",
+        true,
+    )
+    .await;
+    let gateway = TestGateway::start(
+        GatewayToml::new()
+            .server(r#"response_headers = { set = { "X-Frame-Options" = "DENY" } }"#)
+            .proxy_to(&upstream, ""),
+    )
+    .await;
+    let mut stream = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut buffer = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut buffer))
+            .await
+            .expect("a response head")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before a head: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.extend_from_slice(&buffer[..n]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert_eq!(head.matches("x-frame-options: deny\r\n").count(), 1, "{head}");
+    assert!(!head.contains("allowall"), "{head}");
+}

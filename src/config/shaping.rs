@@ -63,16 +63,16 @@ impl CombinedRules {
             return None;
         }
         // A `set` of the server's goes unless the server removes that header too or the
-        // route sets or removes it; a route's unless the route removes it.
-        let set = server
-            .set
-            .iter()
+        // route sets or removes it; a route's unless the route removes it. Of two sets of
+        // one name in one table (`X-A` and `x-a` are two TOML keys), the later replaces
+        // the earlier, as it does applied to a map.
+        let set = last_of_each_name(&server.set)
             .filter(|(name, _)| {
                 !server.remove.contains(name)
                     && !route.remove.contains(name)
                     && !route.set.iter().any(|(set, _)| set == name)
             })
-            .chain(route.set.iter().filter(|(name, _)| !route.remove.contains(name)))
+            .chain(last_of_each_name(&route.set).filter(|(name, _)| !route.remove.contains(name)))
             .cloned()
             .collect();
         Some(CombinedRules {
@@ -92,6 +92,14 @@ impl CombinedRules {
     pub fn set(&self) -> &[(HeaderName, HeaderValue)] {
         &self.set
     }
+}
+
+/// The pairs of `set` no later pair of which has the same name.
+fn last_of_each_name(set: &[(HeaderName, HeaderValue)]) -> impl Iterator<Item = &(HeaderName, HeaderValue)> {
+    set.iter()
+        .enumerate()
+        .filter(|(i, (name, _))| !set[i + 1..].iter().any(|(later, _)| later == name))
+        .map(|(_, pair)| pair)
 }
 
 /// `name`'s bit in [`CombinedRules::lengths`].

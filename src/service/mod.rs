@@ -666,7 +666,7 @@ async fn forward(
         )
         .await?;
     // An HTTP server's response head was read through the response rules.
-    leftovers.response_ruled = !from_fastcgi;
+    let mut ruled = !from_fastcgi;
     match client_upgrade {
         Some(client) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
             connection.start_tunnel();
@@ -680,10 +680,14 @@ async fn forward(
         // An HTTP server's response comes without its hop-by-hop headers, but for a
         // protocol switch (`upstream::h1`).
         _ if from_fastcgi || response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-            remove_hop_by_hop(response.headers_mut())
+            remove_hop_by_hop(response.headers_mut());
+            // `Connection` may have named a header the rules set: they apply again after
+            // (to what they already shaped, that changes nothing else).
+            ruled = false;
         }
         _ => {}
     }
+    leftovers.response_ruled = ruled;
     let tunnelled = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
     match upstream.read_ahead() {
         Some(limit) if !tunnelled && !response.body().is_end_stream() => {
