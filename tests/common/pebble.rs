@@ -27,13 +27,20 @@ pub(crate) struct Pebble {
     dir: tempfile::TempDir,
 }
 
-/// A free TCP port on loopback.
+/// A free TCP port on loopback, to be bound later (by a gateway, again after a restart, or
+/// by pebble).
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::hash::{BuildHasher, RandomState};
+    // Below the kernel's ephemeral range (32768-60999 by default): a port `bind(":0")`
+    // hands out and the test lets go can be taken meanwhile by any outgoing connection's
+    // local end, and a gateway started again on it then fails with "address in use".
+    const FIRST: u16 = 20_000;
+    const COUNT: u16 = 12_000;
+    let start = (RandomState::new().hash_one(std::process::id()) % u64::from(COUNT)) as u16;
+    (0..COUNT)
+        .map(|i| FIRST + (start + i) % COUNT)
+        .find(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .expect("a free port below the ephemeral range")
 }
 
 impl Pebble {
