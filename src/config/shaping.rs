@@ -22,22 +22,6 @@ pub struct HeaderRules {
     pub remove: Vec<HeaderName>,
 }
 
-impl HeaderRules {
-    /// No rules.
-    pub fn none() -> &'static HeaderRules {
-        static NONE: HeaderRules = HeaderRules {
-            set: Vec::new(),
-            remove: Vec::new(),
-        };
-        &NONE
-    }
-
-    /// Whether there are no rules.
-    pub fn is_empty(&self) -> bool {
-        self.set.is_empty() && self.remove.is_empty()
-    }
-}
-
 /// A route's rules of one direction and the server's as one (docs/configuration.md#header-rules):
 /// the names either sets or removes, and the values that go in their place. A message's
 /// headers are then read through them, each header once, instead of rewriting a map.

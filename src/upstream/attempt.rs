@@ -12,42 +12,73 @@ use tokio::time::Instant;
 use super::detach::{self, Exchanging};
 use super::idle::{Connection, IdlePool};
 use crate::proxy::request_body::RequestBody;
+use crate::trace::context::SpanId;
 
-/// Why a try got no response head.
-pub(super) enum Failed<C, E> {
-    /// No connection could be made.
-    Connect(C),
-    /// The exchange failed.
-    Exchange(E),
-    /// The deadline passed: what was sent of the request is lost.
-    TimedOut,
+/// What one try is given besides its protocol's head: the span its `traceparent` names,
+/// the request body (`repeatable` when the request is idempotent without one), the try's
+/// deadline and the upstream's `timeout`, and what the request holds while the server
+/// works on it (`keep`), which with `detach` outlives a client that leaves
+/// ([`detach::head`]).
+pub(crate) struct Try<'a, K> {
+    pub(crate) span: &'a SpanId,
+    pub(crate) body: RequestBody,
+    pub(crate) repeatable: bool,
+    pub(crate) deadline: Instant,
+    pub(crate) timeout: Duration,
+    pub(crate) keep: &'a mut Option<K>,
+    pub(crate) detach: bool,
 }
 
-/// Sends `body` (`repeatable` when it is idempotent without a body) on a connection from
-/// `idle` or from `connect`, in the exchange `exchange` makes, and waits for the response
-/// head until `deadline`; `keep` and `detach` as [`detach::head`] takes them. A failure
-/// gives the body back when none of it was read and nothing reached the server.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn attempt<S, X, C, F, K>(
+/// A try that got no response head: why, and the request body when none of it was read
+/// and nothing reached the server.
+pub(crate) struct Unsent<E> {
+    pub(crate) error: E,
+    pub(crate) body: Option<RequestBody>,
+}
+
+/// A pool's error for a try whose deadline passed: what was sent of the request is lost.
+pub(super) trait TimedOut {
+    fn timed_out() -> Self;
+}
+
+/// Sends the request of `plan` on a connection from `idle` or from `connect`, in the
+/// exchange `exchange` makes, and waits for the response head until the plan's deadline.
+pub(super) async fn attempt<S, X, E, F, K>(
     idle: &IdlePool<Connection<S>>,
     connect: impl Fn() -> F,
     exchange: impl Fn(Connection<S>, RequestBody) -> Box<X>,
-    (mut body, repeatable): (RequestBody, bool),
-    (deadline, timeout): (Instant, Duration),
-    keep: &mut Option<K>,
-    detach: bool,
-) -> Result<(Box<X>, X::Head), (Failed<C, X::Error>, Option<RequestBody>)>
+    plan: Try<'_, K>,
+) -> Result<(Box<X>, X::Head), Unsent<E>>
 where
     S: AsyncRead + Unpin,
     X: Exchanging,
-    F: Future<Output = Result<Connection<S>, C>>,
+    E: From<X::Error> + TimedOut,
+    F: Future<Output = Result<Connection<S>, E>>,
     K: Send + 'static,
 {
+    let Try {
+        mut body,
+        repeatable,
+        deadline,
+        timeout,
+        keep,
+        detach,
+        ..
+    } = plan;
+    let timed_out = || Unsent {
+        error: E::timed_out(),
+        body: None,
+    };
     loop {
         let (connection, reused) = match idle.take_or_connect(deadline, &connect).await {
             Ok(taken) => taken,
-            Err(Some(error)) => return Err((Failed::Connect(error), Some(body))),
-            Err(None) => return Err((Failed::TimedOut, None)),
+            Err(Some(error)) => {
+                return Err(Unsent {
+                    error,
+                    body: Some(body),
+                });
+            }
+            Err(None) => return Err(timed_out()),
         };
         let exchange = exchange(connection, body);
         let (exchange, answer) =
@@ -65,10 +96,12 @@ where
                 body = exchange.into_body().unwrap_or_else(RequestBody::empty);
             }
             // Past the deadline the exchange is dropped, its connection closed.
-            Err(None) => return Err((Failed::TimedOut, None)),
+            Err(None) => return Err(timed_out()),
             Err(Some(error)) => {
-                let body = exchange.into_body();
-                return Err((Failed::Exchange(error), body));
+                return Err(Unsent {
+                    body: exchange.into_body(),
+                    error: error.into(),
+                });
             }
         }
     }

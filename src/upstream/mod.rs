@@ -56,6 +56,7 @@ use crate::limit::store::ConcurrencySlot;
 use crate::metrics::Metrics;
 use crate::proxy::request_body::RequestBody;
 use crate::trace::{RequestTrace, TryEnd};
+use attempt::{Try, Unsent};
 use balance::Balancer;
 use exchange::ExchangeError;
 pub(crate) use fastcgi::FastCgiHead;
@@ -260,37 +261,24 @@ impl Upstream {
             let span = trace.begin_try();
             let started = Instant::now();
             let deadline = tokio::time::Instant::from_std(started) + timeout;
+            let plan = Try {
+                span: &span.id,
+                body: this_body,
+                repeatable,
+                deadline,
+                timeout,
+                keep: &mut held,
+                detach: counted,
+            };
             let tried = match (&server.transport, &head) {
-                (Transport::Http(pool), UpstreamHead::Http(head)) => {
-                    match pool
-                        .send(
-                            (head, &span.id),
-                            (this_body, repeatable),
-                            deadline,
-                            timeout,
-                            &mut held,
-                            counted,
-                        )
-                        .await
-                    {
-                        Ok(response) => Ok(response.map(Either::Left)),
-                        Err(pool::Unsent { error, body }) => Err((classify(error)?, body)),
-                    }
-                }
+                (Transport::Http(pool), UpstreamHead::Http(head)) => match pool.send(head, plan).await {
+                    Ok(response) => Ok(response.map(Either::Left)),
+                    Err(Unsent { error, body }) => Err((classify(error)?, body)),
+                },
                 (Transport::FastCgi(pool), UpstreamHead::FastCgi(head)) => {
-                    match pool
-                        .send(
-                            (head, &span.id),
-                            (this_body, repeatable),
-                            deadline,
-                            timeout,
-                            &mut held,
-                            counted,
-                        )
-                        .await
-                    {
+                    match pool.send(head, plan).await {
                         Ok(response) => Ok(response.map(Either::Right)),
-                        Err(fastcgi::Unsent { error, body }) => Err((classify_fastcgi(error)?, body)),
+                        Err(Unsent { error, body }) => Err((classify_fastcgi(error)?, body)),
                     }
                 }
                 // Validation gives a site's PHP only FastCGI servers, and them only to it.

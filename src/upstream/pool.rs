@@ -32,7 +32,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_util::either::Either;
 
-use super::attempt::{Failed, attempt};
+use super::attempt::{TimedOut, Try, Unsent, attempt};
 use super::detach::Exchanging;
 use super::exchange::{Exchange, ExchangeError};
 use super::h1::HttpHead;
@@ -129,12 +129,6 @@ pub(crate) struct Pool {
     endpoint: Arc<Endpoint>,
 }
 
-/// Why a request failed, and its body when none of it was read.
-pub(crate) struct Unsent {
-    pub(crate) error: SendError,
-    pub(crate) body: Option<RequestBody>,
-}
-
 impl Pool {
     /// A pool for `address` (`host:port`), over TLS with `tls`.
     pub(crate) fn new(address: String, connect_timeout: Duration, tls: Option<Tls>) -> Self {
@@ -181,46 +175,37 @@ impl Pool {
             .map(|response| response.status())
     }
 
-    /// Sends the request whose head is `head`, naming `span` as the try's in its
-    /// `traceparent`, with `body`, and waits for the response head until `deadline` (then
-    /// [`SendError::Timeout`]). A request that did not reach the server comes back with
-    /// the error; on a pooled connection the server had closed, it goes out again on
+    /// Sends the request whose head is `head`, naming the plan's span as the try's in its
+    /// `traceparent`, with its body, and waits for the response head until its deadline
+    /// (then [`SendError::Timeout`]). A request that did not reach the server comes back
+    /// with the error; on a pooled connection the server had closed, it goes out again on
     /// another when nothing of it reached the server or it is `repeatable` (idempotent,
     /// without a body).
     ///
-    /// `keep` is what the request holds while the server works on it. With `detach` (a cap
-    /// counts it), the server's work outlives a client that leaves ([`detach::head`]).
+    /// The plan's `keep` is what the request holds while the server works on it. With
+    /// `detach` (a cap counts it), the server's work outlives a client that leaves
+    /// ([`detach::head`]).
     pub(crate) async fn send<K: Send + 'static>(
         &self,
-        (head, span): (&HttpHead, &SpanId),
-        (body, repeatable): (RequestBody, bool),
-        deadline: tokio::time::Instant,
-        timeout: Duration,
-        keep: &mut Option<K>,
-        detach: bool,
-    ) -> Result<Response<UpstreamBody>, Unsent> {
+        head: &HttpHead,
+        plan: Try<'_, K>,
+    ) -> Result<Response<UpstreamBody>, Unsent<SendError>> {
         let endpoint = &self.endpoint;
-        let tried = attempt(
+        let (span, deadline) = (plan.span, plan.deadline);
+        let (exchange, response) = attempt(
             &endpoint.idle,
             || endpoint.connect(deadline),
             |connection, body| Box::new(Exchange::new(connection, endpoint.clone(), (head, span), body)),
-            (body, repeatable),
-            (deadline, timeout),
-            keep,
-            detach,
+            plan,
         )
-        .await;
-        match tried {
-            Ok((exchange, response)) => Ok(response.map(|()| exchange.into_response_body())),
-            Err((failed, body)) => Err(Unsent {
-                error: match failed {
-                    Failed::Connect(error) => error,
-                    Failed::Exchange(error) => error.into(),
-                    Failed::TimedOut => SendError::Timeout,
-                },
-                body,
-            }),
-        }
+        .await?;
+        Ok(response.map(|()| exchange.into_response_body()))
+    }
+}
+
+impl TimedOut for SendError {
+    fn timed_out() -> Self {
+        SendError::Timeout
     }
 }
 
@@ -382,12 +367,16 @@ mod tests {
         let span = SpanId([1; 8]);
         let mut keep = None::<()>;
         let sent = pool.send(
-            (&head, &span),
-            (RequestBody::empty(), true),
-            deadline,
-            timeout,
-            &mut keep,
-            false,
+            &head,
+            Try {
+                span: &span,
+                body: RequestBody::empty(),
+                repeatable: true,
+                deadline,
+                timeout,
+                keep: &mut keep,
+                detach: false,
+            },
         );
         match sent.await {
             Ok(response) => response,

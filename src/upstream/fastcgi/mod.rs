@@ -22,7 +22,7 @@ use http_body::{Body, Frame};
 use crate::trace::context::{self, SpanId};
 
 pub(crate) use exchange::ExchangeError;
-pub(crate) use pool::{Address, FastCgiError, Pool, Unsent};
+pub(crate) use pool::{Address, FastCgiError, Pool};
 
 use exchange::Exchange;
 

@@ -23,8 +23,7 @@ use tokio_util::either::Either;
 use super::exchange::{Exchange, ExchangeError};
 use super::{FastCgiBody, FastCgiHead};
 use crate::proxy::request_body::RequestBody;
-use crate::trace::context::SpanId;
-use crate::upstream::attempt::{Failed, attempt};
+use crate::upstream::attempt::{TimedOut, Try, Unsent, attempt};
 use crate::upstream::detach::Exchanging;
 use crate::upstream::idle::IdlePool;
 
@@ -133,12 +132,6 @@ pub(crate) struct Pool {
     endpoint: Arc<Endpoint>,
 }
 
-/// A request PHP-FPM did not answer, and its body when none of it was read.
-pub(crate) struct Unsent {
-    pub(crate) error: FastCgiError,
-    pub(crate) body: Option<RequestBody>,
-}
-
 impl Pool {
     /// A pool for `address` that keeps at most `max_idle` idle connections (the server's
     /// cap; `None`: no cap).
@@ -167,24 +160,21 @@ impl Pool {
             .map(|(status, _)| status)
     }
 
-    /// Sends the request whose begin and parameter records are `head`, naming `span` as
-    /// the try's in its `traceparent` ([`FastCgiHead::for_try`], on each connection), with `body`, and
-    /// waits for the response head until `deadline` (then [`FastCgiError::Timeout`]);
-    /// `keep`, with `detach`, is what the request holds while PHP works on it: dropped
-    /// before the answer (its client left), the exchange goes on in a task of its own
-    /// until `deadline`, its answer read and discarded for at most `timeout`, and only
-    /// then is `keep` dropped.
+    /// Sends the request whose begin and parameter records are `head`, naming the plan's
+    /// span as the try's in its `traceparent` ([`FastCgiHead::for_try`], on each
+    /// connection), with its body, and waits for the response head until its deadline
+    /// (then [`FastCgiError::Timeout`]); its `keep`, with `detach`, is what the request
+    /// holds while PHP works on it: dropped before the answer (its client left), the
+    /// exchange goes on in a task of its own until the deadline, its answer read and
+    /// discarded for at most `timeout`, and only then is `keep` dropped.
     pub(crate) async fn send<K: Send + 'static>(
         &self,
-        (head, span): (&FastCgiHead, &SpanId),
-        (body, repeatable): (RequestBody, bool),
-        deadline: tokio::time::Instant,
-        timeout: Duration,
-        keep: &mut Option<K>,
-        detach: bool,
-    ) -> Result<Response<FastCgiBody>, Unsent> {
+        head: &FastCgiHead,
+        plan: Try<'_, K>,
+    ) -> Result<Response<FastCgiBody>, Unsent<FastCgiError>> {
         let endpoint = &self.endpoint;
-        let tried = attempt(
+        let (span, deadline) = (plan.span, plan.deadline);
+        let (exchange, (status, headers)) = attempt(
             &endpoint.idle,
             || endpoint.connect(deadline),
             |connection, body| {
@@ -195,28 +185,19 @@ impl Pool {
                     body,
                 ))
             },
-            (body, repeatable),
-            (deadline, timeout),
-            keep,
-            detach,
+            plan,
         )
-        .await;
-        match tried {
-            Ok((exchange, (status, headers))) => {
-                let mut response = Response::new(exchange.into_response_body());
-                *response.status_mut() = status;
-                *response.headers_mut() = headers;
-                Ok(response)
-            }
-            Err((failed, body)) => Err(Unsent {
-                error: match failed {
-                    Failed::Connect(error) => error,
-                    Failed::Exchange(error) => error.into(),
-                    Failed::TimedOut => FastCgiError::Timeout,
-                },
-                body,
-            }),
-        }
+        .await?;
+        let mut response = Response::new(exchange.into_response_body());
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        Ok(response)
+    }
+}
+
+impl TimedOut for FastCgiError {
+    fn timed_out() -> Self {
+        FastCgiError::Timeout
     }
 }
 
