@@ -13,7 +13,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::pebble::{Pebble, free_port};
+use common::free_port;
+use common::pebble::Pebble;
 use common::redis_server::RedisServer;
 use common::tls::{TestCa, unverified_client};
 use common::{TestGateway, closed_port, get, send};

@@ -466,10 +466,26 @@ pub(crate) async fn raw_request(addr: SocketAddr, raw: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A free TCP port on 127.0.0.1 with nothing listening.
+/// A free TCP port on loopback, to be bound later (by a gateway, again after a restart, or
+/// by pebble).
+pub(crate) fn free_port() -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    // Below the kernel's ephemeral range (32768-60999 by default): a port `bind(":0")`
+    // hands out and the test lets go can be taken meanwhile by any outgoing connection's
+    // local end, and a gateway started again on it then fails with "address in use".
+    const FIRST: u16 = 20_000;
+    const COUNT: u16 = 12_000;
+    let start = (RandomState::new().hash_one(std::process::id()) % u64::from(COUNT)) as u16;
+    (0..COUNT)
+        .map(|i| FIRST + (start + i) % COUNT)
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .expect("a free port below the ephemeral range")
+}
+
+/// A free TCP port on 127.0.0.1 with nothing listening (and, being below the ephemeral
+/// range, none of the test's own outgoing connections taking it meanwhile).
 pub(crate) fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+    free_port()
 }
 
 /// Asks the gateway at `addr` for a WebSocket tunnel to the app's `/ws` (the test

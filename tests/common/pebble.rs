@@ -3,7 +3,7 @@
 //! validates challenges against the gateway's listeners on `http_port` and `tls_port`.
 //! Both processes are killed when dropped.
 
-use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::net::{TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
+use super::free_port;
 use super::tls::{TestCa, connect};
 
 pub(crate) struct Pebble {
@@ -25,22 +26,6 @@ pub(crate) struct Pebble {
     dns: u16,
     children: Vec<Child>,
     dir: tempfile::TempDir,
-}
-
-/// A free TCP port on loopback, to be bound later (by a gateway, again after a restart, or
-/// by pebble).
-pub(crate) fn free_port() -> u16 {
-    use std::hash::{BuildHasher, RandomState};
-    // Below the kernel's ephemeral range (32768-60999 by default): a port `bind(":0")`
-    // hands out and the test lets go can be taken meanwhile by any outgoing connection's
-    // local end, and a gateway started again on it then fails with "address in use".
-    const FIRST: u16 = 20_000;
-    const COUNT: u16 = 12_000;
-    let start = (RandomState::new().hash_one(std::process::id()) % u64::from(COUNT)) as u16;
-    (0..COUNT)
-        .map(|i| FIRST + (start + i) % COUNT)
-        .find(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok())
-        .expect("a free port below the ephemeral range")
 }
 
 impl Pebble {
