@@ -24,6 +24,7 @@ use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 
 pub mod limit_headers;
 pub(crate) mod limits;
@@ -122,6 +123,9 @@ pub(crate) async fn handle(
     let mut record = Unanswered(Some(record));
     let mut leftovers = Leftovers::default();
     let version = request.version();
+    // Split once and lent from here: the phases below borrow the head and take the body,
+    // where passing the request on by value moved its 264 bytes at every call.
+    let (mut parts, body) = request.into_parts();
     let served = serve(
         &shared,
         &state,
@@ -131,7 +135,7 @@ pub(crate) async fn handle(
             socket: &socket,
             connection: &in_flight,
         },
-        request,
+        (&mut parts, body),
         record.0.as_mut().expect("answered only below"),
         &mut leftovers,
     )
@@ -221,20 +225,20 @@ async fn serve(
     shared: &Instance,
     state: &GatewayState,
     client: Client<'_>,
-    mut request: Request<Incoming>,
+    (request, body): (&mut Parts, Incoming),
     record: &mut AccessRecord,
     leftovers: &mut Leftovers,
 ) -> Result<Response<Payload>, OwnAnswer> {
     // The access record owns the normalized path; the request path borrows it from there.
     let checked =
-        request_head::check(&request).and_then(|head| Ok((head, normalize_path(request.uri().path())?)));
+        request_head::check(request).and_then(|head| Ok((head, normalize_path(request.uri.path())?)));
     let head = match checked {
         Ok((head, path)) => {
             record.path = path.into_owned();
             head
         }
         Err(e) => {
-            record.path = request.uri().path().to_owned();
+            record.path = request.uri.path().to_owned();
             return Err(e.into());
         }
     };
@@ -247,7 +251,7 @@ async fn serve(
     let untidy = head.untidy;
     let host = if untidy.any(names) {
         let host = head.authority.to_owned();
-        request_head::tidy(request.headers_mut(), untidy, names, |n| {
+        request_head::tidy(&mut request.headers, untidy, names, |n| {
             shared.metrics.record_dropped_headers(n);
         });
         Cow::Owned(host)
@@ -273,7 +277,7 @@ async fn serve(
         && let Some(tls) = state.config.server.tls.as_ref().filter(|tls| tls.redirect_http)
     {
         let port = shared.https_port.unwrap_or(tls.listen.port());
-        return Err(to_https(host, port, request.uri()));
+        return Err(to_https(host, port, &request.uri));
     }
     if state
         .config
@@ -287,13 +291,13 @@ async fn serve(
     let route_host = normalize_host(host);
     let index = state
         .router
-        .lookup(route_host.as_deref(), path, request.method())
+        .lookup(route_host.as_deref(), path, &request.method)
         .ok_or(GatewayError::NoRoute)?;
     let route_config = &state.router.routes()[index];
     record.route = route_config.name.clone();
     leftovers.route = Some(index);
     if route_config.compress {
-        leftovers.compress = Some(Accepted::from_headers(request.headers()));
+        leftovers.compress = Some(Accepted::from_headers(&request.headers));
     }
     if !route_config.admits(client.ip) {
         return Err(GatewayError::Forbidden("the route's allow or deny").into());
@@ -302,7 +306,7 @@ async fn serve(
     let mut attempts = Vec::new();
     if !route.limits.is_empty() {
         let client_ip = client.ip_text();
-        let source = key_source(&request, &client_ip, path, route_host.as_deref(), &record.route);
+        let source = key_source(request, &client_ip, path, route_host.as_deref(), &record.route);
         let settings = LimitSettings {
             store: &state.store,
             prefix: &state.key_prefix,
@@ -334,11 +338,11 @@ async fn serve(
     }
     let response = match &route.target {
         Target::Respond(respond) => {
-            respond_with(respond, route_host.as_deref(), request.uri()).map_err(OwnAnswer::from)
+            respond_with(respond, route_host.as_deref(), &request.uri).map_err(OwnAnswer::from)
         }
         Target::Files(site) => {
             let forwarded = forwarded_path(route_config, path);
-            match Box::pin(site::prepare(site, forwarded, &request)).await {
+            match Box::pin(site::prepare(site, forwarded, request)).await {
                 Err(answer) => answer,
                 Ok(_) => Err(GatewayError::NotFound.into()),
             }
@@ -350,7 +354,7 @@ async fn serve(
             let script = match &route_config.site {
                 None => None,
                 // Boxed: the request path's future need not hold a site's.
-                Some(site) => match Box::pin(site::prepare(site, forwarded, &request)).await {
+                Some(site) => match Box::pin(site::prepare(site, forwarded, request)).await {
                     Err(answer) => break 'forwarded answer,
                     Ok(site::Prepared::Run(script)) => site.php.as_ref().map(|php| (php, script)),
                     Ok(site::Prepared::Unserved) if site.php.is_some() => {
@@ -363,7 +367,7 @@ async fn serve(
             // request repeats makes the client's address the key.
             let hash_tuple = upstream.hash_key().map(|parts| {
                 let client_ip = client.ip_text();
-                let source = key_source(&request, &client_ip, path, route_host.as_deref(), &record.route);
+                let source = key_source(request, &client_ip, path, route_host.as_deref(), &record.route);
                 key_tuple(parts, &source).unwrap_or_else(|_| client_ip.into_owned())
             });
             let destination = Destination {
@@ -389,14 +393,14 @@ async fn serve(
                 peer: client.peer,
                 client_ip: client.ip,
                 peer_trusted: state.trusted_proxies.contains(client.peer.ip),
-                version: request.version(),
+                version: request.version,
                 guarded_spellings: &state.guarded_spellings,
                 folding_names: untidy.leaves_folding_names(names),
             };
             let mut tries = Tries::new(&record.trace);
             let forwarded = forward(
                 &destination,
-                request,
+                (request, body),
                 (forwarded, script),
                 &context,
                 &state.config.server,
@@ -424,7 +428,7 @@ impl Client<'_> {
 
 /// What key parts are read from, for limits and for `hash` balancing.
 fn key_source<'a>(
-    request: &'a Request<Incoming>,
+    request: &'a Parts,
     client_ip: &'a str,
     path: &'a str,
     host: Option<&'a str>,
@@ -432,9 +436,9 @@ fn key_source<'a>(
 ) -> KeySource<'a> {
     KeySource {
         client_ip,
-        headers: request.headers(),
-        query: request.uri().query(),
-        method: request.method(),
+        headers: &request.headers,
+        query: request.uri.query(),
+        method: &request.method,
         path,
         host,
         route,
@@ -524,9 +528,9 @@ fn filled(parts: &[TemplatePart], host: Option<&str>, target: &Uri) -> Result<He
         .map_err(|_| GatewayError::MalformedRequest("the request cannot be put in a header"))
 }
 
-fn declared_length(request: &Request<Incoming>) -> Option<u64> {
+fn declared_length(request: &Parts) -> Option<u64> {
     request
-        .headers()
+        .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok())
@@ -555,7 +559,7 @@ const ADDED_UPSTREAM_HEADERS: usize = 8;
 /// runs.
 async fn forward(
     destination: &Destination<'_>,
-    mut request: Request<Incoming>,
+    (parts, body): (&mut Parts, Incoming),
     (path, script): (&str, Option<(&Php, Script)>),
     context: &ForwardingContext<'_>,
     server: &ServerConfig,
@@ -567,16 +571,21 @@ async fn forward(
     let slots = std::mem::take(&mut leftovers.slots);
     let upstream = destination.upstream;
     let max_body = server.max_body;
-    let declared = declared_length(&request);
+    let declared = declared_length(parts);
     if let (Some(limit), Some(length)) = (max_body, declared)
         && length > limit
     {
         return Err(GatewayError::BodyTooLarge.into());
     }
-    let upgrade = requested_upgrade(request.version(), request.headers());
-    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
-
-    let (mut parts, body) = request.into_parts();
+    // hyper offers the connection for every HTTP/1.1 request with `Upgrade`; an upgrade
+    // it does not offer could not be carried, so it is not asked for.
+    let (upgrade, client_upgrade) = match requested_upgrade(parts.version, &parts.headers) {
+        Some(protocol) => match parts.extensions.remove::<OnUpgrade>() {
+            Some(client) => (Some(protocol), Some(client)),
+            None => (None, None),
+        },
+        None => (None, None),
+    };
     let fastcgi = match (script, &upstream.config.fastcgi) {
         (Some((php, script)), Some(fastcgi)) => Some((php, script, fastcgi)),
         _ => None,
@@ -597,7 +606,7 @@ async fn forward(
     let mut length = None;
     if fastcgi.is_some() {
         // Boxed: the request path's future need not hold a body being read whole.
-        (length, body) = Box::pin(site::with_length(&parts, declared, body)).await?;
+        (length, body) = Box::pin(site::with_length(parts, declared, body)).await?;
     }
     // The headers go as they are read (into PHP's parameters, or straight into the
     // request head); the map is rewritten first only where that cannot be done.
@@ -636,7 +645,7 @@ async fn forward(
     });
     let head = match fastcgi {
         Some((php, script, fastcgi)) => UpstreamHead::FastCgi(site::fastcgi_head(
-            (&parts, as_forwarded.as_ref()),
+            (parts, as_forwarded.as_ref()),
             &script,
             context,
             (destination.host.as_deref(), length),
@@ -645,7 +654,7 @@ async fn forward(
             trace,
         )),
         None => UpstreamHead::Http(http_head(
-            &parts,
+            parts,
             &upstream.target(path, parts.uri.query()),
             as_forwarded.as_ref(),
             (trace, destination.response_rules),

@@ -9,7 +9,8 @@
 //! declined, a refused `CONNECT`), and for HTTP/1.1 and HTTP/2 alike.
 
 use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Request, Uri};
+use http::request::Parts;
+use http::{HeaderMap, Uri};
 
 use crate::error::GatewayError;
 
@@ -28,10 +29,10 @@ pub(crate) enum InvalidNames {
 
 /// Checks `request`'s head; returns the authority the client asked for (the request
 /// target's, or else the `Host` header's), and what [`tidy`] has to do.
-pub(crate) fn check<B>(request: &Request<B>) -> Result<Checked<'_>, GatewayError> {
-    let fields = Fields::of(request.headers())?;
+pub(crate) fn check(request: &Parts) -> Result<Checked<'_>, GatewayError> {
+    let fields = Fields::of(&request.headers)?;
     // HTTP/2 carries the authority outside the fields: counted as the `Host` it stands for.
-    let authority_field = match (fields.host, request.uri().authority()) {
+    let authority_field = match (fields.host, request.uri.authority()) {
         (None, Some(authority)) => "host".len() + authority.as_str().len() + 4,
         _ => 0,
     };
@@ -42,7 +43,7 @@ pub(crate) fn check<B>(request: &Request<B>) -> Result<Checked<'_>, GatewayError
         return Err(GatewayError::AmbiguousFraming("repeated Content-Length"));
     }
     Ok(Checked {
-        authority: host(request.uri(), fields.host)?,
+        authority: host(&request.uri, fields.host)?,
         untidy: Untidy {
             invalid_names: fields.invalid_names > 0,
             cookie_crumbs: fields.cookies > 1,
@@ -283,13 +284,14 @@ impl<'a> HostPort<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Request;
 
-    fn request(target: &str, headers: &[(&str, &str)]) -> Request<()> {
+    fn request(target: &str, headers: &[(&str, &str)]) -> Parts {
         let mut builder = Request::get(target);
         for (name, value) in headers {
             builder = builder.header(*name, *value);
         }
-        builder.body(()).unwrap()
+        builder.body(()).unwrap().into_parts().0
     }
 
     /// The authority a request asks for, once checked.
@@ -298,9 +300,9 @@ mod tests {
     }
 
     /// `request` checked and tidied.
-    fn tidied(mut request: Request<()>, names: InvalidNames, dropped: impl FnOnce(usize)) -> Request<()> {
+    fn tidied(mut request: Parts, names: InvalidNames, dropped: impl FnOnce(usize)) -> Parts {
         let untidy = check(&request).unwrap().untidy;
-        tidy(request.headers_mut(), untidy, names, dropped);
+        tidy(&mut request.headers, untidy, names, dropped);
         request
     }
 
@@ -419,7 +421,7 @@ mod tests {
         ];
         let mut dropped = 0;
         let req = tidied(request("/", &fields), InvalidNames::Drop, |n| dropped = n);
-        let mut names: Vec<&str> = req.headers().keys().map(|k| k.as_str()).collect();
+        let mut names: Vec<&str> = req.headers.keys().map(|k| k.as_str()).collect();
         names.sort_unstable();
         assert_eq!(names, ["host", "x-api-key", "x-kept-2"]);
         assert_eq!(dropped, 3);
@@ -427,7 +429,7 @@ mod tests {
         let kept = tidied(request("/", &fields), InvalidNames::Keep, |_| {
             panic!("nothing dropped")
         });
-        assert_eq!(kept.headers().len(), fields.len());
+        assert_eq!(kept.headers.len(), fields.len());
     }
 
     #[test]
@@ -446,7 +448,7 @@ mod tests {
             |_| {},
         );
         let cookies: Vec<&[u8]> = req
-            .headers()
+            .headers
             .get_all("cookie")
             .iter()
             .map(|v| v.as_bytes())
@@ -457,6 +459,6 @@ mod tests {
             InvalidNames::Drop,
             |_| {},
         );
-        assert_eq!(one.headers()["cookie"], "a=1, b", "a single field is left alone");
+        assert_eq!(one.headers["cookie"], "a=1, b", "a single field is left alone");
     }
 }

@@ -4,7 +4,7 @@
 
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{Request, Response, Version};
+use http::{Response, Version};
 use http_body::Body as _;
 
 use super::own_answer::OwnAnswer;
@@ -36,10 +36,10 @@ pub(super) enum Prepared {
 /// What `request` comes to on `site`, for its normalized `path` (after `strip_prefix`);
 /// in `Err`, the answer instead: the file, a `308` to the directory, a `404` for a hidden
 /// path or one outside the root, a `400` for a path that names no file.
-pub(super) async fn prepare<B>(
+pub(super) async fn prepare(
     site: &Site,
     path: &str,
-    request: &Request<B>,
+    request: &Parts,
 ) -> Result<Prepared, Result<Response<Payload>, OwnAnswer>> {
     let file_path = decode_file_path(path).map_err(|error| Err(GatewayError::BadPath(error).into()))?;
     let split_path = site.php.as_ref().map(|php| php.split_path.as_str());
@@ -50,7 +50,7 @@ pub(super) async fn prepare<B>(
         Choice::Hidden => Err(Err(GatewayError::NotFound.into())),
         Choice::AddSlash(_) => {
             // Relative, as the client wrote the path, with its query.
-            let location = match request.uri().query() {
+            let location = match request.uri.query() {
                 Some(query) => format!("{path}/?{query}"),
                 None => format!("{path}/"),
             };
@@ -63,13 +63,13 @@ pub(super) async fn prepare<B>(
 }
 
 /// The answer to `request` with `file`, at `path` on `site`.
-fn serve_file<B>(
+fn serve_file(
     site: &Site,
     path: &str,
     file: Opened,
-    request: &Request<B>,
+    request: &Parts,
 ) -> Result<Response<Payload>, OwnAnswer> {
-    match serve::serve(&site.root, path, file, request.method(), request.headers()) {
+    match serve::serve(&site.root, path, file, &request.method, &request.headers) {
         Ok(response) => Ok(response.map(|body| Payload::File(Box::new(body)))),
         Err(status) if status == http::StatusCode::METHOD_NOT_ALLOWED => {
             Err(GatewayError::NotAFileMethod.into())
