@@ -5,6 +5,7 @@
 //! The outer handler then gives it what every response gets: the header rules, the
 //! rate-limit headers and HSTS.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use bytes::Bytes;
@@ -89,7 +90,7 @@ pub(crate) fn render(
         headers.insert(header::CONTENT_TYPE, content_type);
     }
     if let Some(seconds) = retry_after {
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        headers.insert(header::RETRY_AFTER, retry_after_value(seconds));
     }
     match answer {
         OwnAnswer::Redirect(location) => {
@@ -107,6 +108,35 @@ pub(crate) fn render(
     response
 }
 
+/// `seconds` as a `Retry-After` value. The last one made on this thread is kept and
+/// shared: refusals in a flood carry the same few values, and making each anew was an
+/// allocation per refusal.
+fn retry_after_value(seconds: u64) -> HeaderValue {
+    thread_local! {
+        static LAST: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| match last {
+        Some((made_for, value)) if *made_for == seconds => value.clone(),
+        _ => {
+            let value = HeaderValue::from(seconds);
+            *last = Some((seconds, value.clone()));
+            value
+        }
+    })
+}
+
 fn plain_text() -> HeaderValue {
     HeaderValue::from_static("text/plain; charset=utf-8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_values_are_the_seconds_asked_whatever_came_before() {
+        for seconds in [1, 1, 2, 3600, 3600, 1, 0, u64::MAX] {
+            assert_eq!(retry_after_value(seconds), seconds.to_string().as_str());
+        }
+    }
 }
