@@ -130,10 +130,12 @@ fn quality<'a>(parameters: impl Iterator<Item = &'a str>) -> Option<u16> {
 /// Responses shorter than this are sent as they are.
 const MIN_LENGTH: u64 = 1024;
 
-/// Whether a response with `status` and `headers` is one a route with `compress` encodes when the client accepts a coding: a text-like type,
-/// not already encoded, not a part, not an event stream, no `no-transform`, at least
-/// 1 KB when its length is known.
-pub(crate) fn compressible(status: StatusCode, headers: &HeaderMap) -> bool {
+/// Whether a response with `status`, `headers` and a body of `length` bytes (when known
+/// before it is read) is one a route with `compress` encodes when the client accepts a
+/// coding: a text-like type, not already encoded, not a part, not an event stream, no
+/// `no-transform`, at least 1 KB when its length is known (from `Content-Length` or
+/// the body).
+pub(crate) fn compressible(status: StatusCode, headers: &HeaderMap, length: Option<u64>) -> bool {
     if status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::PARTIAL_CONTENT
@@ -155,6 +157,7 @@ pub(crate) fn compressible(status: StatusCode, headers: &HeaderMap) -> bool {
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|text| text.parse::<u64>().ok())
+        .or(length)
         .is_some_and(|length| length < MIN_LENGTH);
     let text_like = headers
         .get(header::CONTENT_TYPE)
@@ -315,7 +318,7 @@ mod tests {
             "text/javascript",
             "application/wasm",
         ] {
-            assert!(compressible(ok, &response(text)), "{text}");
+            assert!(compressible(ok, &response(text), None), "{text}");
         }
         for other in [
             "image/png",
@@ -323,24 +326,31 @@ mod tests {
             "text/event-stream",
             "video/mp4",
         ] {
-            assert!(!compressible(ok, &response(other)), "{other}");
+            assert!(!compressible(ok, &response(other), None), "{other}");
         }
         let mut encoded = response("text/html");
         encoded.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        assert!(!compressible(ok, &encoded));
+        assert!(!compressible(ok, &encoded, None));
         let mut no_transform = response("text/html");
         no_transform.insert(
             header::CACHE_CONTROL,
             HeaderValue::from_static("public, No-Transform"),
         );
-        assert!(!compressible(ok, &no_transform));
+        assert!(!compressible(ok, &no_transform, None));
         let mut short = response("text/html");
         short.insert(header::CONTENT_LENGTH, HeaderValue::from_static("1023"));
-        assert!(!compressible(ok, &short));
+        assert!(!compressible(ok, &short, None));
         short.insert(header::CONTENT_LENGTH, HeaderValue::from_static("1024"));
-        assert!(compressible(ok, &short));
-        assert!(!compressible(StatusCode::PARTIAL_CONTENT, &response("text/html")));
-        assert!(compressible(StatusCode::NOT_FOUND, &response("text/html")));
+        assert!(compressible(ok, &short, None));
+        // A body that knows its length, without the header (a file's).
+        assert!(!compressible(ok, &response("text/html"), Some(1023)));
+        assert!(compressible(ok, &response("text/html"), Some(1024)));
+        assert!(!compressible(
+            StatusCode::PARTIAL_CONTENT,
+            &response("text/html"),
+            None
+        ));
+        assert!(compressible(StatusCode::NOT_FOUND, &response("text/html"), None));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use async_compression::tokio::bufread::{BrotliDecoder, GzipDecoder, ZstdDecoder}
 use bytes::Bytes;
 use common::config::GatewayToml;
 use common::stub::StubUpstream;
-use common::{TestGateway, http1_client};
+use common::{TestGateway, h2c_client, http1_client};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokio::io::AsyncReadExt;
@@ -266,4 +266,38 @@ async fn a_sites_ranges_and_siblings_on_a_route_without_compress() {
     let (_, headers, body) = fetch(Method::GET, &gw.url("/app.js"), &[("accept-encoding", "gzip")]).await;
     assert!(!headers.contains_key("content-encoding"));
     assert_eq!(body, "console.log('plain')");
+}
+
+/// A file's length comes on the wire from its body (HTTP/1.1 and HTTP/2 alike), and
+/// decides, as a `Content-Length` would, that a file under 1 KB goes as it is.
+#[tokio::test]
+async fn a_files_length_is_sent_and_a_short_file_is_not_compressed() {
+    let site = site();
+    std::fs::write(site.path().join("short.html"), "<p>short</p>").unwrap();
+    let gw = TestGateway::start(GatewayToml::new().route(
+        "site",
+        &format!("root = \"{}\"\ncompress = true", site.path().display()),
+    ))
+    .await;
+    let (status, headers, body) = fetch(
+        Method::GET,
+        &gw.url("/short.html"),
+        &[("accept-encoding", "gzip")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!headers.contains_key("content-encoding"), "{headers:?}");
+    assert_eq!(headers["content-length"], "12");
+    assert_eq!(body, "<p>short</p>");
+    let (_, headers, _) = fetch(Method::GET, &gw.url("/index.html"), &[]).await;
+    assert_eq!(headers["content-length"], page().len().to_string().as_str());
+    let response = h2c_client()
+        .request(Request::get(gw.url("/index.html")).body(Full::default()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(
+        response.headers()["content-length"],
+        page().len().to_string().as_str()
+    );
 }

@@ -53,7 +53,12 @@ pub(crate) fn compress(
     method: &Method,
 ) -> Response<Payload> {
     let status = response.status();
-    if !compression::compressible(status, response.headers()) {
+    // The body's own length where it is the representation's: not that of a `304`'s or
+    // a `HEAD`'s empty body.
+    let length = (status != StatusCode::NOT_MODIFIED && method != Method::HEAD)
+        .then(|| response.body().size_hint().exact())
+        .flatten();
+    if !compression::compressible(status, response.headers(), length) {
         return response;
     }
     compression::vary_on_encoding(response.headers_mut());
