@@ -289,6 +289,41 @@ async fn a_files_length_is_sent_and_a_short_file_is_not_compressed() {
     assert!(!headers.contains_key("content-encoding"), "{headers:?}");
     assert_eq!(headers["content-length"], "12");
     assert_eq!(body, "<p>short</p>");
+    // Its revalidation and its HEAD say what its GET said: not encoded.
+    let etag = headers["etag"].to_str().unwrap();
+    let (status, revalidated, _) = fetch(
+        Method::GET,
+        &gw.url("/short.html"),
+        &[("accept-encoding", "gzip"), ("if-none-match", etag)],
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_MODIFIED);
+    assert!(!revalidated.contains_key("content-encoding"), "{revalidated:?}");
+    assert_eq!(revalidated["etag"], headers["etag"]);
+    let (_, head, _) = fetch(
+        Method::HEAD,
+        &gw.url("/short.html"),
+        &[("accept-encoding", "gzip")],
+    )
+    .await;
+    assert!(!head.contains_key("content-encoding"), "{head:?}");
+    // floodgate's own answers are decided by their headers, GET and HEAD alike.
+    let (status, get_404, _) = fetch(
+        Method::GET,
+        &gw.url("/missing.html"),
+        &[("accept-encoding", "gzip")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, head_404, _) = fetch(
+        Method::HEAD,
+        &gw.url("/missing.html"),
+        &[("accept-encoding", "gzip")],
+    )
+    .await;
+    for name in ["content-encoding", "vary"] {
+        assert_eq!(get_404.get(name), head_404.get(name), "{name}");
+    }
     let (_, headers, _) = fetch(Method::GET, &gw.url("/index.html"), &[]).await;
     assert_eq!(headers["content-length"], page().len().to_string().as_str());
     let response = h2c_client()
@@ -300,4 +335,11 @@ async fn a_files_length_is_sent_and_a_short_file_is_not_compressed() {
         response.headers()["content-length"],
         page().len().to_string().as_str()
     );
+    // An empty file states its length too (hyper's HTTP/2 would not, for a body at its end).
+    std::fs::write(site.path().join("empty.txt"), "").unwrap();
+    let response = h2c_client()
+        .request(Request::get(gw.url("/empty.txt")).body(Full::default()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-length"], "0");
 }

@@ -36,6 +36,10 @@ const STREAM_CHUNK: usize = 256 * 1024;
 pub(crate) struct FileBody {
     content: Content,
     remaining: u64,
+    /// The length of the file the response is of, whatever part of it goes (none for a
+    /// `HEAD` or a `304`): what decides, as a `Content-Length` would, whether a route
+    /// compresses the response.
+    file_length: u64,
 }
 
 enum Content {
@@ -51,6 +55,7 @@ impl FileBody {
         FileBody {
             content: Content::Streamed(ReaderStream::with_capacity(file.take(length), STREAM_CHUNK)),
             remaining: length,
+            file_length: length,
         }
     }
 
@@ -58,7 +63,13 @@ impl FileBody {
         FileBody {
             content: Content::Read(None),
             remaining: 0,
+            file_length: 0,
         }
+    }
+
+    /// The length of the file the response is of ([`FileBody::file_length`]).
+    pub(crate) fn file_length(&self) -> u64 {
+        self.file_length
     }
 
     /// `length` bytes of `file` from `start`: read now when they are few, else streamed.
@@ -79,6 +90,7 @@ impl FileBody {
         Ok(FileBody {
             content: Content::Read(Some(Bytes::from(bytes))),
             remaining: length,
+            file_length: length,
         })
     }
 }
@@ -167,7 +179,10 @@ pub(crate) fn serve(
     let etag = etag(modified_secs, length, coding.map(Coding::extension));
     let last_modified = http_date(modified_secs);
     let last_modified = std::str::from_utf8(&last_modified).expect("ASCII");
-    let mut response = Response::new(FileBody::empty());
+    let mut response = Response::new(FileBody {
+        file_length: length,
+        ..FileBody::empty()
+    });
     let out = response.headers_mut();
     out.insert(
         header::CONTENT_TYPE,
@@ -214,9 +229,14 @@ pub(crate) fn serve(
             (first, last - first + 1)
         }
     };
-    if method == Method::GET {
-        // Its exact length is the body's: hyper writes `Content-Length` from it.
-        *response.body_mut() = FileBody::part(opened, start, count).map_err(|_| StatusCode::NOT_FOUND)?;
+    if method == Method::GET && count > 0 {
+        // Its exact length is the body's: hyper writes `Content-Length` from it (over
+        // HTTP/2 only for a body not already at its end, hence the header for none).
+        let part = FileBody::part(opened, start, count).map_err(|_| StatusCode::NOT_FOUND)?;
+        *response.body_mut() = FileBody {
+            file_length: length,
+            ..part
+        };
     } else {
         response
             .headers_mut()

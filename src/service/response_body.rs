@@ -53,11 +53,12 @@ pub(crate) fn compress(
     method: &Method,
 ) -> Response<Payload> {
     let status = response.status();
-    // The body's own length where it is the representation's: not that of a `304`'s or
-    // a `HEAD`'s empty body.
-    let length = (status != StatusCode::NOT_MODIFIED && method != Method::HEAD)
-        .then(|| response.body().size_hint().exact())
-        .flatten();
+    // A file's length decides for its GET, its HEAD and its `304` alike; other responses'
+    // through their `Content-Length`.
+    let length = match response.body() {
+        Payload::File(body) => Some(body.file_length()),
+        _ => None,
+    };
     if !compression::compressible(status, response.headers(), length) {
         return response;
     }
