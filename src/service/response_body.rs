@@ -68,6 +68,11 @@ pub(crate) fn compress(
     };
     compression::encode_headers(response.headers_mut(), coding);
     if status == StatusCode::NOT_MODIFIED || method == Method::HEAD {
+        // A HEAD of floodgate's own answer still holds the answer, whose length hyper
+        // would give: the encoded GET's is not known, so none is.
+        if let Payload::Own(own) = response.body_mut() {
+            own.body = Full::new(Bytes::new());
+        }
         return response;
     }
     response.map(|body| Payload::Encoded(compression::encode(body, coding)))
