@@ -61,7 +61,10 @@ if [ "$TEMPLATE" != - ] && grep -q @FASTCGI_URL@ "$TEMPLATE"; then
   fpm_port=$(free_port)
   mkdir -p "$dir/site"
   echo '<?php echo "hello";' >"$dir/site/hello.php"
-  head -c 3072 /dev/urandom | base64 -w 76 | head -c 4096 >"$dir/site/file4k.txt"
+  # Cut to size afterwards: a `head -c` closing the pipe early can kill base64 with
+  # SIGPIPE, which pipefail turns into this script's failure.
+  head -c 3072 /dev/urandom | base64 -w 76 >"$dir/site/file4k.txt"
+  truncate -s 4096 "$dir/site/file4k.txt"
   php_fpm_config "$dir/fpm.conf" "$dir" "$fpm_port" 4
   php-fpm8.2 -F -R -y "$dir/fpm.conf" >/dev/null 2>&1 &
   pids+=($!)
