@@ -36,9 +36,9 @@ const STREAM_CHUNK: usize = 256 * 1024;
 pub(crate) struct FileBody {
     content: Content,
     remaining: u64,
-    /// The length of the file the response is of, whatever part of it goes (none for a
-    /// `HEAD` or a `304`): what decides, as a `Content-Length` would, whether a route
-    /// compresses the response.
+    /// The length of the content the response stands for: a whole file's, also for its
+    /// `HEAD` and its `304`, whose bodies are empty (a part is never compressed). It
+    /// decides, as a `Content-Length` would, whether a route compresses the response.
     file_length: u64,
 }
 
@@ -67,7 +67,7 @@ impl FileBody {
         }
     }
 
-    /// The length of the file the response is of ([`FileBody::file_length`]).
+    /// The length of the content the response stands for ([`FileBody::file_length`]).
     pub(crate) fn file_length(&self) -> u64 {
         self.file_length
     }
@@ -232,11 +232,7 @@ pub(crate) fn serve(
     if method == Method::GET && count > 0 {
         // Its exact length is the body's: hyper writes `Content-Length` from it (over
         // HTTP/2 only for a body not already at its end, hence the header for none).
-        let part = FileBody::part(opened, start, count).map_err(|_| StatusCode::NOT_FOUND)?;
-        *response.body_mut() = FileBody {
-            file_length: length,
-            ..part
-        };
+        *response.body_mut() = FileBody::part(opened, start, count).map_err(|_| StatusCode::NOT_FOUND)?;
     } else {
         response
             .headers_mut()

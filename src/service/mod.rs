@@ -122,7 +122,6 @@ pub(crate) async fn handle(
     record.request_id = request_id;
     let mut record = Unanswered(Some(record));
     let mut leftovers = Leftovers::default();
-    let version = request.version();
     // Split once and lent from here: the phases below borrow the head and take the body,
     // where passing the request on by value moved its 264 bytes at every call.
     let (mut parts, body) = request.into_parts();
@@ -143,7 +142,7 @@ pub(crate) async fn handle(
     let mut record = record.0.take().expect("answered once");
     let mut response = match served {
         Ok(response) => response,
-        Err(answer) => own_answer::render(answer, &record, version, &state.config.server.errors),
+        Err(answer) => own_answer::render(answer, &record, parts.version, &state.config.server.errors),
     };
     // The server's response rules, then the route's (unless applied as an HTTP server's
     // response head was read); none may touch what follows.
@@ -579,13 +578,9 @@ async fn forward(
     }
     // hyper offers the connection for every HTTP/1.1 request with `Upgrade`; an upgrade
     // it does not offer could not be carried, so it is not asked for.
-    let (upgrade, client_upgrade) = match requested_upgrade(parts.version, &parts.headers) {
-        Some(protocol) => match parts.extensions.remove::<OnUpgrade>() {
-            Some(client) => (Some(protocol), Some(client)),
-            None => (None, None),
-        },
-        None => (None, None),
-    };
+    let (upgrade, client_upgrade) = requested_upgrade(parts.version, &parts.headers)
+        .and_then(|protocol| Some((protocol, parts.extensions.remove::<OnUpgrade>()?)))
+        .unzip();
     let fastcgi = match (script, &upstream.config.fastcgi) {
         (Some((php, script)), Some(fastcgi)) => Some((php, script, fastcgi)),
         _ => None,
