@@ -95,8 +95,8 @@ fn with_quiet_h2(spec: &str) -> String {
     }
 }
 
-/// Installs the global subscriber from the environment, and the thread that writes
-/// buffered access lines out.
+/// Installs the global subscriber from the environment; [`flush_periodically`], run on the
+/// runtime, writes buffered access lines out.
 pub fn init() -> Result<(), String> {
     let spec = std::env::var("FLOODGATE_LOG").unwrap_or_else(|_| "info".to_owned());
     let filter = EnvFilter::try_new(with_quiet_h2(&spec))
@@ -117,16 +117,19 @@ pub fn init() -> Result<(), String> {
             ));
         }
     }
-    std::thread::Builder::new()
-        .name("floodgate-log".into())
-        .spawn(|| {
-            loop {
-                std::thread::sleep(FLUSH_EVERY);
-                flush();
-            }
-        })
-        .map_err(|e| format!("cannot start the log writer: {e}"))?;
     Ok(())
+}
+
+/// Writes buffered access lines out every [`FLUSH_EVERY`], on the runtime rather than on a
+/// thread of its own: a second thread makes every socket call of the process take and drop
+/// a reference to its file (the kernel's fast path is for single-threaded processes).
+pub async fn flush_periodically() {
+    let mut ticks = tokio::time::interval(FLUSH_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        flush();
+    }
 }
 
 #[cfg(test)]

@@ -198,6 +198,7 @@ fn serve(config: Config, path: PathBuf) -> anyhow::Result<()> {
         ));
         let _watcher = reload::watch_file(reloader.clone(), &config_path);
         tokio::spawn(reload_on_sighup(reloader));
+        tokio::spawn(logging::flush_periodically());
         gateway.serve(shutdown_signal()).await;
         Ok(())
     })

@@ -305,6 +305,22 @@ fn workers_sets_the_runtime_thread_count() {
     }
 }
 
+/// One worker is one thread, as an nginx worker is: the access log is written from the
+/// runtime, not from a thread of its own (a second thread makes each socket call dearer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_serves_and_logs_on_a_single_thread() {
+    let upstream = Upstream::start().await;
+    let gateway = FloodgateProcess::start(proxy_config(&upstream, "workers = 1"), &[]);
+    let raw = raw_request(
+        gateway.listen,
+        b"GET /one HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    assert_eq!(wait_for_access_lines(&gateway, 1).len(), 1);
+    assert_eq!(gateway.thread_names().len(), 1, "{:?}", gateway.thread_names());
+}
+
 /// Sends `total` bytes as the body of `POST url_path` (64 KiB chunks, never all in memory)
 /// to `gateway` and counts the response body bytes as they arrive.
 async fn stream_through(
