@@ -18,6 +18,7 @@ use crate::config::CombinedRules;
 use crate::proxy::headers::{is_hop_by_hop_name, named_by_connection};
 use crate::trace::TRACEPARENT;
 use crate::trace::context::{self, SpanId};
+use crate::upstream::names::response_header_name;
 
 /// The largest response head read: beyond it the response is malformed.
 pub(super) const MAX_HEAD: usize = 64 * 1024;
@@ -303,7 +304,7 @@ pub(super) fn read_response_head(
         // switch, whose `Upgrade` and `Connection` the client's tunnel needs.
         let switched = code == 101;
         for &(name_at, name_end, value_at, value_end) in &places {
-            let name = HeaderName::from_bytes(&head[name_at as usize..name_end as usize])
+            let name = response_header_name(&head[name_at as usize..name_end as usize])
                 .map_err(|_| Malformed("a header name that is not a token"))?;
             let value = HeaderValue::from_maybe_shared(head.slice(value_at as usize..value_end as usize))
                 .map_err(|_| Malformed("a header value with control characters"))?;

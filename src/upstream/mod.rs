@@ -23,6 +23,7 @@ pub(crate) mod fastcgi;
 mod h1;
 mod health;
 mod idle;
+pub(crate) mod names;
 pub(crate) mod pool;
 pub(crate) mod read_ahead;
 mod sending;
