@@ -13,6 +13,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::client_ip::Peer;
 use crate::config::{CombinedRules, HeaderRules};
+use crate::service::request_head::Seen;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
@@ -161,6 +162,8 @@ pub(crate) struct ForwardingContext<'a> {
     /// Whether the request may hold header names PHP and CGI fold (kept by
     /// `server.drop_invalid_headers = false`): only then are the spellings looked for.
     pub folding_names: bool,
+    /// Which of the headers read here the request has, from its head's checks.
+    pub seen: Seen,
 }
 
 /// Sets `X-Forwarded-For`, `X-Real-IP`, `X-Forwarded-Proto`, `X-Forwarded-Host`, `Via`
@@ -291,6 +294,8 @@ pub(crate) struct AsForwarded<'a> {
     forwarding: Forwarding<'a>,
     /// `tracestate`, when the client's goes.
     dropped: Option<&'a HeaderName>,
+    /// Whether the client sent `Via`.
+    client_via: bool,
     /// The server's request rules and the route's, if either has any.
     rules: Option<&'a CombinedRules>,
 }
@@ -300,7 +305,7 @@ impl<'a> AsForwarded<'a> {
     /// `Connection` names any besides the hop-by-hop ones, nor when the request may hold
     /// names that PHP folds (both need the map rewritten).
     pub(crate) fn readable(headers: &HeaderMap, ctx: &ForwardingContext<'_>) -> bool {
-        !ctx.folding_names && connection_named(headers).is_empty()
+        !ctx.folding_names && (!ctx.seen.connection || connection_named(headers).is_empty())
     }
 
     /// The headers `headers` go upstream with, the target's `host` in place of the
@@ -319,6 +324,7 @@ impl<'a> AsForwarded<'a> {
             host,
             forwarding,
             dropped,
+            client_via: ctx.seen.via,
             rules,
         }
     }
@@ -395,9 +401,10 @@ impl<'a> AsForwarded<'a> {
     /// `Via`: the client's values, then floodgate's.
     pub(crate) fn via(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
         let ruled = self.ruled(&header::VIA);
-        self.headers
-            .get_all(header::VIA)
-            .iter()
+        self.client_via
+            .then(|| self.headers.get_all(header::VIA).iter())
+            .into_iter()
+            .flatten()
             .chain(std::iter::once(&self.forwarding.via))
             .filter(move |_| !ruled)
             .map(|value| (&header::VIA, value))
@@ -505,6 +512,12 @@ mod tests {
             version: Version::HTTP_11,
             guarded_spellings: &[],
             folding_names: true,
+            seen: Seen {
+                declared: None,
+                connection: true,
+                upgrade: true,
+                via: true,
+            },
         }
     }
 
@@ -688,6 +701,12 @@ mod tests {
                 version: Version::HTTP_11,
                 guarded_spellings: &[],
                 folding_names: false,
+                seen: Seen {
+                    declared: None,
+                    connection: headers.contains_key(header::CONNECTION),
+                    upgrade: headers.contains_key(header::UPGRADE),
+                    via: headers.contains_key(header::VIA),
+                },
             };
             proptest::prop_assume!(AsForwarded::readable(&headers, &ctx));
             let host = target_host.then(|| HeaderValue::from_static("target.example"));

@@ -247,7 +247,7 @@ async fn serve(
         InvalidNames::Keep
     };
     // Rarely anything to tidy: then the authority is copied out of the head it changes.
-    let untidy = head.untidy;
+    let (untidy, seen) = (head.untidy, head.seen);
     let host = if untidy.any(names) {
         let host = head.authority.to_owned();
         request_head::tidy(&mut request.headers, untidy, names, |n| {
@@ -395,6 +395,7 @@ async fn serve(
                 version: request.version,
                 guarded_spellings: &state.guarded_spellings,
                 folding_names: untidy.leaves_folding_names(names),
+                seen,
             };
             let mut tries = Tries::new(&record.trace);
             let forwarded = forward(
@@ -527,14 +528,6 @@ fn filled(parts: &[TemplatePart], host: Option<&str>, target: &Uri) -> Result<He
         .map_err(|_| GatewayError::MalformedRequest("the request cannot be put in a header"))
 }
 
-fn declared_length(request: &Parts) -> Option<u64> {
-    request
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// `path` as the upstream gets it: without the route's `strip_prefix`.
 fn forwarded_path<'a>(route: &RouteConfig, path: &'a str) -> &'a str {
     match &route.strip_prefix {
@@ -570,7 +563,7 @@ async fn forward(
     let slots = std::mem::take(&mut leftovers.slots);
     let upstream = destination.upstream;
     let max_body = server.max_body;
-    let declared = declared_length(parts);
+    let declared = context.seen.declared;
     if let (Some(limit), Some(length)) = (max_body, declared)
         && length > limit
     {
@@ -578,7 +571,9 @@ async fn forward(
     }
     // hyper offers the connection for every HTTP/1.1 request with `Upgrade`; an upgrade
     // it does not offer could not be carried, so it is not asked for.
-    let (upgrade, client_upgrade) = requested_upgrade(parts.version, &parts.headers)
+    let (upgrade, client_upgrade) = (context.seen.upgrade)
+        .then(|| requested_upgrade(parts.version, &parts.headers))
+        .flatten()
         .and_then(|protocol| Some((protocol, parts.extensions.remove::<OnUpgrade>()?)))
         .unzip();
     let fastcgi = match (script, &upstream.config.fastcgi) {

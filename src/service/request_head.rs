@@ -42,11 +42,19 @@ pub(crate) fn check(request: &Parts) -> Result<Checked<'_>, GatewayError> {
     if fields.content_length > 1 {
         return Err(GatewayError::AmbiguousFraming("repeated Content-Length"));
     }
+    let declared = fields
+        .length
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse().ok());
     Ok(Checked {
         authority: host(&request.uri, fields.host)?,
         untidy: Untidy {
             invalid_names: fields.invalid_names > 0,
             cookie_crumbs: fields.cookies > 1,
+        },
+        seen: Seen {
+            declared,
+            ..fields.seen
         },
     })
 }
@@ -55,6 +63,19 @@ pub(crate) fn check(request: &Parts) -> Result<Checked<'_>, GatewayError> {
 pub(crate) struct Checked<'a> {
     pub authority: &'a str,
     pub untidy: Untidy,
+    pub seen: Seen,
+}
+
+/// What forwarding needs from the header fields, found by [`check`]'s pass over them:
+/// the body's declared length, and which of the headers forwarding reads the request
+/// has at all (most have none of them), so that it looks up only those.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Seen {
+    /// The `Content-Length`, if there is one and it is a number.
+    pub declared: Option<u64>,
+    pub connection: bool,
+    pub upgrade: bool,
+    pub via: bool,
 }
 
 /// What [`tidy`] finds to do in a checked head.
@@ -98,6 +119,9 @@ pub(crate) fn tidy(
 struct Fields<'a> {
     host: Option<&'a HeaderValue>,
     content_length: usize,
+    /// The first `Content-Length`.
+    length: Option<&'a HeaderValue>,
+    seen: Seen,
     /// Names with characters other than letters, digits and `-`.
     invalid_names: usize,
     cookies: usize,
@@ -110,6 +134,8 @@ impl<'a> Fields<'a> {
         let mut fields = Fields {
             host: None,
             content_length: 0,
+            length: None,
+            seen: Seen::default(),
             invalid_names: 0,
             cookies: 0,
             bytes: 0,
@@ -130,8 +156,15 @@ impl<'a> Fields<'a> {
                 transfer_coding(value)?;
             } else if name == header::CONTENT_LENGTH {
                 fields.content_length += 1;
+                fields.length = fields.length.or(Some(value));
             } else if name == header::COOKIE {
                 fields.cookies += 1;
+            } else if name == header::CONNECTION {
+                fields.seen.connection = true;
+            } else if name == header::UPGRADE {
+                fields.seen.upgrade = true;
+            } else if name == header::VIA {
+                fields.seen.via = true;
             } else if !valid_name(name.as_str()) {
                 fields.invalid_names += 1;
             }
@@ -292,6 +325,30 @@ mod tests {
             builder = builder.header(*name, *value);
         }
         builder.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn the_headers_forwarding_reads_are_seen_in_the_same_pass() {
+        let plain = check(&request("/", &[("host", "a.example")])).unwrap().seen;
+        assert_eq!(
+            (plain.declared, plain.connection, plain.upgrade, plain.via),
+            (None, false, false, false)
+        );
+        let head = request(
+            "/",
+            &[
+                ("host", "a.example"),
+                ("content-length", " 42 "),
+                ("connection", "upgrade"),
+                ("upgrade", "websocket"),
+                ("via", "1.1 edge"),
+            ],
+        );
+        let seen = check(&head).unwrap().seen;
+        assert_eq!(
+            (seen.declared, seen.connection, seen.upgrade, seen.via),
+            (Some(42), true, true, true)
+        );
     }
 
     /// The authority a request asks for, once checked.
