@@ -15,10 +15,10 @@ use http::{HeaderMap, Method, StatusCode, Version};
 use smallvec::SmallVec;
 
 use crate::config::CombinedRules;
-use crate::proxy::headers::{is_hop_by_hop_name, named_by_connection};
+use crate::proxy::headers::named_by_connection;
 use crate::trace::TRACEPARENT;
 use crate::trace::context::{self, SpanId};
-use crate::upstream::names::response_header_name;
+use crate::upstream::names::{Role, response_header};
 
 /// The largest response head read: beyond it the response is malformed.
 pub(super) const MAX_HEAD: usize = 64 * 1024;
@@ -304,31 +304,34 @@ pub(super) fn read_response_head(
         // switch, whose `Upgrade` and `Connection` the client's tunnel needs.
         let switched = code == 101;
         for &(name_at, name_end, value_at, value_end) in &places {
-            let name = response_header_name(&head[name_at as usize..name_end as usize])
+            let (name, role) = response_header(&head[name_at as usize..name_end as usize])
                 .map_err(|_| Malformed("a header name that is not a token"))?;
             let value = HeaderValue::from_maybe_shared(head.slice(value_at as usize..value_end as usize))
                 .map_err(|_| Malformed("a header value with control characters"))?;
-            if name == CONNECTION {
-                if has_token(value.as_bytes(), b"close") {
-                    close = true;
-                } else if has_token(value.as_bytes(), b"keep-alive") {
-                    keep_alive = true;
-                }
-                named_by_connection(&value, &mut named);
-            } else if name == TRANSFER_ENCODING {
-                codings = Some(value.clone());
-            } else if name == CONTENT_LENGTH {
-                saw_length = true;
-                // An error matters only where the length frames the body (not for `HEAD`).
-                length = match (length, parse_length_list(value.as_bytes())) {
-                    (Ok(Some(before)), Ok(Some(this))) if before != this => {
-                        Err(Malformed("Content-Length values that differ"))
+            match role {
+                Role::Connection => {
+                    if has_token(value.as_bytes(), b"close") {
+                        close = true;
+                    } else if has_token(value.as_bytes(), b"keep-alive") {
+                        keep_alive = true;
                     }
-                    (Ok(before), Ok(this)) => Ok(this.or(before)),
-                    (Err(error), _) | (_, Err(error)) => Err(error),
-                };
+                    named_by_connection(&value, &mut named);
+                }
+                Role::TransferEncoding => codings = Some(value.clone()),
+                Role::ContentLength => {
+                    saw_length = true;
+                    // An error matters only where the length frames the body (not for `HEAD`).
+                    length = match (length, parse_length_list(value.as_bytes())) {
+                        (Ok(Some(before)), Ok(Some(this))) if before != this => {
+                            Err(Malformed("Content-Length values that differ"))
+                        }
+                        (Ok(before), Ok(this)) => Ok(this.or(before)),
+                        (Err(error), _) | (_, Err(error)) => Err(error),
+                    };
+                }
+                Role::HopByHop | Role::EndToEnd => {}
             }
-            if !switched && is_hop_by_hop_name(&name) || rules.is_some_and(|rules| rules.names(&name)) {
+            if !switched && role.hop_by_hop() || rules.is_some_and(|rules| rules.names(&name)) {
                 continue;
             }
             headers.append(name, value);

@@ -2,7 +2,7 @@
 //! header lines, then an empty line. `Status:` gives the status; a `Location:` without one
 //! is a `302`; every other line is a response header, repeated names kept (cookies).
 
-use crate::upstream::names::response_header_name;
+use crate::upstream::names::response_header;
 use http::header::{HeaderValue, LOCATION};
 use http::{HeaderMap, StatusCode};
 
@@ -54,7 +54,7 @@ pub(super) fn parse(head: &[u8]) -> Result<(StatusCode, HeaderMap), &'static str
             status = Some(code);
             continue;
         }
-        let name = response_header_name(name).map_err(|_| "an invalid header name")?;
+        let (name, _) = response_header(name).map_err(|_| "an invalid header name")?;
         let value = HeaderValue::from_bytes(value).map_err(|_| "an invalid header value")?;
         headers.append(name, value);
     }
