@@ -48,36 +48,89 @@ impl Role {
     }
 }
 
+/// A name as servers spell it, the name it is, and its role.
+type Spelling<const N: usize> = (&'static [u8; N], &'static HeaderName, Role);
+
 /// The header name `raw`, as a response spells it, and its role.
 pub(crate) fn response_header(raw: &[u8]) -> Result<(HeaderName, Role), InvalidHeaderName> {
-    let (known, role) = match raw {
-        b"Date" => (&header::DATE, Role::EndToEnd),
-        b"ETag" => (&header::ETAG, Role::EndToEnd),
-        b"Vary" => (&header::VARY, Role::EndToEnd),
-        b"Link" => (&header::LINK, Role::EndToEnd),
-        b"Server" => (&header::SERVER, Role::EndToEnd),
-        b"Pragma" => (&header::PRAGMA, Role::EndToEnd),
-        b"Expires" => (&header::EXPIRES, Role::EndToEnd),
-        b"Location" => (&header::LOCATION, Role::EndToEnd),
-        b"Connection" => (&header::CONNECTION, Role::Connection),
-        b"Keep-Alive" => (&KEEP_ALIVE, Role::HopByHop),
-        b"Set-Cookie" => (&header::SET_COOKIE, Role::EndToEnd),
-        // PHP's own spelling.
-        b"Content-Type" | b"Content-type" => (&header::CONTENT_TYPE, Role::EndToEnd),
-        b"X-Powered-By" => (&X_POWERED_BY, Role::EndToEnd),
-        b"Cache-Control" => (&header::CACHE_CONTROL, Role::EndToEnd),
-        b"Last-Modified" => (&header::LAST_MODIFIED, Role::EndToEnd),
-        b"Accept-Ranges" => (&header::ACCEPT_RANGES, Role::EndToEnd),
-        b"Content-Length" => (&header::CONTENT_LENGTH, Role::ContentLength),
-        b"Content-Encoding" => (&header::CONTENT_ENCODING, Role::EndToEnd),
-        b"Transfer-Encoding" => (&header::TRANSFER_ENCODING, Role::TransferEncoding),
-        _ => {
+    use Role::EndToEnd;
+    let known = match raw.len() {
+        4 => spelled(
+            raw,
+            &[
+                (b"Date", &header::DATE, EndToEnd),
+                (b"ETag", &header::ETAG, EndToEnd),
+                (b"Vary", &header::VARY, EndToEnd),
+                (b"Link", &header::LINK, EndToEnd),
+            ],
+        ),
+        6 => spelled(
+            raw,
+            &[
+                (b"Server", &header::SERVER, EndToEnd),
+                (b"Pragma", &header::PRAGMA, EndToEnd),
+            ],
+        ),
+        7 => spelled(raw, &[(b"Expires", &header::EXPIRES, EndToEnd)]),
+        8 => spelled(raw, &[(b"Location", &header::LOCATION, EndToEnd)]),
+        10 => spelled(
+            raw,
+            &[
+                (b"Connection", &header::CONNECTION, Role::Connection),
+                (b"Keep-Alive", &KEEP_ALIVE, Role::HopByHop),
+                (b"Set-Cookie", &header::SET_COOKIE, EndToEnd),
+            ],
+        ),
+        12 => spelled(
+            raw,
+            &[
+                (b"Content-Type", &header::CONTENT_TYPE, EndToEnd),
+                // PHP's own spelling.
+                (b"Content-type", &header::CONTENT_TYPE, EndToEnd),
+                (b"X-Powered-By", &X_POWERED_BY, EndToEnd),
+            ],
+        ),
+        13 => spelled(
+            raw,
+            &[
+                (b"Cache-Control", &header::CACHE_CONTROL, EndToEnd),
+                (b"Last-Modified", &header::LAST_MODIFIED, EndToEnd),
+                (b"Accept-Ranges", &header::ACCEPT_RANGES, EndToEnd),
+            ],
+        ),
+        14 => spelled(
+            raw,
+            &[(b"Content-Length", &header::CONTENT_LENGTH, Role::ContentLength)],
+        ),
+        16 => spelled(raw, &[(b"Content-Encoding", &header::CONTENT_ENCODING, EndToEnd)]),
+        17 => spelled(
+            raw,
+            &[(
+                b"Transfer-Encoding",
+                &header::TRANSFER_ENCODING,
+                Role::TransferEncoding,
+            )],
+        ),
+        _ => None,
+    };
+    match known {
+        Some((name, role)) => Ok((name.clone(), role)),
+        None => {
             let name = HeaderName::from_bytes(raw)?;
             let role = Role::of(&name);
-            return Ok((name, role));
+            Ok((name, role))
         }
-    };
-    Ok((known.clone(), role))
+    }
+}
+
+/// The entry of `spellings` (of `N` bytes) that `raw` is. Compared as arrays: a few word
+/// compares each, where matching a byte-string pattern compared byte by byte.
+fn spelled<const N: usize>(raw: &[u8], spellings: &[Spelling<N>]) -> Option<(&'static HeaderName, Role)> {
+    let raw: &[u8; N] = raw.try_into().ok()?;
+    spellings
+        .iter()
+        .find(|(spelling, ..)| *spelling == raw)
+        .map(|&(_, name, role)| (name, role))
 }
 
 #[cfg(test)]
