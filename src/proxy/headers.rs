@@ -10,6 +10,7 @@ use std::net::IpAddr;
 
 use http::Version;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use smallvec::SmallVec;
 
 use crate::client_ip::Peer;
 use crate::config::{CombinedRules, HeaderRules};
@@ -378,36 +379,43 @@ impl<'a> AsForwarded<'a> {
     }
 
     /// floodgate's headers, `Via` apart.
-    pub(crate) fn added(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+    pub(crate) fn added<'s>(&'s self) -> impl Iterator<Item = (&'s HeaderName, &'s HeaderValue)> {
         let forwarding = &self.forwarding;
         let forwarded_host = match &forwarding.host {
             Owned::Set(host) => Some(host),
             Owned::Keep | Owned::Remove => None,
         };
-        let added = [
-            (&header::HOST, self.host.as_ref()),
-            (&X_FORWARDED_FOR, forwarding.forwarded_for.as_ref()),
-            (&X_REAL_IP, Some(&forwarding.real_ip)),
-            (&X_FORWARDED_PROTO, forwarding.proto.as_ref()),
-            (&X_FORWARDED_HOST, forwarded_host),
-        ];
-        added
-            .into_iter()
-            .filter_map(|(name, value)| Some((name, value?)))
-            .chain(forwarding.request_id)
-            .filter(|(name, _)| !self.ruled(name))
+        // Collected one by one: stepping through a chain of adapters over them cost about
+        // 300 instructions.
+        let mut added: SmallVec<[(&HeaderName, &HeaderValue); 6]> = SmallVec::new();
+        let mut add = |name: &'s HeaderName, value: Option<&'s HeaderValue>| {
+            if let Some(value) = value
+                && !self.ruled(name)
+            {
+                added.push((name, value));
+            }
+        };
+        add(&header::HOST, self.host.as_ref());
+        add(&X_FORWARDED_FOR, forwarding.forwarded_for.as_ref());
+        add(&X_REAL_IP, Some(&forwarding.real_ip));
+        add(&X_FORWARDED_PROTO, forwarding.proto.as_ref());
+        add(&X_FORWARDED_HOST, forwarded_host);
+        if let Some((name, id)) = forwarding.request_id {
+            add(name, Some(id));
+        }
+        added.into_iter()
     }
 
     /// `Via`: the client's values, then floodgate's.
     pub(crate) fn via(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        let ruled = self.ruled(&header::VIA);
-        self.client_via
-            .then(|| self.headers.get_all(header::VIA).iter())
-            .into_iter()
-            .flatten()
-            .chain(std::iter::once(&self.forwarding.via))
-            .filter(move |_| !ruled)
-            .map(|value| (&header::VIA, value))
+        let mut values: SmallVec<[&HeaderValue; 2]> = SmallVec::new();
+        if !self.ruled(&header::VIA) {
+            if self.client_via {
+                values.extend(self.headers.get_all(header::VIA));
+            }
+            values.push(&self.forwarding.via);
+        }
+        values.into_iter().map(|value| (&header::VIA, value))
     }
 
     /// What the rules set.
