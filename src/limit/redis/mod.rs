@@ -201,12 +201,14 @@ impl RedisStore {
             }
             return batch.submit(checks).await;
         }
+        // Boxed: without group commit, and across slots, the calls' futures are large,
+        // and the common path (`batch.submit`) would carry their room, moved at each step.
         let mut connection = self.connection()?;
         let groups = slot_groups(checks);
         if groups.len() == 1 {
-            return self.link.decide_together(&mut connection, checks).await;
+            return Box::pin(self.link.decide_together(&mut connection, checks)).await;
         }
-        self.decide_across_slots(&connection, checks, groups).await
+        Box::pin(self.decide_across_slots(&connection, checks, groups)).await
     }
 
     /// Decides each slot's checks concurrently; if any enforced check refuses, gives back
