@@ -20,7 +20,7 @@ use tracing_subscriber::fmt::MakeWriter;
 
 /// Buffered access lines are written once they reach this size...
 const FLUSH_AT: usize = 32 * 1024;
-/// ...or this long after they were buffered.
+/// ...or at the next tick of this period (while the runtime gets to run the task).
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 /// Lines waiting to be written to standard output.
@@ -121,8 +121,11 @@ pub fn init() -> Result<(), String> {
 }
 
 /// Writes buffered access lines out every [`FLUSH_EVERY`], on the runtime rather than on a
-/// thread of its own: a second thread makes every socket call of the process take and drop
-/// a reference to its file (the kernel's fast path is for single-threaded processes).
+/// thread of its own: with one worker the process then serves on one thread (blocking-pool
+/// threads come and go for file reads and reloads), and in a single-threaded process each
+/// socket call is cheaper (glibc and the kernel take their single-threaded fast paths).
+/// While the runtime is blocked, buffered lines wait; they are written at exit
+/// ([`flush`]) in any case.
 pub async fn flush_periodically() {
     let mut ticks = tokio::time::interval(FLUSH_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
