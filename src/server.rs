@@ -225,14 +225,17 @@ async fn accept_loop(
                 send: server.send_timeout,
             }
         };
-        connections.spawn(serve_connection(
+        // Boxed: the connection's future is several KB, and a task moves its future (into
+        // the tracker's wrapper, into the task, and its stage again when it ends) where it
+        // moves a box's pointer.
+        connections.spawn(Box::pin(serve_connection(
             stream,
             Arc::new(Peer::new(peer, local_port, secure)),
             shared.clone(),
             builders.clone(),
             closing.clone(),
             timeouts,
-        ));
+        )));
     }
 }
 
@@ -258,6 +261,24 @@ async fn serve_connection(
     if !peer.tls {
         return serve_http(stream, peer, socket, shared, &builders, closing, timeouts).await;
     }
+    // Boxed: a plain connection's future need not have room for a handshake and a TLS
+    // stream.
+    Box::pin(serve_tls(
+        stream, peer, socket, shared, builders, closing, timeouts,
+    ))
+    .await;
+}
+
+/// Serves a connection to the HTTPS listener: its handshake, then HTTP over TLS.
+async fn serve_tls(
+    stream: Watched,
+    peer: Arc<Peer>,
+    socket: Arc<ClientSocket>,
+    shared: Arc<Instance>,
+    builders: Arc<Builders>,
+    closing: CancellationToken,
+    timeouts: Timeouts,
+) {
     // A reload that removed [server.tls] leaves the listener (restart-only) without
     // certificates: its connections are closed.
     let Some(handshakes) = shared.state.load().tls.clone() else {
@@ -356,5 +377,23 @@ async fn serve_http<S>(
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future `f` returns, without calling it.
+    fn future_size<A, B, C, D, E, G, F: Future>(_: impl Fn(A, B, C, D, E, G) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// A connection's future is moved into its box when the connection is accepted: a
+    /// plain connection's has no room for a handshake or a TLS stream (boxed when taken).
+    #[test]
+    fn a_connections_future_stays_small() {
+        let size = future_size(serve_connection);
+        assert!(size <= 4 * 1024, "a connection's future is {size} bytes");
     }
 }
