@@ -37,6 +37,17 @@ async fn fetch(method: Method, url: &str, headers: &[(&str, &str)]) -> (StatusCo
     )
 }
 
+/// A revalidation of `url` with `etag` by a client that takes gzip.
+async fn revalidate(url: &str, etag: &str) -> (StatusCode, HeaderMap) {
+    let (status, headers, _) = fetch(
+        Method::GET,
+        url,
+        &[("accept-encoding", "gzip"), ("if-none-match", etag)],
+    )
+    .await;
+    (status, headers)
+}
+
 async fn decode(coding: &str, encoded: &[u8]) -> String {
     let mut decoded = String::new();
     match coding {
@@ -209,12 +220,7 @@ async fn files_are_compressed_but_never_a_part_and_a_head_gets_the_gets_headers(
     assert!(!head_headers.contains_key("content-length"));
     // The weak tag the client got revalidates it.
     let etag = get_headers["etag"].to_str().unwrap();
-    let (status, headers, _) = fetch(
-        Method::GET,
-        &gw.url("/index.html"),
-        &[("accept-encoding", "gzip"), ("if-none-match", etag)],
-    )
-    .await;
+    let (status, headers) = revalidate(&gw.url("/index.html"), etag).await;
     assert_eq!(status, StatusCode::NOT_MODIFIED);
     assert_eq!(headers["vary"], "Accept-Encoding");
     // A range is of the file as it is on disk, never compressed.
@@ -279,48 +285,24 @@ async fn a_files_length_is_sent_and_a_short_file_is_not_compressed() {
         &format!("root = \"{}\"\ncompress = true", site.path().display()),
     ))
     .await;
-    let (status, headers, body) = fetch(
-        Method::GET,
-        &gw.url("/short.html"),
-        &[("accept-encoding", "gzip")],
-    )
-    .await;
+    let accept = [("accept-encoding", "gzip")];
+    let (status, headers, body) = fetch(Method::GET, &gw.url("/short.html"), &accept).await;
     assert_eq!(status, StatusCode::OK);
     assert!(!headers.contains_key("content-encoding"), "{headers:?}");
     assert_eq!(headers["content-length"], "12");
     assert_eq!(body, "<p>short</p>");
     // Its revalidation and its HEAD say what its GET said: not encoded.
     let etag = headers["etag"].to_str().unwrap();
-    let (status, revalidated, _) = fetch(
-        Method::GET,
-        &gw.url("/short.html"),
-        &[("accept-encoding", "gzip"), ("if-none-match", etag)],
-    )
-    .await;
+    let (status, revalidated) = revalidate(&gw.url("/short.html"), etag).await;
     assert_eq!(status, StatusCode::NOT_MODIFIED);
     assert!(!revalidated.contains_key("content-encoding"), "{revalidated:?}");
     assert_eq!(revalidated["etag"], headers["etag"]);
-    let (_, head, _) = fetch(
-        Method::HEAD,
-        &gw.url("/short.html"),
-        &[("accept-encoding", "gzip")],
-    )
-    .await;
+    let (_, head, _) = fetch(Method::HEAD, &gw.url("/short.html"), &accept).await;
     assert!(!head.contains_key("content-encoding"), "{head:?}");
     // floodgate's own answers are decided by their headers, GET and HEAD alike.
-    let (status, get_404, _) = fetch(
-        Method::GET,
-        &gw.url("/missing.html"),
-        &[("accept-encoding", "gzip")],
-    )
-    .await;
+    let (status, get_404, _) = fetch(Method::GET, &gw.url("/missing.html"), &accept).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let (_, head_404, _) = fetch(
-        Method::HEAD,
-        &gw.url("/missing.html"),
-        &[("accept-encoding", "gzip")],
-    )
-    .await;
+    let (_, head_404, _) = fetch(Method::HEAD, &gw.url("/missing.html"), &accept).await;
     for name in ["content-encoding", "vary", "content-length"] {
         assert_eq!(get_404.get(name), head_404.get(name), "{name}");
     }

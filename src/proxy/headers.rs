@@ -21,7 +21,7 @@ static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+pub(crate) static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Headers that describe one connection and never travel past it.

@@ -8,10 +8,9 @@
 
 use http::header::{self, HeaderName, InvalidHeaderName};
 
-use crate::proxy::headers::is_hop_by_hop_name;
+use crate::proxy::headers::{KEEP_ALIVE, is_hop_by_hop_name};
 
 static X_POWERED_BY: HeaderName = HeaderName::from_static("x-powered-by");
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// What a response header is to the exchange that reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
