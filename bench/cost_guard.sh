@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Fails when the request path costs more instructions than bench/cost_budgets allows:
 # each template there is measured with bench/request_cost.sh (callgrind counts, which a
-# loaded machine does not change) and compared with its budget plus 2 %. A third field
-# names a file in bench/conf of request headers to send (request_cost.sh's HEADERS), for
-# what a real client's request costs beside wrk's bare one. Usage (from the
-# repository root, after `cargo build --release`):
+# loaded machine does not change) and compared with its budget plus 2 %. Options after
+# the budget: `headers=FILE` names a file in bench/conf of request headers to send
+# (request_cost.sh's HEADERS), for what a real client's request costs beside wrk's bare
+# one; `log=FILTER` runs floodgate with FLOODGATE_LOG=FILTER instead of `warn` (`info`:
+# with the access log, as floodgate runs by default). Usage (from the repository root,
+# after `cargo build --release`):
 #
 #   bash bench/cost_guard.sh [BINARY]
 #
@@ -15,16 +17,20 @@ cd "$(dirname "$0")/.."
 BINARY=${1:-target/release/floodgate}
 TOLERANCE_PERCENT=2
 failed=0
-while read -r template budget headers; do
+while read -r template budget options; do
   case $template in '' | '#'*) continue ;; esac
   header_lines=""
-  if [ -n "$headers" ]; then
-    header_lines=$(cat "bench/conf/$headers")
-    template_label="$template with $headers"
-  else
-    template_label=$template
-  fi
-  measured=$(HEADERS=$header_lines TOP=0 RUN_SECONDS=${RUN_SECONDS:-3} bash bench/request_cost.sh "bench/conf/$template.toml.tmpl" "$BINARY" |
+  log=warn
+  template_label=$template
+  for option in $options; do
+    case $option in
+      headers=*) header_lines=$(cat "bench/conf/${option#headers=}") ;;
+      log=*) log=${option#log=} ;;
+      *) echo "cost guard: unknown option $option in bench/cost_budgets" >&2; exit 2 ;;
+    esac
+    template_label="$template_label $option"
+  done
+  measured=$(FLOODGATE_LOG=$log HEADERS=$header_lines TOP=0 RUN_SECONDS=${RUN_SECONDS:-3} bash bench/request_cost.sh "bench/conf/$template.toml.tmpl" "$BINARY" |
     awk '/instructions per request/ {print $2}')
   if [ -z "$measured" ]; then
     echo "cost guard: $template_label could not be measured" >&2

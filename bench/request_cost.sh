@@ -16,7 +16,9 @@
 # how many requests a call carries). TOP (default 20) lists the functions that take the most per
 # request (self cost; the frames below the event loop, charged with everything, are
 # skipped); KEEP=FILE keeps the callgrind dump; CALLGRIND_OPTIONS adds valgrind options
-# (`--cache-sim=yes`, `--dump-instr=yes` with the `profiling` build for source lines). A
+# (`--cache-sim=yes`, `--dump-instr=yes` with the `profiling` build for source lines);
+# FLOODGATE_LOG is floodgate's log filter (default `warn`: no access log, as nginx's
+# `access_log off` in the upstream and the peers' benchmarks; `info` to count it). A
 # template naming @FASTCGI_URL@ (bench/conf/php-hello.toml.tmpl) is measured on a PHP
 # script under a PHP-FPM pool started here. Needs nginx, wrk, redis-server, valgrind (and
 # php-fpm8.2 for PHP).
@@ -80,7 +82,7 @@ else
   arguments=(--config "$dir/gateway.toml")
   name=$(basename "$TEMPLATE" .toml.tmpl)
 fi
-FLOODGATE_LOG=warn valgrind --tool=callgrind ${CALLGRIND_OPTIONS:-} --callgrind-out-file="$dir/callgrind.out" \
+FLOODGATE_LOG=${FLOODGATE_LOG:-warn} valgrind --tool=callgrind ${CALLGRIND_OPTIONS:-} --callgrind-out-file="$dir/callgrind.out" \
   "$BINARY" "${arguments[@]}" >"$dir/gateway.log" 2>&1 &
 gateway=$!
 pids+=($gateway)

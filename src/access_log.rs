@@ -1,5 +1,5 @@
-//! The access log: one `tracing` event per request, target `access`, written
-//! when the response body is finished, together with the request metrics and the
+//! The access log: one line per request, target `access` ([`crate::logging::access`]),
+//! written when the response body is finished, together with the request metrics and the
 //! request's span.
 
 use std::net::IpAddr;
@@ -65,25 +65,25 @@ impl AccessRecord {
         self.metrics.requests_in_flight().dec();
         self.metrics
             .record_request(&self.route, self.status, elapsed.as_secs_f64());
-        let (upstream_server, upstream_duration) = match &self.upstream {
-            Some((server, duration)) => (Some(&**server), Some(duration.as_secs_f64() * 1000.0)),
-            None => (None, None),
-        };
-        tracing::info!(
-            target: "access",
-            method = %self.method,
-            path = %self.path,
-            route = %self.route,
-            status = self.status,
-            duration_ms = elapsed.as_secs_f64() * 1000.0,
-            client_ip = %self.client_ip,
-            bytes,
-            limit = self.limit_outcome.as_str(),
-            request_id = self.request_id.as_ref().and_then(|id| id.to_str().ok()),
-            trace_id = %self.trace.trace_id,
-            upstream_server,
-            upstream_duration_ms = upstream_duration,
-        );
+        crate::logging::access(|line| {
+            line.plain("method", self.method.as_str());
+            line.plain("path", &self.path);
+            line.plain("route", &self.route);
+            line.number("status", u64::from(self.status));
+            line.millis("duration_ms", elapsed);
+            line.ip("client_ip", self.client_ip);
+            line.number("bytes", bytes);
+            line.quoted("limit", self.limit_outcome.as_str());
+            if let Some(id) = self.request_id.as_ref().and_then(|id| id.to_str().ok()) {
+                line.quoted("request_id", id);
+            }
+            let trace_id = self.trace.trace_id.hex();
+            line.plain("trace_id", std::str::from_utf8(&trace_id).expect("hex digits"));
+            if let Some((server, duration)) = &self.upstream {
+                line.quoted("upstream_server", server);
+                line.millis("upstream_duration_ms", *duration);
+            }
+        });
         self.trace.end(RequestEnd {
             scheme: self.scheme,
             path: &self.path,

@@ -36,6 +36,7 @@ mod byte_set;
 mod access_log;
 mod acme;
 mod admin;
+mod civil_time;
 mod client_ip;
 mod compression;
 pub mod config;

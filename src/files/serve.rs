@@ -24,6 +24,7 @@ use tokio::io::{AsyncReadExt, Take};
 use tokio_util::io::ReaderStream;
 
 use super::{Found, Opened, Root};
+use crate::civil_time::{CivilTime, two_digits};
 use crate::compression::{Accepted, Coding, vary_on_encoding};
 
 /// Files up to this size are read whole when opened; larger ones stream.
@@ -328,38 +329,20 @@ const LAST_HTTP_DATE: u64 = 253_402_300_799;
 /// `Display`: the formatting machinery cost a file's response about 1,000 instructions,
 /// and `httpdate` panics on times before 1970.
 fn http_date(secs: u64) -> [u8; 29] {
-    const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
+    const DAYS: [&[u8; 3]; 7] = [b"Sun", b"Mon", b"Tue", b"Wed", b"Thu", b"Fri", b"Sat"];
     const MONTHS: [&[u8; 3]; 12] = [
         b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec",
     ];
-    let secs = secs.min(LAST_HTTP_DATE);
-    let days = secs / 86_400;
-    let of_day = secs % 86_400;
-    // The civil date of a day count (Howard Hinnant's days_from_civil, inverted), in
-    // eras of 400 years from 0000-03-01.
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let day_of_era = z % 146_097;
-    let year_of_era = (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let shifted_month = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
-    let month = if shifted_month < 10 {
-        shifted_month + 3
-    } else {
-        shifted_month - 9
-    };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    let two = |n: u64| [b'0' + (n / 10) as u8, b'0' + (n % 10) as u8];
+    let time = CivilTime::of(secs.min(LAST_HTTP_DATE));
     let mut out = *b"Thu, 01 Jan 1970 00:00:00 GMT";
-    out[0..3].copy_from_slice(DAYS[(days % 7) as usize]);
-    out[5..7].copy_from_slice(&two(day));
-    out[8..11].copy_from_slice(MONTHS[(month - 1) as usize]);
-    out[12..14].copy_from_slice(&two(year / 100));
-    out[14..16].copy_from_slice(&two(year % 100));
-    out[17..19].copy_from_slice(&two(of_day / 3_600));
-    out[20..22].copy_from_slice(&two(of_day / 60 % 60));
-    out[23..25].copy_from_slice(&two(of_day % 60));
+    out[0..3].copy_from_slice(DAYS[time.weekday as usize]);
+    out[5..7].copy_from_slice(&two_digits(time.day));
+    out[8..11].copy_from_slice(MONTHS[(time.month - 1) as usize]);
+    out[12..14].copy_from_slice(&two_digits(time.year / 100));
+    out[14..16].copy_from_slice(&two_digits(time.year));
+    out[17..19].copy_from_slice(&two_digits(time.hour));
+    out[20..22].copy_from_slice(&two_digits(time.minute));
+    out[23..25].copy_from_slice(&two_digits(time.second));
     out
 }
 
