@@ -66,7 +66,7 @@ impl AccessRecord {
         self.metrics
             .record_request(&self.route, self.status, elapsed.as_secs_f64());
         crate::logging::access(|line| {
-            line.plain("method", self.method.as_str());
+            line.token("method", self.method.as_str());
             line.plain("path", &self.path);
             line.plain("route", &self.route);
             line.number("status", u64::from(self.status));
@@ -78,7 +78,7 @@ impl AccessRecord {
                 line.quoted("request_id", id);
             }
             let trace_id = self.trace.trace_id.hex();
-            line.plain("trace_id", std::str::from_utf8(&trace_id).expect("hex digits"));
+            line.token("trace_id", std::str::from_utf8(&trace_id).expect("hex digits"));
             if let Some((server, duration)) = &self.upstream {
                 line.quoted("upstream_server", server);
                 line.millis("upstream_duration_ms", *duration);

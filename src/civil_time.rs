@@ -48,7 +48,7 @@ impl CivilTime {
     }
 }
 
-/// `n` (below 100) as two decimal digits.
+/// The last two decimal digits of `n`.
 pub(crate) fn two_digits(n: u64) -> [u8; 2] {
     [b'0' + (n / 10 % 10) as u8, b'0' + (n % 10) as u8]
 }

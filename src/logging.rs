@@ -18,11 +18,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use tracing::Metadata;
-
-use crate::civil_time::{CivilTime, two_digits};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
+
+use crate::civil_time::{CivilTime, two_digits};
 
 /// Buffered access lines are written once they reach this size...
 const FLUSH_AT: usize = 32 * 1024;
@@ -53,19 +52,15 @@ fn write_out(pending: &mut Vec<u8>) {
     }
 }
 
-/// The writer for one event: buffered for access lines, immediate (after the buffer) for
-/// the others.
-pub struct LineWriter {
-    buffered: bool,
-}
+/// The writer of an event other than an access line: written at once, after the access
+/// lines buffered before it.
+pub struct LineWriter;
 
 impl Write for LineWriter {
     fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
         let mut pending = pending();
         pending.extend_from_slice(line);
-        if !self.buffered || pending.len() >= FLUSH_AT {
-            write_out(&mut pending);
-        }
+        write_out(&mut pending);
         Ok(line.len())
     }
 
@@ -80,13 +75,7 @@ impl<'a> MakeWriter<'a> for Stdout {
     type Writer = LineWriter;
 
     fn make_writer(&'a self) -> LineWriter {
-        LineWriter { buffered: false }
-    }
-
-    fn make_writer_for(&'a self, meta: &Metadata<'_>) -> LineWriter {
-        LineWriter {
-            buffered: meta.target() == "access",
-        }
+        LineWriter
     }
 }
 
@@ -147,8 +136,8 @@ pub async fn flush_periodically() {
 }
 
 /// Writes one access line, `fields` its fields in order, unless the filter leaves the
-/// `access` target out at `info` (the filter's field directives do not apply to it).
-/// Formatted here rather than as a `tracing` event: through the formatting layer a line
+/// `access` target out at `info`. Formatted here, in the layout of the `tracing` formatter
+/// (without colour), rather than as a `tracing` event: through the formatting layer a line
 /// cost more instructions than proxying the request.
 pub(crate) fn access(fields: impl FnOnce(&mut AccessLine<'_>)) {
     if !tracing::enabled!(target: "access", tracing::Level::INFO) {
@@ -162,6 +151,7 @@ pub(crate) fn access(fields: impl FnOnce(&mut AccessLine<'_>)) {
         out: &mut pending,
         json: JSON.load(Ordering::Relaxed),
     };
+    // Nothing in between can panic: a line is always whole.
     line.open(now);
     fields(&mut line);
     line.close();
@@ -172,6 +162,8 @@ pub(crate) fn access(fields: impl FnOnce(&mut AccessLine<'_>)) {
 
 /// What a quoted value holds as it is: printable ASCII but the quote and the backslash.
 static PLAIN: [bool; 256] = byte_set!(|b| b >= b' ' && b <= b'~' && b != b'"' && b != b'\\');
+/// What an unquoted text value holds: the same, but for the space.
+static BARE: [bool; 256] = byte_set!(|b| b > b' ' && b <= b'~' && b != b'"' && b != b'\\');
 
 /// An access line being written: `key=value` pairs after the time, level and target (text),
 /// or the members of one JSON object.
@@ -227,12 +219,30 @@ impl AccessLine<'_> {
         }
     }
 
-    /// A text as it is in text lines (as `tracing` writes a `Display` value), a JSON string.
+    /// A text as it is in text lines (as `tracing` writes a `Display` value), unless it
+    /// holds a space, a quote, a backslash or anything but printable ASCII (a path that
+    /// could not be normalized, say): then quoted, so that it cannot pass for other
+    /// fields; a JSON string.
     #[inline(always)]
     pub(crate) fn plain(&mut self, key: &str, value: &str) {
         self.key(key);
-        if self.json {
+        if !self.json && value.bytes().all(|b| BARE[usize::from(b)]) {
+            self.out.extend_from_slice(value.as_bytes());
+        } else {
             self.string(value);
+        }
+    }
+
+    /// A token (a method, hex digits: nothing [`Self::plain`] would quote), as it is in
+    /// text lines; a JSON string.
+    #[inline(always)]
+    pub(crate) fn token(&mut self, key: &str, value: &str) {
+        debug_assert!(value.bytes().all(|b| BARE[usize::from(b)]), "{value:?}");
+        self.key(key);
+        if self.json {
+            self.out.push(b'"');
+            self.out.extend_from_slice(value.as_bytes());
+            self.out.push(b'"');
         } else {
             self.out.extend_from_slice(value.as_bytes());
         }
@@ -296,14 +306,15 @@ impl AccessLine<'_> {
     #[inline(always)]
     pub(crate) fn millis(&mut self, key: &str, value: Duration) {
         self.key(key);
-        let nanos = value.subsec_nanos();
-        let whole = value
-            .as_secs()
-            .saturating_mul(1_000)
-            .saturating_add(u64::from(nanos / 1_000_000));
+        let whole = value.as_millis();
         let mut digits = itoa::Buffer::new();
-        self.out.extend_from_slice(digits.format(whole).as_bytes());
-        let fraction = digits.format(nanos % 1_000_000 + 1_000_000);
+        // In 64 bits unless it is half a billion years.
+        let whole = match u64::try_from(whole) {
+            Ok(whole) => digits.format(whole),
+            Err(_) => digits.format(whole),
+        };
+        self.out.extend_from_slice(whole.as_bytes());
+        let fraction = digits.format(value.subsec_nanos() % 1_000_000 + 1_000_000);
         self.out.push(b'.');
         self.out.extend_from_slice(&fraction.as_bytes()[1..]);
     }
@@ -340,7 +351,7 @@ mod tests {
     fn access_lines_have_the_layout_of_other_events() {
         let now = Duration::new(1_795_793_228, 278_541_999);
         let (text, json) = lines(now, |line| {
-            line.plain("method", "GET");
+            line.token("method", "GET");
             line.plain("route", "");
             line.number("status", 200);
             line.millis("duration_ms", Duration::from_nanos(54_742_001));
@@ -371,29 +382,156 @@ mod tests {
         );
     }
 
-    #[test]
-    fn values_are_escaped_as_the_tracing_formatters_escape_them() {
-        for value in [
-            "plain",
-            "a\"b",
-            "back\\slash",
-            "line\nbreak\ttab\u{7f}",
-            "café €",
-            "",
-        ] {
-            let (text, json) = lines(Duration::ZERO, |line| {
-                line.quoted("q", value);
-                line.plain("p", value);
-            });
-            assert!(text.contains(&format!(" q={value:?} ")), "{text}");
-            let event: serde_json::Value = serde_json::from_str(&json).unwrap();
-            assert_eq!((&event["q"], &event["p"]), (&value.into(), &value.into()));
+    /// An access line's fields but the durations.
+    struct Fields<'a> {
+        path: &'a str,
+        route: &'a str,
+        client_ip: &'a str,
+        request_id: Option<&'a str>,
+        upstream_server: Option<&'a str>,
+    }
+
+    const TIME: &str = "2026-11-27T15:27:08.278541Z";
+
+    /// The line that `tracing-subscriber`'s formatter writes for `fields` as the `access`
+    /// event they once were.
+    fn formatted_by_tracing(json: bool, fields: &Fields<'_>) -> String {
+        use tracing_subscriber::fmt::format::Writer;
+        use tracing_subscriber::fmt::time::FormatTime;
+        struct At;
+        impl FormatTime for At {
+            fn format_time(&self, w: &mut Writer<'_>) -> std::fmt::Result {
+                w.write_str(TIME)
+            }
         }
-        let (text, json) = lines(Duration::ZERO, |line| {
-            line.ip("ip", "2001:db8::1".parse().unwrap())
-        });
-        assert!(text.ends_with(" ip=2001:db8::1\n"), "{text}");
-        assert!(json.contains(",\"ip\":\"2001:db8::1\","), "{json}");
+        #[derive(Clone, Default)]
+        struct Lines(std::sync::Arc<Mutex<Vec<u8>>>);
+        impl Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let builder = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_timer(At);
+        let event = || {
+            let client_ip: IpAddr = fields.client_ip.parse().unwrap();
+            tracing::info!(
+                target: "access",
+                method = %"GET",
+                path = %fields.path,
+                route = %fields.route,
+                status = 200,
+                client_ip = %client_ip,
+                bytes = 12,
+                limit = "allowed",
+                request_id = fields.request_id,
+                trace_id = %"0af7651916cd43dd8448eb211c80319c",
+                upstream_server = fields.upstream_server,
+            );
+        };
+        if json {
+            tracing::subscriber::with_default(builder.json().flatten_event(true).finish(), event);
+        } else {
+            tracing::subscriber::with_default(builder.finish(), event);
+        }
+        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+    }
+
+    fn written_here(json: bool, fields: &Fields<'_>) -> String {
+        let now = Duration::new(1_795_793_228, 278_541_999);
+        let mut out = Vec::new();
+        let mut line = AccessLine { out: &mut out, json };
+        line.open(now);
+        line.token("method", "GET");
+        line.plain("path", fields.path);
+        line.plain("route", fields.route);
+        line.number("status", 200);
+        line.ip("client_ip", fields.client_ip.parse().unwrap());
+        line.number("bytes", 12);
+        line.quoted("limit", "allowed");
+        if let Some(id) = fields.request_id {
+            line.quoted("request_id", id);
+        }
+        line.token("trace_id", "0af7651916cd43dd8448eb211c80319c");
+        if let Some(server) = fields.upstream_server {
+            line.quoted("upstream_server", server);
+        }
+        line.close();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn access_lines_are_what_the_tracing_formatter_wrote() {
+        let visible: String = (b'!'..=b'~').map(char::from).collect();
+        let plain = Fields {
+            path: "/items/a%20b",
+            route: "app",
+            client_ip: "127.0.0.1",
+            request_id: Some("abc-123"),
+            upstream_server: Some("127.0.0.1:8080"),
+        };
+        let cases = [
+            Fields { ..plain },
+            Fields {
+                route: "",
+                request_id: None,
+                upstream_server: None,
+                ..plain
+            },
+            Fields {
+                client_ip: "2001:db8::1",
+                request_id: Some(&visible),
+                upstream_server: Some("/run/php/caf\u{e9} \"x\"\\\u{7f}\n.sock"),
+                ..plain
+            },
+        ];
+        for fields in &cases {
+            for json in [false, true] {
+                assert_eq!(written_here(json, fields), formatted_by_tracing(json, fields));
+            }
+        }
+    }
+
+    #[test]
+    fn a_text_that_could_pass_for_other_fields_is_quoted() {
+        for path in [
+            "x\" route=admin",
+            "/a b",
+            "/caf\u{e9}",
+            "/\u{2028}",
+            "/back\\slash",
+        ] {
+            let fields = Fields {
+                path,
+                route: "app",
+                client_ip: "127.0.0.1",
+                request_id: None,
+                upstream_server: None,
+            };
+            let text = written_here(false, &fields);
+            assert!(text.contains(&format!(" path={path:?} route=app ")), "{text}");
+            let json: serde_json::Value = serde_json::from_str(&written_here(true, &fields)).unwrap();
+            assert_eq!(json["path"], path);
+        }
+        let ip = written_here(
+            true,
+            &Fields {
+                path: "/",
+                route: "",
+                client_ip: "2001:db8::1",
+                request_id: None,
+                upstream_server: None,
+            },
+        );
+        assert!(ip.contains(",\"client_ip\":\"2001:db8::1\","), "{ip}");
     }
 
     #[test]
@@ -403,7 +541,7 @@ mod tests {
             (Duration::from_nanos(1), "0.000001"),
             (Duration::from_nanos(999_999), "0.999999"),
             (Duration::from_millis(1_234), "1234.000000"),
-            (Duration::MAX, "18446744073709551615.999999"),
+            (Duration::MAX, "18446744073709551615999.999999"),
         ] {
             let (text, _) = lines(Duration::ZERO, |line| line.millis("d", duration));
             assert!(text.ends_with(&format!(" d={written}\n")), "{text}");
