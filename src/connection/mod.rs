@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 
 use std::error::Error as StdError;
 use std::pin::Pin;
+use std::task::{Context, Poll, Wake, Waker};
+
+use futures_util::task::AtomicWaker;
 
 use hyper::body::{Body, Incoming};
 use hyper::rt::bounds::Http2ServerConnExec;
@@ -92,14 +95,30 @@ where
     tokio::pin!(shutdown);
     let idle = tokio::time::sleep(idle_limit);
     tokio::pin!(idle);
+    let rare = RareWakes::new();
     loop {
-        tokio::select! {
-            result = connection.as_mut() => return result,
-            () = shutdown.as_mut() => {
+        let woken = std::future::poll_fn(|cx| {
+            if let Poll::Ready(result) = connection.as_mut().poll(cx) {
+                return Poll::Ready(Woken::Done(result));
+            }
+            rare.poll(cx, |cx| {
+                if shutdown.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(Woken::Shutdown)
+                } else if idle.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(Woken::Idle)
+                } else {
+                    Poll::Pending
+                }
+            })
+        })
+        .await;
+        match woken {
+            Woken::Done(result) => return result,
+            Woken::Shutdown => {
                 connection.as_mut().graceful_shutdown();
                 return connection.await;
             }
-            () = idle.as_mut() => {
+            Woken::Idle => {
                 let now = tokio::time::Instant::now();
                 match state.idle_for(now.into_std()) {
                     Some(idle_for) if idle_for >= idle_limit => {
@@ -112,8 +131,73 @@ where
                     Some(idle_for) => idle.as_mut().reset(now + (idle_limit - idle_for)),
                     None => idle.as_mut().reset(now + idle_limit),
                 }
+                // Polled again, so that the timer wakes the task at its new deadline.
+                rare.again();
             }
         }
+    }
+}
+
+/// What woke a connection's task, of what it waits for.
+enum Woken {
+    Done(Result<(), hyper::Error>),
+    Shutdown,
+    Idle,
+}
+
+/// The futures a connection's task waits for besides the connection itself (the shutdown
+/// signal, the idle timer), polled only when one of them woke the task: the task wakes for
+/// its connection several times a request, and polling them each time cost about 400
+/// instructions a request.
+struct RareWakes {
+    flag: Arc<RareFlag>,
+    waker: Waker,
+}
+
+/// Set when a rare future wakes the task.
+struct RareFlag {
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl Wake for RareFlag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl RareWakes {
+    fn new() -> Self {
+        let flag = Arc::new(RareFlag {
+            // Polled first when the task first runs, so that they register.
+            woken: AtomicBool::new(true),
+            task: AtomicWaker::new(),
+        });
+        RareWakes {
+            waker: Waker::from(flag.clone()),
+            flag,
+        }
+    }
+
+    /// Runs `poll_rare` (which polls the rare futures with the context it is given) if one
+    /// of them woke the task since it last ran, or [`Self::again`] asked for it.
+    fn poll<T>(&self, cx: &Context<'_>, poll_rare: impl FnOnce(&mut Context<'_>) -> Poll<T>) -> Poll<T> {
+        // Registered before the flag is read: a wake after the read wakes this task again.
+        self.flag.task.register(cx.waker());
+        if !self.flag.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        poll_rare(&mut Context::from_waker(&self.waker))
+    }
+
+    /// Has the rare futures polled the next time the task runs.
+    fn again(&self) {
+        self.flag.woken.store(true, Ordering::Release);
     }
 }
 
@@ -193,6 +277,31 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rare futures are polled when the task first runs, then only after one of them
+    /// woke it (or `again`), not when the connection did.
+    #[test]
+    fn rare_futures_are_polled_only_when_they_woke_the_task() {
+        let cx = Context::from_waker(Waker::noop());
+        let rare = RareWakes::new();
+        // How often the rare futures were polled, and the waker they were given.
+        let polled = std::cell::RefCell::new((0, None::<Waker>));
+        let poll = || {
+            let _ = rare.poll(&cx, |cx| {
+                let mut polled = polled.borrow_mut();
+                polled.0 += 1;
+                polled.1 = Some(cx.waker().clone());
+                Poll::<()>::Pending
+            });
+            polled.borrow().0
+        };
+        assert_eq!((poll(), poll(), poll()), (1, 1, 1), "polled once to register");
+        let waker = polled.borrow_mut().1.take().unwrap();
+        waker.wake();
+        assert_eq!((poll(), poll()), (2, 2), "polled after it woke the task");
+        rare.again();
+        assert_eq!(poll(), 3, "polled when asked to");
+    }
 
     #[test]
     fn idle_counts_from_the_last_request_to_end() {
