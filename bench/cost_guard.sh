@@ -5,8 +5,9 @@
 # the budget: `headers=FILE` names a file in bench/conf of request headers to send
 # (request_cost.sh's HEADERS), for what a real client's request costs beside wrk's bare
 # one; `log=FILTER` runs floodgate with FLOODGATE_LOG=FILTER instead of `warn` (`info`:
-# with the access log, as floodgate runs by default). Usage (from the repository root,
-# after `cargo build --release`):
+# with the access log, as floodgate runs by default); `load=h2` sends the requests over
+# HTTP/2 with h2load (request_cost.sh's LOAD). Usage (from the repository root, after
+# `cargo build --release`):
 #
 #   bash bench/cost_guard.sh [BINARY]
 #
@@ -21,16 +22,18 @@ while read -r template budget options; do
   case $template in '' | '#'*) continue ;; esac
   header_lines=""
   log=warn
+  load=
   template_label=$template
   for option in $options; do
     case $option in
       headers=*) header_lines=$(cat "bench/conf/${option#headers=}") ;;
       log=*) log=${option#log=} ;;
+      load=*) load=${option#load=} ;;
       *) echo "cost guard: unknown option $option in bench/cost_budgets" >&2; exit 2 ;;
     esac
     template_label="$template_label $option"
   done
-  measured=$(FLOODGATE_LOG=$log HEADERS=$header_lines TOP=0 RUN_SECONDS=${RUN_SECONDS:-3} bash bench/request_cost.sh "bench/conf/$template.toml.tmpl" "$BINARY" |
+  measured=$(LOAD=$load FLOODGATE_LOG=$log HEADERS=$header_lines TOP=0 RUN_SECONDS=${RUN_SECONDS:-3} bash bench/request_cost.sh "bench/conf/$template.toml.tmpl" "$BINARY" |
     awk '/instructions per request/ {print $2}')
   if [ -z "$measured" ]; then
     echo "cost guard: $template_label could not be measured" >&2

@@ -17,6 +17,8 @@
 # request (self cost; the frames below the event loop, charged with everything, are
 # skipped); KEEP=FILE keeps the callgrind dump; CALLGRIND_OPTIONS adds valgrind options
 # (`--cache-sim=yes`, `--dump-instr=yes` with the `profiling` build for source lines);
+# LOAD=h2 makes the load h2load's (HTTP/2 over cleartext, one stream at a time on each of
+# the CONNECTIONS) instead of wrk's HTTP/1.1.
 # FLOODGATE_LOG is floodgate's log filter (default `warn`: no access log, as nginx's
 # `access_log off` in the upstream and the peers' benchmarks; `info` to count it). A
 # template naming @FASTCGI_URL@ (bench/conf/php-hello.toml.tmpl) is measured on a PHP
@@ -36,7 +38,9 @@ wrk_headers=()
 while IFS= read -r line; do
   [ -n "$line" ] && wrk_headers+=(-H "$line")
 done <<<"${HEADERS:-}"
-for tool in nginx wrk redis-server valgrind callgrind_control callgrind_annotate python3; do
+load_tool=wrk
+[ "${LOAD:-}" = h2 ] && load_tool=h2load
+for tool in nginx "$load_tool" redis-server valgrind callgrind_control callgrind_annotate python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
 done
 { [ "$TEMPLATE" = - ] || [ -f "$TEMPLATE" ]; } && [ -x "$BINARY" ] || { echo "no such template or binary" >&2; exit 1; }
@@ -89,11 +93,19 @@ pids+=($gateway)
 for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$gateway_port") 2>/dev/null && break; sleep 0.1; done
 
 url=http://127.0.0.1:$gateway_port${URL_PATH:-$url_path}
-wrk -t1 -c"$CONNECTIONS" -d3s "${wrk_headers[@]}" "$url" >/dev/null
+# Loads the gateway for $1 seconds; prints the requests completed.
+load() {
+  if [ "$load_tool" = h2load ]; then
+    h2load -c "$CONNECTIONS" -m 1 -D "$1" "${wrk_headers[@]}" "$url" | awk '/^requests:/ {print $8}'
+  else
+    wrk -t1 -c"$CONNECTIONS" -d"$1s" "${wrk_headers[@]}" "$url" | awk '/requests in/ {print $1}'
+  fi
+}
+load 3 >/dev/null
 script_calls() { redis-cli -p "$redis_port" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/ {n = $3} END {print n + 0}'; }
 calls_before=$(script_calls)
 callgrind_control -z "$gateway" >/dev/null 2>&1
-requests=$(wrk -t1 -c"$CONNECTIONS" -d"${SECONDS_MEASURED}s" "${wrk_headers[@]}" "$url" | awk '/requests in/ {print $1}')
+requests=$(load "$SECONDS_MEASURED")
 callgrind_control -d "$gateway" >/dev/null 2>&1
 calls=$(( $(script_calls) - calls_before ))
 dump=$(ls "$dir"/callgrind.out.* | sort | tail -1)

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -179,7 +179,23 @@ async fn bind(addr: SocketAddr, key: &str) -> io::Result<TcpListener> {
 /// hyper's servers for the two protocols a connection may speak.
 struct Builders {
     http1: http1::Builder,
-    http2: http2::Builder<TokioExecutor>,
+    http2: http2::Builder<BoxedTasks>,
+}
+
+/// Runs each HTTP/2 stream as a task whose future is boxed before it is spawned: the
+/// stream's future holds its request's (several KB), which `tokio::spawn` would otherwise
+/// move whole several times on its way into the task.
+#[derive(Clone, Copy)]
+struct BoxedTasks;
+
+impl<F> hyper::rt::Executor<F> for BoxedTasks
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, future: F) {
+        tokio::spawn(Box::pin(future));
+    }
 }
 
 fn connection_builders() -> Builders {
@@ -190,7 +206,7 @@ fn connection_builders() -> Builders {
         .header_read_timeout(None)
         .max_buf_size(HTTP1_LIMITS.bytes)
         .max_headers(HTTP1_LIMITS.fields);
-    let mut http2 = http2::Builder::new(TokioExecutor::new());
+    let mut http2 = http2::Builder::new(BoxedTasks);
     http2
         .timer(TokioTimer::new())
         .max_header_list_size(MAX_HTTP2_HEADER_LIST);
