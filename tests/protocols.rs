@@ -173,6 +173,46 @@ async fn websocket_upgrade_is_tunnelled_both_ways() {
     assert_eq!(upstream.requests(), 1);
 }
 
+/// Shutting down closes the kept-alive connections that carry no request at once, over
+/// HTTP/1.1 and HTTP/2, however long they could otherwise stay idle.
+#[tokio::test]
+async fn shutdown_closes_idle_kept_alive_connections_at_once() {
+    let upstream = Upstream::start().await;
+    let mut gw = TestGateway::proxy_to(&upstream, "header_timeout = \"60s\"", "").await;
+    let request = || Request::get(gw.url("/x")).body(Full::new(Bytes::new())).unwrap();
+
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut http1, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .unwrap();
+    let http1_open = tokio::spawn(connection);
+    let response = http1.send_request(request()).await.unwrap();
+    assert_eq!(read_response(response).await.0, StatusCode::OK);
+
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut http2, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let http2_open = tokio::spawn(connection);
+    let response = http2.send_request(request()).await.unwrap();
+    assert_eq!(read_response(response).await.0, StatusCode::OK);
+
+    let started = std::time::Instant::now();
+    let _ = gw.shutdown();
+    for (protocol, open) in [("HTTP/1.1", http1_open), ("HTTP/2", http2_open)] {
+        let closed = tokio::time::timeout(Duration::from_secs(5), open).await;
+        assert!(closed.is_ok(), "{protocol}: still open 5 s after shutdown began");
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(2),
+        "closed {waited:?} after shutdown began"
+    );
+}
+
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// An empty SETTINGS frame.
 const H2_SETTINGS: &[u8] = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00";

@@ -101,7 +101,7 @@ where
             if let Poll::Ready(result) = connection.as_mut().poll(cx) {
                 return Poll::Ready(Woken::Done(result));
             }
-            rare.poll(cx, |cx| {
+            rare.poll_if_woken(cx, |cx| {
                 if shutdown.as_mut().poll(cx).is_ready() {
                     Poll::Ready(Woken::Shutdown)
                 } else if idle.as_mut().poll(cx).is_ready() {
@@ -131,14 +131,15 @@ where
                     Some(idle_for) => idle.as_mut().reset(now + (idle_limit - idle_for)),
                     None => idle.as_mut().reset(now + idle_limit),
                 }
-                // Polled again, so that the timer wakes the task at its new deadline.
-                rare.again();
+                // Polled again, so that the timer wakes the task at its new deadline: tokio
+                // does not promise that a reset `Sleep` keeps its waker.
+                rare.poll_next_time();
             }
         }
     }
 }
 
-/// What woke a connection's task, of what it waits for.
+/// What a connection's wait ended on.
 enum Woken {
     Done(Result<(), hyper::Error>),
     Shutdown,
@@ -147,8 +148,8 @@ enum Woken {
 
 /// The futures a connection's task waits for besides the connection itself (the shutdown
 /// signal, the idle timer), polled only when one of them woke the task: the task wakes for
-/// its connection several times a request, and polling them each time cost about 400
-/// instructions a request.
+/// its connection several times a request, and polling them at each wake cost a few
+/// hundred instructions a request (docs/performance.md#where-the-instructions-went-and-what-did-not-pay).
 struct RareWakes {
     flag: Arc<RareFlag>,
     waker: Waker,
@@ -185,8 +186,12 @@ impl RareWakes {
     }
 
     /// Runs `poll_rare` (which polls the rare futures with the context it is given) if one
-    /// of them woke the task since it last ran, or [`Self::again`] asked for it.
-    fn poll<T>(&self, cx: &Context<'_>, poll_rare: impl FnOnce(&mut Context<'_>) -> Poll<T>) -> Poll<T> {
+    /// of them woke the task since it last ran, or [`Self::poll_next_time`] asked for it.
+    fn poll_if_woken<T>(
+        &self,
+        cx: &Context<'_>,
+        poll_rare: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
         // Registered before the flag is read: a wake after the read wakes this task again.
         self.flag.task.register(cx.waker());
         if !self.flag.woken.swap(false, Ordering::AcqRel) {
@@ -195,8 +200,8 @@ impl RareWakes {
         poll_rare(&mut Context::from_waker(&self.waker))
     }
 
-    /// Has the rare futures polled the next time the task runs.
-    fn again(&self) {
+    /// Makes the next [`Self::poll_if_woken`] poll the rare futures.
+    fn poll_next_time(&self) {
         self.flag.woken.store(true, Ordering::Release);
     }
 }
@@ -279,15 +284,23 @@ mod tests {
     use super::*;
 
     /// The rare futures are polled when the task first runs, then only after one of them
-    /// woke it (or `again`), not when the connection did.
+    /// woke the task (which it then wakes), or when asked to; not when the connection woke it.
     #[test]
     fn rare_futures_are_polled_only_when_they_woke_the_task() {
-        let cx = Context::from_waker(Waker::noop());
+        struct Task(std::sync::atomic::AtomicUsize);
+        impl Wake for Task {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let task = Arc::new(Task(AtomicUsize::new(0)));
+        let task_waker = Waker::from(task.clone());
+        let cx = Context::from_waker(&task_waker);
         let rare = RareWakes::new();
         // How often the rare futures were polled, and the waker they were given.
         let polled = std::cell::RefCell::new((0, None::<Waker>));
         let poll = || {
-            let _ = rare.poll(&cx, |cx| {
+            let _ = rare.poll_if_woken(&cx, |cx| {
                 let mut polled = polled.borrow_mut();
                 polled.0 += 1;
                 polled.1 = Some(cx.waker().clone());
@@ -296,11 +309,14 @@ mod tests {
             polled.borrow().0
         };
         assert_eq!((poll(), poll(), poll()), (1, 1, 1), "polled once to register");
+        assert_eq!(task.0.load(Ordering::SeqCst), 0);
         let waker = polled.borrow_mut().1.take().unwrap();
         waker.wake();
+        assert_eq!(task.0.load(Ordering::SeqCst), 1, "their wake wakes the task");
         assert_eq!((poll(), poll()), (2, 2), "polled after it woke the task");
-        rare.again();
+        rare.poll_next_time();
         assert_eq!(poll(), 3, "polled when asked to");
+        assert_eq!(task.0.load(Ordering::SeqCst), 1);
     }
 
     #[test]
