@@ -201,7 +201,7 @@ async fn shutdown_closes_idle_kept_alive_connections_at_once() {
     assert_eq!(read_response(response).await.0, StatusCode::OK);
 
     let started = std::time::Instant::now();
-    let _ = gw.shutdown();
+    let shutdown = gw.shutdown();
     for (protocol, open) in [("HTTP/1.1", http1_open), ("HTTP/2", http2_open)] {
         let closed = tokio::time::timeout(Duration::from_secs(5), open).await;
         assert!(closed.is_ok(), "{protocol}: still open 5 s after shutdown began");
@@ -211,6 +211,10 @@ async fn shutdown_closes_idle_kept_alive_connections_at_once() {
         waited < Duration::from_secs(2),
         "closed {waited:?} after shutdown began"
     );
+    tokio::time::timeout(Duration::from_secs(5), shutdown)
+        .await
+        .expect("the gateway shut down")
+        .unwrap();
 }
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
