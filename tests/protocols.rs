@@ -189,14 +189,7 @@ async fn shutdown_closes_idle_kept_alive_connections_at_once() {
     let response = http1.send_request(request()).await.unwrap();
     assert_eq!(read_response(response).await.0, StatusCode::OK);
 
-    let stream = TcpStream::connect(gw.addr).await.unwrap();
-    let (mut http2, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    let http2_open = tokio::spawn(connection);
+    let (mut http2, http2_open) = http2_connection(gw.addr).await;
     let response = http2.send_request(request()).await.unwrap();
     assert_eq!(read_response(response).await.0, StatusCode::OK);
 
@@ -215,6 +208,24 @@ async fn shutdown_closes_idle_kept_alive_connections_at_once() {
         .await
         .expect("the gateway shut down")
         .unwrap();
+}
+
+/// An HTTP/2 connection to `addr`, and the task that drives it (it ends when the
+/// connection closes).
+async fn http2_connection(
+    addr: std::net::SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    (sender, tokio::spawn(connection))
 }
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -252,14 +263,7 @@ async fn http2_connections_without_an_open_stream_are_closed_after_header_timeou
 
     // A stream open longer than the limit keeps its connection; once it is done, the idle
     // connection goes too.
-    let stream = TcpStream::connect(gw.addr).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    let driver = tokio::spawn(connection);
+    let (mut sender, driver) = http2_connection(gw.addr).await;
     let request = Request::get(gw.url("/slow?ms=800"))
         .body(Full::new(Bytes::new()))
         .unwrap();
