@@ -75,22 +75,27 @@ impl Peer {
     }
 }
 
-/// `ip` as text, exactly as `Display` writes it; IPv4 (the common case, on every request)
-/// without the formatting machinery.
+/// `ip` as text, exactly as `Display` writes it ([`push_ip_text`]).
 pub(crate) fn ip_text(ip: IpAddr) -> String {
+    let mut text = String::with_capacity(15);
+    push_ip_text(ip, |piece| text.push_str(piece));
+    text
+}
+
+/// Gives `push` the text of `ip`, exactly as `Display` writes it, piece by piece; IPv4 (the
+/// common case, on every request) without the formatting machinery.
+pub(crate) fn push_ip_text(ip: IpAddr, mut push: impl FnMut(&str)) {
     match ip {
         IpAddr::V4(v4) => {
-            let mut text = String::with_capacity(15);
             let mut digits = itoa::Buffer::new();
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    text.push('.');
+                    push(".");
                 }
-                text.push_str(digits.format(octet));
+                push(digits.format(octet));
             }
-            text
         }
-        IpAddr::V6(_) => ip.to_string(),
+        IpAddr::V6(v6) => push(&v6.to_string()),
     }
 }
 

@@ -14,7 +14,7 @@
 
 use std::io::{IsTerminal as _, Write};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -22,6 +22,7 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
 use crate::civil_time::{CivilTime, two_digits};
+use crate::client_ip::push_ip_text;
 
 /// Buffered access lines are written once they reach this size...
 const FLUSH_AT: usize = 32 * 1024;
@@ -30,8 +31,14 @@ const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 /// Lines waiting to be written to standard output.
 static PENDING: Mutex<Vec<u8>> = Mutex::new(Vec::new());
-/// Whether lines are JSON objects (`FLOODGATE_LOG_FORMAT=json`) rather than text.
-static JSON: AtomicBool = AtomicBool::new(false);
+/// How access lines are written, as [`init`] found the environment: not at all (the filter
+/// leaves the `access` target out at `info`, or no subscriber was installed), as text, or
+/// as JSON objects (`FLOODGATE_LOG_FORMAT=json`). The filter does not change while the
+/// process runs, so it is asked once rather than at every request.
+static ACCESS_LINES: AtomicU8 = AtomicU8::new(OFF);
+const OFF: u8 = 0;
+const TEXT: u8 = 1;
+const JSON: u8 = 2;
 
 fn pending() -> MutexGuard<'static, Vec<u8>> {
     PENDING.lock().unwrap_or_else(PoisonError::into_inner)
@@ -105,17 +112,23 @@ pub fn init() -> Result<(), String> {
         .with_env_filter(filter)
         .with_writer(Stdout)
         .with_ansi(std::io::stdout().is_terminal());
-    match format.as_str() {
-        "text" => builder.init(),
+    let lines = match format.as_str() {
+        "text" => {
+            builder.init();
+            TEXT
+        }
         "json" => {
-            JSON.store(true, Ordering::Relaxed);
             builder.json().flatten_event(true).init();
+            JSON
         }
         other => {
             return Err(format!(
                 "FLOODGATE_LOG_FORMAT={other:?}: expected \"text\" or \"json\""
             ));
         }
+    };
+    if tracing::enabled!(target: "access", tracing::Level::INFO) {
+        ACCESS_LINES.store(lines, Ordering::Relaxed);
     }
     Ok(())
 }
@@ -136,11 +149,12 @@ pub async fn flush_periodically() {
 }
 
 /// Writes one access line, `fields` its fields in order, unless the filter leaves the
-/// `access` target out at `info`. Formatted here, in the layout of the `tracing` formatter
+/// `access` target out at `info` ([`ACCESS_LINES`]). Formatted here, in the layout of the `tracing` formatter
 /// (without colour), rather than as a `tracing` event: through the formatting layer a line
 /// cost more instructions than proxying the request.
 pub(crate) fn access(fields: impl FnOnce(&mut AccessLine<'_>)) {
-    if !tracing::enabled!(target: "access", tracing::Level::INFO) {
+    let lines = ACCESS_LINES.load(Ordering::Relaxed);
+    if lines == OFF {
         return;
     }
     let now = SystemTime::now()
@@ -149,7 +163,7 @@ pub(crate) fn access(fields: impl FnOnce(&mut AccessLine<'_>)) {
     let mut pending = pending();
     let mut line = AccessLine {
         out: &mut pending,
-        json: JSON.load(Ordering::Relaxed),
+        json: lines == JSON,
     };
     // Nothing in between can panic: a line is always whole.
     line.open(now);
@@ -240,9 +254,7 @@ impl AccessLine<'_> {
         debug_assert!(value.bytes().all(|b| BARE[usize::from(b)]), "{value:?}");
         self.key(key);
         if self.json {
-            self.out.push(b'"');
-            self.out.extend_from_slice(value.as_bytes());
-            self.out.push(b'"');
+            self.in_quotes(value);
         } else {
             self.out.extend_from_slice(value.as_bytes());
         }
@@ -259,14 +271,19 @@ impl AccessLine<'_> {
     /// JSON ones (the two agree on printable ASCII, which is what values hold).
     fn string(&mut self, value: &str) {
         if value.bytes().all(|b| PLAIN[usize::from(b)]) {
-            self.out.push(b'"');
-            self.out.extend_from_slice(value.as_bytes());
-            self.out.push(b'"');
+            self.in_quotes(value);
         } else if self.json {
             let _ = serde_json::to_writer(&mut *self.out, value);
         } else {
             let _ = write!(self.out, "{value:?}");
         }
+    }
+
+    /// `value`, which needs no escaping, in quotes.
+    fn in_quotes(&mut self, value: &str) {
+        self.out.push(b'"');
+        self.out.extend_from_slice(value.as_bytes());
+        self.out.push(b'"');
     }
 
     /// An address, written as its text (in quotes in JSON).
@@ -276,20 +293,7 @@ impl AccessLine<'_> {
         if self.json {
             self.out.push(b'"');
         }
-        match ip {
-            IpAddr::V4(v4) => {
-                let mut digits = itoa::Buffer::new();
-                for (i, octet) in v4.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        self.out.push(b'.');
-                    }
-                    self.out.extend_from_slice(digits.format(octet).as_bytes());
-                }
-            }
-            IpAddr::V6(v6) => {
-                let _ = write!(self.out, "{v6}");
-            }
-        }
+        push_ip_text(ip, |piece| self.out.extend_from_slice(piece.as_bytes()));
         if self.json {
             self.out.push(b'"');
         }

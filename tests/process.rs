@@ -120,6 +120,35 @@ async fn json_access_log_has_one_line_per_request_with_every_field() {
     );
 }
 
+/// `FLOODGATE_LOG` decides whether access lines are written, as for any other target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_filter_turns_the_access_log_on_and_off() {
+    let upstream = Upstream::start().await;
+    for (filter, lines) in [
+        ("info", 1),
+        ("info,access=off", 0),
+        ("warn,floodgate=info", 0),
+        ("warn,floodgate=info,access=info", 1),
+    ] {
+        let gateway = FloodgateProcess::start(proxy_config(&upstream, ""), &[("FLOODGATE_LOG", filter)]);
+        let (status, _, _) = get(&gateway.url("/x")).await;
+        assert_eq!(status, StatusCode::OK);
+        // Buffered access lines are written before any other event: all are read once the
+        // last event, the end of the shutdown, is.
+        gateway.signal(libc::SIGTERM);
+        let shut_down = tokio::task::block_in_place(|| {
+            gateway.wait_for_line(Duration::from_secs(10), |line| line.contains("shut down"))
+        });
+        assert!(shut_down.is_some(), "{filter}: {:#?}", gateway.stdout_lines());
+        assert_eq!(
+            access_lines(&gateway).len(),
+            lines,
+            "{filter}: {:#?}",
+            gateway.stdout_lines()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_access_log_is_plain_key_value_pairs() {
     let upstream = Upstream::start().await;
