@@ -45,12 +45,12 @@ pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: Option<&s
     };
     // The path itself is looked up once, whether as a directory or as the first candidate,
     // and so is its directory's index.
-    let found = root.find(path);
+    let found = look_up(root, path, split_path);
     let mut index_found = None;
     if !path.ends_with('/') && found == Found::Directory {
         let index_path = in_directory();
-        match root.find(&index_path) {
-            Found::File(_) => return Choice::AddSlash(format!("{path}/")),
+        match look_up(root, &index_path, split_path) {
+            Found::File(_) | Found::Script => return Choice::AddSlash(format!("{path}/")),
             other => index_found = Some((index_path, other)),
         }
     }
@@ -89,16 +89,28 @@ fn attempt(
     let name = split.map_or(candidate, |(name, _)| name);
     let found = match looked_up {
         Some(found) if name == candidate => found,
-        _ => root.find(name),
+        _ => look_up(root, name, split_path),
     };
     match (found, split) {
         (Found::Forbidden, _) => Some(Choice::Hidden),
-        (Found::File(_), Some((name, path_info))) => Some(Choice::Run(Script {
+        (Found::Script | Found::File(_), Some((name, path_info))) => Some(Choice::Run(Script {
             name: name.to_owned(),
             path_info: path_info.to_owned(),
         })),
         (Found::File(opened), None) => Some(Choice::Serve(candidate.to_owned(), opened)),
-        (Found::Directory | Found::Nothing, _) => None,
+        // A script never comes to be served: `look_up` and the split agree on the name.
+        (Found::Script | Found::Directory | Found::Nothing, _) => None,
+    }
+}
+
+/// What `path` names under `root`: looked up as a script when it names one for
+/// `split_path` (then floodgate does not open it), else opened to be served.
+fn look_up(root: &Root, path: &str, split_path: Option<&str>) -> Found {
+    let script = split_path.and_then(|split_path| split(path, split_path));
+    if script.is_some_and(|(name, _)| name == path) {
+        root.find_script(path)
+    } else {
+        root.find(path)
     }
 }
 

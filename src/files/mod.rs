@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 pub(crate) mod choice;
@@ -54,6 +54,9 @@ impl Eq for Opened {}
 pub(crate) enum Found {
     /// A regular file, open.
     File(Opened),
+    /// A regular file looked up as a script ([`Root::find_script`]): floodgate names it to
+    /// PHP-FPM and never reads it, so it is not opened.
+    Script,
     /// A directory.
     Directory,
     /// Nothing there.
@@ -98,6 +101,44 @@ impl Root {
     /// symlink also gets, is looked at again in user space, which alone tells a symlink
     /// that stays inside from one that leaves.
     pub(crate) fn find(&self, path: &str) -> Found {
+        // Non-blocking: a FIFO must not hold the worker until a writer comes.
+        self.look(path, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)
+    }
+
+    /// What the decoded request `path` names, as [`Root::find`] tells, for a script:
+    /// [`Found::Script`] in place of an opened file.
+    ///
+    /// A name directly in the root has no directory to pass through on its way out, so
+    /// one `fstatat` that does not follow a final symlink tells what it is (a third of
+    /// the system time of opening, looking at and closing it); a symlink there, and any
+    /// deeper path, is resolved as `find` resolves it, opened only as a location
+    /// (`O_PATH`).
+    pub(crate) fn find_script(&self, path: &str) -> Found {
+        if hidden(path) {
+            return Found::Forbidden;
+        }
+        let relative = path.trim_start_matches('/');
+        if !relative.is_empty() && !relative.contains('/') {
+            match rustix::fs::statat(self.directory.as_ref(), relative, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
+                    FileType::RegularFile => return Found::Script,
+                    FileType::Directory => return Found::Directory,
+                    // Resolved below: it may lead outside.
+                    FileType::Symlink => {}
+                    _ => return Found::Nothing,
+                },
+                Err(Errno::NOENT | Errno::ACCESS | Errno::NAMETOOLONG) => return Found::Nothing,
+                Err(_) => {}
+            }
+        }
+        match self.look(path, OFlags::PATH) {
+            Found::File(_) => Found::Script,
+            other => other,
+        }
+    }
+
+    /// [`Root::find`] with the file opened with `flags` (besides `O_CLOEXEC`).
+    fn look(&self, path: &str, flags: OFlags) -> Found {
         if hidden(path) {
             return Found::Forbidden;
         }
@@ -107,8 +148,7 @@ impl Root {
             let opened = rustix::fs::openat2(
                 self.directory.as_ref(),
                 relative,
-                // Non-blocking: a FIFO must not hold the worker until a writer comes.
-                OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY,
+                flags | OFlags::CLOEXEC,
                 Mode::empty(),
                 ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
             );
@@ -123,11 +163,11 @@ impl Root {
                 Err(_) => {}
             }
         }
-        self.find_resolving(relative)
+        self.find_resolving(relative, flags)
     }
 
-    /// [`Root::find`] resolving the path in user space, component by component.
-    fn find_resolving(&self, relative: &str) -> Found {
+    /// [`Root::look`] resolving the path in user space, component by component.
+    fn find_resolving(&self, relative: &str, flags: OFlags) -> Found {
         let candidate = self.real.join(relative);
         let Ok(real) = candidate.canonicalize() else {
             // Absent: forbidden all the same if the part that exists leads outside.
@@ -144,7 +184,7 @@ impl Root {
         use std::os::unix::fs::OpenOptionsExt as _;
         match std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags((OFlags::NONBLOCK | OFlags::NOCTTY).bits() as i32)
+            .custom_flags(flags.bits() as i32)
             .open(&real)
         {
             Ok(file) => Found::opened(file),
@@ -187,7 +227,11 @@ mod tests {
         );
         let root = Root::new(site.path()).unwrap();
         assert_eq!(root.find("/pipe"), Found::Nothing);
-        assert_eq!(root.find_resolving("pipe"), Found::Nothing);
+        assert_eq!(
+            root.find_resolving("pipe", OFlags::RDONLY | OFlags::NONBLOCK),
+            Found::Nothing
+        );
+        assert_eq!(root.find_script("/pipe"), Found::Nothing);
     }
 
     #[test]
@@ -218,7 +262,7 @@ mod tests {
         std::os::unix::fs::symlink("../../../../../../../../etc/passwd", site.path().join("climb")).unwrap();
         let root = Root::new(site.path()).unwrap();
         for find in [Root::find, |root: &Root, path: &str| {
-            root.find_resolving(path.trim_start_matches('/'))
+            root.find_resolving(path.trim_start_matches('/'), OFlags::RDONLY)
         }] {
             let file = |path| match find(&root, path) {
                 Found::File(opened) => opened.metadata.len(),
@@ -237,6 +281,24 @@ mod tests {
             assert_eq!(find(&root, "/index.php/x"), Found::Nothing);
         }
         assert_eq!(root.find("/.env"), Found::Forbidden);
+        // Looked up as scripts: the same answers, a file not opened.
+        std::fs::write(site.path().join("blog/post.php"), "<?php").unwrap();
+        for (path, found) in [
+            ("/index.php", Found::Script),
+            ("/blog/post.php", Found::Script),
+            ("/inner/up", Found::Script),
+            ("/absolute", Found::Script),
+            ("/blog", Found::Directory),
+            ("/", Found::Directory),
+            ("/link", Found::Forbidden),
+            ("/climb", Found::Forbidden),
+            ("/link/more", Found::Forbidden),
+            ("/missing", Found::Nothing),
+            ("/index.php/x", Found::Nothing),
+            ("/.env", Found::Forbidden),
+        ] {
+            assert_eq!(root.find_script(path), found, "{path}");
+        }
         assert!(Root::new(&site.path().join("index.php")).is_err());
         assert!(Root::new(&site.path().join("none")).is_err());
     }
