@@ -66,7 +66,11 @@ pub fn policy_value<'a>(limits: impl IntoIterator<Item = Described<'a>>) -> Opti
     HeaderValue::from_str(&items.join(", ")).ok()
 }
 
-/// The headers for the enforced limits that were decided for one request.
+/// The headers for the enforced limits that were decided for one request. The values
+/// that count down from one response to the next (`RateLimit`, `X-RateLimit-Remaining`)
+/// are marked sensitive, for HTTP/2's header compression never to index them: each would
+/// otherwise take a place in the connection's table at every response and push out the
+/// headers that repeat.
 pub fn render(
     mode: RateLimitHeaders,
     policy: Option<&HeaderValue>,
@@ -107,7 +111,8 @@ pub fn render(
             value.extend_from_slice(digits.format(ceil_seconds(d.reset)).as_bytes());
         }
         debug_assert_eq!(value.len(), len);
-        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+        if let Ok(mut value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+            value.set_sensitive(true);
             out.push((RATELIMIT.clone(), value));
         }
     }
@@ -117,10 +122,9 @@ pub fn render(
             .min_by_key(|(_, d)| d.remaining)
             .expect("decided is not empty");
         out.push((X_RATELIMIT_LIMIT.clone(), HeaderValue::from(limit.policy().0)));
-        out.push((
-            X_RATELIMIT_REMAINING.clone(),
-            HeaderValue::from(decision.remaining),
-        ));
+        let mut remaining = HeaderValue::from(decision.remaining);
+        remaining.set_sensitive(true);
+        out.push((X_RATELIMIT_REMAINING.clone(), remaining));
         out.push((
             X_RATELIMIT_RESET.clone(),
             HeaderValue::from(ceil_seconds(decision.reset)),
@@ -203,6 +207,31 @@ mod tests {
         );
         assert_eq!(rendered(RateLimitHeaders::Both).len(), 5);
         assert!(rendered(RateLimitHeaders::None).is_empty());
+    }
+
+    #[test]
+    fn only_the_values_that_count_down_are_kept_out_of_http2_header_tables() {
+        let minute = Described {
+            name: "per_ip_minute",
+            algorithm: &Algorithm::FixedWindow {
+                limit: 600,
+                window: 60_000_000,
+            },
+        };
+        let policy = policy_value([minute]);
+        let mut out = LimitHeaders::new();
+        render(
+            RateLimitHeaders::Both,
+            policy.as_ref(),
+            &[(minute, decision(599, 41_200))],
+            &mut out,
+        );
+        let sensitive: Vec<&str> = out
+            .iter()
+            .filter(|(_, value)| value.is_sensitive())
+            .map(|(name, _)| name.as_str())
+            .collect();
+        assert_eq!(sensitive, ["ratelimit", "x-ratelimit-remaining"]);
     }
 
     #[test]

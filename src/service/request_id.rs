@@ -15,28 +15,45 @@ const MAX_LEN: usize = 200;
 /// and the value is 1 to 200 visible ASCII characters; otherwise new: the ID of the trace
 /// the request begins (so that the two match), or 128 random bits when the trace came
 /// from the client; as 32 hex digits.
+///
+/// Marked sensitive, which HTTP/2's header compression (HPACK) takes as "never index":
+/// a value that no other response repeats would otherwise go into the connection's
+/// table at each response and push out the names and values that do repeat, which then
+/// have to be sent and stored again.
 pub(crate) fn decide(
     name: &HeaderName,
     headers: &HeaderMap,
     trusted: bool,
     trace: &RequestTrace,
 ) -> HeaderValue {
-    if trusted {
-        let mut values = headers.get_all(name).iter();
-        if let (Some(value), None) = (values.next(), values.next())
-            && acceptable(value)
-        {
-            return value.clone();
+    let mut id = match trusted_id(name, headers, trusted) {
+        Some(value) => value.clone(),
+        None => {
+            let id = if trace.continued() {
+                TraceId::random()
+            } else {
+                trace.trace_id
+            };
+            // Owned by its `Bytes` from the start: the ID is cloned into the upstream
+            // request and the response, and a `Bytes` copied from a slice allocates again
+            // on its first clone.
+            HeaderValue::from_maybe_shared(Bytes::from_owner(id.hex())).expect("hex digits")
         }
-    }
-    let id = if trace.continued() {
-        TraceId::random()
-    } else {
-        trace.trace_id
     };
-    // Owned by its `Bytes` from the start: the ID is cloned into the upstream request and
-    // the response, and a `Bytes` copied from a slice allocates again on its first clone.
-    HeaderValue::from_maybe_shared(Bytes::from_owner(id.hex())).expect("hex digits")
+    id.set_sensitive(true);
+    id
+}
+
+/// The ID a trusted proxy sent, if it is one acceptable value.
+fn trusted_id<'h>(name: &HeaderName, headers: &'h HeaderMap, trusted: bool) -> Option<&'h HeaderValue> {
+    if !trusted {
+        return None;
+    }
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(value), None) if acceptable(value) => Some(value),
+        _ => None,
+    }
 }
 
 fn acceptable(value: &HeaderValue) -> bool {
@@ -89,6 +106,16 @@ mod tests {
         }
         assert_eq!(decided(&[&"a".repeat(200)], true).len(), 200);
         assert_eq!(decided(&["!~"], true), "!~");
+    }
+
+    #[test]
+    fn ids_are_kept_out_of_http2_header_tables() {
+        let name = HeaderName::from_static("x-request-id");
+        let sent = headers(&["abc-123"]);
+        let trace = RequestTrace::begin(&http::Method::GET, &sent, None);
+        for trusted in [true, false] {
+            assert!(decide(&name, &sent, trusted, &trace).is_sensitive());
+        }
     }
 
     #[test]
