@@ -217,6 +217,11 @@ async fn no_path_trick_runs_an_upload_or_reaches_a_hidden_file() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("secret.txt"), "outside").unwrap();
     std::os::unix::fs::symlink(outside.path(), fpm.site().join("escape")).unwrap();
+    // Scripts named by symlinks directly in the root: one to a script outside, one to a
+    // script inside.
+    std::fs::write(outside.path().join("evil.php"), "<?php echo 'EXECUTED';").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("evil.php"), fpm.site().join("out.php")).unwrap();
+    std::os::unix::fs::symlink("login.php", fpm.site().join("alias.php")).unwrap();
     let gw = gateway(&fpm, "").await;
     // The upload is a file: served as it is, never run.
     let (status, _, body) = get(&gw.url("/uploads/evil.jpg")).await;
@@ -254,6 +259,8 @@ async fn no_path_trick_runs_an_upload_or_reaches_a_hidden_file() {
         "/uploads/evil.jpg/.php",
         "/escape/secret.txt",
         "/escape/none",
+        "/out.php",
+        "/out.php/x",
     ] {
         let (status, _, body) = get(&gw.url(path)).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
@@ -262,9 +269,14 @@ async fn no_path_trick_runs_an_upload_or_reaches_a_hidden_file() {
             "{path}"
         );
     }
-    // A script is run, never sent as its source.
-    let (_, _, body) = get(&gw.url("/login.php")).await;
-    assert!(body.starts_with("login\n") && !body.contains("<?php"), "{body}");
+    // A script is run, never sent as its source; through a symlink that stays inside too.
+    for path in ["/login.php", "/alias.php"] {
+        let (_, _, body) = get(&gw.url(path)).await;
+        assert!(
+            body.starts_with("login\n") && !body.contains("<?php"),
+            "{path}: {body}"
+        );
+    }
 }
 
 #[tokio::test]
