@@ -96,7 +96,7 @@ url=http://127.0.0.1:$gateway_port${URL_PATH:-$url_path}
 # Loads the gateway for $1 seconds; prints the requests completed.
 load() {
   if [ "$load_tool" = h2load ]; then
-    h2load -c "$CONNECTIONS" -m 1 -D "$1" "${wrk_headers[@]}" "$url" | awk '/^requests:/ {print $8}'
+    h2load -c "$CONNECTIONS" -m 1 -D "$1" "${wrk_headers[@]}" "$url" | awk '/^requests:/ {print $6}'
   else
     wrk -t1 -c"$CONNECTIONS" -d"$1s" "${wrk_headers[@]}" "$url" | awk '/requests in/ {print $1}'
   fi

@@ -67,10 +67,11 @@ pub fn policy_value<'a>(limits: impl IntoIterator<Item = Described<'a>>) -> Opti
 }
 
 /// The headers for the enforced limits that were decided for one request. The values
-/// that count down from one response to the next (`RateLimit`, `X-RateLimit-Remaining`)
-/// are marked sensitive, for HTTP/2's header compression never to index them: each would
-/// otherwise take a place in the connection's table at every response and push out the
-/// headers that repeat.
+/// that count down from one response to the next (`RateLimit`, `X-RateLimit-Remaining`,
+/// while anything remains) are marked sensitive, for HTTP/2's header compression never
+/// to index them: each would otherwise take a place in the connection's table at every
+/// response and push out the headers that repeat. A refusal's (nothing remains) repeats
+/// until the reset, and is indexed.
 pub fn render(
     mode: RateLimitHeaders,
     policy: Option<&HeaderValue>,
@@ -112,7 +113,7 @@ pub fn render(
         }
         debug_assert_eq!(value.len(), len);
         if let Ok(mut value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
-            value.set_sensitive(true);
+            value.set_sensitive(decided.iter().any(|(_, d)| d.remaining > 0));
             out.push((RATELIMIT.clone(), value));
         }
     }
@@ -123,7 +124,7 @@ pub fn render(
             .expect("decided is not empty");
         out.push((X_RATELIMIT_LIMIT.clone(), HeaderValue::from(limit.policy().0)));
         let mut remaining = HeaderValue::from(decision.remaining);
-        remaining.set_sensitive(true);
+        remaining.set_sensitive(decision.remaining > 0);
         out.push((X_RATELIMIT_REMAINING.clone(), remaining));
         out.push((
             X_RATELIMIT_RESET.clone(),
@@ -232,6 +233,15 @@ mod tests {
             .map(|(name, _)| name.as_str())
             .collect();
         assert_eq!(sensitive, ["ratelimit", "x-ratelimit-remaining"]);
+        // Nothing remains: the same values until the reset.
+        let mut out = LimitHeaders::new();
+        render(
+            RateLimitHeaders::Both,
+            policy.as_ref(),
+            &[(minute, decision(0, 41_200))],
+            &mut out,
+        );
+        assert!(out.iter().all(|(_, value)| !value.is_sensitive()));
     }
 
     #[test]
