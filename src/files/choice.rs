@@ -45,39 +45,43 @@ pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: Option<&s
     };
     // The path itself is looked up once, whether as a directory or as the first candidate,
     // and so is its directory's index.
-    let found = look_up(root, path, split_path);
+    let path_script = script_in(path, split_path);
+    let found = look_up(root, path, path_script);
     let mut index_found = None;
     if !path.ends_with('/') && found == Found::Directory {
         let index_path = in_directory();
-        match look_up(root, &index_path, split_path) {
+        match look_up(root, &index_path, script_in(&index_path, split_path)) {
             Found::File(_) | Found::Script => return Choice::AddSlash(format!("{path}/")),
             other => index_found = Some((index_path, other)),
         }
     }
-    if let Some(choice) = attempt(root, path, split_path, Some(found)) {
+    if let Some(choice) = attempt(root, path, path_script, split_path, Some(found)) {
         return choice;
     }
     let (index_path, index_found) = match index_found {
         Some((index_path, found)) => (index_path, Some(found)),
         None => (in_directory(), None),
     };
-    if let Some(choice) = attempt(root, &index_path, split_path, index_found) {
+    let index_script = script_in(&index_path, split_path);
+    if let Some(choice) = attempt(root, &index_path, index_script, split_path, index_found) {
         return choice;
     }
-    if split_path.is_some()
-        && let Some(choice) = attempt(root, &format!("/{index}"), split_path, None)
-    {
-        return choice;
+    if split_path.is_some() {
+        let front = format!("/{index}");
+        if let Some(choice) = attempt(root, &front, script_in(&front, split_path), split_path, None) {
+            return choice;
+        }
     }
     Choice::Nothing
 }
 
 /// What `candidate` comes to, if it is a script to run, a file to serve, or forbidden;
-/// `looked_up` is what the candidate's own path was found to be, when it was looked up
-/// already.
+/// `script` is the script it names ([`script_in`]); `looked_up` is what the candidate's
+/// own path was found to be, when it was looked up already.
 fn attempt(
     root: &Root,
     candidate: &str,
+    script: Option<(&str, &str)>,
     split_path: Option<&str>,
     looked_up: Option<Found>,
 ) -> Option<Choice> {
@@ -85,28 +89,32 @@ fn attempt(
     if split_path.is_none() && split(candidate, ".php").is_some() {
         return None;
     }
-    let split = split_path.and_then(|split_path| split(candidate, split_path));
-    let name = split.map_or(candidate, |(name, _)| name);
+    let name = script.map_or(candidate, |(name, _)| name);
     let found = match looked_up {
         Some(found) if name == candidate => found,
-        _ => look_up(root, name, split_path),
+        _ => look_up(root, name, script),
     };
-    match (found, split) {
+    match (found, script) {
         (Found::Forbidden, _) => Some(Choice::Hidden),
         (Found::Script | Found::File(_), Some((name, path_info))) => Some(Choice::Run(Script {
             name: name.to_owned(),
             path_info: path_info.to_owned(),
         })),
         (Found::File(opened), None) => Some(Choice::Serve(candidate.to_owned(), opened)),
-        // A script never comes to be served: `look_up` and the split agree on the name.
+        // A script never comes to be served: `look_up` was told it is one.
         (Found::Script | Found::Directory | Found::Nothing, _) => None,
     }
 }
 
-/// What `path` names under `root`: looked up as a script when it names one for
-/// `split_path` (then floodgate does not open it), else opened to be served.
-fn look_up(root: &Root, path: &str, split_path: Option<&str>) -> Found {
-    let script = split_path.and_then(|split_path| split(path, split_path));
+/// The script `candidate` names for `split_path` (`.php`), if any: its name and what
+/// follows it.
+fn script_in<'a>(candidate: &'a str, split_path: Option<&str>) -> Option<(&'a str, &'a str)> {
+    split_path.and_then(|split_path| split(candidate, split_path))
+}
+
+/// What `path` names under `root`: looked up as a script when it is the name of the
+/// `script` it names (then floodgate does not open it), else opened to be served.
+fn look_up(root: &Root, path: &str, script: Option<(&str, &str)>) -> Found {
     if script.is_some_and(|(name, _)| name == path) {
         root.find_script(path)
     } else {
