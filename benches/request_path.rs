@@ -121,7 +121,7 @@ fn request_pieces(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| {
                 let mut out = LimitHeaders::new();
-                render(mode, policy.as_ref(), &decided, &mut out);
+                render(mode, policy.as_ref(), &decided, true, &mut out);
                 out
             })
         });

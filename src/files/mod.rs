@@ -55,7 +55,7 @@ pub(crate) enum Found {
     /// A regular file, open.
     File(Opened),
     /// A regular file looked up as a script ([`Root::find_script`]): floodgate names it to
-    /// PHP-FPM and never reads it, so it is not opened.
+    /// PHP-FPM and never reads it, so it is not opened for reading.
     Script,
     /// A directory.
     Directory,
@@ -298,6 +298,15 @@ mod tests {
             ("/.env", Found::Forbidden),
         ] {
             assert_eq!(root.find_script(path), found, "{path}");
+            // As the lookup goes where the kernel has no openat2 (hidden paths are
+            // refused before it).
+            if !hidden(path) {
+                let resolved = match root.find_resolving(path.trim_start_matches('/'), OFlags::PATH) {
+                    Found::File(_) => Found::Script,
+                    other => other,
+                };
+                assert_eq!(resolved, found, "{path} resolved in user space");
+            }
         }
         assert!(Root::new(&site.path().join("index.php")).is_err());
         assert!(Root::new(&site.path().join("none")).is_err());

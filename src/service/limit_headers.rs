@@ -66,16 +66,18 @@ pub fn policy_value<'a>(limits: impl IntoIterator<Item = Described<'a>>) -> Opti
     HeaderValue::from_str(&items.join(", ")).ok()
 }
 
-/// The headers for the enforced limits that were decided for one request. The values
-/// that count down from one response to the next (`RateLimit`, `X-RateLimit-Remaining`,
-/// while anything remains) are marked sensitive, for HTTP/2's header compression never
-/// to index them: each would otherwise take a place in the connection's table at every
-/// response and push out the headers that repeat. A refusal's (nothing remains) repeats
-/// until the reset, and is indexed.
+/// The headers for the enforced limits that were decided for one request, `admitted`
+/// or refused. An admitted request's units count the remaining room down, so its
+/// `RateLimit` and `X-RateLimit-Remaining` values are new at each response: they are
+/// marked sensitive, for HTTP/2's header compression never to index them (each would
+/// otherwise take a place in the connection's table and push out the headers that
+/// repeat). A refused request consumes nothing: its values repeat within the second,
+/// and are indexed.
 pub fn render(
     mode: RateLimitHeaders,
     policy: Option<&HeaderValue>,
     decided: &[(Described<'_>, LimitDecision)],
+    admitted: bool,
     out: &mut LimitHeaders,
 ) {
     if decided.is_empty() {
@@ -113,7 +115,7 @@ pub fn render(
         }
         debug_assert_eq!(value.len(), len);
         if let Ok(mut value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
-            value.set_sensitive(decided.iter().any(|(_, d)| d.remaining > 0));
+            value.set_sensitive(admitted);
             out.push((RATELIMIT.clone(), value));
         }
     }
@@ -124,7 +126,7 @@ pub fn render(
             .expect("decided is not empty");
         out.push((X_RATELIMIT_LIMIT.clone(), HeaderValue::from(limit.policy().0)));
         let mut remaining = HeaderValue::from(decision.remaining);
-        remaining.set_sensitive(decision.remaining > 0);
+        remaining.set_sensitive(admitted);
         out.push((X_RATELIMIT_REMAINING.clone(), remaining));
         out.push((
             X_RATELIMIT_RESET.clone(),
@@ -166,7 +168,7 @@ mod tests {
         let policy = policy_value([minute, burst]);
         let decided = [(minute, decision(599, 41_200)), (burst, decision(19, 100))];
         let mut out = LimitHeaders::new();
-        render(mode, policy.as_ref(), &decided, &mut out);
+        render(mode, policy.as_ref(), &decided, true, &mut out);
         out.into_iter()
             .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
             .collect()
@@ -220,12 +222,14 @@ mod tests {
             },
         };
         let policy = policy_value([minute]);
-        let sensitive = |remaining| {
+        let sensitive = |admitted| {
             let mut out = LimitHeaders::new();
+            // A refusal by another limit leaves this one's room as it was.
             render(
                 RateLimitHeaders::Both,
                 policy.as_ref(),
-                &[(minute, decision(remaining, 41_200))],
+                &[(minute, decision(599, 41_200)), (minute, decision(0, 900))],
+                admitted,
                 &mut out,
             );
             out.iter()
@@ -233,9 +237,9 @@ mod tests {
                 .map(|(name, _)| name.to_string())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(sensitive(599), ["ratelimit", "x-ratelimit-remaining"]);
-        // Nothing remains: the same values until the reset.
-        assert!(sensitive(0).is_empty());
+        assert_eq!(sensitive(true), ["ratelimit", "x-ratelimit-remaining"]);
+        // Refused: nothing consumed, the same values within the second.
+        assert!(sensitive(false).is_empty());
     }
 
     #[test]
@@ -251,7 +255,7 @@ mod tests {
                     (limit, decision(remaining, 0)),
                 ];
                 let mut out = LimitHeaders::new();
-                render(RateLimitHeaders::Ietf, None, &decided, &mut out);
+                render(RateLimitHeaders::Ietf, None, &decided, true, &mut out);
                 let reset = reset_ms.div_ceil(1000);
                 assert_eq!(
                     out[0].1.to_str().unwrap(),

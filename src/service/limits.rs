@@ -325,7 +325,7 @@ impl RouteLimits {
             partial = policy_value(enforced.iter().map(|(described, _)| *described));
             partial.as_ref()
         };
-        render(settings.headers, policy, &enforced, headers);
+        render(settings.headers, policy, &enforced, refusal.is_none(), headers);
         if let Some((limit, locked, retry)) = refusal {
             return Verdict {
                 action: refused_by(limit, ceil_seconds(retry).max(1)),
