@@ -101,8 +101,11 @@ impl Root {
     /// symlink also gets, is looked at again in user space, which alone tells a symlink
     /// that stays inside from one that leaves.
     pub(crate) fn find(&self, path: &str) -> Found {
-        // Non-blocking: a FIFO must not hold the worker until a writer comes.
-        self.look(path, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)
+        match beneath(path) {
+            // Non-blocking: a FIFO must not hold the worker until a writer comes.
+            Some(relative) => self.open(relative, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY),
+            None => Found::Forbidden,
+        }
     }
 
     /// What the decoded request `path` names, as [`Root::find`] tells, for a script:
@@ -114,11 +117,10 @@ impl Root {
     /// deeper path, is resolved as `find` resolves it, opened only as a location
     /// (`O_PATH`).
     pub(crate) fn find_script(&self, path: &str) -> Found {
-        if hidden(path) {
+        let Some(relative) = beneath(path) else {
             return Found::Forbidden;
-        }
-        let relative = path.trim_start_matches('/');
-        if !relative.is_empty() && !relative.contains('/') {
+        };
+        if !relative.contains('/') {
             match rustix::fs::statat(self.directory.as_ref(), relative, AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
                     FileType::RegularFile => return Found::Script,
@@ -131,19 +133,15 @@ impl Root {
                 Err(_) => {}
             }
         }
-        match self.look(path, OFlags::PATH) {
+        match self.open(relative, OFlags::PATH) {
             Found::File(_) => Found::Script,
             other => other,
         }
     }
 
-    /// [`Root::find`] with the file opened with `flags` (besides `O_CLOEXEC`).
-    fn look(&self, path: &str, flags: OFlags) -> Found {
-        if hidden(path) {
-            return Found::Forbidden;
-        }
-        let relative = path.trim_start_matches('/');
-        let relative = if relative.is_empty() { "." } else { relative };
+    /// What `relative` (from [`beneath`]) names, a file opened with `flags` (besides
+    /// `O_CLOEXEC`).
+    fn open(&self, relative: &str, flags: OFlags) -> Found {
         if !NO_OPENAT2.load(Ordering::Relaxed) {
             let opened = rustix::fs::openat2(
                 self.directory.as_ref(),
@@ -166,7 +164,7 @@ impl Root {
         self.find_resolving(relative, flags)
     }
 
-    /// [`Root::look`] resolving the path in user space, component by component.
+    /// [`Root::open`] resolving the path in user space, component by component.
     fn find_resolving(&self, relative: &str, flags: OFlags) -> Found {
         let candidate = self.real.join(relative);
         let Ok(real) = candidate.canonicalize() else {
@@ -202,6 +200,15 @@ impl Found {
             _ => Found::Nothing,
         }
     }
+}
+
+/// `path` relative to the root (`.` for the root itself), unless it is [`hidden`].
+fn beneath(path: &str) -> Option<&str> {
+    if hidden(path) {
+        return None;
+    }
+    let relative = path.trim_start_matches('/');
+    Some(if relative.is_empty() { "." } else { relative })
 }
 
 /// Whether `path` has a segment starting with `.`, other than under `/.well-known/`.
@@ -300,8 +307,8 @@ mod tests {
             assert_eq!(root.find_script(path), found, "{path}");
             // As the lookup goes where the kernel has no openat2 (hidden paths are
             // refused before it).
-            if !hidden(path) {
-                let resolved = match root.find_resolving(path.trim_start_matches('/'), OFlags::PATH) {
+            if let Some(relative) = beneath(path) {
+                let resolved = match root.find_resolving(relative, OFlags::PATH) {
                     Found::File(_) => Found::Script,
                     other => other,
                 };
