@@ -4,8 +4,8 @@
 //! gateway.toml ─► config (raw serde ─► validated Config) ─► service::state::GatewayState
 //!                                                            (one ArcSwap; reload swaps it)
 //!
-//! client ─► server (accept, HTTP/1.1 + h2c; connection: framing guard, send timeout,
-//!                   idle watchdog)
+//! client ─► server (accept, hand to a worker thread; HTTP/1.1 + h2c; connection: framing
+//!                   guard, send timeout, idle watchdog)
 //!        ─► service::handle
 //!        ─► request_head::check ─► path::normalize_path ─► router::Router::lookup ─► client_ip
 //!        ─► service::limits (request_key ─► limit::store: one decision, all or nothing)
@@ -14,7 +14,7 @@
 //!        ─► service::response_body (streams, then access_log + metrics)
 //! ```
 //!
-//! Dependencies point one way: `server` ─► `service` ─► (`upstream`, `proxy`, `router`,
+//! Dependencies point one way: `server` ─► `workers`, `server` ─► `service` ─► (`upstream`, `proxy`, `router`,
 //! `limit`, `connection`, `config`), `config` ─► `limit`, and `upstream` ─► `limit` (a
 //! forwarded request's slots, held while the app works on it). With `[server.tls.acme]`,
 //! `service` (http-01) and `tls` (tls-alpn-01, the served certificate) ─► `acme`, which
@@ -57,6 +57,7 @@ pub mod service;
 mod tls;
 mod trace;
 mod upstream;
+mod workers;
 
 pub use config::{Config, ConfigErrors};
 pub use server::Gateway;

@@ -158,18 +158,13 @@ fn run(path: &Path) -> ExitCode {
 }
 
 fn serve(config: Config, path: PathBuf) -> anyhow::Result<()> {
-    // One worker: a current-thread runtime does the same work without cross-thread
-    // wake-ups and work-stealing bookkeeping.
-    let mut runtime = if config.server.workers == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        if config.server.workers > 0 {
-            builder.worker_threads(config.server.workers);
-        }
-        builder
-    };
-    let runtime = runtime.enable_all().build().context("starting the runtime")?;
+    // This thread accepts connections and runs what is not a client's (admin, health
+    // checks, the Redis connection, reloads); with more than one worker, the workers'
+    // threads serve the connections (floodgate::server).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
     runtime.block_on(async {
         let workers = config.server.workers;
         let config_path = config.path.clone();

@@ -32,6 +32,7 @@ use crate::metrics::Metrics;
 use crate::service::request_head::MAX_HEADER_BYTES;
 use crate::service::state::GatewayState;
 use crate::service::{Instance, handle};
+use crate::workers::Workers;
 
 /// What the protocols' own parsers accept at most, above the service's limit on header
 /// bytes ([`MAX_HEADER_BYTES`], the same for both) so that the service decides: room for
@@ -124,6 +125,13 @@ impl Gateway {
         } = self;
         let connections = TaskTracker::new();
         let closing = CancellationToken::new();
+        let workers = match start_workers(shared.state.load().config.server.workers) {
+            Ok(workers) => workers.map(Arc::new),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the worker threads; serving on this one");
+                None
+            }
+        };
         let admin = tokio::spawn(admin::serve(admin_listener, shared.clone()));
 
         let secure = async {
@@ -133,6 +141,7 @@ impl Gateway {
                         listener,
                         true,
                         shared.clone(),
+                        workers.clone(),
                         connections.clone(),
                         closing.clone(),
                     )
@@ -143,7 +152,7 @@ impl Gateway {
         };
         tokio::select! {
             () = shutdown => {}
-            () = accept_loop(listener, false, shared.clone(), connections.clone(), closing.clone()) => {}
+            () = accept_loop(listener, false, shared.clone(), workers.clone(), connections.clone(), closing.clone()) => {}
             () = secure => {}
         }
         shared.draining.store(true, Ordering::SeqCst);
@@ -159,12 +168,27 @@ impl Gateway {
             );
         }
         admin.abort();
+        // Stops the workers, with whatever connections outlived the grace.
+        drop(workers);
         let tracer = shared.state.load().tracer.clone();
         if let Some(tracer) = tracer {
             tracer.flush(TRACE_FLUSH).await;
         }
         tracing::info!("shut down");
     }
+}
+
+/// The worker threads for `server.workers` (`0`: one per CPU core); `None` for one worker,
+/// which is the thread that accepts.
+fn start_workers(configured: usize) -> io::Result<Option<Workers>> {
+    let count = match configured {
+        0 => std::thread::available_parallelism().map_or(1, |cores| cores.get()),
+        count => count,
+    };
+    if count == 1 {
+        return Ok(None);
+    }
+    Workers::start(count).map(Some)
 }
 
 /// How long the spans still queued at shutdown may take to go out.
@@ -213,11 +237,13 @@ fn connection_builders() -> Builders {
     Builders { http1, http2 }
 }
 
-/// Accepts connections on `listener` (the HTTPS one when `secure`) until dropped.
+/// Accepts connections on `listener` (the HTTPS one when `secure`) until dropped, and
+/// serves each on one of `workers`, or on this thread.
 async fn accept_loop(
     listener: TcpListener,
     secure: bool,
     shared: Arc<Instance>,
+    workers: Option<Arc<Workers>>,
     connections: TaskTracker,
     closing: CancellationToken,
 ) {
@@ -241,17 +267,36 @@ async fn accept_loop(
                 send: server.send_timeout,
             }
         };
-        // Boxed: the connection's future is several KB, and a task moves its future (into
-        // the tracker's wrapper, into the task, and its stage again when it ends) where it
-        // moves a box's pointer.
-        connections.spawn(Box::pin(serve_connection(
-            stream,
-            Arc::new(Peer::new(peer, local_port, secure)),
-            shared.clone(),
-            builders.clone(),
-            closing.clone(),
-            timeouts,
-        )));
+        let peer = Arc::new(Peer::new(peer, local_port, secure));
+        let (shared, builders, closing) = (shared.clone(), builders.clone(), closing.clone());
+        let Some(workers) = &workers else {
+            // Boxed: the connection's future is several KB, and a task moves its future
+            // (into the tracker's wrapper, into the task, and its stage again when it ends)
+            // where it moves a box's pointer.
+            connections.spawn(Box::pin(serve_connection(
+                stream, peer, shared, builders, closing, timeouts,
+            )));
+            continue;
+        };
+        // Registered again with the worker's runtime, which then waits on its events.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot hand an accepted connection to a worker");
+                continue;
+            }
+        };
+        workers.spawn(&connections, async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => {
+                    Box::pin(serve_connection(
+                        stream, peer, shared, builders, closing, timeouts,
+                    ))
+                    .await
+                }
+                Err(e) => tracing::debug!(error = %e, "a worker cannot take a connection"),
+            }
+        });
     }
 }
 

@@ -295,20 +295,18 @@ async fn sigint_drains_and_exits_0_like_sigterm() {
     assert_eq!(status, StatusCode::OK);
 }
 
-/// Threads of the tokio runtime. Their default name was `tokio-runtime-worker` (shown as
-/// `tokio-runtime-w`, comm is 15 bytes) before tokio 1.49 and is `tokio-rt-worker` since; the
-/// blocking pool shares it, so this counts workers only while nothing has used
-/// `spawn_blocking` (nothing has, right after start-up: upstreams are IP literals).
-fn runtime_threads(gateway: &FloodgateProcess) -> usize {
+/// The worker threads (`worker-0`, `worker-1`, ...), which serve the connections when
+/// there is more than one.
+fn worker_threads(gateway: &FloodgateProcess) -> usize {
     gateway
         .thread_names()
         .iter()
-        .filter(|name| name.starts_with("tokio-runtime-w") || name.starts_with("tokio-rt-worker"))
+        .filter(|name| name.starts_with("worker-"))
         .count()
 }
 
 #[test]
-fn workers_sets_the_runtime_thread_count() {
+fn workers_sets_the_worker_thread_count() {
     // 2 as in the docs, and one more than the CPU count, so that at least one of them
     // differs from the per-core default on any machine.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -317,11 +315,11 @@ fn workers_sets_the_runtime_thread_count() {
             FloodgateProcess::start(GatewayToml::new().server(&format!("workers = {workers}")), &[]);
         // A thread has its parent's name until it has started and named itself.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while runtime_threads(&gateway) < workers && std::time::Instant::now() < deadline {
+        while worker_threads(&gateway) < workers && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         assert_eq!(
-            runtime_threads(&gateway),
+            worker_threads(&gateway),
             workers,
             "workers = {workers}: {:?}",
             gateway.thread_names()

@@ -50,7 +50,7 @@ pub(super) async fn attempt<S, X, E, F, K>(
     plan: Try<'_, K>,
 ) -> Result<(Box<X>, X::Head), Unsent<E>>
 where
-    S: AsyncRead + Unpin,
+    S: AsyncRead + Unpin + Send,
     X: Exchanging,
     E: From<X::Error> + TimedOut,
     F: Future<Output = Result<Connection<S>, E>>,

@@ -3,6 +3,10 @@
 //! connections its concurrency needs; one idle for the idle timeout is closed then, by a
 //! task that runs while connections are idle and wakes when the oldest is due, so that
 //! neither requests on the newer ones nor the lack of any request keep it open.
+//!
+//! Each thread has its own idle connections: a connection registered with one worker's
+//! runtime is waited on by that runtime, so a request served by another worker would take
+//! each of its wake-ups from a second thread (`crate::workers`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,6 +15,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use thread_local::ThreadLocal;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
@@ -24,7 +29,7 @@ pub(crate) struct Connection<S> {
     pub(super) deadline: Pin<Box<Sleep>>,
 }
 
-impl<S: AsyncRead + Unpin> IdlePool<Connection<S>> {
+impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
     /// The most recently used pooled connection the server has not closed, its timer
     /// moved to `deadline` (with `true`: reused), or else a new one from `connect`
     /// (`false`); `Err(None)` when none could be made before `deadline`.
@@ -119,40 +124,66 @@ struct IdleList<C> {
     swept: bool,
 }
 
-/// Idle connections of type `C`, each kept at most `timeout`, at most `max` of them.
-pub(super) struct IdlePool<C> {
-    timeout: Duration,
-    max: usize,
-    list: Mutex<IdleList<C>>,
+/// One thread's idle connections, shared with the sweep that closes them.
+type SharedList<C> = Arc<Mutex<IdleList<C>>>;
+
+fn lock<C>(list: &Mutex<IdleList<C>>) -> MutexGuard<'_, IdleList<C>> {
+    list.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl<C> IdlePool<C> {
+/// Idle connections of type `C`, each kept at most `timeout`, at most `max` of them on
+/// each thread.
+pub(super) struct IdlePool<C: Send> {
+    timeout: Duration,
+    max: usize,
+    lists: ThreadLocal<SharedList<C>>,
+}
+
+impl<C: Send> IdlePool<C> {
     pub(super) fn new(timeout: Duration, max: usize) -> Self {
         IdlePool {
             timeout,
             max,
-            list: Mutex::new(IdleList {
+            lists: ThreadLocal::new(),
+        }
+    }
+
+    /// This thread's idle connections.
+    fn list(&self) -> &SharedList<C> {
+        self.lists.get_or(|| {
+            Arc::new(Mutex::new(IdleList {
                 connections: Vec::new(),
                 swept: false,
-            }),
-        }
+            }))
+        })
     }
 
-    fn list(&self) -> MutexGuard<'_, IdleList<C>> {
-        self.list.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The most recently used connection for which `usable` holds; the others found on
-    /// the way are closed (dropped).
+    /// The most recently used of this thread's connections for which `usable` holds, or
+    /// else another thread's, so that no connection is made while one is idle (a PHP-FPM
+    /// child stays with its connection while that is open: an idle one would hold a child
+    /// that a new connection then waited for); the others found on the way are closed
+    /// (dropped).
     pub(super) fn checkout(&self, mut usable: impl FnMut(&mut C) -> bool) -> Option<C> {
-        let mut list = self.list();
-        while let Some(mut idle) = list.connections.pop() {
-            if usable(&mut idle.connection) {
-                return Some(idle.connection);
-            }
-        }
-        None
+        let own = self.list();
+        take_usable(own, &mut usable).or_else(|| {
+            self.lists
+                .iter()
+                .filter(|list| !Arc::ptr_eq(list, own))
+                .find_map(|list| take_usable(list, &mut usable))
+        })
     }
+}
+
+/// The most recently used connection of `list` for which `usable` holds; the others found
+/// on the way are closed (dropped).
+fn take_usable<C>(list: &Mutex<IdleList<C>>, usable: &mut impl FnMut(&mut C) -> bool) -> Option<C> {
+    let mut list = lock(list);
+    while let Some(mut idle) = list.connections.pop() {
+        if usable(&mut idle.connection) {
+            return Some(idle.connection);
+        }
+    }
+    None
 }
 
 impl<C: Send + 'static> IdlePool<C> {
@@ -161,8 +192,9 @@ impl<C: Send + 'static> IdlePool<C> {
         if self.max == 0 {
             return;
         }
+        let shared = self.list();
         let start_sweep = {
-            let mut list = self.list();
+            let mut list = lock(shared);
             if list.connections.len() >= self.max {
                 list.connections.remove(0);
             }
@@ -174,23 +206,22 @@ impl<C: Send + 'static> IdlePool<C> {
         };
         // Without a runtime (it is shutting down) no connection is used again either.
         if start_sweep && let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(sweep(Arc::downgrade(self)));
+            runtime.spawn(sweep(Arc::downgrade(shared), self.timeout));
         }
     }
 }
 
-/// Closes the pool's connections as each reaches its idle timeout, sleeping until the
+/// Closes the connections of `list` as each has been idle for `limit`, sleeping until the
 /// oldest is due; ends when none is idle (the next check-in starts another) or the pool
 /// is gone.
-async fn sweep<C>(pool: Weak<IdlePool<C>>) {
+async fn sweep<C>(list: Weak<Mutex<IdleList<C>>>, limit: Duration) {
     loop {
         let due = {
-            let Some(pool) = pool.upgrade() else {
+            let Some(list) = list.upgrade() else {
                 return;
             };
-            let mut list = pool.list();
+            let mut list = lock(&list);
             let now = Instant::now();
-            let limit = pool.timeout;
             let expired = list
                 .connections
                 .partition_point(|idle| now.duration_since(idle.since) >= limit);
@@ -231,8 +262,27 @@ mod tests {
         // Idle past the timeout: closed by the sweep, without any request coming.
         pool.check_in(6);
         tokio::time::sleep(Duration::from_millis(400)).await;
-        assert!(pool.list().connections.is_empty());
-        assert!(!pool.list().swept, "the sweep ends once nothing is idle");
+        assert!(lock(pool.list()).connections.is_empty());
+        assert!(!lock(pool.list()).swept, "the sweep ends once nothing is idle");
+        assert_eq!(pool.checkout(|_| true), None);
+    }
+
+    #[test]
+    fn a_thread_takes_its_own_connections_first_then_another_threads() {
+        let pool = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
+        pool.check_in(1);
+        let other = pool.clone();
+        std::thread::spawn(move || {
+            other.check_in(2);
+            other.check_in(3);
+        })
+        .join()
+        .unwrap();
+        // This thread's, though another thread's are newer.
+        assert_eq!(pool.checkout(|_| true), Some(1));
+        // None of its own left: another thread's, the most recently used first.
+        assert_eq!(pool.checkout(|_| true), Some(3));
+        assert_eq!(pool.checkout(|_| true), Some(2));
         assert_eq!(pool.checkout(|_| true), None);
     }
 }
