@@ -14,7 +14,7 @@
 //!        ─► service::response_body (streams, then access_log + metrics)
 //! ```
 //!
-//! Dependencies point one way: `server` ─► `workers`, `server` ─► `service` ─► (`upstream`, `proxy`, `router`,
+//! Dependencies point one way: `server` and `upstream` ─► `workers`, `server` ─► `service` ─► (`upstream`, `proxy`, `router`,
 //! `limit`, `connection`, `config`), `config` ─► `limit`, and `upstream` ─► `limit` (a
 //! forwarded request's slots, held while the app works on it). With `[server.tls.acme]`,
 //! `service` (http-01) and `tls` (tls-alpn-01, the served certificate) ─► `acme`, which

@@ -166,12 +166,12 @@ fn serve(config: Config, path: PathBuf) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async {
-        let workers = config.server.workers;
         let config_path = config.path.clone();
         for warning in config.warnings() {
             tracing::warn!("{warning}");
         }
         let gateway = Gateway::bind(config).await?;
+        let workers = gateway.workers();
         tracing::info!(
             https = ?gateway.tls_addr(),
             listen = %gateway.local_addr(),

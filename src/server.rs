@@ -59,6 +59,8 @@ pub struct Gateway {
     listener: TcpListener,
     tls_listener: Option<TcpListener>,
     admin_listener: TcpListener,
+    /// The worker threads; `None` for one worker, which is the thread that accepts.
+    workers: Option<Workers>,
 }
 
 impl Gateway {
@@ -70,6 +72,12 @@ impl Gateway {
             Some(tls) => Some(bind(tls.listen, "server.tls.listen").await?),
             None => None,
         };
+        let workers = start_workers(config.server.workers).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot start the worker threads (server.workers): {e}"),
+            )
+        })?;
         let metrics = Arc::new(Metrics::new());
         let state = GatewayState::new(config, &metrics)
             .map_err(|e| io::Error::other(format!("cannot set up the rate-limit store: {e}")))?;
@@ -89,7 +97,13 @@ impl Gateway {
             listener,
             tls_listener,
             admin_listener,
+            workers,
         })
+    }
+
+    /// The threads that serve connections.
+    pub fn workers(&self) -> usize {
+        self.workers.as_ref().map_or(1, Workers::count)
     }
 
     /// The HTTPS listener's address, with `[server.tls]`.
@@ -122,16 +136,11 @@ impl Gateway {
             listener,
             tls_listener,
             admin_listener,
+            workers,
         } = self;
+        let workers = workers.map(Arc::new);
         let connections = TaskTracker::new();
         let closing = CancellationToken::new();
-        let workers = match start_workers(shared.state.load().config.server.workers) {
-            Ok(workers) => workers.map(Arc::new),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start the worker threads; serving on this one");
-                None
-            }
-        };
         let admin = tokio::spawn(admin::serve(admin_listener, shared.clone()));
 
         let secure = async {

@@ -5,6 +5,7 @@
 //! runtime (docs/performance.md, "Workers"). The thread that accepts connections hands
 //! each to the worker with the fewest open.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
@@ -38,46 +39,49 @@ struct Worker {
 }
 
 impl Workers {
-    /// Starts `count` worker threads, named `worker-0`, `worker-1`, ...
+    /// Starts `count` worker threads, named `worker-0`, `worker-1`, ...; on failure,
+    /// those already started are stopped.
     pub(crate) fn start(count: usize) -> io::Result<Workers> {
-        let stop = CancellationToken::new();
-        let mut workers = Vec::with_capacity(count);
-        let mut threads = Vec::with_capacity(count);
+        let mut workers = Workers {
+            workers: Vec::with_capacity(count),
+            next: AtomicUsize::new(0),
+            stop: CancellationToken::new(),
+            threads: Vec::with_capacity(count),
+        };
         for index in 0..count {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            workers.push(Worker {
-                runtime: runtime.handle().clone(),
-                open: Arc::default(),
-            });
-            let stopped = stop.clone();
+            let (started, runtime) = std::sync::mpsc::channel();
+            let stopped = workers.stop.clone();
+            let open = Arc::<AtomicUsize>::default();
+            let counted = open.clone();
+            // The runtime is made, run and dropped on its own thread: a runtime dropped on
+            // the caller's (a thread that failed to start would drop it there) would be
+            // dropped inside the caller's runtime, which panics.
             let thread = std::thread::Builder::new()
                 .name(format!("worker-{index}"))
                 .spawn(move || {
+                    OPEN.set(Some(counted));
+                    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                        Ok(runtime) => runtime,
+                        Err(e) => {
+                            let _ = started.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = started.send(Ok(runtime.handle().clone()));
                     runtime.block_on(stopped.cancelled());
                     runtime.shutdown_timeout(BLOCKING_GRACE);
-                });
-            match thread {
-                Ok(thread) => threads.push(thread),
-                Err(error) => {
-                    // Those started stop with the partial set, dropped here.
-                    drop(Workers {
-                        workers,
-                        next: AtomicUsize::new(0),
-                        stop,
-                        threads,
-                    });
-                    return Err(error);
-                }
-            }
+                })?;
+            workers.threads.push(thread);
+            let runtime = runtime
+                .recv()
+                .map_err(|_| io::Error::other("a worker thread ended while starting"))??;
+            workers.workers.push(Worker { runtime, open });
         }
-        Ok(Workers {
-            workers,
-            next: AtomicUsize::new(0),
-            stop,
-            threads,
-        })
+        Ok(workers)
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.workers.len()
     }
 
     /// Runs `connection` to its end on the worker with the fewest connections open, as a
@@ -116,8 +120,20 @@ impl Drop for Workers {
     }
 }
 
+thread_local! {
+    /// The open connections of the worker this thread is, if it is one.
+    static OPEN: RefCell<Option<Arc<AtomicUsize>>> = const { RefCell::new(None) };
+}
+
+/// Counts what goes on serving a connection after its task has ended (a tunnel, after a
+/// protocol switch) as open on this thread's worker while it lives, so that the least
+/// busy worker is chosen by everything it serves; `None` off the workers.
+pub(crate) fn count_open() -> Option<Open> {
+    OPEN.with_borrow(|open| open.as_ref().map(Open::count))
+}
+
 /// One connection counted as open on a worker while it lives.
-struct Open(Arc<AtomicUsize>);
+pub(crate) struct Open(Arc<AtomicUsize>);
 
 impl Open {
     fn count(open: &Arc<AtomicUsize>) -> Open {
@@ -147,10 +163,13 @@ mod tests {
             let mut released = released.clone();
             let names_sent = names_sent.clone();
             workers.spawn(&tracker, async move {
-                let name = std::thread::current().name().map(str::to_owned);
-                let _ = names_sent.send(name.clone());
+                let name = || std::thread::current().name().map(str::to_owned);
+                let started_on = name();
+                let _ = names_sent.send(started_on.clone());
                 let _ = released.wait_for(|released| *released).await;
-                assert_eq!(std::thread::current().name().map(str::to_owned), name);
+                // Still on the same thread: reported, since a panic here would end only
+                // this task.
+                let _ = names_sent.send(if name() == started_on { started_on } else { None });
             });
         }
         let mut seen = Vec::new();
@@ -173,12 +192,46 @@ mod tests {
         release.send(true).unwrap();
         tracker.close();
         tracker.wait().await;
+        drop(names_sent);
+        let mut ended_on = Vec::new();
+        while let Some(name) = names.recv().await {
+            ended_on.push(name.expect("each connection ends on the thread it began on"));
+        }
+        ended_on.sort();
+        assert_eq!(ended_on, seen);
         assert!(
             workers
                 .workers
                 .iter()
                 .all(|worker| worker.open.load(Ordering::Relaxed) == 0)
         );
+    }
+
+    #[tokio::test]
+    async fn what_outlives_its_connections_task_counts_on_its_worker_while_it_lives() {
+        assert!(count_open().is_none(), "not a worker");
+        let workers = Workers::start(1).unwrap();
+        let open = || workers.workers[0].open.load(Ordering::Relaxed);
+        let tracker = TaskTracker::new();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        workers.spawn(&tracker, async move {
+            let counted = count_open();
+            tokio::spawn(async move {
+                let _counted = counted;
+                let _ = released.await;
+            });
+        });
+        tracker.close();
+        tracker.wait().await;
+        assert_eq!(open(), 1);
+        release.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while open() != 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("no longer counted once it ends");
     }
 
     #[tokio::test]

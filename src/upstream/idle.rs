@@ -6,10 +6,13 @@
 //!
 //! Each thread has its own idle connections: a connection registered with one worker's
 //! runtime is waited on by that runtime, so a request served by another worker would take
-//! each of its wake-ups from a second thread (`crate::workers`).
+//! each of its wake-ups from a second thread (`crate::workers`). A thread with none takes
+//! another thread's rather than connect while one is idle, and gives it back to that
+//! thread's list after its request.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -27,6 +30,9 @@ pub(crate) struct Connection<S> {
     pub(super) stream: S,
     pub(super) read: BytesMut,
     pub(super) deadline: Pin<Box<Sleep>>,
+    /// The idle list of the thread it was made on, while another thread uses it: it goes
+    /// back there, where its socket's events are received.
+    home: Option<Weak<Mutex<IdleList<Connection<S>>>>>,
 }
 
 impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
@@ -41,8 +47,16 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
     where
         F: Future<Output = Result<Connection<S>, E>>,
     {
-        if let Some(mut connection) = self.checkout(|connection| !connection.closed_while_idle()) {
-            connection.deadline.as_mut().reset(deadline);
+        if let Some((mut connection, home)) = self.checkout(|connection| !connection.closed_while_idle()) {
+            match home {
+                None => connection.deadline.as_mut().reset(deadline),
+                Some(home) => {
+                    // Another thread's timer belongs to that thread's runtime, which may
+                    // shut down first at exit.
+                    connection.deadline = Box::pin(tokio::time::sleep_until(deadline));
+                    connection.home = Some(home);
+                }
+            }
             return Ok((connection, true));
         }
         // Boxed: a connect (with TLS, a few KB) is rare beside a pooled connection, and
@@ -97,6 +111,7 @@ impl<S: AsyncRead + Unpin> Connection<S> {
             stream,
             read: BytesMut::new(),
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            home: None,
         }
     }
 
@@ -126,6 +141,8 @@ struct IdleList<C> {
 
 /// One thread's idle connections, shared with the sweep that closes them.
 type SharedList<C> = Arc<Mutex<IdleList<C>>>;
+/// Where a connection another thread made goes back to.
+type Home<C> = Weak<Mutex<IdleList<C>>>;
 
 fn lock<C>(list: &Mutex<IdleList<C>>) -> MutexGuard<'_, IdleList<C>> {
     list.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -137,6 +154,10 @@ pub(super) struct IdlePool<C: Send> {
     timeout: Duration,
     max: usize,
     lists: ThreadLocal<SharedList<C>>,
+    /// How many times a list that was empty got a connection: a search of the other
+    /// threads' lists that found none looks again when this moved meanwhile (one may
+    /// have come back to a list already searched).
+    refilled: AtomicU64,
 }
 
 impl<C: Send> IdlePool<C> {
@@ -145,6 +166,7 @@ impl<C: Send> IdlePool<C> {
             timeout,
             max,
             lists: ThreadLocal::new(),
+            refilled: AtomicU64::new(0),
         }
     }
 
@@ -161,16 +183,24 @@ impl<C: Send> IdlePool<C> {
     /// The most recently used of this thread's connections for which `usable` holds, or
     /// else another thread's, so that no connection is made while one is idle (a PHP-FPM
     /// child stays with its connection while that is open: an idle one would hold a child
-    /// that a new connection then waited for); the others found on the way are closed
-    /// (dropped).
-    pub(super) fn checkout(&self, mut usable: impl FnMut(&mut C) -> bool) -> Option<C> {
+    /// that a new connection then waited for); with the other thread's list when it is
+    /// that thread's. The others found on the way are closed (dropped).
+    fn checkout(&self, mut usable: impl FnMut(&mut C) -> bool) -> Option<(C, Option<Home<C>>)> {
         let own = self.list();
-        take_usable(own, &mut usable).or_else(|| {
-            self.lists
+        if let Some(connection) = take_usable(own, &mut usable) {
+            return Some((connection, None));
+        }
+        loop {
+            let refilled = self.refilled.load(Ordering::Acquire);
+            let found = self
+                .lists
                 .iter()
                 .filter(|list| !Arc::ptr_eq(list, own))
-                .find_map(|list| take_usable(list, &mut usable))
-        })
+                .find_map(|list| Some((take_usable(list, &mut usable)?, Some(Arc::downgrade(list)))));
+            if found.is_some() || self.refilled.load(Ordering::Acquire) == refilled {
+                return found;
+            }
+        }
     }
 }
 
@@ -186,17 +216,34 @@ fn take_usable<C>(list: &Mutex<IdleList<C>>, usable: &mut impl FnMut(&mut C) -> 
     None
 }
 
+impl<S: Send + 'static> IdlePool<Connection<S>> {
+    /// Keeps `connection` for the next request, with those of the thread it was made on
+    /// (closed if that thread's list is gone).
+    pub(super) fn check_in(self: &Arc<Self>, mut connection: Connection<S>) {
+        match connection.home.take() {
+            None => self.keep(self.list(), connection),
+            Some(home) => {
+                if let Some(home) = home.upgrade() {
+                    self.keep(&home, connection);
+                }
+            }
+        }
+    }
+}
+
 impl<C: Send + 'static> IdlePool<C> {
-    /// Keeps `connection` for the next request; the one idle longest goes when `max` are.
-    pub(super) fn check_in(self: &Arc<Self>, connection: C) {
+    /// Keeps `connection` in `shared`; the one idle longest there goes when `max` are.
+    fn keep(self: &Arc<Self>, shared: &SharedList<C>, connection: C) {
         if self.max == 0 {
             return;
         }
-        let shared = self.list();
         let start_sweep = {
             let mut list = lock(shared);
             if list.connections.len() >= self.max {
                 list.connections.remove(0);
+            }
+            if list.connections.is_empty() {
+                self.refilled.fetch_add(1, Ordering::Release);
             }
             list.connections.push(Idle {
                 connection,
@@ -242,47 +289,130 @@ async fn sweep<C>(list: Weak<Mutex<IdleList<C>>>, limit: Duration) {
 mod tests {
     use super::*;
 
+    fn check_in(pool: &Arc<IdlePool<i32>>, connection: i32) {
+        pool.keep(pool.list(), connection);
+    }
+
+    /// The connection taken, and whether it was this thread's.
+    fn taken(pool: &IdlePool<i32>, usable: impl FnMut(&mut i32) -> bool) -> Option<(i32, bool)> {
+        pool.checkout(usable)
+            .map(|(connection, home)| (connection, home.is_none()))
+    }
+
     #[tokio::test]
     async fn the_newest_is_taken_first_the_oldest_goes_past_max_and_idle_ones_close() {
         let pool = Arc::new(IdlePool::new(Duration::from_millis(100), 2));
         for connection in [1, 2, 3] {
-            pool.check_in(connection);
+            check_in(&pool, connection);
         }
         // At most two kept: the first went; the newest comes out first.
-        assert_eq!(pool.checkout(|_| true), Some(3));
-        assert_eq!(pool.checkout(|_| true), Some(2));
-        assert_eq!(pool.checkout(|_| true), None);
+        assert_eq!(taken(&pool, |_| true), Some((3, true)));
+        assert_eq!(taken(&pool, |_| true), Some((2, true)));
+        assert_eq!(taken(&pool, |_| true), None);
 
         // An unusable one found on the way is closed, not kept.
-        pool.check_in(4);
-        pool.check_in(5);
-        assert_eq!(pool.checkout(|c| *c == 4), Some(4));
-        assert_eq!(pool.checkout(|_| true), None);
+        check_in(&pool, 4);
+        check_in(&pool, 5);
+        assert_eq!(taken(&pool, |c| *c == 4), Some((4, true)));
+        assert_eq!(taken(&pool, |_| true), None);
 
         // Idle past the timeout: closed by the sweep, without any request coming.
-        pool.check_in(6);
+        check_in(&pool, 6);
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert!(lock(pool.list()).connections.is_empty());
         assert!(!lock(pool.list()).swept, "the sweep ends once nothing is idle");
-        assert_eq!(pool.checkout(|_| true), None);
+        assert_eq!(taken(&pool, |_| true), None);
     }
 
     #[test]
     fn a_thread_takes_its_own_connections_first_then_another_threads() {
         let pool = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
-        pool.check_in(1);
+        check_in(&pool, 1);
         let other = pool.clone();
         std::thread::spawn(move || {
-            other.check_in(2);
-            other.check_in(3);
+            check_in(&other, 2);
+            check_in(&other, 3);
         })
         .join()
         .unwrap();
         // This thread's, though another thread's are newer.
-        assert_eq!(pool.checkout(|_| true), Some(1));
+        assert_eq!(taken(&pool, |_| true), Some((1, true)));
         // None of its own left: another thread's, the most recently used first.
-        assert_eq!(pool.checkout(|_| true), Some(3));
-        assert_eq!(pool.checkout(|_| true), Some(2));
-        assert_eq!(pool.checkout(|_| true), None);
+        assert_eq!(taken(&pool, |_| true), Some((3, false)));
+        assert_eq!(taken(&pool, |_| true), Some((2, false)));
+        assert_eq!(taken(&pool, |_| true), None);
+    }
+
+    #[test]
+    fn a_connection_another_thread_took_goes_back_to_the_thread_it_was_made_on() {
+        type Pool = IdlePool<Connection<tokio::net::UnixStream>>;
+        let pool: Arc<Pool> = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let later = || tokio::time::Instant::now() + Duration::from_secs(60);
+        runtime().block_on(async {
+            let (ours, _server) = tokio::net::UnixStream::pair().unwrap();
+            pool.check_in(Connection::new(ours, later()));
+            let other = pool.clone();
+            std::thread::spawn(move || {
+                runtime().block_on(async {
+                    let no_connect = || async { Err::<Connection<_>, ()>(()) };
+                    let (connection, reused) = other.take_or_connect(later(), no_connect).await.unwrap();
+                    assert!(reused);
+                    other.check_in(connection);
+                    // Back in the first thread's list, not in this one's.
+                    assert!(other.checkout(|_| true).unwrap().1.is_some());
+                })
+            })
+            .join()
+            .unwrap();
+        });
+    }
+
+    #[test]
+    fn a_connection_back_in_a_list_already_searched_is_found() {
+        let pool = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
+        // This thread's list first (a thread that ends leaves its list to the next thread
+        // given its identity).
+        assert_eq!(taken(&pool, |_| true), None);
+        // Thread `first` gets its list (empty) before thread `second` (one unusable
+        // connection, 0): the search goes through them in that order. While it looks at
+        // the 0, `first` checks in 7, behind the search.
+        let (hook, hooked_in) = std::sync::mpsc::channel::<()>();
+        let (done, wait_done) = std::sync::mpsc::channel::<()>();
+        let (listed, wait_listed) = std::sync::mpsc::channel::<()>();
+        let first = std::thread::spawn({
+            let pool = pool.clone();
+            move || {
+                check_in(&pool, 1);
+                assert_eq!(taken(&pool, |_| true), Some((1, true)));
+                listed.send(()).unwrap();
+                hooked_in.recv().unwrap();
+                check_in(&pool, 7);
+                done.send(()).unwrap();
+            }
+        });
+        wait_listed.recv().unwrap();
+        std::thread::spawn({
+            let pool = pool.clone();
+            move || check_in(&pool, 0)
+        })
+        .join()
+        .unwrap();
+        let mut hooked = false;
+        let found = taken(&pool, |connection| {
+            if *connection == 0 && !hooked {
+                hooked = true;
+                hook.send(()).unwrap();
+                wait_done.recv().unwrap();
+            }
+            *connection != 0
+        });
+        first.join().unwrap();
+        assert_eq!(found, Some((7, false)));
     }
 }

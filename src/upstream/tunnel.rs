@@ -36,7 +36,9 @@ pub(crate) fn tunnel(
     let Some(upstream_side) = body.take_switched() else {
         return;
     };
+    let open = crate::workers::count_open();
     tokio::spawn(async move {
+        let _open = open;
         match client.await {
             Ok(client) => {
                 if let Err(e) = relay(TokioIo::new(client), upstream_side, idle_timeout).await {

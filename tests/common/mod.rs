@@ -117,6 +117,19 @@ impl TestGateway {
             .find_map(|line| line.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
             .map_or(0.0, |value| value.trim().parse().unwrap())
     }
+
+    /// The value of `series` once it is `expected`, or after 2 s: what a worker thread
+    /// counts after closing a connection may come a moment after the client saw the close.
+    pub(crate) async fn metric_once(&self, series: &str, expected: f64) -> f64 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let value = self.metric(series).await;
+            if value == expected || tokio::time::Instant::now() > deadline {
+                return value;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 impl Drop for TestGateway {

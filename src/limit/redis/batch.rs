@@ -25,11 +25,15 @@
 //! longer than its own deadline, because the calls ahead of it end by deadlines earlier
 //! than its own.
 
+use std::cell::RefCell;
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use thread_local::ThreadLocal;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -56,65 +60,35 @@ pub(crate) struct Pending {
     pub reply: oneshot::Sender<Result<Decisions, StoreError>>,
 }
 
-/// The queue in front of one store.
+/// Decides one batch by its deadline (the store's script call).
+type Run = Arc<dyn Fn(Vec<Pending>, Instant) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// The queues in front of one store: one per thread, each in front of a dispatcher on
+/// that thread's runtime, started by the thread's first request, so that a worker's
+/// requests gather in its own runtime's turns as they would on a single thread
+/// (`crate::workers`), and are answered there.
 pub(crate) struct GroupCommit {
-    queue: mpsc::UnboundedSender<Pending>,
+    queues: ThreadLocal<RefCell<mpsc::UnboundedSender<Pending>>>,
+    run: Run,
     /// How long a request may wait for its decisions, queue and call together.
     timeout: Duration,
 }
 
 impl GroupCommit {
-    /// Starts the dispatcher: `run(batch, deadline)` decides one batch and answers every
-    /// request in it by `deadline`, the earliest of theirs. A request still queued when its
-    /// deadline passes is answered [`StoreError::Timeout`]. When the `GroupCommit` is
-    /// dropped, the dispatcher decides what is queued and ends.
+    /// A group commit whose dispatchers call `run(batch, deadline)` to decide one batch and
+    /// answer every request in it by `deadline`, the earliest of theirs. A request still
+    /// queued when its deadline passes is answered [`StoreError::Timeout`]. When the
+    /// `GroupCommit` is dropped, each dispatcher decides what is queued and ends.
     pub(crate) fn start<F, Fut>(timeout: Duration, run: F) -> Self
     where
-        F: Fn(Vec<Pending>, Instant) -> Fut + Send + 'static,
+        F: Fn(Vec<Pending>, Instant) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let (queue, mut waiting) = mpsc::unbounded_channel::<Pending>();
-        tokio::spawn(async move {
-            let mut in_flight = FuturesUnordered::new();
-            let mut batch: Vec<Pending> = Vec::new();
-            let mut open = true;
-            // Requests in the last call sent.
-            let mut last_call = 0;
-            loop {
-                let worth_a_call =
-                    in_flight.is_empty() || (in_flight.len() < IN_FLIGHT && batch.len() >= PIPELINE_MIN);
-                if !batch.is_empty() && worth_a_call {
-                    let busy = last_call >= GATHER_AFTER;
-                    if busy && in_flight.is_empty() && batch.len() < PIPELINE_MIN {
-                        gather(&mut waiting, &mut batch).await;
-                    }
-                    // A request that gave up, or whose deadline passed while it waited, is
-                    // not decided: it must not consume anything.
-                    let now = Instant::now();
-                    let gone = |pending: &mut Pending| pending.reply.is_closed() || pending.deadline <= now;
-                    for pending in batch.extract_if(.., gone) {
-                        let _ = pending.reply.send(Err(StoreError::Timeout(timeout)));
-                    }
-                    if let Some(deadline) = batch.iter().map(|pending| pending.deadline).min() {
-                        last_call = batch.len();
-                        in_flight.push(run(std::mem::take(&mut batch), deadline));
-                    }
-                    continue;
-                }
-                tokio::select! {
-                    Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
-                    next = waiting.recv(), if open && batch.len() < MAX_BATCH => match next {
-                        Some(first) => {
-                            batch.push(first);
-                            take_waiting(&mut waiting, &mut batch);
-                        }
-                        None => open = false,
-                    },
-                    else => return,
-                }
-            }
-        });
-        GroupCommit { queue, timeout }
+        GroupCommit {
+            queues: ThreadLocal::new(),
+            run: Arc::new(move |batch, deadline| Box::pin(run(batch, deadline))),
+            timeout,
+        }
     }
 
     /// Queues `checks` for the next call and waits for its decisions, at most the timeout
@@ -122,15 +96,71 @@ impl GroupCommit {
     /// connected).
     pub(crate) async fn submit(&self, checks: &[LimitCheck]) -> Result<Decisions, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.queue
-            .send(Pending {
-                checks: checks.to_vec(),
-                deadline: Instant::now() + self.timeout,
-                reply,
-            })
-            .map_err(|_| StoreError::NotConnected)?;
+        let pending = Pending {
+            checks: checks.to_vec(),
+            deadline: Instant::now() + self.timeout,
+            reply,
+        };
+        let queue = self
+            .queues
+            .get_or(|| RefCell::new(dispatch(self.run.clone(), self.timeout)));
+        let sent = queue.borrow().send(pending);
+        if let Err(mpsc::error::SendError(pending)) = sent {
+            // The dispatcher went with the runtime of a thread that has ended, whose
+            // identity this one now has.
+            let fresh = dispatch(self.run.clone(), self.timeout);
+            fresh.send(pending).map_err(|_| StoreError::NotConnected)?;
+            *queue.borrow_mut() = fresh;
+        }
         answer.await.unwrap_or(Err(StoreError::NotConnected))
     }
+}
+
+/// Starts a dispatcher on this thread's runtime; it ends once its queue is dropped and
+/// what was queued is decided.
+fn dispatch(run: Run, timeout: Duration) -> mpsc::UnboundedSender<Pending> {
+    let (queue, mut waiting) = mpsc::unbounded_channel::<Pending>();
+    tokio::spawn(async move {
+        let mut in_flight = FuturesUnordered::new();
+        let mut batch: Vec<Pending> = Vec::new();
+        let mut open = true;
+        // Requests in the last call sent.
+        let mut last_call = 0;
+        loop {
+            let worth_a_call =
+                in_flight.is_empty() || (in_flight.len() < IN_FLIGHT && batch.len() >= PIPELINE_MIN);
+            if !batch.is_empty() && worth_a_call {
+                let busy = last_call >= GATHER_AFTER;
+                if busy && in_flight.is_empty() && batch.len() < PIPELINE_MIN {
+                    gather(&mut waiting, &mut batch).await;
+                }
+                // A request that gave up, or whose deadline passed while it waited, is
+                // not decided: it must not consume anything.
+                let now = Instant::now();
+                let gone = |pending: &mut Pending| pending.reply.is_closed() || pending.deadline <= now;
+                for pending in batch.extract_if(.., gone) {
+                    let _ = pending.reply.send(Err(StoreError::Timeout(timeout)));
+                }
+                if let Some(deadline) = batch.iter().map(|pending| pending.deadline).min() {
+                    last_call = batch.len();
+                    in_flight.push(run(std::mem::take(&mut batch), deadline));
+                }
+                continue;
+            }
+            tokio::select! {
+                Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+                next = waiting.recv(), if open && batch.len() < MAX_BATCH => match next {
+                    Some(first) => {
+                        batch.push(first);
+                        take_waiting(&mut waiting, &mut batch);
+                    }
+                    None => open = false,
+                },
+                else => return,
+            }
+        }
+    });
+    queue
 }
 
 /// Moves the requests already queued into `batch`, up to [`MAX_BATCH`].
@@ -341,7 +371,9 @@ mod tests {
         );
         let (reply, answer) = oneshot::channel();
         commit
-            .queue
+            .queues
+            .get_or(|| RefCell::new(dispatch(commit.run.clone(), commit.timeout)))
+            .borrow()
             .send(Pending {
                 checks: Vec::new(),
                 deadline: Instant::now() + Duration::from_secs(5),
@@ -351,5 +383,52 @@ mod tests {
         drop(commit);
         let decided = tokio::time::timeout(Duration::from_secs(5), answer).await;
         assert!(matches!(decided, Ok(Ok(Ok(_)))));
+    }
+
+    #[test]
+    fn each_threads_requests_are_gathered_and_called_on_that_thread() {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let commit = Arc::new(GroupCommit::start(Duration::from_secs(5), {
+            let calls = calls.clone();
+            move |batch: Vec<Pending>, _deadline| {
+                let thread = std::thread::current().name().map(str::to_owned);
+                calls
+                    .lock()
+                    .unwrap()
+                    .push((thread.unwrap_or_default(), batch.len()));
+                async move {
+                    for pending in batch {
+                        let _ = pending.reply.send(Ok(Decisions::new()));
+                    }
+                }
+            }
+        }));
+        let threads: Vec<_> = [("a", 3), ("b", 2)]
+            .into_iter()
+            .map(|(name, requests)| {
+                let commit = commit.clone();
+                std::thread::Builder::new()
+                    .name(name.to_owned())
+                    .spawn(move || {
+                        let runtime = tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .unwrap();
+                        runtime.block_on(async {
+                            let submitted = (0..requests).map(|_| commit.submit(&[]));
+                            for decided in futures_util::future::join_all(submitted).await {
+                                assert!(decided.is_ok());
+                            }
+                        });
+                    })
+                    .unwrap()
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let mut calls = calls.lock().unwrap().clone();
+        calls.sort();
+        assert_eq!(calls, [("a".to_owned(), 3), ("b".to_owned(), 2)]);
     }
 }
