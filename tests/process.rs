@@ -190,10 +190,15 @@ async fn wait_until_upstream_has_it(upstream: &Upstream) {
     }
 }
 
+/// The drain tests run two workers whatever the machine: a request in flight is on a
+/// worker thread, and the accepting thread drains them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_then_exits_0() {
     let upstream = Upstream::start().await;
-    let mut gateway = FloodgateProcess::start(proxy_config(&upstream, "shutdown_grace = \"5s\""), &[]);
+    let mut gateway = FloodgateProcess::start(
+        proxy_config(&upstream, "workers = 2\nshutdown_grace = \"5s\""),
+        &[],
+    );
     let (status, _, _) = get(&gateway.admin_url("/readyz")).await;
     assert_eq!(status, StatusCode::OK);
 
@@ -248,7 +253,10 @@ async fn sigterm_drains_in_flight_requests_then_exits_0() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_0_after_the_grace_even_if_a_request_is_stuck() {
     let upstream = Upstream::start().await;
-    let mut gateway = FloodgateProcess::start(proxy_config(&upstream, "shutdown_grace = \"500ms\""), &[]);
+    let mut gateway = FloodgateProcess::start(
+        proxy_config(&upstream, "workers = 2\nshutdown_grace = \"500ms\""),
+        &[],
+    );
 
     let url = gateway.url("/slow?ms=30000");
     let stuck = tokio::spawn(async move {
@@ -277,7 +285,10 @@ async fn sigterm_exits_0_after_the_grace_even_if_a_request_is_stuck() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_drains_and_exits_0_like_sigterm() {
     let upstream = Upstream::start().await;
-    let mut gateway = FloodgateProcess::start(proxy_config(&upstream, "shutdown_grace = \"5s\""), &[]);
+    let mut gateway = FloodgateProcess::start(
+        proxy_config(&upstream, "workers = 2\nshutdown_grace = \"5s\""),
+        &[],
+    );
     let url = gateway.url("/slow?ms=500");
     let in_flight = tokio::spawn(async move {
         let request = Request::get(url).body(Full::new(Bytes::new())).unwrap();
