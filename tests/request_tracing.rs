@@ -605,3 +605,39 @@ async fn the_server_span_says_what_the_limits_made_of_the_request() {
         [(200, "allowed".to_owned()), (429, "rejected".to_owned())]
     );
 }
+
+/// The sizes of the header blocks of five responses on one HTTP/2 connection to a gateway
+/// with `server` in its `[server]` table (`nghttp`, from nghttp2-client).
+fn http2_header_blocks(server: &str) -> Vec<usize> {
+    let gateway = FloodgateProcess::start(
+        GatewayToml::new()
+            .server(server)
+            .route("hello", r#"respond = { body = "hi" }"#),
+        &[],
+    );
+    let output = std::process::Command::new("nghttp")
+        .args(["-nv", "-m", "5", &gateway.url("/")])
+        .output()
+        .expect("nghttp (nghttp2-client) runs");
+    let output = String::from_utf8_lossy(&output.stdout);
+    let sizes: Vec<usize> = output
+        .lines()
+        .filter(|line| line.contains("recv HEADERS frame"))
+        .filter_map(|line| line.split("length=").nth(1)?.split(',').next()?.parse().ok())
+        .collect();
+    assert_eq!(sizes.len(), 5, "{output}");
+    sizes
+}
+
+/// Over HTTP/2 an ID's value is never indexed (each is new), and after a connection's
+/// first response its name is sent as an index into the connection's table: the ID then
+/// adds its value's bytes alone (32 hex digits Huffman-coded take about 21, with a length
+/// byte and two for the name's index), where spelling the name out would add 9 more.
+#[test]
+fn over_http2_an_ids_name_is_sent_once_a_connection() {
+    let with_ids = http2_header_blocks("");
+    let without_ids = http2_header_blocks(r#"request_id = """#);
+    for (with_id, without) in with_ids.iter().zip(&without_ids).skip(1) {
+        assert!(with_id - without <= 27, "{with_ids:?} against {without_ids:?}");
+    }
+}

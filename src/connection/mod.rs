@@ -45,6 +45,8 @@ pub(crate) struct ConnectionState {
     last_end: AtomicU64,
     opened: Instant,
     tunnel: AtomicBool,
+    /// Whether an HTTP/2 response has been given (see [`InFlight::first_http2_response`]).
+    answered_http2: AtomicBool,
 }
 
 impl ConnectionState {
@@ -54,6 +56,7 @@ impl ConnectionState {
             last_end: AtomicU64::new(0),
             opened: Instant::now(),
             tunnel: AtomicBool::new(false),
+            answered_http2: AtomicBool::new(false),
         })
     }
 
@@ -266,6 +269,12 @@ impl InFlight {
     /// The request's connection now carries a tunnel: its bytes are no longer HTTP.
     pub(crate) fn start_tunnel(&self) {
         self.0.tunnel.store(true, Ordering::Release);
+    }
+
+    /// Whether this request's HTTP/2 response is its connection's first (true once).
+    pub(crate) fn first_http2_response(&self) -> bool {
+        let answered = &self.0.answered_http2;
+        !answered.load(Ordering::Relaxed) && !answered.swap(true, Ordering::Relaxed)
     }
 }
 

@@ -172,6 +172,15 @@ pub(crate) async fn handle(
     if let (Some(name), Some(id)) = (&state.config.server.request_id, &record.request_id) {
         response.headers_mut().insert(name.clone(), id.clone());
     }
+    // Values that no other response repeats (the request ID, the room left) are marked
+    // never to be indexed by HTTP/2's header compression, which then spells out their names
+    // too unless the connection's table already has them: a connection's first response
+    // leaves them indexable, so that its table gets each name once.
+    if parts.version == http::Version::HTTP_2 && in_flight.first_http2_response() {
+        for value in response.headers_mut().values_mut() {
+            value.set_sensitive(false);
+        }
+    }
     record.status = response.status().as_u16();
     Ok(response.map(|body| ResponseBody::new(body, record, in_flight)))
 }
