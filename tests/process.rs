@@ -343,6 +343,32 @@ fn workers_sets_the_worker_thread_count() {
     }
 }
 
+/// `workers = 0`, the default, is one worker per CPU core
+/// (docs/configuration.md#serverworkers); with one core, the accepting thread serves.
+#[test]
+fn workers_default_to_one_per_core() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let expected = if cpus == 1 { 0 } else { cpus };
+    for server in ["", "workers = 0"] {
+        let gateway = FloodgateProcess::start(GatewayToml::new().server(server), &[]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while worker_threads(&gateway) < expected && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(
+            worker_threads(&gateway),
+            expected,
+            "{server:?}: {:?}",
+            gateway.thread_names()
+        );
+        assert!(
+            gateway.stdout_lines()[0].contains(&format!("workers={cpus}")),
+            "{:?}",
+            gateway.stdout_lines()
+        );
+    }
+}
+
 /// One worker is one thread, as an nginx worker is: the access log is written from the
 /// runtime, not from a thread of its own (a second thread makes each socket call dearer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -365,22 +365,6 @@ async fn a_post_without_a_body_that_reached_a_server_is_not_sent_again() {
     assert_eq!(live.targets().iter().filter(|t| *t == "/orders").count(), 4);
 }
 
-/// Polls `metric` until it reads `value`, at most `within`.
-async fn metric_becomes(gw: &TestGateway, metric: &str, value: f64, within: Duration) {
-    let started = Instant::now();
-    loop {
-        let now = gw.metric(metric).await;
-        if now == value {
-            return;
-        }
-        assert!(
-            started.elapsed() < within,
-            "{metric} is {now}, not {value}, after {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn active_checks_take_a_server_out_and_bring_it_back() {
     let (a, b) = (Upstream::start().await, Upstream::start().await);
@@ -393,17 +377,17 @@ async fn active_checks_take_a_server_out_and_bring_it_back() {
         "floodgate_upstream_server_up{{upstream=\"app\",server=\"{}\"}}",
         a.addr
     );
-    metric_becomes(&gw, &up, 1.0, Duration::from_secs(2)).await;
+    gw.metric_becomes(&up, 1.0, Duration::from_secs(2)).await;
     a.set_health(503);
     // Two failed checks in a row: about 200 ms.
-    metric_becomes(&gw, &up, 0.0, Duration::from_secs(2)).await;
+    gw.metric_becomes(&up, 0.0, Duration::from_secs(2)).await;
     let before = a.requests();
     for i in 0..6 {
         assert_eq!(get(&gw.url(&format!("/while-down{i}"))).await.0, StatusCode::OK);
     }
     assert_eq!(a.requests(), before, "a server out of rotation got requests");
     a.set_health(200);
-    metric_becomes(&gw, &up, 1.0, Duration::from_secs(2)).await;
+    gw.metric_becomes(&up, 1.0, Duration::from_secs(2)).await;
     for i in 0..6 {
         assert_eq!(get(&gw.url(&format!("/back{i}"))).await.0, StatusCode::OK);
     }
@@ -449,7 +433,8 @@ async fn the_queue_is_served_in_arrival_order() {
     until("the slot is taken", || app.requests() == 1).await;
     for i in 0..6 {
         requests.push(spawn_get(gw.url(&format!("/queued{i}/slow?ms=20"))));
-        metric_becomes(&gw, QUEUE_DEPTH, f64::from(i + 1), Duration::from_secs(2)).await;
+        gw.metric_becomes(QUEUE_DEPTH, f64::from(i + 1), Duration::from_secs(2))
+            .await;
     }
     for request in requests {
         assert_eq!(request.await.unwrap().0, StatusCode::OK);
@@ -473,7 +458,7 @@ async fn a_full_queue_or_a_long_wait_is_503_with_retry_after_and_nothing_is_sent
     let holding = spawn_get(gw.url("/holding/slow?ms=1500"));
     until("the slot is taken", || app.requests() == 1).await;
     let queued = spawn_get(gw.url("/queued"));
-    metric_becomes(&gw, QUEUE_DEPTH, 1.0, Duration::from_secs(1)).await;
+    gw.metric_becomes(QUEUE_DEPTH, 1.0, Duration::from_secs(1)).await;
     // The queue is full: shed at once.
     let (status, headers, _) = get(&gw.url("/shed")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
@@ -509,10 +494,11 @@ async fn a_client_that_leaves_the_queue_is_never_forwarded() {
         .write_all(b"GET /left HTTP/1.1\r\nHost: test\r\n\r\n")
         .await
         .unwrap();
-    metric_becomes(&gw, QUEUE_DEPTH, 1.0, Duration::from_secs(1)).await;
+    gw.metric_becomes(QUEUE_DEPTH, 1.0, Duration::from_secs(1)).await;
     drop(leaving);
     // It leaves the queue when it leaves, not when a slot frees.
-    metric_becomes(&gw, QUEUE_DEPTH, 0.0, Duration::from_millis(500)).await;
+    gw.metric_becomes(QUEUE_DEPTH, 0.0, Duration::from_millis(500))
+        .await;
     assert_eq!(holding.await.unwrap().0, StatusCode::OK);
     // The slot it would have had serves the next request at once.
     let started = Instant::now();

@@ -118,16 +118,20 @@ impl TestGateway {
             .map_or(0.0, |value| value.trim().parse().unwrap())
     }
 
-    /// The value of `series` once it is `expected`, or after 2 s: what a worker thread
-    /// counts after closing a connection may come a moment after the client saw the close.
-    pub(crate) async fn metric_once(&self, series: &str, expected: f64) -> f64 {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    /// Polls `series` until it reads `value`, at most `within`: what a worker thread counts
+    /// may come a moment after the client saw the request or the connection end.
+    pub(crate) async fn metric_becomes(&self, series: &str, value: f64, within: Duration) {
+        let started = std::time::Instant::now();
         loop {
-            let value = self.metric(series).await;
-            if value == expected || tokio::time::Instant::now() > deadline {
-                return value;
+            let now = self.metric(series).await;
+            if now == value {
+                return;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert!(
+                started.elapsed() < within,
+                "{series} is {now}, not {value}, after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }
