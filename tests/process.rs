@@ -316,53 +316,37 @@ fn worker_threads(gateway: &FloodgateProcess) -> usize {
         .count()
 }
 
+/// `workers` threads serve the connections; `0`, the default, means one per CPU core
+/// (docs/configuration.md#serverworkers), and with one core the accepting thread serves.
 #[test]
 fn workers_sets_the_worker_thread_count() {
     // 2 as in the docs, and one more than the CPU count, so that at least one of them
     // differs from the per-core default on any machine.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for workers in [2, cpus + 1] {
-        let gateway =
-            FloodgateProcess::start(GatewayToml::new().server(&format!("workers = {workers}")), &[]);
+    let per_core = if cpus == 1 { 0 } else { cpus };
+    let two = "workers = 2".to_owned();
+    let more = format!("workers = {}", cpus + 1);
+    let cases = [
+        (two.as_str(), 2, 2),
+        (more.as_str(), cpus + 1, cpus + 1),
+        ("", per_core, cpus),
+        ("workers = 0", per_core, cpus),
+    ];
+    for (server, threads, logged) in cases {
+        let gateway = FloodgateProcess::start(GatewayToml::new().server(server), &[]);
         // A thread has its parent's name until it has started and named itself.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while worker_threads(&gateway) < workers && std::time::Instant::now() < deadline {
+        while worker_threads(&gateway) < threads && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         assert_eq!(
             worker_threads(&gateway),
-            workers,
-            "workers = {workers}: {:?}",
-            gateway.thread_names()
-        );
-        assert!(
-            gateway.stdout_lines()[0].contains(&format!("workers={workers}")),
-            "{:?}",
-            gateway.stdout_lines()
-        );
-    }
-}
-
-/// `workers = 0`, the default, is one worker per CPU core
-/// (docs/configuration.md#serverworkers); with one core, the accepting thread serves.
-#[test]
-fn workers_default_to_one_per_core() {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let expected = if cpus == 1 { 0 } else { cpus };
-    for server in ["", "workers = 0"] {
-        let gateway = FloodgateProcess::start(GatewayToml::new().server(server), &[]);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while worker_threads(&gateway) < expected && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert_eq!(
-            worker_threads(&gateway),
-            expected,
+            threads,
             "{server:?}: {:?}",
             gateway.thread_names()
         );
         assert!(
-            gateway.stdout_lines()[0].contains(&format!("workers={cpus}")),
+            gateway.stdout_lines()[0].contains(&format!("workers={logged}")),
             "{:?}",
             gateway.stdout_lines()
         );
