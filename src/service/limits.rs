@@ -33,7 +33,7 @@ pub(crate) struct RouteLimits {
 /// One request's checks, one per applied limit: inline for up to two.
 type Checks = SmallVec<[LimitCheck; 2]>;
 
-/// Gateway-wide settings the decision needs.
+/// Gateway-wide settings the decision needs, and when the request arrived.
 pub(crate) struct LimitSettings<'a> {
     pub store: &'a LimitStore,
     pub prefix: &'a str,
@@ -42,6 +42,8 @@ pub(crate) struct LimitSettings<'a> {
     pub metrics: &'a Metrics,
     /// Remembered refusals (`None`: every request asks the store).
     pub refusals: Option<&'a RefusalCache>,
+    /// When the request arrived: a remembered refusal refuses it if it held then.
+    pub arrived: Instant,
 }
 
 /// What the limits decided for one request.
@@ -214,22 +216,20 @@ impl RouteLimits {
             !planned.checks.iter().any(|c| c.shadow)
                 && !planned.applied.iter().any(|a| a.rate.failures.is_some())
         });
-        let started = Instant::now();
         // The checks' identity is hashed only while some refusal may hold, or to remember one.
         let mut identity = None;
         if let Some(cache) = refusals
-            && cache.may_hold(started)
+            && cache.may_hold(settings.arrived)
         {
             let id = *identity.insert(cache.identity(&planned.checks));
-            if let Some(decisions) = cache.get(id, started) {
+            if let Some(decisions) = cache.get(id, settings.arrived) {
                 return self.verdict(settings, planned, as_configured, &decisions, false, headers);
             }
         }
+        let started = Instant::now();
         let answer = settings.store.decide(&planned.checks, settings.on_error).await;
         let store = settings.store.label();
-        settings
-            .metrics
-            .record_store_call(store, started.elapsed().as_secs_f64());
+        settings.metrics.record_store_call(store, started.elapsed().as_secs_f64());
         let decisions = match answer {
             StoreAnswer::Decided(decisions) => decisions,
             // Counted and logged by the store (limit::redis::fallback::ResilientRedis::failed).

@@ -322,6 +322,7 @@ async fn serve(
             headers: state.config.server.ratelimit_headers,
             metrics: &shared.metrics,
             refusals: state.refusals.as_ref(),
+            arrived: record.start,
         };
         let verdict = (route
             .limits

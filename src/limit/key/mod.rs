@@ -135,10 +135,19 @@ impl TupleEncoder {
             }
         }
         KeyedTuple {
-            text: String::from_utf8(self.escaped).expect("prefixes and escaped tuples are UTF-8"),
+            text: ascii_after_prefix(self.escaped),
             start: self.start,
         }
     }
+}
+
+/// `key` as text: what precedes the tuple is a `&str` prefix and `:{`, the tuple itself
+/// ASCII (every other byte escaped, or `#` and hex digits).
+#[allow(unsafe_code)] // checking the bytes again cost about 70 instructions a limited request
+fn ascii_after_prefix(key: Vec<u8>) -> String {
+    debug_assert!(std::str::from_utf8(&key).is_ok());
+    // SAFETY: UTF-8 as said above: a `&str`, then ASCII bytes only.
+    unsafe { String::from_utf8_unchecked(key) }
 }
 
 /// A key tuple written where a store key holds it: `PREFIX:{TUPLE`.
