@@ -63,8 +63,7 @@ impl AccessRecord {
     pub(crate) fn finish(self, bytes: u64) {
         let elapsed = self.start.elapsed();
         self.metrics.requests_in_flight().dec();
-        self.metrics
-            .record_request(&self.route, self.status, elapsed.as_secs_f64());
+        self.metrics.record_request(&self.route, self.status, elapsed);
         crate::logging::access(|line| {
             line.token("method", self.method.as_str());
             line.plain("path", &self.path);

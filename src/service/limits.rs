@@ -229,7 +229,7 @@ impl RouteLimits {
         let started = Instant::now();
         let answer = settings.store.decide(&planned.checks, settings.on_error).await;
         let store = settings.store.label();
-        settings.metrics.record_store_call(store, started.elapsed().as_secs_f64());
+        settings.metrics.record_store_call(store, started.elapsed());
         let decisions = match answer {
             StoreAnswer::Decided(decisions) => decisions,
             // Counted and logged by the store (limit::redis::fallback::ResilientRedis::failed).

@@ -302,7 +302,7 @@ impl Upstream {
             };
             let ((kind, detail), unsent) = match tried {
                 Ok(response) => {
-                    server.duration.observe(elapsed.as_secs_f64());
+                    server.duration.observe(elapsed);
                     end.status = Some(response.status().as_u16());
                     trace.end_try(span, end);
                     server.succeeded();

@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::metrics::DurationHistogram;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 
 use super::fastcgi;
 use super::pool::Pool;
@@ -39,7 +39,7 @@ pub(super) struct Server {
     /// Requests in flight to the server (also its `floodgate_upstream_in_flight`).
     pub(super) in_flight: Gauge,
     /// `floodgate_upstream_duration_seconds` of the server.
-    pub(super) duration: Histogram,
+    pub(super) duration: DurationHistogram,
     health: Health,
 }
 

@@ -5,18 +5,17 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Latency buckets in seconds, from 0.5 ms to 10 s.
-const DURATION_BUCKETS: [f64; 14] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+mod histogram;
+
+pub(crate) use histogram::DurationHistogram;
 
 /// A label value shared with the configuration (route and upstream names) so that
 /// recording a metric does not copy the name.
@@ -119,7 +118,7 @@ pub(crate) struct ServerSeries {
     pub(crate) up: Gauge,
     pub(crate) in_flight: Gauge,
     /// Until the response head, per try.
-    pub(crate) duration: Histogram,
+    pub(crate) duration: DurationHistogram,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -127,11 +126,7 @@ struct ResultLabels {
     result: &'static str,
 }
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-
-fn duration_histogram() -> Histogram {
-    Histogram::new(DURATION_BUCKETS)
-}
+type HistogramFamily<L> = Family<L, DurationHistogram, fn() -> DurationHistogram>;
 
 /// Hashes label-value addresses: a cache key is a name's address (the cache keeps the
 /// name alive, so the address cannot be reused) and a small number.
@@ -168,7 +163,7 @@ type AddressMap<K, V> = HashMap<K, V, BuildHasherDefault<AddressHasher>>;
 struct RequestSeries {
     _route: Arc<str>,
     count: Counter,
-    duration: Histogram,
+    duration: DurationHistogram,
 }
 
 /// The series of one limit and outcome, looked up once (with the name it keeps alive).
@@ -185,7 +180,7 @@ struct DecisionSeries {
 struct SeriesCache {
     requests: RwLock<AddressMap<(usize, u16), RequestSeries>>,
     decisions: RwLock<AddressMap<(usize, usize), DecisionSeries>>,
-    store_calls: RwLock<AddressMap<usize, Histogram>>,
+    store_calls: RwLock<AddressMap<usize, DurationHistogram>>,
 }
 
 fn address(name: &Arc<str>) -> usize {
@@ -243,7 +238,8 @@ impl Metrics {
     pub(crate) fn new() -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
-        let request_duration: HistogramFamily<RouteLabels> = Family::new_with_constructor(duration_histogram);
+        let request_duration: HistogramFamily<RouteLabels> =
+            Family::new_with_constructor(DurationHistogram::default);
         let upstream_errors = Family::<UpstreamErrorLabels, Counter>::default();
         registry.register(
             "floodgate_requests",
@@ -288,7 +284,7 @@ impl Metrics {
             server_in_flight.clone(),
         );
         let upstream_duration: HistogramFamily<ServerLabels> =
-            Family::new_with_constructor(duration_histogram);
+            Family::new_with_constructor(DurationHistogram::default);
         registry.register(
             "floodgate_upstream_duration_seconds",
             "Time from sending a request to a server until its response head, by upstream and server",
@@ -342,7 +338,8 @@ impl Metrics {
             certificate_expiry.clone(),
         );
         let decisions = Family::<DecisionLabels, Counter>::default();
-        let store_duration: HistogramFamily<StoreLabels> = Family::new_with_constructor(duration_histogram);
+        let store_duration: HistogramFamily<StoreLabels> =
+            Family::new_with_constructor(DurationHistogram::default);
         let store_errors = Family::<StoreLabels, Counter>::default();
         registry.register(
             "floodgate_ratelimit_decisions",
@@ -404,7 +401,7 @@ impl Metrics {
     }
 
     /// Counts one answered request and its duration.
-    pub(crate) fn record_request(&self, route: &Arc<str>, status: u16, seconds: f64) {
+    pub(crate) fn record_request(&self, route: &Arc<str>, status: u16, duration: Duration) {
         let key = (address(route), status);
         let create = || {
             let name = Name(route.clone());
@@ -425,7 +422,7 @@ impl Metrics {
         };
         with_series(&self.cache.requests, key, create, |series| {
             series.count.inc();
-            series.duration.observe(seconds);
+            series.duration.observe(duration);
         });
     }
 
@@ -542,13 +539,13 @@ impl Metrics {
         });
     }
 
-    pub(crate) fn record_store_call(&self, store: &'static str, seconds: f64) {
+    pub(crate) fn record_store_call(&self, store: &'static str, duration: Duration) {
         let create = || self.store_duration.get_or_create(&StoreLabels { store }).clone();
         with_series(
             &self.cache.store_calls,
             store.as_ptr() as usize,
             create,
-            |duration| duration.observe(seconds),
+            |histogram| histogram.observe(duration),
         );
     }
 
@@ -615,8 +612,8 @@ mod tests {
     #[test]
     fn renders_counters_with_labels() {
         let metrics = Metrics::new();
-        metrics.record_request(&Arc::from("api"), 200, 0.003);
-        metrics.record_request(&Arc::from("api"), 200, 0.004);
+        metrics.record_request(&Arc::from("api"), 200, Duration::from_secs_f64(0.003));
+        metrics.record_request(&Arc::from("api"), 200, Duration::from_secs_f64(0.004));
         metrics.upstream_errors(&Arc::from("php"), "timeout").inc();
         let text = metrics.render();
         assert!(
@@ -636,11 +633,11 @@ mod tests {
     #[test]
     fn store_calls_are_counted_by_store() {
         let metrics = Metrics::new();
-        metrics.record_store_call("memory", 0.0001);
-        metrics.record_store_call("memory", 0.0002);
-        metrics.record_store_call("redis", 0.002);
+        metrics.record_store_call("memory", Duration::from_secs_f64(0.0001));
+        metrics.record_store_call("memory", Duration::from_secs_f64(0.0002));
+        metrics.record_store_call("redis", Duration::from_secs_f64(0.002));
         metrics.record_reload(true);
-        metrics.record_store_call("memory", 0.0001);
+        metrics.record_store_call("memory", Duration::from_secs_f64(0.0001));
         let text = metrics.render();
         for series in [
             "floodgate_store_duration_seconds_count{store=\"memory\"} 3",
@@ -654,13 +651,13 @@ mod tests {
     fn equal_names_from_different_configurations_share_a_series() {
         let metrics = Metrics::new();
         let before_reload: Arc<str> = Arc::from("api");
-        metrics.record_request(&before_reload, 200, 0.001);
+        metrics.record_request(&before_reload, 200, Duration::from_secs_f64(0.001));
         metrics.record_decision(&before_reload, LimitOutcome::Allowed);
         metrics.record_reload(true);
         let after_reload: Arc<str> = Arc::from("api");
-        metrics.record_request(&after_reload, 200, 0.001);
-        metrics.record_request(&before_reload, 200, 0.001);
-        metrics.record_request(&after_reload, 429, 0.001);
+        metrics.record_request(&after_reload, 200, Duration::from_secs_f64(0.001));
+        metrics.record_request(&before_reload, 200, Duration::from_secs_f64(0.001));
+        metrics.record_request(&after_reload, 429, Duration::from_secs_f64(0.001));
         metrics.record_decision(&after_reload, LimitOutcome::Allowed);
         let text = metrics.render();
         for series in [
