@@ -33,6 +33,10 @@ pub(crate) struct Connection<S> {
     /// The idle list of the thread it was made on, while another thread uses it: it goes
     /// back there, where its socket's events are received.
     home: Option<Weak<Mutex<IdleList<Connection<S>>>>>,
+    /// Whether `deadline` belongs to another thread's runtime (one that borrowed the
+    /// connection): its thread would fire it, and polling it once that runtime has shut
+    /// down panics; the next request here gets a timer of its own.
+    timer_elsewhere: bool,
 }
 
 impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
@@ -48,15 +52,13 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
         F: Future<Output = Result<Connection<S>, E>>,
     {
         if let Some((mut connection, home)) = self.checkout(|connection| !connection.closed_while_idle()) {
-            match home {
-                None => connection.deadline.as_mut().reset(deadline),
-                Some(home) => {
-                    // Another thread's timer belongs to that thread's runtime, which may
-                    // shut down first at exit.
-                    connection.deadline = Box::pin(tokio::time::sleep_until(deadline));
-                    connection.home = Some(home);
-                }
+            if home.is_none() && !connection.timer_elsewhere {
+                connection.deadline.as_mut().reset(deadline);
+            } else {
+                connection.deadline = Box::pin(tokio::time::sleep_until(deadline));
+                connection.timer_elsewhere = false;
             }
+            connection.home = home;
             return Ok((connection, true));
         }
         // Boxed: a connect (with TLS, a few KB) is rare beside a pooled connection, and
@@ -112,6 +114,7 @@ impl<S: AsyncRead + Unpin> Connection<S> {
             read: BytesMut::new(),
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
             home: None,
+            timer_elsewhere: false,
         }
     }
 
@@ -187,11 +190,13 @@ impl<C: Send> IdlePool<C> {
     /// that thread's. The others found on the way are closed (dropped).
     fn checkout(&self, mut usable: impl FnMut(&mut C) -> bool) -> Option<(C, Option<Home<C>>)> {
         let own = self.list();
-        if let Some(connection) = take_usable(own, &mut usable) {
-            return Some((connection, None));
-        }
         loop {
             let refilled = self.refilled.load(Ordering::Acquire);
+            // This thread's own first, and again at each search: another thread may
+            // have given back one it had borrowed from this thread meanwhile.
+            if let Some(connection) = take_usable(own, &mut usable) {
+                return Some((connection, None));
+            }
             let found = self
                 .lists
                 .iter()
@@ -224,6 +229,7 @@ impl<S: Send + 'static> IdlePool<Connection<S>> {
             None => self.keep(self.list(), connection),
             Some(home) => {
                 if let Some(home) = home.upgrade() {
+                    connection.timer_elsewhere = true;
                     self.keep(&home, connection);
                 }
             }
@@ -251,9 +257,13 @@ impl<C: Send + 'static> IdlePool<C> {
             });
             !std::mem::replace(&mut list.swept, true)
         };
-        // Without a runtime (it is shutting down) no connection is used again either.
-        if start_sweep && let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(sweep(Arc::downgrade(shared), self.timeout));
+        if start_sweep {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(sweep(Arc::downgrade(shared), self.timeout))),
+                // Without a runtime (it is shutting down) no connection is used again
+                // either; unmarked, a later check-in starts the sweep.
+                Err(_) => lock(shared).swept = false,
+            }
         }
     }
 }
@@ -414,5 +424,74 @@ mod tests {
         });
         first.join().unwrap();
         assert_eq!(found, Some((7, false)));
+    }
+
+    /// A connection another thread borrowed comes home without the borrower's timer: the
+    /// home thread's next request on it gets a timer of its own runtime, which fires
+    /// though the borrower's runtime has ended.
+    #[test]
+    fn a_connection_back_home_does_not_keep_the_borrowers_timer() {
+        type Pool = IdlePool<Connection<tokio::net::UnixStream>>;
+        let pool: Arc<Pool> = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let later = || tokio::time::Instant::now() + Duration::from_secs(60);
+        let no_connect = || async { Err::<Connection<_>, ()>(()) };
+        let home = runtime();
+        let (ours, _server) = home.block_on(async { tokio::net::UnixStream::pair().unwrap() });
+        home.block_on(async { pool.check_in(Connection::new(ours, later())) });
+        let other = pool.clone();
+        std::thread::spawn(move || {
+            let borrower = runtime();
+            borrower.block_on(async {
+                let (connection, reused) = other.take_or_connect(later(), no_connect).await.unwrap();
+                assert!(reused);
+                other.check_in(connection);
+            });
+        })
+        .join()
+        .unwrap();
+        let fired = home.block_on(async {
+            let soon = tokio::time::Instant::now() + Duration::from_millis(20);
+            let (mut connection, reused) = pool.take_or_connect(soon, no_connect).await.unwrap();
+            assert!(reused);
+            tokio::spawn(async move { connection.deadline.as_mut().await }).await
+        });
+        assert!(
+            fired.is_ok(),
+            "the deadline of a request on this thread: {fired:?}"
+        );
+    }
+
+    /// A search of the other threads' lists that looks again looks at this thread's own
+    /// list too: a connection borrowed from this thread may have come back there meanwhile.
+    #[test]
+    fn a_connection_back_in_this_threads_own_list_during_the_search_is_found() {
+        let pool = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
+        let own = pool.list().clone();
+        // Another thread's list: one connection, which the server has closed (0).
+        std::thread::spawn({
+            let pool = pool.clone();
+            move || check_in(&pool, 0)
+        })
+        .join()
+        .unwrap();
+        let mut hooked = false;
+        let found = taken(&pool, |connection| {
+            if *connection == 0 && !hooked {
+                hooked = true;
+                // Meanwhile another thread's request ends on a connection it had
+                // borrowed from this thread: back home, in this thread's list.
+                let pool = pool.clone();
+                let own = own.clone();
+                std::thread::spawn(move || pool.keep(&own, 7)).join().unwrap();
+            }
+            *connection != 0
+        });
+        assert_eq!(found, Some((7, true)));
     }
 }
