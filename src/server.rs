@@ -177,8 +177,11 @@ impl Gateway {
             );
         }
         admin.abort();
-        // Stops the workers, with whatever connections outlived the grace.
-        drop(workers);
+        // Stops the workers, with whatever connections outlived the grace: joining their
+        // threads blocks, so not on this runtime's.
+        if let Some(workers) = workers {
+            let _ = tokio::task::spawn_blocking(move || drop(workers)).await;
+        }
         let tracer = shared.state.load().tracer.clone();
         if let Some(tracer) = tracer {
             tracer.flush(TRACE_FLUSH).await;

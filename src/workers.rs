@@ -8,8 +8,8 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -22,14 +22,68 @@ use tokio_util::task::TaskTracker;
 const BLOCKING_GRACE: Duration = Duration::from_secs(1);
 
 /// Running worker threads; dropping this stops them, dropping the connections they still
-/// serve, and waits for them to end.
+/// serve, and waits for them to end (a blocking wait: drop it off the runtime's threads).
 pub(crate) struct Workers {
     workers: Vec<Worker>,
     /// Where the search for the least busy worker starts, moved on at each connection so
     /// that ties go round.
     next: AtomicUsize,
     stop: CancellationToken,
+    stopping: Arc<Stopping>,
     threads: Vec<JoinHandle<()>>,
+}
+
+/// How long a stopping worker waits for the others between looks at whether one of
+/// them ended without saying so.
+const STOPPING_LOOK: Duration = Duration::from_millis(50);
+
+/// The two steps of stopping: every worker leaves its runtime's loop, and only once all
+/// have does any shut its runtime down (dropping the tasks it still has). A task on one
+/// worker may be using another's timers, sockets or Redis connection, which fail, or
+/// panic, once that runtime is gone.
+#[derive(Default)]
+struct Stopping {
+    /// Workers out of their loop, and whether their runtimes may shut down.
+    state: Mutex<(usize, bool)>,
+    changed: Condvar,
+}
+
+impl Stopping {
+    fn state(&self) -> std::sync::MutexGuard<'_, (usize, bool)> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A worker is out of its loop; returns when every runtime may shut down.
+    fn left_loop(&self) {
+        let mut state = self.state();
+        state.0 += 1;
+        self.changed.notify_all();
+        while !state.1 {
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    /// Lets the runtimes shut down once every one of `threads` is out of its loop (or
+    /// ended: a worker that failed to start never entered it).
+    fn release(&self, threads: &[JoinHandle<()>]) {
+        let mut state = self.state();
+        loop {
+            let ended = threads.iter().filter(|thread| thread.is_finished()).count();
+            if state.0 + ended >= threads.len() {
+                break;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, STOPPING_LOOK)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
+        }
+        state.1 = true;
+        self.changed.notify_all();
+    }
 }
 
 struct Worker {
@@ -46,11 +100,13 @@ impl Workers {
             workers: Vec::with_capacity(count),
             next: AtomicUsize::new(0),
             stop: CancellationToken::new(),
+            stopping: Arc::default(),
             threads: Vec::with_capacity(count),
         };
         for index in 0..count {
             let (started, runtime) = std::sync::mpsc::channel();
             let stopped = workers.stop.clone();
+            let stopping = workers.stopping.clone();
             let open = Arc::<AtomicUsize>::default();
             let counted = open.clone();
             // The runtime is made, run and dropped on its own thread: a runtime dropped on
@@ -69,6 +125,7 @@ impl Workers {
                     };
                     let _ = started.send(Ok(runtime.handle().clone()));
                     runtime.block_on(stopped.cancelled());
+                    stopping.left_loop();
                     runtime.shutdown_timeout(BLOCKING_GRACE);
                 })?;
             workers.threads.push(thread);
@@ -114,6 +171,7 @@ impl Workers {
 impl Drop for Workers {
     fn drop(&mut self) {
         self.stop.cancel();
+        self.stopping.release(&self.threads);
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
@@ -246,5 +304,45 @@ mod tests {
         tokio::task::spawn_blocking(move || drop(workers)).await.unwrap();
         // The sender went with the dropped connection: nothing is left to receive from.
         assert!(dropped.recv().is_err());
+    }
+
+    #[test]
+    fn no_runtime_shuts_down_before_every_worker_has_left_its_loop() {
+        let stopping = Arc::new(Stopping::default());
+        let (events_sent, events) = std::sync::mpsc::channel();
+        let quick = std::thread::spawn({
+            let (stopping, events_sent) = (stopping.clone(), events_sent.clone());
+            move || {
+                stopping.left_loop();
+                events_sent.send("quick shuts down").unwrap();
+            }
+        });
+        let slow = std::thread::spawn({
+            let stopping = stopping.clone();
+            move || {
+                // Still running a task when the other is out of its loop.
+                std::thread::sleep(Duration::from_millis(100));
+                events_sent.send("slow leaves its loop").unwrap();
+                stopping.left_loop();
+            }
+        });
+        let threads = [quick, slow];
+        stopping.release(&threads);
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let order: Vec<_> = events.iter().collect();
+        assert_eq!(order, ["slow leaves its loop", "quick shuts down"]);
+    }
+
+    #[test]
+    fn a_worker_that_ended_without_leaving_its_loop_is_not_waited_for() {
+        let stopping = Stopping::default();
+        let ended = std::thread::spawn(|| {});
+        while !ended.is_finished() {
+            std::thread::yield_now();
+        }
+        stopping.release(&[ended]);
+        assert!(stopping.state().1);
     }
 }
