@@ -299,6 +299,28 @@ async fn sweep<C>(list: Weak<Mutex<IdleList<C>>>, limit: Duration) {
 mod tests {
     use super::*;
 
+    type SocketPool = IdlePool<Connection<tokio::net::UnixStream>>;
+
+    fn socket_pool() -> Arc<SocketPool> {
+        Arc::new(IdlePool::new(Duration::from_secs(60), 4))
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn later() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(60)
+    }
+
+    /// A connect that fails: the connections in these tests are pooled ones.
+    async fn no_connect() -> Result<Connection<tokio::net::UnixStream>, ()> {
+        Err(())
+    }
+
     fn check_in(pool: &Arc<IdlePool<i32>>, connection: i32) {
         pool.keep(pool.list(), connection);
     }
@@ -355,22 +377,13 @@ mod tests {
 
     #[test]
     fn a_connection_another_thread_took_goes_back_to_the_thread_it_was_made_on() {
-        type Pool = IdlePool<Connection<tokio::net::UnixStream>>;
-        let pool: Arc<Pool> = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
-        let runtime = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-        };
-        let later = || tokio::time::Instant::now() + Duration::from_secs(60);
+        let pool = socket_pool();
         runtime().block_on(async {
             let (ours, _server) = tokio::net::UnixStream::pair().unwrap();
             pool.check_in(Connection::new(ours, later()));
             let other = pool.clone();
             std::thread::spawn(move || {
                 runtime().block_on(async {
-                    let no_connect = || async { Err::<Connection<_>, ()>(()) };
                     let (connection, reused) = other.take_or_connect(later(), no_connect).await.unwrap();
                     assert!(reused);
                     other.check_in(connection);
@@ -431,16 +444,7 @@ mod tests {
     /// though the borrower's runtime has ended.
     #[test]
     fn a_connection_back_home_does_not_keep_the_borrowers_timer() {
-        type Pool = IdlePool<Connection<tokio::net::UnixStream>>;
-        let pool: Arc<Pool> = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
-        let runtime = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-        };
-        let later = || tokio::time::Instant::now() + Duration::from_secs(60);
-        let no_connect = || async { Err::<Connection<_>, ()>(()) };
+        let pool = socket_pool();
         let home = runtime();
         let (ours, _server) = home.block_on(async { tokio::net::UnixStream::pair().unwrap() });
         home.block_on(async { pool.check_in(Connection::new(ours, later())) });
