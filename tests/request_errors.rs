@@ -564,3 +564,62 @@ async fn admin_clients_that_never_finish_a_head_are_disconnected() {
     assert!(received.starts_with("HTTP/1.1 200 "), "{received}");
     assert!(received.ends_with("ok\n"), "{received}");
 }
+
+/// A trailer section that opens with a bare LF: hyper's chunked decoder ends a trailer
+/// line only at CR LF, so what follows is trailers to it, and the framing guard reads
+/// them as trailers too (it took the LF for their end, and the lines after for a head
+/// whose Content-Length hid the next real head from it).
+#[tokio::test]
+async fn a_trailer_opening_with_a_bare_lf_does_not_hide_the_next_head() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
+    let smuggle = "POST /smuggled HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n";
+    let raw = format!(
+        "POST /clean HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\
+         \nGET /pad HTTP/1.1\r\nContent-Length: {}\r\n\r\n{smuggle}",
+        smuggle.len()
+    );
+    let answer = exchange(gw.addr, raw.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert!(answer.contains("POST /clean\n"), "{answer}");
+    assert!(
+        !answer.contains("/smuggled"),
+        "the smuggled request was forwarded: {answer}"
+    );
+    assert_eq!(upstream.requests(), 1);
+}
+
+/// A chunk-size line longer than the guard follows (8 KB) but within hyper's 16 KB of
+/// chunk extensions, sent in two writes so that the guard sees it incomplete past 8 KB:
+/// the request is refused, where the guard used to stop inspecting the connection and
+/// let the next request's Content-Length beside Transfer-Encoding through.
+#[tokio::test]
+async fn a_chunk_extension_too_long_to_follow_ends_the_connection() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    let extension = "a".repeat(9 * 1024);
+    stream
+        .write_all(
+            format!("POST /clean HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3;x={extension}")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream
+        .write_all(
+            b"\r\nabc\r\n0\r\n\r\n\
+              POST /smuggled HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        !answer.contains("/smuggled"),
+        "the smuggled request was forwarded: {answer}"
+    );
+    assert!(upstream.requests() <= 1, "{answer}");
+}

@@ -11,8 +11,10 @@
 //! To find every request head on a keep-alive connection the guard follows the framing of
 //! each request body (`Content-Length` or chunked), with the same limits as hyper and a
 //! reading of each head that agrees with hyper's parser (plain `name: value` lines are read
-//! line by line; anything else goes through httparse, as in hyper), so the two never
-//! disagree about where a head starts. Request bodies pass
+//! line by line; anything else goes through httparse, as in hyper), and of chunked bodies
+//! that agrees with hyper's decoder, so the two never disagree about where a head starts:
+//! where the guard cannot follow a body as hyper would (a line hyper refuses, or one too
+//! long to hold), it makes hyper fail there rather than let it read on. Request bodies pass
 //! through without a copy where possible. It inspects every head of an HTTP/1 connection,
 //! those after an `Upgrade` or `CONNECT` included, until a tunnel actually starts
 //! ([`ConnectionState::tunnel_started`]); it turns transparent only for that, for an
@@ -34,7 +36,8 @@ use super::ConnectionState;
 
 /// The HTTP/2 connection preface (prior-knowledge h2c).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-/// Longest chunk-size or trailer line the guard follows.
+/// Longest chunk-size or trailer line the guard follows; a longer one is refused (hyper
+/// would take up to 16 KB of chunk extensions).
 const MAX_LINE: usize = 8 * 1024;
 const READ_CHUNK: usize = 8 * 1024;
 
@@ -122,9 +125,13 @@ impl<S> FramingGuard<S> {
                 };
                 take > 0
             }
-            State::ChunkSize => match httparse::parse_chunk_size(pending) {
-                Ok(httparse::Status::Complete((used, size))) => {
-                    self.cleared += used;
+            // Where the guard cannot follow a chunked body as hyper reads it (a line hyper
+            // refuses, or one too long for the guard), hyper is made to fail there: were
+            // the guard to stop inspecting, hyper could read on, and the heads after would
+            // pass unchecked.
+            State::ChunkSize => match chunk_size_line(pending) {
+                ChunkLine::Complete { len, size } if len <= MAX_LINE => {
+                    self.cleared += len;
                     self.state = if size == 0 {
                         State::Trailers
                     } else {
@@ -132,23 +139,32 @@ impl<S> FramingGuard<S> {
                     };
                     true
                 }
-                Ok(httparse::Status::Partial) if pending.len() <= MAX_LINE => false,
-                _ => self.stop_inspecting(),
+                ChunkLine::Partial if pending.len() <= MAX_LINE => false,
+                // hyper expects a hex digit.
+                _ => self.break_stream(b"@"),
             },
             State::ChunkEnd => match pending {
                 [b'\r', b'\n', ..] => self.clear_line(2, State::ChunkSize),
-                [b'\n', ..] => self.clear_line(1, State::ChunkSize),
                 [b'\r'] => false,
-                _ => self.stop_inspecting(),
+                // hyper expects CR.
+                _ => self.break_stream(b"@"),
             },
+            // As hyper reads trailers: a line ends at its first CR, which must be followed
+            // by LF, and the section at a line that is empty.
             State::Trailers => match pending {
                 [b'\r', b'\n', ..] => self.clear_line(2, State::Head),
-                [b'\n', ..] => self.clear_line(1, State::Head),
                 [b'\r'] => false,
-                _ => match memchr(b'\n', pending) {
-                    Some(end) => self.clear_line(end + 1, State::Trailers),
+                [b'\r', ..] => self.break_stream(b"\r@"),
+                _ => match memchr(b'\r', pending) {
+                    Some(cr) if cr > MAX_LINE => self.break_stream(b"\r@"),
+                    Some(cr) => match pending.get(cr + 1) {
+                        Some(b'\n') => self.clear_line(cr + 2, State::Trailers),
+                        Some(_) => self.break_stream(b"\r@"),
+                        None => false,
+                    },
                     None if pending.len() <= MAX_LINE => false,
-                    None => self.stop_inspecting(),
+                    // At a line's start hyper takes CR then anything but LF as an error.
+                    None => self.break_stream(b"\r@"),
                 },
             },
             State::Head => self.advance_head(),
@@ -159,6 +175,16 @@ impl<S> FramingGuard<S> {
         self.cleared += len;
         self.state = next;
         true
+    }
+
+    /// Writes `poison` over the first bytes not yet handed to hyper, bytes hyper fails
+    /// on where it is, and stops inspecting: hyper answers 400 (or ends the body it was
+    /// reading with an error) and closes the connection.
+    fn break_stream(&mut self, poison: &[u8]) -> bool {
+        tracing::warn!("refused a request body the framing guard cannot follow as hyper would");
+        let at = self.cleared;
+        self.buf[at..at + poison.len()].copy_from_slice(poison);
+        self.stop_inspecting()
     }
 
     fn stop_inspecting(&mut self) -> bool {
@@ -208,6 +234,53 @@ impl<S> FramingGuard<S> {
                 self.stop_inspecting()
             }
         }
+    }
+}
+
+/// What the start of a chunked body's size line holds.
+#[derive(Debug, PartialEq, Eq)]
+enum ChunkLine {
+    /// A line of `len` bytes announcing a chunk of `size`.
+    Complete { len: usize, size: u64 },
+    /// The start of a line hyper would read on.
+    Partial,
+    /// A line hyper refuses.
+    Refused,
+}
+
+/// The chunk-size line at the start of `bytes` as hyper's decoder reads it: hex digits,
+/// then spaces or tabs, then `;` and an extension holding neither CR nor LF, then CR LF.
+fn chunk_size_line(bytes: &[u8]) -> ChunkLine {
+    let digits = bytes.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let Some(size) = bytes[..digits].iter().try_fold(0u64, |size, &digit| {
+        let value = (digit as char).to_digit(16).expect("a hex digit");
+        size.checked_mul(16)?.checked_add(u64::from(value))
+    }) else {
+        return ChunkLine::Refused;
+    };
+    if digits == 0 {
+        return if bytes.is_empty() {
+            ChunkLine::Partial
+        } else {
+            ChunkLine::Refused
+        };
+    }
+    let mut at = digits
+        + bytes[digits..]
+            .iter()
+            .take_while(|&&b| b == b' ' || b == b'\t')
+            .count();
+    if bytes.get(at) == Some(&b';') {
+        match bytes[at..].iter().position(|&b| b == b'\r' || b == b'\n') {
+            Some(end) if bytes[at + end] == b'\r' => at += end,
+            Some(_) => return ChunkLine::Refused,
+            None => return ChunkLine::Partial,
+        }
+    }
+    match (bytes.get(at), bytes.get(at + 1)) {
+        (Some(b'\r'), Some(b'\n')) => ChunkLine::Complete { len: at + 2, size },
+        (None, _) | (Some(b'\r'), None) => ChunkLine::Partial,
+        _ => ChunkLine::Refused,
     }
 }
 
@@ -327,8 +400,9 @@ fn parse_framing(head: &[u8], max_fields: usize) -> HeadVerdict {
 #[derive(Default)]
 struct FramingHeaders<'a> {
     transfer_encoding: Option<&'a [u8]>,
-    content_length: Option<&'a [u8]>,
-    lengths_differ: bool,
+    /// The `Content-Length`, if every one the head has is the same number (`None` in it
+    /// when they differ or one is not a number).
+    content_length: Option<Option<u64>>,
 }
 
 impl<'a> FramingHeaders<'a> {
@@ -345,9 +419,11 @@ impl<'a> FramingHeaders<'a> {
         if name.eq_ignore_ascii_case(b"transfer-encoding") {
             self.transfer_encoding = Some(value.trim_ascii());
         } else if name.eq_ignore_ascii_case(b"content-length") {
-            let value = value.trim_ascii();
-            self.lengths_differ |= self.content_length.is_some_and(|previous| previous != value);
-            self.content_length = Some(value);
+            let length = decimal(value.trim_ascii());
+            self.content_length = Some(match self.content_length {
+                Some(previous) if previous != length => None,
+                _ => length,
+            });
         }
     }
 
@@ -355,16 +431,24 @@ impl<'a> FramingHeaders<'a> {
         match (self.transfer_encoding, self.content_length) {
             (Some(_), Some(_)) => HeadVerdict::Ambiguous,
             (Some(coding), None) if ends_with_chunked(coding) => HeadVerdict::Framing(State::ChunkSize),
-            (None, Some(length)) if !self.lengths_differ => std::str::from_utf8(length)
-                .ok()
-                .and_then(|l| l.parse::<u64>().ok())
-                .map_or(HeadVerdict::StopInspecting, |len| {
-                    HeadVerdict::Framing(if len == 0 { State::Head } else { State::Body(len) })
-                }),
+            (None, Some(Some(0))) => HeadVerdict::Framing(State::Head),
+            (None, Some(Some(length))) => HeadVerdict::Framing(State::Body(length)),
             (None, None) => HeadVerdict::Framing(State::Head),
             _ => HeadVerdict::StopInspecting,
         }
     }
+}
+
+/// A `Content-Length` value as hyper reads it: decimal digits only.
+fn decimal(value: &[u8]) -> Option<u64> {
+    if value.is_empty() {
+        return None;
+    }
+    value.iter().try_fold(0u64, |number, &digit| {
+        digit
+            .is_ascii_digit()
+            .then(|| number.checked_mul(10)?.checked_add(u64::from(digit - b'0')))?
+    })
 }
 
 fn ends_with_chunked(coding: &[u8]) -> bool {
@@ -657,6 +741,68 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         let at = input.len() - second.len();
         assert_eq!(seen[at], b'@');
         assert_eq!(seen[..at], input[..at]);
+    }
+
+    /// hyper ends a trailer line only at CR LF, and the trailers at an empty one: a bare LF
+    /// at the start of the trailers is a trailer's first byte, not their end, and the
+    /// lines after it are trailers, not a head whose body would hide the next one.
+    #[tokio::test]
+    async fn trailers_end_where_hyper_ends_them() {
+        let mut input = b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\
+            \nGET /pad HTTP/1.1\r\nContent-Length: 64\r\n\r\n"
+            .to_vec();
+        let at = input.len();
+        input.extend_from_slice(SMUGGLED);
+        for piece in [1, 7, 4096] {
+            assert_eq!(
+                through_guard(&input, piece).await[at],
+                b'@',
+                "in pieces of {piece}"
+            );
+        }
+    }
+
+    /// A chunk-size line longer than the guard follows is refused (hyper is made to fail
+    /// on it) rather than let through uninspected with what follows on the connection.
+    #[tokio::test]
+    async fn a_chunk_line_too_long_to_follow_breaks_the_stream() {
+        let head = b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mut input = head.to_vec();
+        input.extend_from_slice(format!("3;x={}\r\nabc\r\n0\r\n\r\n", "a".repeat(MAX_LINE)).as_bytes());
+        input.extend_from_slice(SMUGGLED);
+        let seen = through_guard(&input, 4096).await;
+        assert_eq!(seen[head.len()], b'@');
+        assert_eq!(seen[head.len() + 1..], input[head.len() + 1..]);
+    }
+
+    /// What hyper refuses in a chunked body, the guard breaks too: it never goes on past
+    /// bytes hyper would read otherwise than it does.
+    #[tokio::test]
+    async fn chunk_lines_hyper_refuses_are_broken() {
+        let head = b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        for (body, at) in [
+            (&b"3\nabc\r\n0\r\n\r\n"[..], 0),
+            (b"3 4\r\nabc\r\n0\r\n\r\n", 0),
+            (b"3;a\nb\r\nabc\r\n0\r\n\r\n", 0),
+            (b"3\r\nabc\n0\r\n\r\n", 6),
+            (b"3\r\nabc\r\n0\r\nX-T: 1\rX\r\n\r\n", 12),
+        ] {
+            let mut input = head.to_vec();
+            input.extend_from_slice(body);
+            input.extend_from_slice(SMUGGLED);
+            let seen = through_guard(&input, 4096).await;
+            assert_eq!(seen[head.len() + at], b'@', "{}", String::from_utf8_lossy(body));
+        }
+    }
+
+    /// Lengths hyper reads as one number (`03` and `3`) are one length to the guard too,
+    /// which then follows the body to the next head.
+    #[tokio::test]
+    async fn lengths_equal_as_numbers_are_followed() {
+        let mut input = b"POST /a HTTP/1.1\r\nContent-Length: 03\r\nContent-Length: 3\r\n\r\nabc".to_vec();
+        let at = input.len();
+        input.extend_from_slice(SMUGGLED);
+        assert_eq!(through_guard(&input, 4096).await[at], b'@');
     }
 
     #[tokio::test]
