@@ -296,7 +296,7 @@ async fn cgi_status_location_and_cookies_become_the_response_and_stderr_stays_ou
 }
 
 #[tokio::test]
-async fn a_body_streams_to_php_and_one_of_unknown_length_is_read_whole_first() {
+async fn a_body_of_either_framing_reaches_php_whole() {
     let fpm = PhpFpm::start(2);
     site(&fpm);
     let gw = gateway(&fpm, "").await;
@@ -816,4 +816,47 @@ async fn php_is_told_the_headers_as_they_go_with_or_without_rules() {
             &request_id,
         ])
     );
+}
+
+/// A client that declares a Content-Length and then sends its body a byte at a time,
+/// each pause under `server.body_timeout`, holds no PHP worker (nor the server's
+/// `max_requests` slot): the body is read whole before PHP-FPM is contacted, as a
+/// chunked one is. It used to stream to PHP, and every other request was shed with 503.
+#[tokio::test]
+async fn a_body_sent_slowly_holds_no_php_worker() {
+    use tokio::io::AsyncWriteExt;
+    let fpm = PhpFpm::start(1);
+    site(&fpm);
+    let route = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server("body_timeout = \"1s\"")
+            .table(
+                "upstreams.php",
+                &format!(
+                    "url = \"{}\"\nmax_requests = 1\nqueue = 4\nqueue_timeout = \"1s\"",
+                    fpm.url()
+                ),
+            )
+            .route("site", &route),
+    )
+    .await;
+    let mut slow = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    slow.write_all(b"POST /upload.php HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\n")
+        .await
+        .unwrap();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if slow.write_all(b"x").await.is_err() {
+                break;
+            }
+        }
+        slow
+    });
+    // Past body_timeout, which a body that keeps coming never reaches.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, _, body) = get(&gw.url("/login.php")).await;
+    trickle.abort();
+    assert_eq!(status, StatusCode::OK, "another client's request: {body}");
 }

@@ -1,7 +1,8 @@
 //! A request body read whole before it goes upstream, for an upstream that must be told
-//! its length first (PHP-FPM, with a chunked body): kept in memory up to 64 KB, in an
-//! anonymous temporary file beyond, so that memory does not grow with it. It is read
-//! before the upstream is contacted, so a slow client holds no PHP worker meanwhile.
+//! its length first and whose workers a slow client must not hold (PHP-FPM): kept in
+//! memory up to 64 KB, in an anonymous temporary file beyond, so that memory does not
+//! grow with it. It is read before the upstream is contacted, so a slow client holds no
+//! PHP worker meanwhile.
 
 use std::io;
 use std::pin::Pin;

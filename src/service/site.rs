@@ -116,20 +116,20 @@ pub(super) fn fastcgi_head(
     request_head(&call, script, &caller, &php.root, env)
 }
 
-/// The length PHP-FPM is told of `body`, and the body to send: the declared length, `0`
-/// for a body-framed request without a body, nothing without framing; a body of unknown
-/// length (chunked) is read whole first, before PHP-FPM is contacted.
+/// The length PHP-FPM is told of `body`, and the body to send: without a body, the
+/// declared length, `0` for a body-framed request, nothing without framing; a body is read
+/// whole first, before PHP-FPM is contacted, whatever its framing: PHP-FPM must be told
+/// the length of one of unknown length (chunked), and a client sending its body slowly
+/// would otherwise hold a PHP worker (and the server's `max_requests` slot) as long as
+/// it likes. PHP reads a request's body whole before the script runs in any case.
 pub(super) async fn with_length(
     parts: &Parts,
     declared: Option<u64>,
     body: RequestBody,
 ) -> Result<(Option<u64>, RequestBody), OwnAnswer> {
-    if let Some(length) = declared {
-        return Ok((Some(length), body));
-    }
     if body.is_end_stream() {
         let framed = parts.version < Version::HTTP_2 && parts.headers.contains_key(header::TRANSFER_ENCODING);
-        return Ok((framed.then_some(0), body));
+        return Ok((declared.or(framed.then_some(0)), body));
     }
     let spooled = spool(body)
         .await
