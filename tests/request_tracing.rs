@@ -371,24 +371,44 @@ async fn a_server_span_and_a_client_span_per_try_reach_the_collector() {
     );
 }
 
+/// A trace continued from a trusted proxy is recorded as its `sampled` flag says; one a
+/// client floodgate does not trust sent, by the ratio, as a new one (its flag alone would
+/// have every request of its recorded).
 #[tokio::test]
-async fn sampling_follows_the_parent_or_the_ratio() {
+async fn sampling_follows_a_trusted_parent_or_the_ratio() {
     let receiver = Receiver::start().await;
     let upstream = Upstream::start().await;
-    let toml = GatewayToml::new().proxy_to(&upstream.url(), "").table(
-        "tracing",
-        &format!("endpoint = \"{}\"\nsample = 0.0", receiver.url),
-    );
-    let gateway = TestGateway::start(toml).await;
+    let tracing = format!("endpoint = \"{}\"\nsample = 0.0", receiver.url);
+    let untrusting = TestGateway::start(
+        GatewayToml::new()
+            .proxy_to(&upstream.url(), "")
+            .table("tracing", &tracing),
+    )
+    .await;
     // A new trace at ratio 0: not recorded, and the upstream is told so.
-    let (_, _, body) = get(&gateway.url("/")).await;
+    let (_, _, body) = get(&untrusting.url("/")).await;
     assert!(header_lines(&body, "traceparent")[0].ends_with("-00"), "{body}");
-    // A parent that did not sample: not recorded either.
+    // A client's parent that sampled: the ratio decides, and the upstream is told.
+    let (_, _, body) = get_with(&untrusting.url("/"), &[("traceparent", PARENT)]).await;
+    let sent = &header_lines(&body, "traceparent")[0];
+    assert!(
+        sent.starts_with("00-0af7651916cd43dd8448eb211c80319c-"),
+        "continued: {body}"
+    );
+    assert!(sent.ends_with("-00"), "{body}");
+    let trusting = TestGateway::start(
+        GatewayToml::new()
+            .server("trusted_proxies = [\"127.0.0.1/32\"]")
+            .proxy_to(&upstream.url(), "")
+            .table("tracing", &tracing),
+    )
+    .await;
+    // A trusted parent that did not sample: not recorded either.
     let unsampled = PARENT.replace("-01", "-00");
-    let (_, _, body) = get_with(&gateway.url("/"), &[("traceparent", &unsampled)]).await;
+    let (_, _, body) = get_with(&trusting.url("/"), &[("traceparent", &unsampled)]).await;
     assert!(header_lines(&body, "traceparent")[0].ends_with("-00"), "{body}");
-    // A parent that sampled: recorded whatever the ratio.
-    let (_, _, body) = get_with(&gateway.url("/"), &[("traceparent", PARENT)]).await;
+    // A trusted parent that sampled: recorded whatever the ratio.
+    let (_, _, body) = get_with(&trusting.url("/"), &[("traceparent", PARENT)]).await;
     assert!(header_lines(&body, "traceparent")[0].ends_with("-01"), "{body}");
     let spans = receiver.wait_for(2).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -396,7 +416,7 @@ async fn sampling_follows_the_parent_or_the_ratio() {
     assert_eq!(
         spans.len(),
         2,
-        "the sampled request's server and client span only"
+        "the trusted sampled request's server and client span only"
     );
     assert_eq!(spans_later, 2);
     assert!(

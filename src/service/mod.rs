@@ -104,11 +104,19 @@ pub(crate) async fn handle(
     let start = Instant::now();
     let state = shared.state.load_full();
     let client_ip = client_ip(peer.ip, request.headers(), &state.trusted_proxies);
-    let trace = RequestTrace::begin(request.method(), request.headers(), state.tracer.as_ref());
-    let request_id = state.config.server.request_id.as_ref().map(|name| {
-        let trusted = state.trusted_proxies.contains(peer.ip);
-        request_id::decide(name, request.headers(), trusted, &trace)
-    });
+    let trusted = state.trusted_proxies.contains(peer.ip);
+    let trace = RequestTrace::begin(
+        request.method(),
+        request.headers(),
+        state.tracer.as_ref(),
+        trusted,
+    );
+    let request_id = state
+        .config
+        .server
+        .request_id
+        .as_ref()
+        .map(|name| request_id::decide(name, request.headers(), trusted, &trace));
     // Boxed: the record goes from the request's future into the response body, which
     // hyper moves several times; a pointer moves cheaper than the record.
     let mut record = Box::new(AccessRecord::new(

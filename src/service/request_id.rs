@@ -74,7 +74,7 @@ mod tests {
 
     fn decided(values: &[&str], trusted: bool) -> String {
         let headers = headers(values);
-        let trace = RequestTrace::begin(&http::Method::GET, &headers, None);
+        let trace = RequestTrace::begin(&http::Method::GET, &headers, None, false);
         let id = decide(
             &HeaderName::from_static("x-request-id"),
             &headers,
@@ -112,7 +112,7 @@ mod tests {
     fn ids_are_kept_out_of_http2_header_tables() {
         let name = HeaderName::from_static("x-request-id");
         let sent = headers(&["abc-123"]);
-        let trace = RequestTrace::begin(&http::Method::GET, &sent, None);
+        let trace = RequestTrace::begin(&http::Method::GET, &sent, None, false);
         for trusted in [true, false] {
             assert!(decide(&name, &sent, trusted, &trace).is_sensitive());
         }
@@ -121,7 +121,7 @@ mod tests {
     #[test]
     fn a_new_id_is_the_new_traces_and_unique() {
         let headers = HeaderMap::new();
-        let trace = RequestTrace::begin(&http::Method::GET, &headers, None);
+        let trace = RequestTrace::begin(&http::Method::GET, &headers, None, false);
         let name = HeaderName::from_static("x-request-id");
         let id = decide(&name, &headers, false, &trace);
         assert_eq!(id.as_bytes(), trace.trace_id.hex());
@@ -131,7 +131,7 @@ mod tests {
                     &name,
                     &headers,
                     false,
-                    &RequestTrace::begin(&http::Method::GET, &headers, None),
+                    &RequestTrace::begin(&http::Method::GET, &headers, None, false),
                 )
             })
             .collect();

@@ -132,8 +132,15 @@ pub(crate) struct RequestEnd<'a> {
 impl RequestTrace {
     /// The context of a request with `headers`: the client's `traceparent` continued when
     /// it is the only one and valid, a new trace otherwise; recorded when `tracer` is
-    /// there and samples it (a continued trace by its `sampled` flag, a new one by ratio).
-    pub(crate) fn begin(method: &Method, headers: &HeaderMap, tracer: Option<&Arc<Tracer>>) -> RequestTrace {
+    /// there and samples it: a trace continued from a `trusted` peer by its `sampled`
+    /// flag, any other by ratio (a client's flag alone would have every request of its
+    /// recorded, each several times the cost of one that is not).
+    pub(crate) fn begin(
+        method: &Method,
+        headers: &HeaderMap,
+        tracer: Option<&Arc<Tracer>>,
+        trusted: bool,
+    ) -> RequestTrace {
         // One pass over the few headers a request has costs less than looking up both
         // names, and tells whether there is a `tracestate` to drop.
         let (mut parents, mut states) = (0, 0);
@@ -153,8 +160,8 @@ impl RequestTrace {
             parent.is_some() && states > 0 && context::valid_tracestate(headers.get_all(&TRACESTATE).iter());
         let trace_id = parent.map_or_else(TraceId::random, |parent| parent.trace_id);
         let recorded = tracer.filter(|tracer| match parent {
-            Some(parent) => parent.flags & SAMPLED != 0,
-            None => tracer.samples(&trace_id),
+            Some(parent) if trusted => parent.flags & SAMPLED != 0,
+            _ => tracer.samples(&trace_id),
         });
         let recording = recorded.map(|tracer| {
             Box::new(Recording {
@@ -346,7 +353,10 @@ mod tests {
     #[test]
     fn without_tracing_a_new_trace_is_sampled_and_a_continued_one_keeps_its_flag() {
         let headers = HeaderMap::new();
-        assert_eq!(RequestTrace::begin(&Method::GET, &headers, None).flags, SAMPLED);
+        assert_eq!(
+            RequestTrace::begin(&Method::GET, &headers, None, false).flags,
+            SAMPLED
+        );
         let mut headers = HeaderMap::new();
         headers.insert(
             &TRACEPARENT,
@@ -354,7 +364,7 @@ mod tests {
                 .parse()
                 .unwrap(),
         );
-        let trace = RequestTrace::begin(&Method::GET, &headers, None);
+        let trace = RequestTrace::begin(&Method::GET, &headers, None, false);
         assert_eq!(trace.flags, 0);
         assert!(trace.continued());
     }
