@@ -71,8 +71,12 @@ async fn a_route_with_root_alone_serves_its_files_and_nothing_else() {
             "{path}"
         );
     }
+    // A directory's redirect names the path the client asked for, its stripped prefix
+    // included (it counts against the route's limits too).
+    let (status, headers, _) = get(&gw.url("/limited/docs")).await;
+    assert_eq!(status, StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(headers["location"], "/limited/docs/");
     // The route's limits apply to files as to anything else.
-    assert_eq!(get(&gw.url("/limited/assets/style.css")).await.0, StatusCode::OK);
     assert_eq!(get(&gw.url("/limited/assets/style.css")).await.0, StatusCode::OK);
     assert_eq!(
         get(&gw.url("/limited/assets/style.css")).await.0,

@@ -359,7 +359,7 @@ async fn serve(
         }
         Target::Files(site) => {
             let forwarded = forwarded_path(route_config, path);
-            match Box::pin(site::prepare(site, forwarded, request)).await {
+            match Box::pin(site::prepare(site, (forwarded, path), request)).await {
                 Err(answer) => answer,
                 Ok(_) => Err(GatewayError::NotFound.into()),
             }
@@ -371,7 +371,7 @@ async fn serve(
             let script = match &route_config.site {
                 None => None,
                 // Boxed: the request path's future need not hold a site's.
-                Some(site) => match Box::pin(site::prepare(site, forwarded, request)).await {
+                Some(site) => match Box::pin(site::prepare(site, (forwarded, path), request)).await {
                     Err(answer) => break 'forwarded answer,
                     Ok(site::Prepared::Run(script)) => site.php.as_ref().map(|php| (php, script)),
                     Ok(site::Prepared::Unserved) if site.php.is_some() => {

@@ -33,12 +33,13 @@ pub(super) enum Prepared {
     Unserved,
 }
 
-/// What `request` comes to on `site`, for its normalized `path` (after `strip_prefix`);
-/// in `Err`, the answer instead: the file, a `308` to the directory, a `404` for a hidden
-/// path or one outside the root, a `400` for a path that names no file.
+/// What `request` comes to on `site`, for its normalized `path` (after `strip_prefix`;
+/// `asked`, before it); in `Err`, the answer instead: the file, a `308` to the directory
+/// (named as the client asked for it), a `404` for a hidden path or one outside the root,
+/// a `400` for a path that names no file.
 pub(super) async fn prepare(
     site: &Site,
-    path: &str,
+    (path, asked): (&str, &str),
     request: &Parts,
 ) -> Result<Prepared, Result<Response<Payload>, OwnAnswer>> {
     let file_path = decode_file_path(path).map_err(|error| Err(GatewayError::BadPath(error).into()))?;
@@ -49,10 +50,10 @@ pub(super) async fn prepare(
         Choice::Serve(file_path, file) => Err(serve_file(site, &file_path, file, request)),
         Choice::Hidden => Err(Err(GatewayError::NotFound.into())),
         Choice::AddSlash(_) => {
-            // Relative, as the client wrote the path, with its query.
+            // Relative, the path the client asked for, with its query.
             let location = match request.uri.query() {
-                Some(query) => format!("{path}/?{query}"),
-                None => format!("{path}/"),
+                Some(query) => format!("{asked}/?{query}"),
+                None => format!("{asked}/"),
             };
             Err(Err(match HeaderValue::try_from(location) {
                 Ok(location) => OwnAnswer::Redirect(location),
