@@ -44,7 +44,7 @@ const MAX_HTTP2_HEADER_LIST: u32 = (MAX_HEADER_BYTES as u32 / 5) * 33 + 4096;
 /// Fields an HTTP/1.1 head may hold: as many as fit in [`MAX_HEADER_BYTES`] (`a:` and its
 /// line end take 4 bytes), so that heads are limited by size alone.
 const MAX_HTTP1_FIELDS: usize = MAX_HEADER_BYTES / 4;
-const HTTP1_LIMITS: HeadLimits = HeadLimits {
+pub(crate) const HTTP1_LIMITS: HeadLimits = HeadLimits {
     bytes: MAX_HTTP1_HEAD,
     fields: MAX_HTTP1_FIELDS,
 };
@@ -235,6 +235,16 @@ where
 }
 
 fn connection_builders() -> Builders {
+    let http1 = http1_builder();
+    let mut http2 = http2::Builder::new(BoxedTasks);
+    http2
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HTTP2_HEADER_LIST);
+    Builders { http1, http2 }
+}
+
+/// hyper's HTTP/1 server as floodgate runs it.
+pub(crate) fn http1_builder() -> http1::Builder {
     let mut http1 = http1::Builder::new();
     // Slow heads are bounded by the connection's idle limit, the same for both protocols.
     http1
@@ -242,11 +252,7 @@ fn connection_builders() -> Builders {
         .header_read_timeout(None)
         .max_buf_size(HTTP1_LIMITS.bytes)
         .max_headers(HTTP1_LIMITS.fields);
-    let mut http2 = http2::Builder::new(BoxedTasks);
-    http2
-        .timer(TokioTimer::new())
-        .max_header_list_size(MAX_HTTP2_HEADER_LIST);
-    Builders { http1, http2 }
+    http1
 }
 
 /// Accepts connections on `listener` (the HTTPS one when `secure`) until dropped, and

@@ -13,6 +13,8 @@
 pub(crate) mod disconnect;
 #[allow(unsafe_code)] // reads into spare buffer capacity without zeroing it first
 pub(crate) mod framing;
+#[cfg(test)]
+mod framing_diff;
 pub(crate) mod send_timeout;
 
 use std::future::Future;
