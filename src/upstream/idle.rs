@@ -325,6 +325,14 @@ mod tests {
         pool.keep(pool.list(), connection);
     }
 
+    /// Checks `connection` in from a thread of its own, into that thread's list.
+    fn check_in_on_another_thread(pool: &Arc<IdlePool<i32>>, connection: i32) {
+        let pool = pool.clone();
+        std::thread::spawn(move || check_in(&pool, connection))
+            .join()
+            .unwrap();
+    }
+
     /// The connection taken, and whether it was this thread's.
     fn taken(pool: &IdlePool<i32>, usable: impl FnMut(&mut i32) -> bool) -> Option<(i32, bool)> {
         pool.checkout(usable)
@@ -420,12 +428,7 @@ mod tests {
             }
         });
         wait_listed.recv().unwrap();
-        std::thread::spawn({
-            let pool = pool.clone();
-            move || check_in(&pool, 0)
-        })
-        .join()
-        .unwrap();
+        check_in_on_another_thread(&pool, 0);
         let mut hooked = false;
         let found = taken(&pool, |connection| {
             if *connection == 0 && !hooked {
@@ -478,12 +481,7 @@ mod tests {
         let pool = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
         let own = pool.list().clone();
         // Another thread's list: one connection, which the server has closed (0).
-        std::thread::spawn({
-            let pool = pool.clone();
-            move || check_in(&pool, 0)
-        })
-        .join()
-        .unwrap();
+        check_in_on_another_thread(&pool, 0);
         let mut hooked = false;
         let found = taken(&pool, |connection| {
             if *connection == 0 && !hooked {
