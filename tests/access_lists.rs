@@ -3,12 +3,10 @@
 //! reach no upstream and consume nothing. Clients connect from distinct loopback
 //! addresses.
 
-mod common;
-
 use std::net::SocketAddr;
 
-use common::config::GatewayToml;
-use common::{TestGateway, Upstream};
+use crate::common::config::GatewayToml;
+use crate::common::{TestGateway, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
 

@@ -8,16 +8,14 @@
 //! instances sharing Redis that order once, the CA reaching another instance than the one
 //! ordering; a CA that is down at start.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::free_port;
-use common::pebble::Pebble;
-use common::redis_server::RedisServer;
-use common::tls::{TestCa, unverified_client};
-use common::{TestGateway, closed_port, get, send};
+use crate::common::free_port;
+use crate::common::pebble::Pebble;
+use crate::common::redis_server::RedisServer;
+use crate::common::tls::{TestCa, unverified_client};
+use crate::common::{TestGateway, closed_port, get, send};
 use floodgate::Config;
 use floodgate::reload::Reloader;
 use rustls::pki_types::{CertificateDer, ServerName};

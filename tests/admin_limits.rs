@@ -2,12 +2,10 @@
 //! the limits, read one key's state without consuming, reset it and lift its lock-out,
 //! with both stores (in Redis for every instance at once); the bearer token guards it.
 
-mod common;
-
+use crate::common::config::GatewayToml;
+use crate::common::redis_server::RedisServer;
+use crate::common::{TestGateway, Upstream, get, send};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::redis_server::RedisServer;
-use common::{TestGateway, Upstream, get, send};
 use http::{Method, Request, StatusCode};
 use http_body_util::Full;
 use serde_json::Value;

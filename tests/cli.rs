@@ -2,15 +2,13 @@
 //! problem as `file:line:column: key: expected ...` and exits 1; `FLOODGATE_CONFIG`;
 //! `--version`/`--help`; an invalid config or log format stops the gateway before it binds.
 
-mod common;
-
 use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use common::closed_port;
-use common::config::{GatewayToml, config_file};
-use common::process::run;
+use crate::common::closed_port;
+use crate::common::config::{GatewayToml, config_file};
+use crate::common::process::run;
 
 /// Commands that should exit at once get this long before the test calls them hung.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);

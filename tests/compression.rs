@@ -2,13 +2,13 @@
 //! what an app's responses and a site's files look like to a client that accepts
 //! zstd, br or gzip, what is never compressed, and precompressed siblings of files.
 
-mod common;
+use crate::common;
 
+use crate::common::config::GatewayToml;
+use crate::common::stub::StubUpstream;
+use crate::common::{TestGateway, h2c_client, http1_client};
 use async_compression::tokio::bufread::{BrotliDecoder, GzipDecoder, ZstdDecoder};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::stub::StubUpstream;
-use common::{TestGateway, h2c_client, http1_client};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokio::io::AsyncReadExt;

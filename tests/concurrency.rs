@@ -4,14 +4,12 @@
 //! fail. In Redis the limit is shared by every instance, and a killed instance's slots
 //! come back after `lease`.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::config::GatewayToml;
-use common::process::FloodgateProcess;
-use common::redis_server::RedisServer;
-use common::{TestGateway, Upstream, closed_port, get};
+use crate::common::config::GatewayToml;
+use crate::common::process::FloodgateProcess;
+use crate::common::redis_server::RedisServer;
+use crate::common::{TestGateway, Upstream, closed_port, get};
 use http::StatusCode;
 
 fn config(upstream_url: &str, redis: Option<&str>, lease: &str) -> GatewayToml {

@@ -4,11 +4,9 @@
 //! of the room starts the lock-out, and from then on the key is refused before anything
 //! is forwarded. Both stores.
 
-mod common;
-
-use common::config::GatewayToml;
-use common::redis_server::RedisServer;
-use common::{TestGateway, Upstream, get};
+use crate::common::config::GatewayToml;
+use crate::common::redis_server::RedisServer;
+use crate::common::{TestGateway, Upstream, get};
 use http::StatusCode;
 
 fn config(upstream: &Upstream, redis: Option<&RedisServer>) -> GatewayToml {

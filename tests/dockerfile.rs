@@ -5,12 +5,12 @@
 //! exec-form `ENTRYPOINT`); the config the image builds from the shipped `gateway.toml`,
 //! validated by the real binary; `.dockerignore`; and the compose example's files.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::process::run;
+use crate::common::process::run;
 
 const CONFIG_PATH: &str = "/etc/floodgate/gateway.toml";
 

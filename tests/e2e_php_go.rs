@@ -23,7 +23,7 @@
 //! `php-fpm8.2`, `go` and `redis-server` are required: without them these tests fail, they do not
 //! skip (`.ci/run` installs them).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -45,9 +45,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt as _;
 
-use common::process::FloodgateProcess;
-use common::redis_server::RedisServer;
-use common::{closed_port, raw_request};
+use crate::common::process::FloodgateProcess;
+use crate::common::redis_server::RedisServer;
+use crate::common::{closed_port, raw_request};
 
 const EXAMPLE: &str = "examples/compose";
 /// The PHP upstream's `timeout` in the test (the example's is 30 s).

@@ -3,11 +3,9 @@
 //! anything else is proxied. Hidden paths and paths outside the root are `404` either way,
 //! a script is never sent as its source, and the route's limits apply to files too.
 
-mod common;
-
+use crate::common::config::GatewayToml;
+use crate::common::{TestGateway, Upstream, get, send};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::{TestGateway, Upstream, get, send};
 use floodgate::Config;
 use http::{Request, StatusCode};
 use http_body_util::Full;

@@ -1,10 +1,8 @@
 //! Forwarding headers and hop-by-hop headers (docs/configuration.md#forwarding): what the upstream sees of the
 //! client's headers, and what the client sees of the upstream's.
 
-mod common;
-
+use crate::common::{TestGateway, Upstream, header_lines, raw_request, send};
 use bytes::Bytes;
-use common::{TestGateway, Upstream, header_lines, raw_request, send};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 

@@ -4,17 +4,15 @@
 //! silent past `--timeout`, when it answers something other than 200, and when the file
 //! cannot be read. The container image's `HEALTHCHECK` relies on exactly this.
 
-mod common;
-
 use std::io::{Read as _, Write as _};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::closed_port;
-use common::config::config_file;
-use common::process::{FloodgateProcess, run};
+use crate::common::closed_port;
+use crate::common::config::config_file;
+use crate::common::process::{FloodgateProcess, run};
 
 /// The probe's own default timeout is 2 s; the binary must be done well within this.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -5,7 +5,7 @@
 //! `server.tunnel_idle_timeout` closes one that carries nothing; a client that leaves
 //! before its answer leaves its slots held until the upstream has answered.
 
-mod common;
+use crate::common;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::common::config::GatewayToml;
+use crate::common::{TestGateway, Upstream, get, h2c_client};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::{TestGateway, Upstream, get, h2c_client};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo};

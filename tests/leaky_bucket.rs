@@ -9,17 +9,17 @@
 //! ([`EARLY`]); a busy machine can only make things late, so the upper bounds leave
 //! [`LATE`] of slack, still well short of the next slot where that matters.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::config::GatewayToml;
+use crate::common::process::FloodgateProcess;
+use crate::common::redis_server::RedisServer;
+use crate::common::stub::{ListeningStub, StubUpstream};
+use crate::common::{TestGateway, Upstream, get, h2c_client, read_response};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::process::FloodgateProcess;
-use common::redis_server::RedisServer;
-use common::stub::{ListeningStub, StubUpstream};
-use common::{TestGateway, Upstream, get, h2c_client, read_response};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::Value;

@@ -6,18 +6,16 @@
 //! it listens. promtool comes with Debian's `prometheus` package (`bash .ci/run` installs
 //! it): without it these tests fail, they never skip.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::config::GatewayToml;
-use common::process::FloodgateProcess;
-use common::redis_server::RedisServer;
-use common::tls::TestCa;
-use common::{Upstream, get};
+use crate::common::config::GatewayToml;
+use crate::common::process::FloodgateProcess;
+use crate::common::redis_server::RedisServer;
+use crate::common::tls::TestCa;
+use crate::common::{Upstream, get};
 use http::StatusCode;
 use serde_json::Value;
 

@@ -2,11 +2,9 @@
 //! values get other parameters, or no limit; a CIDR matches client addresses; the first
 //! entry that matches wins; the RateLimit headers report the override's quota.
 
-mod common;
-
+use crate::common::config::GatewayToml;
+use crate::common::{TestGateway, Upstream, send};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::{TestGateway, Upstream, send};
 use http::Request;
 use http_body_util::Full;
 

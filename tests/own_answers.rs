@@ -2,13 +2,11 @@
 //! produce gets its `[server.errors]` page (a limit's refusal its own message) and the
 //! server's response header rules (docs/configuration.md#servererrors).
 
-mod common;
-
 use std::time::Duration;
 
-use common::config::{GatewayToml, write_config};
-use common::tls::TestCa;
-use common::{TestGateway, Upstream, closed_port, get, raw_request};
+use crate::common::config::{GatewayToml, write_config};
+use crate::common::tls::TestCa;
+use crate::common::{TestGateway, Upstream, closed_port, get, raw_request};
 use floodgate::Config;
 use http::StatusCode;
 

@@ -3,14 +3,14 @@
 //! bodies, the cap in front of a small pool, pooled connections across a PHP-FPM restart,
 //! unix sockets and active checks. Real `php-fpm8.2` throughout.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
+use crate::common::config::GatewayToml;
+use crate::common::php_fpm::PhpFpm;
+use crate::common::{TestGateway, get, raw_request, send};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::php_fpm::PhpFpm;
-use common::{TestGateway, get, raw_request, send};
 use floodgate::Config;
 use http::{Request, StatusCode};
 use http_body_util::Full;

@@ -2,15 +2,13 @@
 //! graceful drain on SIGTERM, `server.workers`, memory that does not grow with body size,
 //! and the admin endpoints.
 
-mod common;
-
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
+use crate::common::config::GatewayToml;
+use crate::common::process::FloodgateProcess;
+use crate::common::{Upstream, get, http1_client, raw_request};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::process::FloodgateProcess;
-use common::{Upstream, get, http1_client, raw_request};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;

@@ -1,13 +1,15 @@
 //! Protocols: HTTP/2 prior-knowledge clients, pooled keep-alive upstream
 //! connections, and `Upgrade` (WebSocket) tunnels.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
+use crate::common::config::GatewayToml;
+use crate::common::{
+    TestGateway, Upstream, h2c_client, header_lines, http1_client, raw_request, read_response,
+};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::{TestGateway, Upstream, h2c_client, header_lines, http1_client, raw_request, read_response};
 use http::{Request, StatusCode, Version};
 use http_body_util::Full;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

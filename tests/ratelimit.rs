@@ -3,13 +3,11 @@
 //! rate-limit headers in every `server.ratelimit_headers` mode, shadow and exempt limits,
 //! limits shared by routes, `cost`, lock-out, and the decision and store metrics.
 
-mod common;
-
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
-use common::config::GatewayToml;
-use common::{TestGateway, Upstream, get};
+use crate::common::config::GatewayToml;
+use crate::common::{TestGateway, Upstream, get};
 use http::{HeaderMap, StatusCode};
 
 const RATELIMIT_HEADERS: [&str; 5] = [

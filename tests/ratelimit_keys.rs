@@ -3,11 +3,11 @@
 //! (and cannot pose as it); a key sent twice is a 400 that never reaches the upstream;
 //! query values count percent-decoded; underscore spellings of a key header are dropped.
 
-mod common;
+use crate::common;
 
+use crate::common::config::GatewayToml;
+use crate::common::{TestGateway, Upstream, get, raw_request, send};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::{TestGateway, Upstream, get, raw_request, send};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 

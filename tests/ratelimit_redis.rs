@@ -3,13 +3,11 @@
 //! gateways, a TTL on every key, and a failing store (`on_error` allow and deny) that
 //! never holds a request up.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::config::GatewayToml;
-use common::redis_server::RedisServer;
-use common::{TestGateway, Upstream, closed_port, get};
+use crate::common::config::GatewayToml;
+use crate::common::redis_server::RedisServer;
+use crate::common::{TestGateway, Upstream, closed_port, get};
 use http::{HeaderMap, StatusCode};
 
 async fn redis_server() -> RedisServer {

@@ -3,14 +3,12 @@
 //! call; limits in different slots are decided per slot, and what one slot consumed is
 //! given back when another slot refuses.
 
-mod common;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::config::GatewayToml;
-use common::redis_server::RedisServer;
-use common::{TestGateway, Upstream, send};
+use crate::common::config::GatewayToml;
+use crate::common::redis_server::RedisServer;
+use crate::common::{TestGateway, Upstream, send};
 use http::{Request, StatusCode};
 
 /// A free port whose cluster bus port (+10000) is free too; cluster ports must be ≤ 55535.

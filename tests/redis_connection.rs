@@ -3,15 +3,13 @@
 //! that is logged with the address but never the password. Runs the real binary against a
 //! private redis-server.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::config::GatewayToml;
-use common::process::FloodgateProcess;
-use common::redis_server::RedisServer;
+use crate::common::config::GatewayToml;
+use crate::common::process::FloodgateProcess;
+use crate::common::redis_server::RedisServer;
 
 fn config(url: &str, on_error: &str) -> GatewayToml {
     GatewayToml::new()

@@ -4,14 +4,12 @@
 //! 503; `local` shares each limit out between the live instances; `SCRIPT FLUSH` and a
 //! restart are survived. Every test runs its own redis-server.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::config::GatewayToml;
-use common::redis_server::RedisServer;
-use common::{TestGateway, Upstream, get};
+use crate::common::config::GatewayToml;
+use crate::common::redis_server::RedisServer;
+use crate::common::{TestGateway, Upstream, get};
 use floodgate::limit::redis::RedisTarget;
 use floodgate::limit::redis::{RedisStore, StoreError};
 use floodgate::limit::{Algorithm, LimitCheck};

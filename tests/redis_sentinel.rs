@@ -2,14 +2,14 @@
 //! the sentinels name, and follows a failover when the master is killed mid-traffic. The
 //! test starts a real master, replica and sentinel.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::config::GatewayToml;
-use common::redis_server::RedisServer;
-use common::{TestGateway, Upstream, get};
+use crate::common::config::GatewayToml;
+use crate::common::redis_server::RedisServer;
+use crate::common::{TestGateway, Upstream, get};
 use http::StatusCode;
 
 /// A `redis-server --sentinel` watching one master, killed on drop.

@@ -3,14 +3,12 @@
 //! counted, counters of unchanged limits survive, and the file is watched (including
 //! editors that write a new file and rename it over the old one).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::config::{GatewayToml, config_file};
-use common::{TestGateway, Upstream, get};
+use crate::common::config::{GatewayToml, config_file};
+use crate::common::{TestGateway, Upstream, get};
 use floodgate::Config;
 use floodgate::reload::{Reloader, watch_file};
 use http::StatusCode;

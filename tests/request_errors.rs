@@ -2,14 +2,14 @@
 //! metrics, `server.max_body` (413), ambiguous framing (400, never forwarded), oversized
 //! heads (431), and clients that never finish a request head (`server.header_timeout`).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::common::config::GatewayToml;
+use crate::common::{TestGateway, Upstream, closed_port, get, raw_request, send};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::{TestGateway, Upstream, closed_port, get, raw_request, send};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

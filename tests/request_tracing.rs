@@ -3,18 +3,16 @@
 //! replaced when not, one `traceparent` per upstream try), spans exported over OTLP/HTTP
 //! to a receiver in the test, and a collector that fails never slowing a request.
 
-mod common;
-
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::config::GatewayToml;
+use crate::common::php_fpm::PhpFpm;
+use crate::common::process::FloodgateProcess;
+use crate::common::{TestGateway, Upstream, closed_port, get, h2c_client, header_lines, read_response, send};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::php_fpm::PhpFpm;
-use common::process::FloodgateProcess;
-use common::{TestGateway, Upstream, closed_port, get, h2c_client, header_lines, read_response, send};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;

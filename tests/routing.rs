@@ -1,11 +1,9 @@
 //! Routing through HTTP: first match in file order by host, path and method; `respond`
 //! routes; 404; path normalization before matching, and the normalized path forwarded.
 
-mod common;
-
+use crate::common::config::GatewayToml;
+use crate::common::{TestGateway, Upstream, get, raw_request, send};
 use bytes::Bytes;
-use common::config::GatewayToml;
-use common::{TestGateway, Upstream, get, raw_request, send};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 

@@ -3,13 +3,11 @@
 //! `respond` headers and redirects, `[server.errors]` bodies (inline and from a file,
 //! re-read on reload), a limit's `content_type`, and the configurations refused at load.
 
-mod common;
-
 use std::sync::Arc;
 
+use crate::common::config::{GatewayToml, write_config};
+use crate::common::{TestGateway, Upstream, closed_port, get, header_lines, raw_request, send};
 use bytes::Bytes;
-use common::config::{GatewayToml, write_config};
-use common::{TestGateway, Upstream, closed_port, get, header_lines, raw_request, send};
 use floodgate::Config;
 use floodgate::reload::Reloader;
 use http::{Request, StatusCode};

@@ -3,12 +3,10 @@
 //! Windows are short and tolerances honest; Redis's clock is its `TIME`, the memory
 //! store's a monotonic clock. The tests of Redis's script alone ask [`RedisStore`].
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis_server::RedisServer;
+use crate::common::redis_server::RedisServer;
 use floodgate::limit::key::{MAX_KEY_LEN, encode_tuple, lock_key, store_key};
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::redis::RedisTarget;

@@ -1,12 +1,10 @@
 //! Large bodies stream through both ways: a 200 MB upload echoed back and a
 //! 200 MB download arrive whole and in order. (Memory staying flat is tested elsewhere.)
 
-mod common;
-
 use std::convert::Infallible;
 
+use crate::common::{TestGateway, Upstream, http1_client};
 use bytes::Bytes;
-use common::{TestGateway, Upstream, http1_client};
 use http::{Request, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};

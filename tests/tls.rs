@@ -3,18 +3,18 @@
 //! X-Forwarded-Proto, handshakes that fail or never finish) and https upstreams checked
 //! against their CA. Certificates come from a CA made in each test.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::common::config::{GatewayToml, write_config};
+use crate::common::stub::{ListeningStub, StubUpstream};
+use crate::common::tls::{NOT_AFTER, TestCa, connect, presented, unverified_client};
+use crate::common::{TestGateway, Upstream, get, header_lines};
 use bytes::Bytes;
-use common::config::{GatewayToml, write_config};
-use common::stub::{ListeningStub, StubUpstream};
-use common::tls::{NOT_AFTER, TestCa, connect, presented, unverified_client};
-use common::{TestGateway, Upstream, get, header_lines};
 use floodgate::Config;
 use floodgate::reload::{Reloader, watch_file};
 use http::{Request, Response, StatusCode, Version};

@@ -4,12 +4,10 @@
 //! request that meets a connection the upstream has just closed is sent again on a new
 //! one instead of failing.
 
-mod common;
-
 use std::time::Duration;
 
-use common::config::GatewayToml;
-use common::{TestGateway, Upstream, get, http1_client};
+use crate::common::config::GatewayToml;
+use crate::common::{TestGateway, Upstream, get, http1_client};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

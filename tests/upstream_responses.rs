@@ -3,13 +3,11 @@
 //! two framings, cut short, with an endless head or bad chunks is never passed off as
 //! whole; interim responses and chunk extensions and trailers are read past.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::config::GatewayToml;
-use common::{TestGateway, get, http1_client};
+use crate::common::config::GatewayToml;
+use crate::common::{TestGateway, get, http1_client};
 use http::StatusCode;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

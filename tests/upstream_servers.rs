@@ -2,15 +2,15 @@
 //! robin, sticky hashing, passive and active health, retries, and the concurrency cap
 //! with its queue, against real upstream servers.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::common::config::{GatewayToml, config_file};
+use crate::common::{TestGateway, Upstream, closed_port, get, send};
 use bytes::Bytes;
-use common::config::{GatewayToml, config_file};
-use common::{TestGateway, Upstream, closed_port, get, send};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
