@@ -38,41 +38,37 @@ const LIMITS: HeadLimits = HTTP1_LIMITS;
 // ---------------------------------------------------------------------------------------
 // PRNG
 
-#[derive(Clone)]
-pub(super) struct Rng(u64, usize, bool);
+/// The cases' randomness: a seeded `fastrand` generator, and what this connection's
+/// generators lean to.
+struct Rng {
+    numbers: fastrand::Rng,
+    /// How often (percent) a generator picks a spelling hyper may refuse.
+    odd_percent: usize,
+    /// Whether this connection may carry long lines and large bodies (slow to run).
+    long: bool,
+}
 
 impl Rng {
-    pub(super) fn new(seed: u64) -> Self {
-        let mut rng = Rng(
-            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03 | 1,
-            0,
-            false,
-        );
-        // How often each generator picks a spelling hyper may refuse, for this connection.
-        rng.1 = rng.pick(&[0, 1, 3, 10, 30]);
-        // Whether this connection may carry long lines and large bodies (slow to run).
-        rng.2 = rng.chance(15);
+    fn new(seed: u64) -> Self {
+        let mut rng = Rng {
+            numbers: fastrand::Rng::with_seed(seed),
+            odd_percent: 0,
+            long: false,
+        };
+        rng.odd_percent = rng.pick(&[0, 1, 3, 10, 30]);
+        rng.long = rng.chance(15);
         rng
     }
     /// Whether to write something odd (that hyper may refuse) here.
     fn odd(&mut self) -> bool {
-        self.chance(self.1)
-    }
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.chance(self.odd_percent)
     }
     /// Whether to write something long here.
     fn big(&mut self, percent: usize) -> bool {
-        self.2 && self.chance(percent)
+        self.long && self.chance(percent)
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.numbers.usize(..n)
     }
     fn range(&mut self, lo: usize, hi: usize) -> usize {
         lo + self.below(hi - lo + 1)
@@ -208,7 +204,7 @@ fn chunk_size_line(rng: &mut Rng, size: u64, ext_budget: &mut usize) -> Vec<u8> 
         } else {
             rng.pick(&[0, 1, 2, 5, 6, 7, 8])
         };
-        if matches!(kind, 5 | 6) && !rng.2 {
+        if matches!(kind, 5 | 6) && !rng.long {
             kind = 0;
         }
         let ext: Vec<u8> = match kind {
@@ -257,7 +253,7 @@ fn trailers(rng: &mut Rng) -> Vec<u8> {
             } else {
                 rng.pick(&[0, 5, 7, 8, 11, 12])
             };
-            if matches!(kind, 5 | 6) && !rng.2 {
+            if matches!(kind, 5 | 6) && !rng.long {
                 kind = 0;
             }
             let line: Vec<u8> = match kind {
@@ -458,7 +454,7 @@ fn canary(rng: &mut Rng) -> Vec<u8> {
 
 /// Small random edits (rarely), so that the guard meets bytes no generator above writes.
 fn mutate(rng: &mut Rng, bytes: &mut Vec<u8>) {
-    if bytes.is_empty() || !rng.chance(rng.1 / 2) {
+    if bytes.is_empty() || !rng.chance(rng.odd_percent / 2) {
         return;
     }
     for _ in 0..rng.range(1, 3) {
@@ -475,7 +471,7 @@ fn mutate(rng: &mut Rng, bytes: &mut Vec<u8>) {
 }
 
 /// A connection's bytes: requests, then the canary, then one more request.
-pub(super) fn connection_bytes(rng: &mut Rng) -> Vec<u8> {
+fn connection_bytes(rng: &mut Rng) -> Vec<u8> {
     let mut out = Vec::new();
     for index in 0..rng.range(1, 5) {
         if rng.chance(1) {
@@ -492,7 +488,7 @@ pub(super) fn connection_bytes(rng: &mut Rng) -> Vec<u8> {
 }
 
 /// Where the reads split `len` bytes, and whether the socket says Pending before each.
-pub(super) fn splits(rng: &mut Rng, len: usize) -> Vec<(usize, bool)> {
+fn splits(rng: &mut Rng, len: usize) -> Vec<(usize, bool)> {
     let mut out = Vec::new();
     let mut left = len;
     let style = rng.below(4);
@@ -576,7 +572,7 @@ impl AsyncWrite for Scripted {
 // hyper, as floodgate configures it
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Served {
+struct Served {
     method: String,
     path: String,
     both_headers: bool,
@@ -628,11 +624,7 @@ where
     log.lock().unwrap().clone()
 }
 
-pub(super) async fn run_case(
-    bytes: &[u8],
-    split: &[(usize, bool)],
-    read_bodies: bool,
-) -> (Vec<Served>, Vec<Served>) {
+async fn run_case(bytes: &[u8], split: &[(usize, bool)], read_bodies: bool) -> (Vec<Served>, Vec<Served>) {
     // The reference reads heads of any size: how much of a head over the limit hyper takes
     // depends on how its reads fall, which the guard changes.
     let straight = serve(Scripted::new(bytes, split), 1 << 20, read_bodies).await;
@@ -646,7 +638,7 @@ pub(super) async fn run_case(
 }
 
 /// What is wrong with the guarded run, if anything.
-pub(super) fn verdict(straight: &[Served], guarded: &[Served]) -> Option<String> {
+fn verdict(straight: &[Served], guarded: &[Served]) -> Option<String> {
     if let Some(bad) = guarded.iter().find(|s| s.ambiguous()) {
         return Some(format!("served through the guard: {bad:?}"));
     }
