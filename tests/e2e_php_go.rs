@@ -546,49 +546,68 @@ async fn the_api_route_has_a_token_bucket_per_key_with_a_lockout_and_go_sees_the
     let policy = "\"per_ip_minute\";q=300;w=60, \"api_key\";q=10;w=2";
 
     // The bucket refills 1 token per 200 ms; ten quick requests see it drain one by one,
-    // t being the time to refill it whole (1 s for up to 5 missing tokens, then 2 s).
-    let started = Instant::now();
-    for i in 0..10u64 {
-        let answer = send(&client, api("key-1")).await;
-        assert_eq!(answer.status, StatusCode::OK, "request {i}: {}", answer.body);
-        assert_eq!(answer.header("ratelimit-policy"), policy);
-        let ratelimit = answer.header("ratelimit");
-        let (minute, bucket) = ratelimit.split_once(", ").unwrap();
-        assert!(minute_item("per_ip_minute", 299 - i, minute), "{ratelimit}");
-        let t = if i < 5 { 1 } else { 2 };
-        assert_eq!(
-            bucket,
-            format!("\"api_key\";r={};t={t}", 9 - i),
-            "{ratelimit} (exact while the requests take under 200 ms: {:?} so far)",
-            started.elapsed()
-        );
-        let go = answer.json();
-        assert_eq!(go["app"], "go");
-        assert_eq!(go["path"], "/api/hello");
-        assert_eq!(go["query"], "x=1");
-        assert_eq!(go["x_real_ip"], "127.0.0.4");
-        assert_eq!(go["x_forwarded_for"], "127.0.0.4", "never the planted 6.6.6.6");
-        assert_eq!(go["via"], "1.1 floodgate");
-        assert!(
-            go["remote_addr"].as_str().unwrap().starts_with("127.0.0.1:"),
-            "{go}"
-        );
-    }
+    // t being the time to refill it whole (1 s for up to 5 missing tokens, then 2 s), and
+    // the 11th is refused and locks the key out for a minute. Those figures are exact
+    // only while no token has come back, so a run that takes 200 ms or more (a loaded
+    // machine) starts again with a fresh key; the per-IP minute goes on counting.
+    let mut passed_per_ip = 0u64;
+    let mut locked_key = None;
+    let mut locks = 0u64;
+    for attempt in 1..=5 {
+        let key = format!("key-1-{attempt}");
+        let started = Instant::now();
+        let mut answers = Vec::new();
+        for _ in 0..11 {
+            answers.push(send(&client, api(&key)).await);
+        }
+        if started.elapsed() >= Duration::from_millis(200) {
+            passed_per_ip += answers.iter().filter(|a| a.status == StatusCode::OK).count() as u64;
+            locks += u64::from(answers.iter().any(|a| a.status == StatusCode::TOO_MANY_REQUESTS));
+            continue;
+        }
+        let refused = answers.pop().unwrap();
+        for (i, answer) in (0u64..).zip(&answers) {
+            assert_eq!(answer.status, StatusCode::OK, "request {i}: {}", answer.body);
+            assert_eq!(answer.header("ratelimit-policy"), policy);
+            let ratelimit = answer.header("ratelimit");
+            let (minute, bucket) = ratelimit.split_once(", ").unwrap();
+            assert!(
+                minute_item("per_ip_minute", 299 - passed_per_ip - i, minute),
+                "{ratelimit}"
+            );
+            let t = if i < 5 { 1 } else { 2 };
+            assert_eq!(bucket, format!("\"api_key\";r={};t={t}", 9 - i), "{ratelimit}");
+            let go = answer.json();
+            assert_eq!(go["app"], "go");
+            assert_eq!(go["path"], "/api/hello");
+            assert_eq!(go["query"], "x=1");
+            assert_eq!(go["x_real_ip"], "127.0.0.4");
+            assert_eq!(go["x_forwarded_for"], "127.0.0.4", "never the planted 6.6.6.6");
+            assert_eq!(go["via"], "1.1 floodgate");
+            assert!(
+                go["remote_addr"].as_str().unwrap().starts_with("127.0.0.1:"),
+                "{go}"
+            );
+        }
+        passed_per_ip += 10;
 
-    // The 11th: refused by floodgate, and the key is locked out for a minute.
-    let refused = send(&client, api("key-1")).await;
-    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(refused.body, "Too Many Requests\n");
-    assert_eq!(refused.header("retry-after"), "60");
-    assert_eq!(refused.header("ratelimit-policy"), policy);
-    let ratelimit = refused.header("ratelimit");
-    let (minute, bucket) = ratelimit.split_once(", ").unwrap();
-    assert!(
-        minute_item("per_ip_minute", 290, minute),
-        "refusals consume nothing: {ratelimit}"
-    );
-    // (`t` of the locking refusal is the bucket's own refill time; Retry-After is the lock.)
-    assert!(bucket.starts_with("\"api_key\";r=0;t="), "{ratelimit}");
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.body, "Too Many Requests\n");
+        assert_eq!(refused.header("retry-after"), "60");
+        assert_eq!(refused.header("ratelimit-policy"), policy);
+        let ratelimit = refused.header("ratelimit");
+        let (minute, bucket) = ratelimit.split_once(", ").unwrap();
+        assert!(
+            minute_item("per_ip_minute", 300 - passed_per_ip, minute),
+            "refusals consume nothing: {ratelimit}"
+        );
+        // (`t` of the locking refusal is the bucket's own refill time; Retry-After is the lock.)
+        assert!(bucket.starts_with("\"api_key\";r=0;t="), "{ratelimit}");
+        locks += 1;
+        locked_key = Some(key);
+        break;
+    }
+    let locked_key = locked_key.expect("eleven requests in under 200 ms in one of five runs");
 
     // Another key from the same client has its own bucket.
     let other_key = send(&client, api("key-2")).await;
@@ -597,7 +616,7 @@ async fn the_api_route_has_a_token_bucket_per_key_with_a_lockout_and_go_sees_the
 
     // The bucket refills in 2 s; the lock-out holds anyway.
     tokio::time::sleep(Duration::from_millis(2_100)).await;
-    let still = send(&client, api("key-1")).await;
+    let still = send(&client, api(&locked_key)).await;
     assert_eq!(still.status, StatusCode::TOO_MANY_REQUESTS);
     let retry: u64 = still.header("retry-after").parse().unwrap();
     assert!((56..=58).contains(&retry), "Retry-After {retry}");
@@ -612,7 +631,11 @@ async fn the_api_route_has_a_token_bucket_per_key_with_a_lockout_and_go_sees_the
     let lock = topology
         .redis
         .cli(&["--scan", "--pattern", "floodgate:*api_key:lock"]);
-    assert_eq!(lock.lines().count(), 1, "the lock lives in Redis: {lock}");
+    assert_eq!(
+        lock.lines().count() as u64,
+        locks,
+        "the lock lives in Redis, one per locked key: {lock}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -125,8 +125,13 @@ impl Pebble {
             .spawn()
             .expect("pebble (Debian's pebble package) is installed");
         self.children.push(child);
+        // Up when both its ACME and its management interface listen (pebble opens them one
+        // after the other).
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while [self.port, self.management]
+            .iter()
+            .any(|&port| TcpStream::connect(("127.0.0.1", port)).is_err())
+        {
             assert!(Instant::now() < deadline, "pebble did not start:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(20));
         }
