@@ -219,10 +219,11 @@ impl RouteLimits {
         // The checks' identity is hashed only while some refusal may hold, or to remember one.
         let mut identity = None;
         if let Some(cache) = refusals
-            && cache.may_hold(settings.arrived)
+            && let at = cache.time(settings.arrived)
+            && cache.may_hold(at)
         {
             let id = *identity.insert(cache.identity(&planned.checks));
-            if let Some(decisions) = cache.get(id, settings.arrived) {
+            if let Some(decisions) = cache.get(id, at) {
                 return self.verdict(settings, planned, as_configured, &decisions, false, headers);
             }
         }

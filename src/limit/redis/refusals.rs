@@ -27,7 +27,7 @@ pub(crate) const REMEMBERED_AT_MOST: Duration = Duration::from_secs(1);
 const MAX_ENTRIES: usize = 65_536;
 
 struct Refusal {
-    decided_at: Instant,
+    decided_at: CacheTime,
     /// Microseconds after the cache's epoch.
     until: u64,
     decisions: Decisions,
@@ -38,6 +38,11 @@ impl Expiring for Refusal {
         self.until
     }
 }
+
+/// A time on a cache's clock: microseconds after its epoch. A request reads it once for
+/// both [`RefusalCache::may_hold`] and [`RefusalCache::get`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CacheTime(u64);
 
 /// Recent refusals by the identity of the checks refused.
 pub(crate) struct RefusalCache {
@@ -60,10 +65,15 @@ impl Default for RefusalCache {
 }
 
 impl RefusalCache {
-    /// Whether any refusal remembered may still hold at `now` (if not, [`Self::get`]
+    /// `instant` on the cache's clock.
+    pub(crate) fn time(&self, instant: Instant) -> CacheTime {
+        CacheTime(self.micros_since_epoch(instant))
+    }
+
+    /// Whether any refusal remembered may still hold at `at` (if not, [`Self::get`]
     /// would find none).
-    pub(crate) fn may_hold(&self, now: Instant) -> bool {
-        self.micros_since_epoch(now) < self.holds_until.load(Ordering::Relaxed)
+    pub(crate) fn may_hold(&self, at: CacheTime) -> bool {
+        at.0 < self.holds_until.load(Ordering::Relaxed)
     }
 
     fn micros_since_epoch(&self, instant: Instant) -> u64 {
@@ -94,12 +104,11 @@ impl RefusalCache {
         KeyedHash::finish(&state)
     }
 
-    /// The remembered refusal of these checks, if it still holds at `now`.
-    pub(crate) fn get(&self, identity: u128, now: Instant) -> Option<Decisions> {
-        let at = self.micros_since_epoch(now);
+    /// The remembered refusal of these checks, if it still holds at `at`.
+    pub(crate) fn get(&self, identity: u128, at: CacheTime) -> Option<Decisions> {
         let refusals = self.refusals.lock(identity);
-        let refusal = refusals.get(identity).filter(|r| r.until > at)?;
-        let elapsed = now.saturating_duration_since(refusal.decided_at);
+        let refusal = refusals.get(identity).filter(|r| r.until > at.0)?;
+        let elapsed = Duration::from_micros(at.0.saturating_sub(refusal.decided_at.0));
         Some(
             refusal
                 .decisions
@@ -127,7 +136,7 @@ impl RefusalCache {
         self.holds_until
             .fetch_max(until.saturating_add(1), Ordering::Relaxed);
         let refusal = Refusal {
-            decided_at: now,
+            decided_at: self.time(now),
             until,
             decisions,
         };
@@ -185,17 +194,18 @@ mod tests {
             now,
             Duration::from_millis(500),
         );
-        let later = cache.get(id, now + Duration::from_millis(200)).unwrap();
+        let at = |after_ms| cache.time(now + Duration::from_millis(after_ms));
+        let later = cache.get(id, at(200)).unwrap();
         assert_eq!(later[0].retry_after, Duration::from_millis(300));
-        assert!(cache.get(id, now + Duration::from_millis(500)).is_none());
-        assert!(cache.get(cache.identity(&[check("b")]), now).is_none());
+        assert!(cache.get(id, at(500)).is_none());
+        assert!(cache.get(cache.identity(&[check("b")]), at(0)).is_none());
     }
 
     #[test]
     fn it_may_hold_only_until_the_last_refusal_it_remembers_ends() {
         let cache = RefusalCache::default();
         let now = Instant::now();
-        assert!(!cache.may_hold(now));
+        assert!(!cache.may_hold(cache.time(now)));
         cache.insert(
             cache.identity(&[check("a")]),
             smallvec::smallvec![refused(500)],
@@ -208,8 +218,8 @@ mod tests {
             now,
             Duration::from_millis(100),
         );
-        assert!(cache.may_hold(now + Duration::from_millis(499)));
-        assert!(!cache.may_hold(now + Duration::from_millis(501)));
+        assert!(cache.may_hold(cache.time(now + Duration::from_millis(499))));
+        assert!(!cache.may_hold(cache.time(now + Duration::from_millis(501))));
     }
 
     #[test]
