@@ -484,19 +484,30 @@ pub(crate) async fn raw_request(addr: SocketAddr, raw: &[u8]) -> String {
 }
 
 /// A free TCP port on loopback, to be bound later (by a gateway, again after a restart, or
-/// by pebble).
+/// by pebble). No two calls in this process (every integration test) hand out the same
+/// port: a port a test lets go of between a gateway's stop and its restart is otherwise
+/// free to the next test that asks, which then holds it.
 pub(crate) fn free_port() -> u16 {
     use std::hash::{BuildHasher, RandomState};
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU16, Ordering};
     // Below the kernel's ephemeral range (32768-60999 by default): a port `bind(":0")`
     // hands out and the test lets go can be taken meanwhile by any outgoing connection's
     // local end, and a gateway started again on it then fails with "address in use".
     const FIRST: u16 = 20_000;
     const COUNT: u16 = 12_000;
-    let start = (RandomState::new().hash_one(std::process::id()) % u64::from(COUNT)) as u16;
-    (0..COUNT)
-        .map(|i| FIRST + (start + i) % COUNT)
-        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
-        .expect("a free port below the ephemeral range")
+    static START: OnceLock<u16> = OnceLock::new();
+    static HANDED_OUT: AtomicU16 = AtomicU16::new(0);
+    let start =
+        *START.get_or_init(|| (RandomState::new().hash_one(std::process::id()) % u64::from(COUNT)) as u16);
+    loop {
+        let next = HANDED_OUT.fetch_add(1, Ordering::Relaxed);
+        assert!(next < COUNT, "every port from {FIRST} handed out once");
+        let port = FIRST + (start + next) % COUNT;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A free TCP port on 127.0.0.1 with nothing listening (and, being below the ephemeral
