@@ -132,11 +132,13 @@ impl RefusalCache {
         if holds_for.is_zero() {
             return;
         }
-        let until = self.micros_since_epoch(now + holds_for.min(REMEMBERED_AT_MOST));
+        let decided_at = self.time(now);
+        let held = u64::try_from(holds_for.min(REMEMBERED_AT_MOST).as_micros()).unwrap_or(u64::MAX);
+        let until = decided_at.0.saturating_add(held);
         self.holds_until
             .fetch_max(until.saturating_add(1), Ordering::Relaxed);
         let refusal = Refusal {
-            decided_at: self.time(now),
+            decided_at,
             until,
             decisions,
         };
@@ -146,7 +148,7 @@ impl RefusalCache {
             // A shard still full of refusals that hold forgets them all: each only spares
             // a store call.
             None => {
-                refusals.insert_new(identity, refusal, self.micros_since_epoch(now), |all, _| {
+                refusals.insert_new(identity, refusal, decided_at.0, |all, _| {
                     all.clear();
                     true
                 });
