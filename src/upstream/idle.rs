@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use thread_local::ThreadLocal;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
@@ -83,7 +83,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for Connection<S> {
             return Pin::new(&mut self.stream).poll_read(cx, buf);
         }
         let n = self.read.len().min(buf.remaining());
-        buf.put_slice(&self.read.split_to(n));
+        buf.put_slice(&self.read[..n]);
+        self.read.advance(n);
         Poll::Ready(Ok(()))
     }
 }

@@ -7,7 +7,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use http_body::Body;
 use tokio::io::AsyncWrite;
 
@@ -90,7 +90,9 @@ impl<F: BodyFraming> Sending<F> {
                 match Pin::new(&mut *stream).poll_write(cx, &self.write)? {
                     Poll::Ready(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
                     Poll::Ready(n) => {
-                        let _ = self.write.split_to(n);
+                        // Advanced, not split off: splitting a buffer makes its storage
+                        // shared, an allocation for bytes that are then dropped.
+                        self.write.advance(n);
                         self.written = true;
                         self.unflushed = true;
                         continue;

@@ -226,7 +226,9 @@ impl Reader {
                 if buffer.len() < HEADER_LEN {
                     return Ok(None);
                 }
-                let head = buffer.split_to(HEADER_LEN);
+                // Copied out and advanced past: a split would share the buffer's storage.
+                let head: [u8; HEADER_LEN] = buffer[..HEADER_LEN].try_into().expect("a whole header");
+                buffer.advance(HEADER_LEN);
                 if head[0] != VERSION {
                     return Err(ProtocolError::Version(head[0]));
                 }
@@ -256,7 +258,10 @@ impl Reader {
                 if buffer.len() < content {
                     return Ok(None);
                 }
-                let body = buffer.split_to(content);
+                let body: [u8; 8] = buffer[..content]
+                    .try_into()
+                    .expect("8 bytes, checked with the header");
+                buffer.advance(content);
                 self.current = Some((kind, 0, padding));
                 let protocol_status = body[4];
                 // FCGI_REQUEST_COMPLETE; the others say the request was not run.
