@@ -54,7 +54,7 @@ use crate::proxy::headers::{
 };
 use crate::proxy::request_body::RequestBody;
 use crate::router::normalize_host;
-use crate::trace::context;
+use crate::trace::context::SpanId;
 use crate::trace::{RequestTrace, TRACESTATE};
 use crate::upstream::read_ahead::ReadAhead;
 use crate::upstream::{HttpHead, Outgoing, Tries, Upstream, UpstreamHead, idempotent, tunnel};
@@ -750,11 +750,7 @@ fn http_head(
             }
         }
     }
-    head.traceparent(&context::traceparent(
-        &trace.trace_id,
-        trace.span_id(),
-        trace.flags,
-    ));
+    head.traceparent(&trace.trace_id, SpanId::random(), trace.flags);
     head.finish(response_rules.cloned())
 }
 

@@ -20,7 +20,7 @@ use crate::proxy::headers::ForwardingContext;
 use crate::proxy::request_body::RequestBody;
 use crate::proxy::spool::spool;
 use crate::trace::RequestTrace;
-use crate::trace::context;
+use crate::trace::context::{self, SpanId};
 use crate::upstream::FastCgiHead;
 use crate::upstream::fastcgi::params::{Call, Caller, Headers, request_head};
 
@@ -83,7 +83,7 @@ fn serve_file(
 /// target and version as the client sent them) running `script`: its headers are
 /// `as_forwarded` when given (`parts` then holds them as the client sent them); `host` is
 /// the name the client asked for, `content_length` the body's when it has framing; `trace`
-/// names the request's span as the parent, which each try writes over with its own.
+/// names the first try's span as the parent, which a later try writes over with its own.
 pub(super) fn fastcgi_head(
     (parts, as_forwarded): (&Parts, Option<&AsForwarded<'_>>),
     script: &Script,
@@ -94,6 +94,7 @@ pub(super) fn fastcgi_head(
     trace: &RequestTrace,
 ) -> FastCgiHead {
     let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
+    let first_try = SpanId::random();
     let call = Call {
         method: &parts.method,
         version: context.version,
@@ -104,7 +105,7 @@ pub(super) fn fastcgi_head(
             None => Headers::Rewritten(&parts.headers),
         },
         content_length,
-        traceparent: &context::traceparent(&trace.trace_id, trace.span_id(), trace.flags),
+        traceparent: &context::traceparent(&trace.trace_id, &first_try, trace.flags),
     };
     let address = context.peer.text_of(context.client_ip);
     let caller = Caller {
@@ -114,7 +115,10 @@ pub(super) fn fastcgi_head(
         server_port: context.peer.local_port,
         https: context.peer.tls,
     };
-    request_head(&call, script, &caller, &php.root, env)
+    FastCgiHead {
+        span: Some(first_try),
+        ..request_head(&call, script, &caller, &php.root, env)
+    }
 }
 
 /// The length PHP-FPM is told of `body`, and the body to send: without a body, the

@@ -199,15 +199,15 @@ impl RequestTrace {
         self.parent.is_some()
     }
 
-    /// The request's own span ID.
-    pub(crate) fn span_id(&self) -> &SpanId {
-        &self.span_id
-    }
-
     /// Begins an upstream try: its span ID, to pass on as the parent.
     pub(crate) fn begin_try(&self) -> TrySpan {
+        self.begin_try_as(SpanId::random())
+    }
+
+    /// Begins an upstream try whose span ID is `id` (the one its head was written with).
+    pub(crate) fn begin_try_as(&self, id: SpanId) -> TrySpan {
         TrySpan {
-            id: SpanId::random(),
+            id,
             start: if self.recording.is_some() { unix_nanos() } else { 0 },
         }
     }

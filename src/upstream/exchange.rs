@@ -92,11 +92,11 @@ impl Exchange {
             true => Some(0),
             false => body.size_hint().exact(),
         };
-        let (write, framing) = head.for_try(span, length);
+        let (first, framing) = head.for_try(span, length);
         Exchange {
             connection: Some(connection),
             endpoint,
-            sending: Sending::new(write, body, framing),
+            sending: Sending::new(first, Some(body), framing),
             head_request: head.is_head_request(),
             response_rules: head.response_rules().cloned(),
             asked_to_close: head.closes(),

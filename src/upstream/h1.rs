@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 use crate::config::CombinedRules;
 use crate::proxy::headers::named_by_connection;
 use crate::trace::TRACEPARENT;
-use crate::trace::context::{self, SpanId};
+use crate::trace::context::{self, SpanId, TraceId};
 use crate::upstream::names::{Role, response_header};
 
 /// The largest response head read: beyond it the response is malformed.
@@ -45,14 +45,15 @@ pub(super) enum RequestFraming {
 }
 
 /// A request head as each try sends it, written once by the request path: the request
-/// line and the header lines, `traceparent` among them (each try writes its own span ID
-/// into it), less the framing header and the empty line, which depend on the body and
-/// are always floodgate's (a client's `Content-Length` is read, not copied).
-#[derive(Debug, Clone)]
+/// line and the header lines, `traceparent` among them (naming the first try's span; a
+/// later try's is written into a copy), less the framing header and the empty line,
+/// which depend on the body and are always floodgate's (a client's `Content-Length` is
+/// read, not copied).
+#[derive(Debug)]
 pub(crate) struct HttpHead {
     lines: Bytes,
-    /// Where the `traceparent` value starts in `lines`, if it has one.
-    traceparent: Option<usize>,
+    /// Where the `traceparent` value starts in `lines` and the span it names, if it has one.
+    traceparent: Option<(usize, SpanId)>,
     /// The `Content-Length` among the headers, which frames the body.
     declared: Option<u64>,
     head_request: bool,
@@ -100,40 +101,52 @@ impl HttpHead {
         self.closes
     }
 
-    /// The head for a try whose span is `span`, with the framing its body needs: the
-    /// declared `Content-Length`, else the body's exact size (`Some(0)`: no body), else
-    /// chunks.
-    pub(super) fn for_try(&self, span: &SpanId, body_length: Option<u64>) -> (BytesMut, RequestFraming) {
-        let mut out = BytesMut::with_capacity(self.lines.len() + FRAMING_ROOM);
-        out.put_slice(&self.lines);
-        if let Some(at) = self.traceparent
-            && let Some(parent) = out.get_mut(at + context::PARENT_ID.start..at + context::PARENT_ID.end)
-        {
-            context::write_span_id(span, parent);
-        }
-        let framing = match self.declared.or(body_length) {
-            // A body the client framed with a length of 0 says so; none at all, nothing.
-            Some(0) if self.declared.is_none() => RequestFraming::Length(0),
-            Some(length) => {
-                out.put_slice(b"content-length: ");
-                out.put_slice(itoa::Buffer::new().format(length).as_bytes());
-                out.put_slice(b"\r\n");
-                RequestFraming::Length(length)
+    /// The span the head's `traceparent` names: the first try's, whose head then goes
+    /// without a copy.
+    pub(crate) fn span(&self) -> Option<SpanId> {
+        self.traceparent.map(|(_, span)| span)
+    }
+
+    /// The head for a try whose span is `span`, as its lines and their end: the framing
+    /// its body needs (the declared `Content-Length`, else the body's exact size,
+    /// `Some(0)` meaning no body, else chunks) and the empty line. The lines are shared
+    /// when they name `span` already, and copied to name it otherwise.
+    pub(super) fn for_try(&self, span: &SpanId, body_length: Option<u64>) -> ([Bytes; 2], RequestFraming) {
+        let lines = match self.traceparent {
+            Some((at, named)) if named != *span => {
+                let mut lines = BytesMut::from(&self.lines[..]);
+                if let Some(parent) =
+                    lines.get_mut(at + context::PARENT_ID.start..at + context::PARENT_ID.end)
+                {
+                    context::write_span_id(span, parent);
+                }
+                lines.freeze()
             }
-            None => {
-                out.put_slice(b"transfer-encoding: chunked\r\n");
-                RequestFraming::Chunked
-            }
+            _ => self.lines.clone(),
         };
-        out.put_slice(b"\r\n");
-        (out, framing)
+        let (end, framing) = match self.declared.or(body_length) {
+            // A body the client framed with a length of 0 says so; none at all, nothing.
+            Some(0) if self.declared.is_none() => (Bytes::from_static(b"\r\n"), RequestFraming::Length(0)),
+            Some(length) => {
+                let mut end = BytesMut::with_capacity(FRAMING_ROOM);
+                end.put_slice(b"content-length: ");
+                end.put_slice(itoa::Buffer::new().format(length).as_bytes());
+                end.put_slice(b"\r\n\r\n");
+                (end.freeze(), RequestFraming::Length(length))
+            }
+            None => (
+                Bytes::from_static(b"transfer-encoding: chunked\r\n\r\n"),
+                RequestFraming::Chunked,
+            ),
+        };
+        ([lines, end], framing)
     }
 }
 
 /// An [`HttpHead`] being written, header by header.
 pub(crate) struct HeadWriter {
     lines: BytesMut,
-    traceparent: Option<usize>,
+    traceparent: Option<(usize, SpanId)>,
     declared: Option<u64>,
     head_request: bool,
     closes: bool,
@@ -157,10 +170,11 @@ impl HeadWriter {
         self.line(name.as_str().as_bytes(), value.as_bytes());
     }
 
-    /// Writes the `traceparent` header with `value`, whose parent ID each try replaces.
-    pub(crate) fn traceparent(&mut self, value: &[u8]) {
-        self.traceparent = Some(self.lines.len() + b"traceparent: ".len());
-        self.line(b"traceparent", value);
+    /// Writes the `traceparent` header of `trace` with `flags`, naming `span` (the first
+    /// try's) as the parent; a later try's copy names its own.
+    pub(crate) fn traceparent(&mut self, trace: &TraceId, span: SpanId, flags: u8) {
+        self.traceparent = Some((self.lines.len() + b"traceparent: ".len(), span));
+        self.line(b"traceparent", &context::traceparent(trace, &span, flags));
     }
 
     fn line(&mut self, name: &[u8], value: &[u8]) {
@@ -752,12 +766,37 @@ mod tests {
         writer.header(&CONNECTION, &HeaderValue::from_static("close"));
         let head = writer.finish(None);
         assert!(head.closes());
-        let (bytes, framing) = head.for_try(&SpanId([7; 8]), None);
+        let ([lines, end], framing) = head.for_try(&SpanId([7; 8]), None);
         assert_eq!(
-            &bytes[..],
+            &[lines, end].concat()[..],
             b"POST /health HTTP/1.1\r\nhost: 10.0.0.1:8080\r\nconnection: close\r\ncontent-length: 5\r\n\r\n"
         );
         assert_eq!(framing, RequestFraming::Length(5));
+    }
+
+    #[test]
+    fn the_first_try_sends_the_head_as_written_a_later_one_a_copy_naming_its_own_span() {
+        let first = SpanId([1; 8]);
+        let mut writer = HttpHead::writer(&Method::GET, &["/"], 2);
+        writer.header(&http::header::HOST, &HeaderValue::from_static("app"));
+        writer.traceparent(&TraceId([0xab; 16]), first, 1);
+        let head = writer.finish(None);
+        assert_eq!(head.span(), Some(first));
+        let ([lines, end], framing) = head.for_try(&first, Some(0));
+        assert_eq!(lines.as_ptr(), head.lines.as_ptr());
+        assert_eq!((&end[..], framing), (&b"\r\n"[..], RequestFraming::Length(0)));
+        let ([lines, end], framing) = head.for_try(&SpanId([0x2c; 8]), None);
+        let parent = format!("00-{}-2c2c2c2c2c2c2c2c-01", "ab".repeat(16));
+        assert_eq!(
+            [lines, end].concat(),
+            format!(
+                "GET / HTTP/1.1\r\nhost: app\r\ntraceparent: {parent}\r\ntransfer-encoding: chunked\r\n\r\n"
+            )
+            .as_bytes()
+        );
+        assert_eq!(framing, RequestFraming::Chunked);
+        // The head as written still names the first try's span.
+        assert!(head.lines.ends_with(b"-0101010101010101-01\r\n"));
     }
 
     #[test]

@@ -56,6 +56,7 @@ use crate::error::{GatewayError, UpstreamFailure};
 use crate::limit::store::ConcurrencySlot;
 use crate::metrics::Metrics;
 use crate::proxy::request_body::RequestBody;
+use crate::trace::context::SpanId;
 use crate::trace::{RequestTrace, TryEnd};
 use attempt::{Try, Unsent};
 use balance::Balancer;
@@ -70,6 +71,16 @@ pub(crate) use tunnel::tunnel;
 pub(crate) enum UpstreamHead {
     Http(HttpHead),
     FastCgi(FastCgiHead),
+}
+
+impl UpstreamHead {
+    /// The span the head's `traceparent` names: the first try's.
+    fn span(&self) -> Option<SpanId> {
+        match self {
+            UpstreamHead::Http(head) => head.span(),
+            UpstreamHead::FastCgi(head) => head.span,
+        }
+    }
 }
 
 /// A request on its way to an upstream.
@@ -259,7 +270,12 @@ impl Upstream {
             let counted = held.counted();
             let mut held = Some(held);
             let timeout = self.config.timeout;
-            let span = trace.begin_try();
+            // The first try names the span its head was written with: the head then
+            // goes as it is, where each later try's is a copy naming its own.
+            let span = match head.span() {
+                Some(id) if tried_servers.len() == 1 => trace.begin_try_as(id),
+                _ => trace.begin_try(),
+            };
             let started = Instant::now();
             let deadline = tokio::time::Instant::from_std(started) + timeout;
             let plan = Try {

@@ -299,13 +299,15 @@ mod tests {
     use super::*;
 
     /// A connection and its exchange move on every request (out of the pool, into the
-    /// exchange, back): they stay small, a TLS session boxed apart.
+    /// exchange, back): they stay small, a TLS session boxed apart. (An exchange holds
+    /// the head its tries share and the head's end, 64 bytes, which spare a copy of the
+    /// head per request.)
     #[test]
     fn a_connection_and_its_exchange_stay_small() {
         let connection = std::mem::size_of::<Connection>();
         let exchange = std::mem::size_of::<Exchange>();
         assert!(connection <= 96, "a connection is {connection} bytes");
-        assert!(exchange <= 384, "an exchange is {exchange} bytes");
+        assert!(exchange <= 416, "an exchange is {exchange} bytes");
     }
 
     /// A server that answers before it has read the request and closes at once (a reset):

@@ -3,11 +3,11 @@
 //! still to be read from the client, and whether any of it was read (a request whose body
 //! was not touched can go out again on another connection).
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http_body::Body;
 use tokio::io::AsyncWrite;
 
@@ -26,6 +26,9 @@ pub(super) trait BodyFraming {
 
 /// A request on its way to a server.
 pub(super) struct Sending<F> {
+    /// Bytes to write before `write`'s, each from where it is (a head shared by a
+    /// request's tries, its end): written with them in one call, never copied.
+    first: [Bytes; 2],
     /// Bytes to write.
     write: BytesMut,
     /// The request body still to be read; `None` once its end is queued.
@@ -40,11 +43,13 @@ pub(super) struct Sending<F> {
 }
 
 impl<F: BodyFraming> Sending<F> {
-    /// `head` to write first, then `body` in `framing`.
-    pub(super) fn new(head: BytesMut, body: RequestBody, framing: F) -> Self {
+    /// `first` to write, then `body` in `framing` (`None`: none to come, its end, if it
+    /// has one, in `first`).
+    pub(super) fn new(first: [Bytes; 2], body: Option<RequestBody>, framing: F) -> Self {
         Sending {
-            write: head,
-            body: Some(body),
+            first,
+            write: BytesMut::new(),
+            body,
             framing,
             body_read: false,
             written: false,
@@ -54,7 +59,24 @@ impl<F: BodyFraming> Sending<F> {
 
     /// Whether the whole request has been written.
     pub(super) fn is_done(&self) -> bool {
-        self.write.is_empty() && self.body.is_none() && !self.unflushed
+        self.queued() == 0 && self.body.is_none() && !self.unflushed
+    }
+
+    /// How many bytes wait to be written.
+    fn queued(&self) -> usize {
+        self.first[0].len() + self.first[1].len() + self.write.len()
+    }
+
+    /// Drops the first `n` bytes of those queued: written.
+    fn consume(&mut self, mut n: usize) {
+        for first in &mut self.first {
+            let taken = n.min(first.len());
+            first.advance(taken);
+            n -= taken;
+        }
+        // Advanced, not split off: splitting a buffer makes its storage shared, an
+        // allocation for bytes that are then dropped.
+        self.write.advance(n);
     }
 
     /// Whether nothing of the request reached the server and none of its body was read:
@@ -86,13 +108,16 @@ impl<F: BodyFraming> Sending<F> {
                 self.body = None;
                 self.framing.end(&mut self.write)?;
             }
-            if !self.write.is_empty() {
-                match Pin::new(&mut *stream).poll_write(cx, &self.write)? {
+            if self.queued() > 0 {
+                let queued = [
+                    IoSlice::new(&self.first[0]),
+                    IoSlice::new(&self.first[1]),
+                    IoSlice::new(&self.write),
+                ];
+                match Pin::new(&mut *stream).poll_write_vectored(cx, &queued)? {
                     Poll::Ready(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
                     Poll::Ready(n) => {
-                        // Advanced, not split off: splitting a buffer makes its storage
-                        // shared, an allocation for bytes that are then dropped.
-                        self.write.advance(n);
+                        self.consume(n);
                         self.written = true;
                         self.unflushed = true;
                         continue;
@@ -126,6 +151,116 @@ impl<F: BodyFraming> Sending<F> {
                 Poll::Ready(Some(Err(error))) => return Err(error.into()),
                 Poll::Pending => return Ok(()),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+
+    use super::*;
+
+    /// A stream that takes at most `most` bytes a write, across the buffers it is given
+    /// (and at most 1 KB in all).
+    struct Trickle {
+        out: Vec<u8>,
+        most: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            // A request written again and again fails here instead of looping.
+            assert!(self.out.len() < 1024, "written past what was queued");
+            let mut taken = 0;
+            for buf in bufs {
+                let take = buf.len().min(self.most - taken);
+                self.out.extend_from_slice(&buf[..take]);
+                taken += take;
+            }
+            Poll::Ready(Ok(taken))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Ends a body with `END`.
+    struct Marked;
+
+    #[derive(Debug)]
+    struct Failed;
+
+    impl From<io::Error> for Failed {
+        fn from(_: io::Error) -> Self {
+            Failed
+        }
+    }
+
+    impl From<RequestBodyError> for Failed {
+        fn from(_: RequestBodyError) -> Self {
+            Failed
+        }
+    }
+
+    impl BodyFraming for Marked {
+        type Error = Failed;
+
+        fn data(&mut self, data: &[u8], out: &mut BytesMut) -> Result<(), Failed> {
+            out.extend_from_slice(data);
+            Ok(())
+        }
+
+        fn end(&mut self, out: &mut BytesMut) -> Result<(), Failed> {
+            out.extend_from_slice(b"END");
+            Ok(())
+        }
+    }
+
+    async fn sent(first: [&'static [u8]; 2], body: Option<RequestBody>, most: usize) -> Vec<u8> {
+        let mut sending = Sending::new(first.map(Bytes::from_static), body, Marked);
+        let mut stream = Trickle {
+            out: Vec::new(),
+            most,
+        };
+        poll_fn(|cx| Poll::Ready(sending.poll_write(&mut stream, cx)))
+            .await
+            .unwrap();
+        assert!(sending.is_done());
+        assert!(!sending.untouched());
+        stream.out
+    }
+
+    #[tokio::test]
+    async fn what_goes_first_and_the_bodys_end_are_written_in_order_whatever_each_write_takes() {
+        for most in [1, 2, 3, 5, 64] {
+            assert_eq!(
+                sent([b"head\r\n", b"\r\n"], None, most).await,
+                b"head\r\n\r\n",
+                "{most}"
+            );
+            assert_eq!(
+                sent([b"records", b""], Some(RequestBody::empty()), most).await,
+                b"recordsEND",
+                "{most}"
+            );
         }
     }
 }

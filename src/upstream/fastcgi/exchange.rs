@@ -12,6 +12,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, StatusCode};
+use http_body::Body;
 use tokio_util::io::poll_read_buf;
 
 use super::head;
@@ -63,13 +64,18 @@ impl Exchange {
     pub(super) fn new(
         connection: Connection,
         endpoint: Arc<Endpoint>,
-        head: BytesMut,
+        head: Bytes,
         body: RequestBody,
     ) -> Self {
+        // Without a body, the end of stdin goes with the records, in the same write.
+        let (end, body) = match body.is_end_stream() {
+            true => (Bytes::from_static(&record::END_OF_STDIN), None),
+            false => (Bytes::new(), Some(body)),
+        };
         Exchange {
             connection: Some(connection),
             endpoint,
-            sending: Sending::new(head, body, Stdin),
+            sending: Sending::new([head, end], body, Stdin),
             reader: Reader::default(),
             head: BytesMut::new(),
             ahead: None,
@@ -259,7 +265,7 @@ impl BodyFraming for Stdin {
     }
 
     fn end(&mut self, out: &mut BytesMut) -> Result<(), ExchangeError> {
-        record::end_of_stdin(out);
+        out.extend_from_slice(&record::END_OF_STDIN);
         Ok(())
     }
 }

@@ -66,22 +66,26 @@ impl Body for FastCgiBody {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct FastCgiHead {
     pub(crate) records: Bytes,
-    /// Where the value of `HTTP_TRACEPARENT` starts in `records`: each try writes its own
-    /// span ID there.
+    /// Where the value of `HTTP_TRACEPARENT` starts in `records`: a try whose span it
+    /// does not name writes its own span ID there, in a copy.
     pub(crate) traceparent: usize,
+    /// The span `HTTP_TRACEPARENT` names (the first try's), if any.
+    pub(crate) span: Option<SpanId>,
 }
 
 impl FastCgiHead {
-    /// The records for a try whose span is `span`: the try's `traceparent` names it.
-    fn for_try(&self, span: &SpanId) -> BytesMut {
-        // Room for the end of stdin, which a request without a body adds at once.
-        let mut records = BytesMut::with_capacity(self.records.len() + record::HEADER_LEN);
-        records.extend_from_slice(&self.records);
+    /// The records for a try whose span is `span`, whose `traceparent` names it: shared
+    /// when they name it already, a copy otherwise.
+    fn for_try(&self, span: &SpanId) -> Bytes {
+        if self.span == Some(*span) {
+            return self.records.clone();
+        }
+        let mut records = BytesMut::from(&self.records[..]);
         let at = self.traceparent;
         if let Some(parent) = records.get_mut(at + context::PARENT_ID.start..at + context::PARENT_ID.end) {
             context::write_span_id(span, parent);
         }
-        records
+        records.freeze()
     }
 }
 
@@ -95,7 +99,11 @@ mod tests {
         let head = FastCgiHead {
             records,
             traceparent: 4,
+            span: Some(SpanId([0xb7, 0xad, 0x6b, 0x71, 0x69, 0x20, 0x33, 0x31])),
         };
+        // The first try's span, named already: the records go as they are.
+        let first = head.for_try(&head.span.unwrap());
+        assert_eq!(first.as_ptr(), head.records.as_ptr());
         let span = SpanId([1, 2, 3, 4, 5, 6, 7, 0xff]);
         assert_eq!(
             &head.for_try(&span)[..],

@@ -129,6 +129,7 @@ pub(crate) fn request_head(
     FastCgiHead {
         records: out.freeze(),
         traceparent,
+        span: None,
     }
 }
 
@@ -326,6 +327,7 @@ mod tests {
         let FastCgiHead {
             records: head,
             traceparent: at,
+            ..
         } = request_head(&call, &script, &caller, "/srv", &[]);
         assert_eq!(&head[at..at + PARENT.len()], PARENT.as_bytes());
         let traceparents: Vec<Vec<u8>> = decoded(&head)
@@ -344,6 +346,7 @@ mod tests {
         let FastCgiHead {
             records: head,
             traceparent: at,
+            ..
         } = request_head(&call, &script, &caller, "/srv", &[]);
         assert_eq!(&head[at..at + PARENT.len()], PARENT.as_bytes());
         assert!(

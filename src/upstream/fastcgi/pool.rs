@@ -153,7 +153,12 @@ impl Pool {
         let deadline = tokio::time::Instant::now() + self.endpoint.connect_timeout;
         let connection = self.endpoint.connect(deadline).await.ok()?;
         let head = super::params::check_head(path);
-        let mut exchange = Exchange::new(connection, self.endpoint.clone(), head, RequestBody::empty());
+        let mut exchange = Exchange::new(
+            connection,
+            self.endpoint.clone(),
+            head.freeze(),
+            RequestBody::empty(),
+        );
         poll_fn(|cx| exchange.poll_head(cx))
             .await
             .ok()

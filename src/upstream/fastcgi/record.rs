@@ -38,7 +38,7 @@ impl Kind {
 
 /// The header of a record of `kind` with `len` bytes of content, and the padding that
 /// follows the content to a multiple of 8 bytes.
-fn header(kind: Kind, len: usize) -> ([u8; HEADER_LEN], usize) {
+const fn header(kind: Kind, len: usize) -> ([u8; HEADER_LEN], usize) {
     debug_assert!(len <= MAX_CONTENT);
     let padding = (8 - len % 8) % 8;
     let [len_high, len_low] = (len as u16).to_be_bytes();
@@ -179,9 +179,7 @@ pub(super) fn stdin(out: &mut BytesMut, data: &[u8]) {
 }
 
 /// The empty `FCGI_STDIN` record that ends the request body.
-pub(super) fn end_of_stdin(out: &mut BytesMut) {
-    record(out, Kind::Stdin, &[]);
-}
+pub(super) const END_OF_STDIN: [u8; HEADER_LEN] = header(Kind::Stdin, 0).0;
 
 /// What PHP-FPM sent that is not FastCGI as floodgate speaks it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
