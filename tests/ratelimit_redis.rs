@@ -158,6 +158,54 @@ async fn a_refusal_is_remembered_and_answered_without_redis() {
     assert_eq!(upstream.requests(), 2);
 }
 
+/// A remembered refusal tells the time still left: its `Retry-After` and `RateLimit`
+/// reset count down from the refusal Redis gave, and do not repeat it.
+#[tokio::test]
+async fn a_remembered_refusal_tells_the_time_left_not_the_time_it_was_given() {
+    let redis = redis_server().await;
+    let upstream = Upstream::start().await;
+    let config = config(&redis.url(), "", &upstream)
+        .limit(
+            "slow",
+            r#"algorithm = "token_bucket"
+            rate = 1
+            per = "10s"
+            burst = 1"#,
+        )
+        .route(
+            "api",
+            r#"upstream = "app"
+            limits = ["slow"]"#,
+        );
+    let gw = TestGateway::start(&config).await;
+    until_connected(&gw).await;
+    // Decisions asked of Redis (its own heartbeat calls scripts too, in the background).
+    let decisions = || gw.metric(r#"floodgate_store_duration_seconds_count{store="redis"}"#);
+
+    // The bucket's next token comes 10 s after the first request. Refused 0.7 s later,
+    // the wait is 9.3 s ("10"); remembered (for at most 1 s) and asked again 0.6 s after
+    // that, 8.7 s ("9").
+    assert_eq!(get(&gw.url("/")).await.0, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (status, given, _) = get(&gw.url("/")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let asked = decisions().await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (status, remembered, _) = get(&gw.url("/")).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(decisions().await, asked, "answered from memory");
+
+    let retry = |headers: &HeaderMap| one(headers, "retry-after").parse::<u64>().unwrap();
+    let reset = |headers: &HeaderMap| {
+        let value = one(headers, "ratelimit");
+        value.rsplit_once(";t=").unwrap().1.parse::<u64>().unwrap()
+    };
+    assert_eq!((retry(&given), retry(&remembered)), (10, 9));
+    // With a burst of 1, the bucket is full again when the next token comes.
+    assert_eq!((reset(&given), reset(&remembered)), (10, 9));
+    assert_eq!(upstream.requests(), 1);
+}
+
 #[tokio::test]
 async fn two_gateways_on_one_redis_share_the_counter() {
     let redis = redis_server().await;
