@@ -716,7 +716,7 @@ async fn forward(
 
 /// The head an HTTP server is sent for `parts`, to `target` (its pieces): its headers as they go
 /// (`as_forwarded`), or as the rewritten map holds them, and `traceparent` naming the
-/// request's span (each try writes its own).
+/// first try's span (a later try's copy names its own).
 fn http_head(
     parts: &Parts,
     target: &[&str],

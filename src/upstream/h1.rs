@@ -63,15 +63,16 @@ pub(crate) struct HttpHead {
     response_rules: Option<Arc<CombinedRules>>,
 }
 
-/// Room for the framing header and the empty line after a head's lines.
-const FRAMING_ROOM: usize = 48;
+/// Room for the longest end of a head: `content-length: ` and 20 digits, then the line
+/// ends of the header and of the head.
+const FRAMING_ROOM: usize = 40;
 
 impl HttpHead {
     /// A head that starts `method target HTTP/1.1`, the target written from the pieces
     /// it is made of (each valid in a request target).
     pub(crate) fn writer(method: &Method, target: &[&str], header_count: usize) -> HeadWriter {
         let target_len: usize = target.iter().map(|piece| piece.len()).sum();
-        let mut lines = BytesMut::with_capacity(64 + target_len + header_count * 48 + FRAMING_ROOM);
+        let mut lines = BytesMut::with_capacity(64 + target_len + header_count * 48);
         lines.put_slice(method.as_str().as_bytes());
         lines.put_u8(b' ');
         for piece in target {
@@ -127,6 +128,10 @@ impl HttpHead {
         let (end, framing) = match self.declared.or(body_length) {
             // A body the client framed with a length of 0 says so; none at all, nothing.
             Some(0) if self.declared.is_none() => (Bytes::from_static(b"\r\n"), RequestFraming::Length(0)),
+            Some(0) => (
+                Bytes::from_static(b"content-length: 0\r\n\r\n"),
+                RequestFraming::Length(0),
+            ),
             Some(length) => {
                 let mut end = BytesMut::with_capacity(FRAMING_ROOM);
                 end.put_slice(b"content-length: ");

@@ -109,12 +109,22 @@ impl<F: BodyFraming> Sending<F> {
                 self.framing.end(&mut self.write)?;
             }
             if self.queued() > 0 {
-                let queued = [
-                    IoSlice::new(&self.first[0]),
-                    IoSlice::new(&self.first[1]),
-                    IoSlice::new(&self.write),
-                ];
-                match Pin::new(&mut *stream).poll_write_vectored(cx, &queued)? {
+                // Only the pieces that hold bytes: one goes as a plain write (a TLS stream
+                // gathers several into a list it allocates).
+                let mut queued = [IoSlice::new(&[]); 3];
+                let mut pieces = 0;
+                for piece in [&self.first[0][..], &self.first[1][..], &self.write[..]] {
+                    if !piece.is_empty() {
+                        queued[pieces] = IoSlice::new(piece);
+                        pieces += 1;
+                    }
+                }
+                let stream = Pin::new(&mut *stream);
+                let polled = match pieces {
+                    1 => stream.poll_write(cx, &queued[0]),
+                    _ => stream.poll_write_vectored(cx, &queued[..pieces]),
+                };
+                match polled? {
                     Poll::Ready(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
                     Poll::Ready(n) => {
                         self.consume(n);
