@@ -96,7 +96,7 @@ impl Exchange {
         Exchange {
             connection: Some(connection),
             endpoint,
-            sending: Sending::new(first, Some(body), framing),
+            sending: Sending::new(first, body, framing),
             head_request: head.is_head_request(),
             response_rules: head.response_rules().cloned(),
             asked_to_close: head.closes(),
@@ -337,14 +337,11 @@ impl BodyFraming for RequestFraming {
         Ok(())
     }
 
-    fn end(&mut self, out: &mut BytesMut) -> Result<(), ExchangeError> {
+    fn end(&mut self) -> Result<&'static [u8], ExchangeError> {
         match self {
-            RequestFraming::Length(0) => Ok(()),
+            RequestFraming::Length(0) => Ok(b""),
             RequestFraming::Length(_) => Err(ExchangeError::BodyLength),
-            RequestFraming::Chunked => {
-                out.extend_from_slice(h1::LAST_CHUNK);
-                Ok(())
-            }
+            RequestFraming::Chunked => Ok(h1::LAST_CHUNK),
         }
     }
 }

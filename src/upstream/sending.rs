@@ -20,8 +20,8 @@ pub(super) trait BodyFraming {
     /// Queues `data`, the next piece of the body, into `out`.
     fn data(&mut self, data: &[u8], out: &mut BytesMut) -> Result<(), Self::Error>;
 
-    /// Queues the body's end into `out`.
-    fn end(&mut self, out: &mut BytesMut) -> Result<(), Self::Error>;
+    /// The bytes that end the body (none for a body framed by its length).
+    fn end(&mut self) -> Result<&'static [u8], Self::Error>;
 }
 
 /// A request on its way to a server.
@@ -43,13 +43,12 @@ pub(super) struct Sending<F> {
 }
 
 impl<F: BodyFraming> Sending<F> {
-    /// `first` to write, then `body` in `framing` (`None`: none to come, its end, if it
-    /// has one, in `first`).
-    pub(super) fn new(first: [Bytes; 2], body: Option<RequestBody>, framing: F) -> Self {
+    /// `first` to write, then `body` in `framing`.
+    pub(super) fn new(first: [Bytes; 2], body: RequestBody, framing: F) -> Self {
         Sending {
             first,
             write: BytesMut::new(),
-            body,
+            body: Some(body),
             framing,
             body_read: false,
             written: false,
@@ -65,6 +64,21 @@ impl<F: BodyFraming> Sending<F> {
     /// How many bytes wait to be written.
     fn queued(&self) -> usize {
         self.first[0].len() + self.first[1].len() + self.write.len()
+    }
+
+    /// Queues the body's end after what is queued: as a piece of its own when the last
+    /// piece before `write` is free and `write` is empty (a request without a body: its
+    /// end goes with its head, and nothing is copied or allocated), else into `write`.
+    fn queue_end(&mut self) -> Result<(), F::Error> {
+        let end = self.framing.end()?;
+        if end.is_empty() {
+            // A body framed by its length.
+        } else if self.write.is_empty() && self.first[1].is_empty() {
+            self.first[1] = Bytes::from_static(end);
+        } else {
+            self.write.extend_from_slice(end);
+        }
+        Ok(())
     }
 
     /// Drops the first `n` bytes of those queued: written.
@@ -106,7 +120,7 @@ impl<F: BodyFraming> Sending<F> {
             // head before it.
             if self.body.as_ref().is_some_and(|body| body.is_end_stream()) {
                 self.body = None;
-                self.framing.end(&mut self.write)?;
+                self.queue_end()?;
             }
             if self.queued() > 0 {
                 // Only the pieces that hold bytes: one goes as a plain write (a TLS stream
@@ -156,7 +170,7 @@ impl<F: BodyFraming> Sending<F> {
                 }
                 Poll::Ready(None) => {
                     self.body = None;
-                    self.framing.end(&mut self.write)?;
+                    self.queue_end()?;
                 }
                 Poll::Ready(Some(Err(error))) => return Err(error.into()),
                 Poll::Pending => return Ok(()),
@@ -212,8 +226,8 @@ mod tests {
         }
     }
 
-    /// Ends a body with `END`.
-    struct Marked;
+    /// Ends a body with its bytes.
+    struct Marked(&'static [u8]);
 
     #[derive(Debug)]
     struct Failed;
@@ -238,14 +252,15 @@ mod tests {
             Ok(())
         }
 
-        fn end(&mut self, out: &mut BytesMut) -> Result<(), Failed> {
-            out.extend_from_slice(b"END");
-            Ok(())
+        fn end(&mut self) -> Result<&'static [u8], Failed> {
+            Ok(self.0)
         }
     }
 
-    async fn sent(first: [&'static [u8]; 2], body: Option<RequestBody>, most: usize) -> Vec<u8> {
-        let mut sending = Sending::new(first.map(Bytes::from_static), body, Marked);
+    /// What goes out for `first` and a request without a body whose framing ends with
+    /// `end`.
+    async fn sent(first: [&'static [u8]; 2], end: &'static [u8], most: usize) -> Vec<u8> {
+        let mut sending = Sending::new(first.map(Bytes::from_static), RequestBody::empty(), Marked(end));
         let mut stream = Trickle {
             out: Vec::new(),
             most,
@@ -262,13 +277,18 @@ mod tests {
     async fn what_goes_first_and_the_bodys_end_are_written_in_order_whatever_each_write_takes() {
         for most in [1, 2, 3, 5, 64] {
             assert_eq!(
-                sent([b"head\r\n", b"\r\n"], None, most).await,
+                sent([b"head\r\n", b"\r\n"], b"", most).await,
                 b"head\r\n\r\n",
                 "{most}"
             );
             assert_eq!(
-                sent([b"records", b""], Some(RequestBody::empty()), most).await,
+                sent([b"records", b""], b"END", most).await,
                 b"recordsEND",
+                "{most}"
+            );
+            assert_eq!(
+                sent([b"head\r\n", b"\r\n"], b"END", most).await,
+                b"head\r\n\r\nEND",
                 "{most}"
             );
         }

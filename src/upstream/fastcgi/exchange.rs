@@ -12,7 +12,6 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, StatusCode};
-use http_body::Body;
 use tokio_util::io::poll_read_buf;
 
 use super::head;
@@ -67,15 +66,10 @@ impl Exchange {
         head: Bytes,
         body: RequestBody,
     ) -> Self {
-        // Without a body, the end of stdin goes with the records, in the same write.
-        let (end, body) = match body.is_end_stream() {
-            true => (Bytes::from_static(&record::END_OF_STDIN), None),
-            false => (Bytes::new(), Some(body)),
-        };
         Exchange {
             connection: Some(connection),
             endpoint,
-            sending: Sending::new([head, end], body, Stdin),
+            sending: Sending::new([head, Bytes::new()], body, Stdin),
             reader: Reader::default(),
             head: BytesMut::new(),
             ahead: None,
@@ -264,8 +258,7 @@ impl BodyFraming for Stdin {
         Ok(())
     }
 
-    fn end(&mut self, out: &mut BytesMut) -> Result<(), ExchangeError> {
-        out.extend_from_slice(&record::END_OF_STDIN);
-        Ok(())
+    fn end(&mut self) -> Result<&'static [u8], ExchangeError> {
+        Ok(&record::END_OF_STDIN)
     }
 }
