@@ -367,6 +367,36 @@ async fn a_server_span_and_a_client_span_per_try_reach_the_collector() {
         passed,
         format!("00-0af7651916cd43dd8448eb211c80319c-{}-01", hex(&served.span_id))
     );
+    assert_ne!(failed.span_id, served.span_id, "each try a span of its own");
+}
+
+/// A request that one try serves: the upstream is told that try's span, a child of the
+/// request's, as its parent.
+#[tokio::test]
+async fn a_single_try_names_its_own_span_to_the_upstream() {
+    let receiver = Receiver::start().await;
+    let upstream = Upstream::start().await;
+    let toml = GatewayToml::new()
+        .upstream("app", &upstream.url(), "")
+        .route("site", "path_prefix = \"/\"\nupstream = \"app\"")
+        .table(
+            "tracing",
+            &format!("endpoint = \"{}\"\nsample = 1.0", receiver.url),
+        );
+    let gateway = TestGateway::start(toml).await;
+    let (status, _, body) = get_with(&gateway.url("/"), &[("traceparent", PARENT)]).await;
+    assert_eq!(status, 200, "{body}");
+    let passed = header_lines(&body, "traceparent")[0].to_owned();
+
+    let spans = receiver.wait_for(2).await;
+    let client = spans.iter().find(|span| span.kind == 3).expect("a client span");
+    let server = spans.iter().find(|span| span.kind == 2).expect("a server span");
+    assert_eq!(client.parent_span_id, server.span_id);
+    assert_ne!(client.span_id, server.span_id);
+    assert_eq!(
+        passed,
+        format!("00-0af7651916cd43dd8448eb211c80319c-{}-01", hex(&client.span_id))
+    );
 }
 
 /// A trace continued from a trusted proxy is recorded as its `sampled` flag says; one a
