@@ -67,17 +67,15 @@ impl Default for RefusalCache {
 impl RefusalCache {
     /// `instant` on the cache's clock.
     pub(crate) fn time(&self, instant: Instant) -> CacheTime {
-        CacheTime(self.micros_since_epoch(instant))
+        CacheTime(
+            u64::try_from(instant.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX),
+        )
     }
 
     /// Whether any refusal remembered may still hold at `at` (if not, [`Self::get`]
     /// would find none).
     pub(crate) fn may_hold(&self, at: CacheTime) -> bool {
         at.0 < self.holds_until.load(Ordering::Relaxed)
-    }
-
-    fn micros_since_epoch(&self, instant: Instant) -> u64 {
-        u64::try_from(instant.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
     }
 
     /// The identity of a request's checks: a randomly keyed 128-bit hash of every key,
