@@ -106,6 +106,40 @@ async fn a_key_header_sent_twice_is_a_400_that_never_reaches_the_upstream() {
 }
 
 #[tokio::test]
+async fn an_http2_value_padded_with_whitespace_is_a_400_not_a_fresh_counter() {
+    // HTTP/1.1's parser trims the spaces around a value; HTTP/2 carries them, and the
+    // upstream's parser would trim them again: padded, one API key would have a counter
+    // per padding while the app saw the same key. RFC 9113 §8.2.1 calls such a field
+    // malformed.
+    let upstream = Upstream::start().await;
+    let gw = keyed_gateway(&upstream, "\"header:x-api-key\"", 1).await;
+    let h2 = common::h2c_client();
+    let status = |value: &'static str| {
+        let request = Request::get(gw.url("/"))
+            .header("x-api-key", value)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = h2.request(request);
+        async move { response.await.expect("h2 request").status().as_u16() }
+    };
+
+    assert_eq!(status("alice").await, 200);
+    assert_eq!(status("alice").await, 429);
+    for padded in [" alice", "alice ", "alice\t", "\talice", "  alice  "] {
+        assert_eq!(status(padded).await, 400, "{padded:?}");
+    }
+    // Inside a value, a space is the value's own.
+    assert_eq!(status("alice smith").await, 200);
+    assert_eq!(upstream.requests(), 2);
+    // Refused before routing, under no route's name.
+    assert_eq!(
+        gw.metric("floodgate_requests_total{route=\"\",status=\"400\"}")
+            .await,
+        5.0
+    );
+}
+
+#[tokio::test]
 async fn query_keys_count_decoded_values_and_refuse_repeats() {
     let upstream = Upstream::start().await;
     let gw = keyed_gateway(&upstream, "\"query:key\"", 1).await;

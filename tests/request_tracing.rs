@@ -399,6 +399,30 @@ async fn a_single_try_names_its_own_span_to_the_upstream() {
     );
 }
 
+/// Ratio sampling compares a trace ID's low bits with the ratio; a client that floodgate
+/// does not trust chooses the ID of the trace it continues, so its request is decided by
+/// a draw of floodgate's own: an ID just above zero would be below every ratio.
+#[tokio::test]
+async fn a_client_cannot_choose_an_id_that_the_ratio_always_records() {
+    let receiver = Receiver::start().await;
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(GatewayToml::new().proxy_to(&upstream.url(), "").table(
+        "tracing",
+        &format!("endpoint = \"{}\"\nsample = 0.000000001", receiver.url),
+    ))
+    .await;
+    let chosen = "00-0af7651916cd43dd0000000000000001-b7ad6b7169203331-00";
+    for _ in 0..10 {
+        let (_, _, body) = get_with(&gateway.url("/"), &[("traceparent", chosen)]).await;
+        let sent = &header_lines(&body, "traceparent")[0];
+        assert!(
+            sent.starts_with("00-0af7651916cd43dd0000000000000001-"),
+            "continued: {body}"
+        );
+        assert!(sent.ends_with("-00"), "not recorded: {body}");
+    }
+}
+
 /// A trace continued from a trusted proxy is recorded as its `sampled` flag says; one a
 /// client floodgate does not trust sent, by the ratio, as a new one (its flag alone would
 /// have every request of its recorded).

@@ -1,7 +1,7 @@
 //! What hyper accepts in a request head but a gateway must refuse before anything is
 //! forwarded: transfer codings other than `chunked`, a repeated `Content-Length` (HTTP/2;
-//! hyper merges equal ones in HTTP/1.1), a missing, repeated or malformed `Host`, and
-//! header sections over 32 KB. (A `Content-Length` beside `Transfer-Encoding` is gone from
+//! hyper merges equal ones in HTTP/1.1), a missing, repeated or malformed `Host`, values
+//! with whitespace around them (HTTP/2), and header sections over 32 KB. (A `Content-Length` beside `Transfer-Encoding` is gone from
 //! the parsed request: `connection::framing` finds it on the wire.)
 //!
 //! The checks read the request hyper parsed, not the bytes on the socket, so they hold
@@ -143,6 +143,11 @@ impl<'a> Fields<'a> {
         let mut transfer_encoding = false;
         for (name, value) in headers {
             fields.bytes += name.as_str().len() + value.len() + 4;
+            if padded(value.as_bytes()) {
+                return Err(GatewayError::MalformedRequest(
+                    "a header value that starts or ends with whitespace",
+                ));
+            }
             if name == header::HOST {
                 if fields.host.is_some() {
                     return Err(GatewayError::BadHost("repeated Host"));
@@ -171,6 +176,14 @@ impl<'a> Fields<'a> {
         }
         Ok(fields)
     }
+}
+
+/// Whether a value starts or ends with a space or tab. HTTP/1.1's parser trims them
+/// (RFC 9112 §5.1); HTTP/2 carries them, and RFC 9113 §8.2.1 makes such a field
+/// malformed: kept, a padded value would count as a key of its own while the upstream,
+/// trimming it again, read the same value as unpadded.
+fn padded(value: &[u8]) -> bool {
+    matches!(value, [b' ' | b'\t', ..] | [.., b' ' | b'\t'])
 }
 
 /// Letters (header names are lower-case here), digits and `-`: what nginx calls a valid

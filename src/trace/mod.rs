@@ -47,9 +47,10 @@ impl Tracer {
         self.exporter.flush(within).await;
     }
 
-    /// Whether a new trace with `id` is recorded.
-    fn samples(&self, id: &TraceId) -> bool {
-        self.threshold.is_none_or(|threshold| id.low() < threshold)
+    /// Whether a trace whose ratio draw is `draw` is recorded: the low bits of a new
+    /// trace's ID, so that every hop of a trace decides alike.
+    fn samples(&self, draw: u64) -> bool {
+        self.threshold.is_none_or(|threshold| draw < threshold)
     }
 }
 
@@ -161,7 +162,9 @@ impl RequestTrace {
         let trace_id = parent.map_or_else(TraceId::random, |parent| parent.trace_id);
         let recorded = tracer.filter(|tracer| match parent {
             Some(parent) if trusted => parent.flags & SAMPLED != 0,
-            _ => tracer.samples(&trace_id),
+            // The client chose this ID, and with it where the ratio would place it.
+            Some(_) => tracer.samples(fastrand::u64(..)),
+            None => tracer.samples(trace_id.low()),
         });
         let recording = recorded.map(|tracer| {
             Box::new(Recording {
