@@ -64,6 +64,28 @@ pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
     Ok(Cow::Owned(out))
 }
 
+/// The normalized `path` as the route table and the limits' keys read it: its encoded
+/// slashes (`%2F`) taken for the slashes that nginx, PHP (for the file it runs) and most
+/// frameworks take them for, and normalized again (doubled slashes merged). Read
+/// literally, `/admin%2Fx` would miss a `/admin/` route that an app reading `/admin/x`
+/// meant. Borrows when there is none.
+///
+/// ```
+/// use floodgate::path::slashes_decoded;
+///
+/// assert_eq!(slashes_decoded("/%2Fadmin%2F%2Fx").unwrap(), "/admin/x");
+/// assert_eq!(slashes_decoded("/a%252F").unwrap(), "/a%252F");
+/// ```
+pub fn slashes_decoded(path: &str) -> Result<Cow<'_, str>, PathError> {
+    // A normalized path spells its escapes in upper case, each starting at its `%`.
+    if !path.contains("%2F") {
+        return Ok(Cow::Borrowed(path));
+    }
+    Ok(Cow::Owned(
+        normalize_path(&path.replace("%2F", "/"))?.into_owned(),
+    ))
+}
+
 /// True when `path` may contain an escape, a dot segment or a doubled slash.
 fn needs_work(path: &str) -> bool {
     let bytes = path.as_bytes();

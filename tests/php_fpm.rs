@@ -210,6 +210,42 @@ async fn a_directory_gets_its_slash_then_its_index_and_a_file_is_served_with_val
     assert_eq!(headers["allow"], "GET, HEAD");
 }
 
+/// The setup docs/php-fpm.md gives for uploads: a route before the site's that only serves
+/// their files. An encoded slash does not walk around it to have PHP run an upload.
+#[tokio::test]
+async fn an_encoded_slash_does_not_walk_around_an_uploads_route() {
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    fpm.file("/uploads/planted.php", "<?php echo 'EXECUTED';");
+    let root = fpm.site().display().to_string();
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .table("upstreams.php", &format!("url = \"{}\"", fpm.url()))
+            .route(
+                "uploads",
+                &format!("path_prefix = \"/uploads/\"\nroot = \"{root}\""),
+            )
+            .route("site", &format!("upstream = \"php\"\nroot = \"{root}\"")),
+    )
+    .await;
+    let (status, _, body) = get(&gw.url("/uploads/planted.php")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    for path in [
+        "/uploads%2Fplanted.php",
+        "/%2Fuploads/planted.php",
+        "/uploads%2F%2Fplanted.php",
+    ] {
+        let (status, _, body) = get(&gw.url(path)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        assert!(!body.contains("EXECUTED"), "{path}: {body}");
+    }
+    assert_eq!(
+        gw.metric("floodgate_requests_total{route=\"uploads\",status=\"404\"}")
+            .await,
+        4.0
+    );
+}
+
 #[tokio::test]
 async fn no_path_trick_runs_an_upload_or_reaches_a_hidden_file() {
     let fpm = PhpFpm::start(2);

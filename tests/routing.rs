@@ -121,6 +121,65 @@ async fn paths_are_normalized_before_matching_and_forwarded_normalized() {
     }
 }
 
+/// An encoded slash is a slash to the route table, as to nginx, PHP and the frameworks
+/// that decode the path before routing: `/admin%2Fx` is the `/admin/` route's, which an
+/// app reading `/admin/x` would otherwise get without that route's rules. What is
+/// forwarded keeps it encoded, but where a `strip_prefix` is found only by reading it as a
+/// slash.
+#[tokio::test]
+async fn an_encoded_slash_is_a_slash_to_the_route_table() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .upstream("app", &upstream.url(), "")
+            .route(
+                "admin",
+                r#"path_prefix = "/admin/"
+                deny = ["127.0.0.0/8"]
+                upstream = "app""#,
+            )
+            .route(
+                "api",
+                r#"path_prefix = "/api/"
+                strip_prefix = "/api"
+                upstream = "app""#,
+            )
+            .route("site", "path_prefix = \"/\"\nupstream = \"app\""),
+    )
+    .await;
+    let answer = |target: &'static str| {
+        let addr = gw.addr;
+        async move {
+            raw_request(
+                addr,
+                format!("GET {target} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+        }
+    };
+    for walked_around in [
+        "/admin%2Fx",
+        "/admin%2fx",
+        "/%2Fadmin/x",
+        "/%2fadmin%2F%2Fx",
+        "//admin%2F",
+    ] {
+        let raw = answer(walked_around).await;
+        assert!(raw.starts_with("HTTP/1.1 403"), "{walked_around}: {raw}");
+    }
+    assert_eq!(upstream.requests(), 0);
+    for (sent, forwarded) in [
+        ("/files/a%2Fb", "/files/a%2Fb"),
+        ("/api/a%2Fb", "/a%2Fb"),
+        ("/api%2Fa%2Fb", "/a/b"),
+        ("/adminx%2Fy", "/adminx%2Fy"),
+    ] {
+        let raw = answer(sent).await;
+        assert!(raw.starts_with("HTTP/1.1 200"), "{sent}: {raw}");
+        assert!(raw.contains(&format!("GET {forwarded}\n")), "{sent}: {raw}");
+    }
+}
+
 /// The target an upstream gets: its URL's base path, the path without the route's
 /// `strip_prefix`, and the query exactly as sent (an empty one included).
 #[tokio::test]

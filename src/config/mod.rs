@@ -211,16 +211,14 @@ impl PathMatch {
         }
     }
 
-    /// Whether the normalized `path` matches.
+    /// Whether `path` matches: normalized, its encoded slashes read as slashes
+    /// ([`crate::path::slashes_decoded`]).
     pub fn matches(&self, path: &str) -> bool {
         match self {
             PathMatch::Exact(exact) => exact == path,
-            // An encoded slash too: nginx decodes it before splitting PATH_INFO off.
-            PathMatch::Script(script) => path.strip_prefix(script.as_str()).is_some_and(|rest| {
-                rest.is_empty()
-                    || rest.starts_with('/')
-                    || rest.get(..3).is_some_and(|s| s.eq_ignore_ascii_case("%2f"))
-            }),
+            PathMatch::Script(script) => path
+                .strip_prefix(script.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/')),
             PathMatch::Prefix(prefix) => path.starts_with(prefix.as_str()),
         }
     }

@@ -48,7 +48,7 @@ use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
 use crate::files::choice::Script;
 use crate::limit::store::{ConcurrencySlot, Unit};
 use crate::metrics::Metrics;
-use crate::path::normalize_path;
+use crate::path::{normalize_path, slashes_decoded};
 use crate::proxy::headers::{
     AsForwarded, ForwardingContext, apply_rules, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
 };
@@ -276,6 +276,8 @@ async fn serve(
     };
     let host = host.as_ref();
     let path = record.path.as_str();
+    // What routes, limits' keys and `strip_prefix` read: encoded slashes as slashes.
+    let routed = slashes_decoded(path).map_err(GatewayError::from)?;
     // Before routing, limits and redirect_http: the CA must reach it.
     // Boxed: rare, and its storage lookup would otherwise enlarge every request's future.
     if !client.peer.tls
@@ -307,7 +309,7 @@ async fn serve(
     let route_host = normalize_host(host);
     let index = state
         .router
-        .lookup(route_host.as_deref(), path, &request.method)
+        .lookup(route_host.as_deref(), &routed, &request.method)
         .ok_or(GatewayError::NoRoute)?;
     let route_config = &state.router.routes()[index];
     record.route = route_config.name.clone();
@@ -322,7 +324,7 @@ async fn serve(
     let mut attempts = Vec::new();
     if !route.limits.is_empty() {
         let client_ip = client.ip_text();
-        let source = key_source(request, &client_ip, path, route_host.as_deref(), &record.route);
+        let source = key_source(request, &client_ip, &routed, route_host.as_deref(), &record.route);
         let settings = LimitSettings {
             store: &state.store,
             prefix: &state.key_prefix,
@@ -358,7 +360,7 @@ async fn serve(
             respond_with(respond, route_host.as_deref(), &request.uri).map_err(OwnAnswer::from)
         }
         Target::Files(site) => {
-            let forwarded = forwarded_path(route_config, path);
+            let forwarded = forwarded_path(route_config, path, &routed);
             match Box::pin(site::prepare(site, (forwarded, path), request)).await {
                 Err(answer) => answer,
                 Ok(_) => Err(GatewayError::NotFound.into()),
@@ -366,7 +368,7 @@ async fn serve(
         }
         Target::Upstream(upstream) => 'forwarded: {
             // The path as the upstream gets it; limits and `hash` keys read the client's.
-            let forwarded = forwarded_path(route_config, path);
+            let forwarded = forwarded_path(route_config, path, &routed);
             // A site's path comes to a file, served here, or a script for PHP-FPM.
             let script = match &route_config.site {
                 None => None,
@@ -384,7 +386,7 @@ async fn serve(
             // request repeats makes the client's address the key.
             let hash_tuple = upstream.hash_key().map(|parts| {
                 let client_ip = client.ip_text();
-                let source = key_source(request, &client_ip, path, route_host.as_deref(), &record.route);
+                let source = key_source(request, &client_ip, &routed, route_host.as_deref(), &record.route);
                 key_tuple(parts, &source).unwrap_or_else(|_| client_ip.into_owned())
             });
             let destination = Destination {
@@ -546,18 +548,20 @@ fn filled(parts: &[TemplatePart], host: Option<&str>, target: &Uri) -> Result<He
         .map_err(|_| GatewayError::MalformedRequest("the request cannot be put in a header"))
 }
 
-/// `path` as the upstream gets it: without the route's `strip_prefix`.
-fn forwarded_path<'a>(route: &RouteConfig, path: &'a str) -> &'a str {
-    match &route.strip_prefix {
-        // Whole segments only: "/api" is stripped from "/api/users" and "/api", not from
-        // "/apix" (which a `path_prefix = "/api"` route also matches).
-        Some(prefix) => match path.strip_prefix(prefix.as_str()) {
-            Some("") => "/",
-            Some(rest) if rest.starts_with('/') => rest,
-            _ => path,
-        },
-        None => path,
-    }
+/// `path` as the upstream gets it: without the route's `strip_prefix`, taken from
+/// `routed` (its encoded slashes read as slashes) where only that has it.
+fn forwarded_path<'a>(route: &RouteConfig, path: &'a str, routed: &'a str) -> &'a str {
+    let Some(prefix) = &route.strip_prefix else {
+        return path;
+    };
+    // Whole segments only: "/api" is stripped from "/api/users" and "/api", not from
+    // "/apix" (which a `path_prefix = "/api"` route also matches).
+    let stripped = |path: &'a str| match path.strip_prefix(prefix.as_str()) {
+        Some("") => Some("/"),
+        Some(rest) if rest.starts_with('/') => Some(rest),
+        _ => None,
+    };
+    stripped(path).or_else(|| stripped(routed)).unwrap_or(path)
 }
 
 /// How many headers floodgate may add to a request going upstream.
