@@ -87,6 +87,8 @@ pub(crate) enum GatewayError {
     BadHost(&'static str),
     #[error("the request's header fields exceed 32 KB")]
     HeadersTooLarge,
+    #[error("a FastCGI parameter (the request target, or a path made of it) longer than a record holds")]
+    ParameterTooLong,
     #[error("the client paused its request body longer than server.body_timeout")]
     BodyTimeout,
     #[error("the request body could not be read: {0}")]
@@ -123,6 +125,7 @@ impl GatewayError {
             | GatewayError::BadRequestBody(_) => StatusCode::BAD_REQUEST,
             GatewayError::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
             GatewayError::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            GatewayError::ParameterTooLong => StatusCode::URI_TOO_LONG,
             GatewayError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             GatewayError::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::Upstream { kind, .. } => match kind {
@@ -158,6 +161,7 @@ impl GatewayError {
             | GatewayError::MalformedRequest(_)
             | GatewayError::BadHost(_)
             | GatewayError::HeadersTooLarge
+            | GatewayError::ParameterTooLong
             | GatewayError::BadRequestBody(_)
             | GatewayError::BodyTooLarge
             | GatewayError::Upstream { .. }
@@ -245,6 +249,7 @@ mod tests {
             GatewayError::HeadersTooLarge.status(),
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
         );
+        assert_eq!(GatewayError::ParameterTooLong.status(), StatusCode::URI_TOO_LONG);
         assert_eq!(GatewayError::BodyTimeout.status(), StatusCode::REQUEST_TIMEOUT);
         assert_eq!(
             upstream(UpstreamFailure::Connect).status(),

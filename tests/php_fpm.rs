@@ -210,6 +210,36 @@ async fn a_directory_gets_its_slash_then_its_index_and_a_file_is_served_with_val
     assert_eq!(headers["allow"], "GET, HEAD");
 }
 
+/// PHP-FPM reads each parameter record's pairs on their own and refuses a record longer
+/// than 65,535 bytes with its padding: parameters past that go in records of whole pairs,
+/// and a pair that no record holds is a 414 before PHP-FPM is contacted.
+#[tokio::test]
+async fn parameters_past_a_record_reach_php_and_one_too_long_is_a_414() {
+    let fpm = PhpFpm::start(1);
+    site(&fpm);
+    let gw = gateway(&fpm, "").await;
+    // REQUEST_URI and QUERY_STRING: 80 KB of parameters.
+    let query = format!("q={}", "a".repeat(40_000));
+    let (status, _, body) = get(&gw.url(&format!("/dump.php?{query}"))).await;
+    assert_eq!(status, StatusCode::OK, "{}", &body[..body.len().min(300)]);
+    assert_eq!(param(&body, "QUERY_STRING"), query);
+    // Over HTTP/2 a target may be longer than a record holds with its name and lengths
+    // (65,528 bytes): the client's URI, at most 65,534 bytes, spells the address short.
+    let long = format!("http://127.1:{}/{}", gw.addr.port(), "b".repeat(65_515));
+    let response = common::h2c_client()
+        .request(Request::get(&long).body(Full::<Bytes>::default()).unwrap())
+        .await
+        .expect("h2 request");
+    assert_eq!(response.status(), StatusCode::URI_TOO_LONG);
+    let (status, _, body) = get(&gw.url("/login.php")).await;
+    assert_eq!((status, body.lines().next()), (StatusCode::OK, Some("login")));
+    assert_eq!(
+        gw.metric("floodgate_upstream_errors_total{upstream=\"php\",kind=\"reset\"}")
+            .await,
+        0.0
+    );
+}
+
 /// The setup docs/php-fpm.md gives for uploads: a route before the site's that only serves
 /// their files. An encoded slash does not walk around it to have PHP run an upload.
 #[tokio::test]

@@ -625,6 +625,13 @@ fn bad_upstream_keys_name_their_place() {
         assert_eq!((l, c, k.as_str()), (*line, *column, *key), "{body}: {message}");
         assert!(message.contains(needle), "{body}: {message}");
     }
+    let long = format!(
+        "url = \"http://a:1\"\nhealth_check = {{ path = \"/{}\" }}",
+        "a".repeat(8192)
+    );
+    let (l, c, k, message) = error(&table(&long));
+    assert_eq!((l, c, k.as_str()), (3, 25, "upstreams.app.health_check.path"));
+    assert!(message.contains("at most 8192 bytes"), "{message}");
     let (line, _, key, message) = error("[upstreams.app]\nconnect_timeout = \"1s\"\n");
     assert_eq!((line, key.as_str()), (1, "upstreams.app"));
     assert!(

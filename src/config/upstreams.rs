@@ -540,12 +540,20 @@ fn balance(key: &str, raw: &UpstreamFile, sink: &mut ErrorSink) -> Option<Balanc
         .map(Balance::Hash)
 }
 
+/// The longest `health_check.path`: a FastCGI check sends it in three parameters, which
+/// must fit in one record.
+pub(crate) const MAX_CHECK_PATH: usize = 8192;
+
 fn health_check(key: &str, raw: &HealthCheckFile, sink: &mut ErrorSink) -> Option<HealthCheck> {
     let path = parse_spanned(
         &raw.path,
         format!("{key}.path"),
         sink,
         |text| match text.parse::<PathAndQuery>() {
+            Ok(_) if text.len() > MAX_CHECK_PATH => Err(format!(
+                "expected a path of at most {MAX_CHECK_PATH} bytes, got {} bytes",
+                text.len()
+            )),
             Ok(path) if text.starts_with('/') => Ok(path),
             _ => Err(format!("expected a path such as \"/health\", got {text:?}")),
         },

@@ -664,7 +664,7 @@ async fn forward(
             php,
             &fastcgi.env,
             trace,
-        )),
+        )?),
         None => UpstreamHead::Http(http_head(
             parts,
             &upstream.target(path, parts.uri.query()),

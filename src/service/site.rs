@@ -92,7 +92,7 @@ pub(super) fn fastcgi_head(
     php: &Php,
     env: &[(String, String)],
     trace: &RequestTrace,
-) -> FastCgiHead {
+) -> Result<FastCgiHead, GatewayError> {
     let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
     let first_try = SpanId::random();
     let call = Call {
@@ -115,10 +115,12 @@ pub(super) fn fastcgi_head(
         server_port: context.peer.local_port,
         https: context.peer.tls,
     };
-    FastCgiHead {
+    let head =
+        request_head(&call, script, &caller, &php.root, env).map_err(|_| GatewayError::ParameterTooLong)?;
+    Ok(FastCgiHead {
         span: Some(first_try),
-        ..request_head(&call, script, &caller, &php.root, env)
-    }
+        ..head
+    })
 }
 
 /// The length PHP-FPM is told of `body`, and the body to send: without a body, the

@@ -5,7 +5,7 @@ use bytes::BytesMut;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Version};
 
 use super::FastCgiHead;
-use super::record::{self, Params};
+use super::record::{self, PairTooLong, Params};
 use crate::files::choice::Script;
 use crate::proxy::headers::AsForwarded;
 use crate::trace::TRACEPARENT;
@@ -54,7 +54,7 @@ pub(crate) fn request_head(
     caller: &Caller<'_>,
     php_root: &str,
     env: &[(String, String)],
-) -> FastCgiHead {
+) -> Result<FastCgiHead, PairTooLong> {
     let mut out = BytesMut::with_capacity(1024);
     record::begin_request(&mut out);
     let mut params = Params::new(&mut out);
@@ -125,12 +125,12 @@ pub(crate) fn request_head(
         }
         Headers::Rewritten(map) => http_variables(&mut params, map.iter()),
     }
-    params.finish();
-    FastCgiHead {
+    params.finish()?;
+    Ok(FastCgiHead {
         records: out.freeze(),
         traceparent,
         span: None,
-    }
+    })
 }
 
 /// The begin and parameter records of an active check: `GET` of the script `path`.
@@ -145,7 +145,9 @@ pub(crate) fn check_head(path: &str) -> BytesMut {
     params.pair(b"REQUEST_URI", path.as_bytes());
     params.pair(b"QUERY_STRING", b"");
     params.pair(b"HTTP_USER_AGENT", b"floodgate-health-check");
-    params.finish();
+    params
+        .finish()
+        .expect("a check's path is at most 8 KB (config::upstreams), its three pairs fit a record");
     out
 }
 
@@ -208,7 +210,7 @@ mod tests {
         let mut out = BytesMut::new();
         let mut params = Params::new(&mut out);
         http_variables(&mut params, headers.iter());
-        params.finish();
+        params.finish().unwrap();
         assert_eq!(
             decoded(&out),
             [
@@ -246,7 +248,9 @@ mod tests {
             https: true,
         };
         let env = [("APP_ENV".to_owned(), "prod".to_owned())];
-        let head = request_head(&call, &script, &caller, "/var/www", &env).records;
+        let head = request_head(&call, &script, &caller, "/var/www", &env)
+            .unwrap()
+            .records;
         let variables = decoded(&head);
         let get = |name: &str| {
             let found: Vec<&[u8]> = variables
@@ -328,7 +332,7 @@ mod tests {
             records: head,
             traceparent: at,
             ..
-        } = request_head(&call, &script, &caller, "/srv", &[]);
+        } = request_head(&call, &script, &caller, "/srv", &[]).unwrap();
         assert_eq!(&head[at..at + PARENT.len()], PARENT.as_bytes());
         let traceparents: Vec<Vec<u8>> = decoded(&head)
             .into_iter()
@@ -338,7 +342,9 @@ mod tests {
         assert_eq!(traceparents, [PARENT.as_bytes()]);
         // Past 64 KB of parameters the records are split; the traceparent, first, stays put.
         let mut big = headers.clone();
-        big.insert("x-big", "v".repeat(70_000).parse().unwrap());
+        for name in ["x-big1", "x-big2", "x-big3"] {
+            big.insert(name, "v".repeat(30_000).parse().unwrap());
+        }
         let call = Call {
             headers: Headers::Rewritten(&big),
             ..call
@@ -347,12 +353,14 @@ mod tests {
             records: head,
             traceparent: at,
             ..
-        } = request_head(&call, &script, &caller, "/srv", &[]);
+        } = request_head(&call, &script, &caller, "/srv", &[]).unwrap();
         assert_eq!(&head[at..at + PARENT.len()], PARENT.as_bytes());
         assert!(
             decoded(&head)
                 .iter()
-                .any(|(name, value)| name == b"HTTP_X_BIG" && value.len() == 70_000)
+                .filter(|(name, value)| name.starts_with(b"HTTP_X_BIG") && value.len() == 30_000)
+                .count()
+                == 3
         );
     }
 

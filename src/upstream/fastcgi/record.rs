@@ -10,8 +10,9 @@ const VERSION: u8 = 1;
 const REQUEST_ID: u16 = 1;
 /// The length of a record header.
 pub(super) const HEADER_LEN: usize = 8;
-/// The most content one record carries.
-pub(super) const MAX_CONTENT: usize = 65_535;
+/// The most content one record carries: a multiple of 8, so that it needs no padding.
+/// PHP-FPM refuses a record whose content and padding together exceed 65,535 bytes.
+pub(super) const MAX_CONTENT: usize = 65_528;
 
 /// The record types floodgate writes or reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,9 +138,10 @@ impl<'a> Params<'a> {
         debug_assert_eq!(self.out.len() - before, name_len + value_len);
     }
 
-    /// Frames the pairs in records of at most [`MAX_CONTENT`] bytes and ends the stream.
-    /// The first record's content stays where it was written.
-    pub(super) fn finish(self) {
+    /// Frames the pairs in records of at most [`MAX_CONTENT`] bytes, each holding whole
+    /// pairs (PHP-FPM reads each record's pairs on their own), and ends the stream. The
+    /// first record's content stays where it was written.
+    pub(super) fn finish(self) -> Result<(), PairTooLong> {
         let content = self.out.len() - self.start;
         if content <= MAX_CONTENT {
             let (header, padding) = header(Kind::Params, content);
@@ -148,12 +150,48 @@ impl<'a> Params<'a> {
         } else {
             let pairs = self.out.split_off(self.start);
             self.out.truncate(self.start - HEADER_LEN);
-            for chunk in pairs.chunks(MAX_CONTENT) {
-                record(self.out, Kind::Params, chunk);
+            let mut rest = &pairs[..];
+            while !rest.is_empty() {
+                let mut taken = 0;
+                while taken < rest.len() {
+                    let next = pair_len(&rest[taken..]);
+                    if taken + next > MAX_CONTENT {
+                        break;
+                    }
+                    taken += next;
+                }
+                if taken == 0 {
+                    return Err(PairTooLong);
+                }
+                record(self.out, Kind::Params, &rest[..taken]);
+                rest = &rest[taken..];
             }
         }
         record(self.out, Kind::Params, &[]);
+        Ok(())
     }
+}
+
+/// A name-value pair longer than one record holds ([`MAX_CONTENT`] bytes with its
+/// lengths): PHP-FPM would drop the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PairTooLong;
+
+/// The length of the pair at the start of `pairs` (as [`Params`] wrote it), lengths included.
+fn pair_len(pairs: &[u8]) -> usize {
+    let mut at = 0;
+    let mut length = || {
+        if pairs[at] < 0x80 {
+            at += 1;
+            usize::from(pairs[at - 1])
+        } else {
+            at += 4;
+            (u32::from_be_bytes([pairs[at - 4], pairs[at - 3], pairs[at - 2], pairs[at - 1]]) & 0x7fff_ffff)
+                as usize
+        }
+    };
+    let (name, value) = (length(), length());
+    at + name + value
 }
 
 /// A name-value pair's length at the start of `out`: one byte below 128, else four with
@@ -306,7 +344,7 @@ mod tests {
         for (name, value) in pairs {
             params.pair(name, value);
         }
-        params.finish();
+        params.finish().unwrap();
     }
 
     /// The kinds and contents of the records in `wire`, padding checked and dropped.
@@ -316,6 +354,7 @@ mod tests {
             let len = usize::from(u16::from_be_bytes([wire[4], wire[5]]));
             let padding = usize::from(wire[6]);
             assert_eq!((len + padding) % 8, 0);
+            assert!(len + padding <= 65_535, "PHP-FPM reads no larger record");
             records.push((wire[1], wire[HEADER_LEN..HEADER_LEN + len].to_vec()));
             wire = &wire[HEADER_LEN + len + padding..];
         }
@@ -344,19 +383,50 @@ mod tests {
     }
 
     #[test]
-    fn params_larger_than_a_record_are_split() {
+    fn params_larger_than_a_record_are_split_between_pairs() {
         let mut out = BytesMut::new();
-        let value = vec![b'v'; 70_000];
-        params(&mut out, [(&b"A"[..], &b"b"[..]), (&b"BIG"[..], &value[..])]);
+        let value = vec![b'v'; 30_000];
+        let pairs = [
+            (&b"A"[..], &b"b"[..]),
+            (&b"BIG1"[..], &value[..]),
+            (&b"BIG2"[..], &value[..]),
+            (&b"BIG3"[..], &value[..]),
+        ];
+        params(&mut out, pairs);
         let records = records(&out);
         let lengths: Vec<usize> = records.iter().map(|(_, content)| content.len()).collect();
-        // 1+1+1+1 and 1+4+3+70 000 bytes of pairs: a full record, the rest, the end.
-        assert_eq!(lengths, [MAX_CONTENT, 4 + 70_008 - MAX_CONTENT, 0]);
+        // 1+1+1+1 bytes, then 1+4+4+30 000 for each big pair: two fit in a record, not three.
+        assert_eq!(lengths, [4 + 2 * 30_009, 30_009, 0]);
         assert!(records.iter().all(|(kind, _)| *kind == Kind::Params as u8));
-        let stream: Vec<u8> = records.into_iter().flat_map(|(_, content)| content).collect();
-        assert_eq!(&stream[..4], b"\x01\x01Ab");
-        assert_eq!(&stream[4..12], &[3, 0x80, 0x01, 0x11, 0x70, b'B', b'I', b'G']);
-        assert!(stream[12..].iter().all(|&b| b == b'v'));
+        // Each record holds whole pairs, which read back as written.
+        let mut read = Vec::new();
+        for (_, content) in &records {
+            let mut rest = &content[..];
+            while !rest.is_empty() {
+                let len = pair_len(rest);
+                read.push(rest[..len].to_vec());
+                rest = &rest[len..];
+            }
+        }
+        assert_eq!(read.len(), 4);
+        assert_eq!(read[0], b"\x01\x01Ab");
+        assert_eq!(&read[3][..9], &[4, 0x80, 0, 0x75, 0x30, b'B', b'I', b'G', b'3']);
+    }
+
+    #[test]
+    fn a_pair_longer_than_a_record_is_refused() {
+        let mut out = BytesMut::new();
+        let mut params = Params::new(&mut out);
+        params.pair(b"A", b"b");
+        params.pair(b"REQUEST_URI", &vec![b'x'; MAX_CONTENT]);
+        assert_eq!(params.finish(), Err(PairTooLong));
+        // The longest that fits: its lengths (1 + 4) and name (1) with it.
+        let mut out = BytesMut::new();
+        let mut params = Params::new(&mut out);
+        params.pair(b"A", b"b");
+        params.pair(b"U", &vec![b'x'; MAX_CONTENT - 6]);
+        assert_eq!(params.finish(), Ok(()));
+        assert_eq!(records(&out).len(), 3);
     }
 
     #[test]
