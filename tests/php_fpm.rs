@@ -677,6 +677,59 @@ async fn over_tls_php_is_told_https_the_scheme_and_the_protocol() {
 }
 
 /// A server that answers anything but FastCGI is a `502`, as a broken HTTP upstream is.
+/// A script whose head cannot be relayed (a header value PHP's `header()` lets through but
+/// HTTP does not, a `Status` of `1xx`) is a 502; PHP-FPM answered, so the server is not
+/// failed for it, nor is the script run again on another.
+#[tokio::test]
+async fn a_script_answer_that_cannot_be_relayed_is_a_502_not_a_server_failure() {
+    let first = PhpFpm::start(1);
+    site(&first);
+    let second = PhpFpm::start(1);
+    let runs = first.site().join("runs");
+    first.file(
+        "/bad.php",
+        r#"<?php file_put_contents(__DIR__ . '/runs', 'x', FILE_APPEND);
+if (($_GET['do'] ?? '') === 'interim') { header('Status: 103'); } else { header("X-Bad: a\x01b"); }
+echo 'body';"#,
+    );
+    let servers = format!(
+        "servers = [\"{}\", \"{}\"]\nbalance = \"round_robin\"\nretries = 1",
+        first.url(),
+        second.url()
+    );
+    let gw = site_gateway(first.site(), &servers).await;
+    for (n, path) in ["/bad.php", "/bad.php?do=interim"].into_iter().enumerate() {
+        let (status, _, body) = get(&gw.url(path)).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{path}: {body}");
+        assert_eq!(
+            std::fs::read_to_string(&runs).unwrap().len(),
+            n + 1,
+            "{path} ran once"
+        );
+    }
+    for server in [&first, &second] {
+        let label = server.url().trim_start_matches("fastcgi://").to_owned();
+        assert_eq!(
+            gw.metric(&format!(
+                "floodgate_upstream_server_up{{upstream=\"php\",server=\"{label}\"}}"
+            ))
+            .await,
+            1.0,
+            "{label}"
+        );
+    }
+    assert_eq!(
+        gw.metric("floodgate_upstream_errors_total{upstream=\"php\",kind=\"reset\"}")
+            .await,
+        2.0
+    );
+    assert_eq!(
+        gw.metric("floodgate_upstream_retries_total{upstream=\"php\"}")
+            .await,
+        0.0
+    );
+}
+
 #[tokio::test]
 async fn a_response_that_is_not_fastcgi_is_a_502() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};

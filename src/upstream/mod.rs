@@ -302,7 +302,10 @@ impl Upstream {
                 _ => Err((
                     (
                         UpstreamFailure::Connect,
-                        "a server of another protocol".to_owned(),
+                        Failed {
+                            text: "a server of another protocol".to_owned(),
+                            server_failed: true,
+                        },
                     ),
                     None,
                 )),
@@ -333,9 +336,13 @@ impl Upstream {
             trace.end_try(span, end);
             // The server slot goes back with the rest of `held`; another try takes another.
             limits = held.limits;
-            server.failed(Instant::now());
             self.failures.get(kind).inc();
-            last_failure = Some(self.failure(kind, format!("{}: {detail}", server.label)));
+            let failure = self.failure(kind, format!("{}: {}", server.label, detail.text));
+            if !detail.server_failed {
+                return Err(failure);
+            }
+            server.failed(Instant::now());
+            last_failure = Some(failure);
             body = unsent;
         }
         Err(last_failure.unwrap_or_else(|| self.failure(UpstreamFailure::NoServer, "no server tried".into())))
@@ -383,36 +390,67 @@ pub(crate) fn idempotent(method: &Method) -> bool {
     )
 }
 
-/// A failure of the server (`Ok`), or of the client's request body (`Err`, answered
-/// as it is: no other server would do better).
-fn classify(error: SendError) -> Result<(UpstreamFailure, String), GatewayError> {
+/// What a failed try tells, for the log and for the server's health.
+struct Failed {
+    text: String,
+    /// Whether the server failed: counted against it, and the request tried on another.
+    /// Not when it answered, but with a head that cannot be relayed (a PHP script's): the
+    /// application's answer, which another server would give again.
+    server_failed: bool,
+}
+
+impl Failed {
+    fn of_server(error: &dyn std::error::Error) -> Failed {
+        Failed {
+            text: detail(error),
+            server_failed: true,
+        }
+    }
+}
+
+/// A failure of the try (`Ok`), or of the client's request body (`Err`, answered as it
+/// is: no other server would do better).
+fn classify(error: SendError) -> Result<(UpstreamFailure, Failed), GatewayError> {
     match &error {
         SendError::Connect { .. } | SendError::ConnectTimeout(_) => {
-            Ok((UpstreamFailure::Connect, detail(&error)))
+            Ok((UpstreamFailure::Connect, Failed::of_server(&error)))
         }
-        SendError::Tls { .. } => Ok((UpstreamFailure::Tls, detail(&error))),
+        SendError::Tls { .. } => Ok((UpstreamFailure::Tls, Failed::of_server(&error))),
         SendError::Timeout => Ok(timed_out()),
         SendError::Exchange(ExchangeError::Body(body_error)) => Err(body_error.answer(detail(&error))),
-        SendError::Exchange(_) => Ok((UpstreamFailure::Reset, detail(&error))),
+        SendError::Exchange(_) => Ok((UpstreamFailure::Reset, Failed::of_server(&error))),
     }
 }
 
 /// [`classify`] for a FastCGI server.
-fn classify_fastcgi(error: fastcgi::FastCgiError) -> Result<(UpstreamFailure, String), GatewayError> {
+fn classify_fastcgi(error: fastcgi::FastCgiError) -> Result<(UpstreamFailure, Failed), GatewayError> {
+    use fastcgi::{ExchangeError, FastCgiError};
     match &error {
-        fastcgi::FastCgiError::Connect { .. } | fastcgi::FastCgiError::ConnectTimeout(_) => {
-            Ok((UpstreamFailure::Connect, detail(&error)))
+        FastCgiError::Connect { .. } | FastCgiError::ConnectTimeout(_) => {
+            Ok((UpstreamFailure::Connect, Failed::of_server(&error)))
         }
-        fastcgi::FastCgiError::Timeout => Ok(timed_out()),
-        fastcgi::FastCgiError::Exchange(fastcgi::ExchangeError::Body(body_error)) => {
-            Err(body_error.answer(detail(&error)))
-        }
-        fastcgi::FastCgiError::Exchange(_) => Ok((UpstreamFailure::Reset, detail(&error))),
+        FastCgiError::Timeout => Ok(timed_out()),
+        FastCgiError::Exchange(ExchangeError::Body(body_error)) => Err(body_error.answer(detail(&error))),
+        // PHP-FPM answered in FastCGI; the script's head is what cannot be relayed.
+        FastCgiError::Exchange(ExchangeError::Malformed(_)) => Ok((
+            UpstreamFailure::Reset,
+            Failed {
+                text: detail(&error),
+                server_failed: false,
+            },
+        )),
+        FastCgiError::Exchange(_) => Ok((UpstreamFailure::Reset, Failed::of_server(&error))),
     }
 }
 
-fn timed_out() -> (UpstreamFailure, String) {
-    (UpstreamFailure::Timeout, "no response headers in time".to_owned())
+fn timed_out() -> (UpstreamFailure, Failed) {
+    (
+        UpstreamFailure::Timeout,
+        Failed {
+            text: "no response headers in time".to_owned(),
+            server_failed: true,
+        },
+    )
 }
 
 /// The error and its causes on one line, for the log; a cause whose text an error

@@ -51,6 +51,10 @@ pub(super) fn parse(head: &[u8]) -> Result<(StatusCode, HeaderMap), &'static str
             if value.len() > 3 && value[3] != b' ' {
                 return Err("a Status that is not a status code");
             }
+            // An interim response has no place in a CGI answer, which is the final one.
+            if code.is_informational() {
+                return Err("an interim Status (1xx)");
+            }
             status = Some(code);
             continue;
         }
@@ -103,6 +107,9 @@ mod tests {
             b"Status: 2000\r\n\r\n",
             b"Bad Name: x\r\n\r\n",
             b"X-A: a\x01b\r\n\r\n",
+            b"Status: 100\r\n\r\n",
+            b"Status: 101 Switching Protocols\r\n\r\n",
+            b"Status: 103\r\n\r\n",
         ] {
             assert!(parse(head).is_err(), "{:?}", String::from_utf8_lossy(head));
         }
