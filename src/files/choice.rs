@@ -55,7 +55,7 @@ pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: Option<&s
             other => index_found = Some((index_path, other)),
         }
     }
-    if let Some(choice) = attempt(root, path, path_script, split_path, Some(found)) {
+    if let Some(choice) = attempt(root, path, path_script, Some(found)) {
         return choice;
     }
     let (index_path, index_found) = match index_found {
@@ -63,12 +63,12 @@ pub(crate) fn choose(root: &Root, path: &str, index: &str, split_path: Option<&s
         None => (in_directory(), None),
     };
     let index_script = script_in(&index_path, split_path);
-    if let Some(choice) = attempt(root, &index_path, index_script, split_path, index_found) {
+    if let Some(choice) = attempt(root, &index_path, index_script, index_found) {
         return choice;
     }
     if split_path.is_some() {
         let front = format!("/{index}");
-        if let Some(choice) = attempt(root, &front, script_in(&front, split_path), split_path, None) {
+        if let Some(choice) = attempt(root, &front, script_in(&front, split_path), None) {
             return choice;
         }
     }
@@ -82,11 +82,11 @@ fn attempt(
     root: &Root,
     candidate: &str,
     script: Option<(&str, &str)>,
-    split_path: Option<&str>,
     looked_up: Option<Found>,
 ) -> Option<Choice> {
-    // Without PHP, a script is never sent as its source: it is no file to serve.
-    if split_path.is_none() && split(candidate, ".php").is_some() {
+    // A PHP script that is not run (no PHP, or another `split_path`) is never sent as its
+    // source: it is no file to serve.
+    if script.is_none() && split(candidate, ".php").is_some() {
         return None;
     }
     let name = script.map_or(candidate, |(name, _)| name);
@@ -227,6 +227,17 @@ mod tests {
         assert_eq!(choose("/login.php/x"), Choice::Nothing);
         assert_eq!(choose("/articles/42"), Choice::Nothing);
         assert_eq!(choose("/.env"), Choice::Hidden);
+    }
+
+    #[test]
+    fn another_split_path_still_never_serves_a_php_file() {
+        let (_dir, root) = site();
+        let choose = |path| choose(&root, path, "index.phtml", Some(".phtml"));
+        // No `index.phtml`: no front controller either.
+        assert_eq!(choose("/login.php"), Choice::Nothing);
+        assert_eq!(choose("/LOGIN.PHP"), Choice::Nothing);
+        assert_eq!(choose("/blog/"), Choice::Nothing);
+        assert!(matches!(choose("/docs/guide.html"), Choice::Serve(..)));
     }
 
     #[test]
