@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::config::GatewayToml;
-use crate::common::{TestGateway, get, http1_client};
+use crate::common::{TestGateway, get, http1_client, raw_request};
 use http::StatusCode;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -119,6 +119,35 @@ async fn a_response_until_close_arrives_whole_on_a_connection_of_its_own() {
         assert_eq!((status, body.as_str()), (StatusCode::OK, "until the close"));
     }
     assert_eq!(connections.load(Ordering::SeqCst), 2);
+    // floodgate speaks its own version to the client (RFC 9110 §6.2), whose connection
+    // the HTTP/1.0 server's does not end.
+    let answer = raw_request(
+        gateway.addr,
+        b"GET / HTTP/1.1\r\nHost: h\r\n\r\nGET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(answer.matches("HTTP/1.1 200 OK\r\n").count(), 2, "{answer}");
+    assert_eq!(answer.matches("until the close").count(), 2, "{answer}");
+}
+
+/// HTTP/2 has no protocol switch (RFC 9113 §8.6): a `101` a server sends to a request that
+/// came over HTTP/2 cannot be passed on, and is a 502.
+#[tokio::test]
+async fn a_switch_the_server_makes_for_an_http2_client_is_a_502() {
+    let (upstream, _) = scripted_upstream(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\n",
+        false,
+    )
+    .await;
+    let gateway = gateway_to(&upstream).await;
+    let request = http::Request::get(gateway.url("/"))
+        .body(http_body_util::Full::<bytes::Bytes>::default())
+        .unwrap();
+    let response = crate::common::h2c_client()
+        .request(request)
+        .await
+        .expect("h2 request");
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
 }
 
 #[tokio::test]

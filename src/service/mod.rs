@@ -44,7 +44,7 @@ use crate::config::{
 };
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
-use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError};
+use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError, UpstreamFailure};
 use crate::files::choice::Script;
 use crate::limit::store::{ConcurrencySlot, Unit};
 use crate::metrics::Metrics;
@@ -686,6 +686,15 @@ async fn forward(
             tries,
         )
         .await?;
+    // HTTP/2 has no protocol switch (RFC 9113 §8.6): hyper would reset the stream.
+    if response.status() == http::StatusCode::SWITCHING_PROTOCOLS && parts.version == http::Version::HTTP_2 {
+        return Err(GatewayError::Upstream {
+            upstream: upstream.name().clone(),
+            kind: UpstreamFailure::Reset,
+            detail: "a protocol switch (101) for a request that came over HTTP/2".to_owned(),
+        }
+        .into());
+    }
     // An HTTP server's response head was read through the response rules.
     let mut ruled = !from_fastcgi;
     match client_upgrade {

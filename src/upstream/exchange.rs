@@ -148,7 +148,6 @@ impl Exchange {
                     }
                     let mut response = Response::new(());
                     *response.status_mut() = head.status;
-                    *response.version_mut() = head.version;
                     *response.headers_mut() = head.headers;
                     return Poll::Ready(Ok(response));
                 }

@@ -242,7 +242,6 @@ pub(super) enum ResponseFraming {
 /// A response head, read.
 pub(super) struct ResponseHead {
     pub(super) status: StatusCode,
-    pub(super) version: Version,
     pub(super) headers: HeaderMap,
     pub(super) framing: ResponseFraming,
     /// Whether the connection can carry another request once this response has been read.
@@ -316,7 +315,9 @@ pub(super) fn read_response_head(
         // length the `Content-Length` lines agree on.
         let mut codings = None;
         let mut length = Ok(None);
-        let mut saw_length = false;
+        // The `Content-Length` lines: how many, and the first as it was sent.
+        let mut length_lines = 0;
+        let mut sent_length = None;
         // What `Connection` names besides the hop-by-hop headers (rarely anything).
         let mut named = Vec::new();
         // Hop-by-hop headers go no further than this connection, but for a protocol
@@ -337,7 +338,6 @@ pub(super) fn read_response_head(
                 }
                 Role::TransferEncoding => codings = Some(value.clone()),
                 Role::ContentLength => {
-                    saw_length = true;
                     // An error matters only where the length frames the body (not for `HEAD`).
                     length = match (length, parse_length_list(value.as_bytes())) {
                         (Ok(Some(before)), Ok(Some(this))) if before != this => {
@@ -346,6 +346,10 @@ pub(super) fn read_response_head(
                         (Ok(before), Ok(this)) => Ok(this.or(before)),
                         (Err(error), _) | (_, Err(error)) => Err(error),
                     };
+                    length_lines += 1;
+                    sent_length.get_or_insert(value);
+                    // Forwarded below, as one number.
+                    continue;
                 }
                 Role::HopByHop | Role::EndToEnd => {}
             }
@@ -362,19 +366,24 @@ pub(super) fn read_response_head(
         for (name, value) in set {
             headers.append(name.clone(), value.clone());
         }
-        let framing = response_framing(status, version, (codings.as_ref(), length), to_head)?;
-        // A response with both a length and a transfer coding is read by the coding, its
-        // length removed before it goes on (RFC 9112 section 6.3), and its connection is
-        // never trusted with another request.
-        let ambiguous = codings.is_some() && saw_length;
-        if ambiguous {
-            headers.remove(CONTENT_LENGTH);
+        // The length goes on as the one number it is (RFC 9110 §8.6): a list of equal
+        // values or a repeated line as that number, an invalid one (which only a response
+        // without a body gets past the framing with) not at all. A response with both a
+        // length and a transfer coding is read by the coding, its length dropped (RFC 9112
+        // §6.3), and its connection is never trusted with another request.
+        let ambiguous = codings.is_some() && length_lines > 0;
+        if let (Ok(Some(number)), Some(sent), false) = (&length, sent_length, ambiguous) {
+            let plain = length_lines == 1 && sent.as_bytes().iter().all(u8::is_ascii_digit);
+            headers.append(
+                CONTENT_LENGTH,
+                if plain { sent } else { HeaderValue::from(*number) },
+            );
         }
+        let framing = response_framing(status, version, (codings.as_ref(), length), to_head)?;
         let reusable = !matches!(framing, ResponseFraming::UntilClose | ResponseFraming::Switched);
         let keep_alive = keep_alive && !close && reusable && !ambiguous;
         return Ok(Some(ResponseHead {
             status,
-            version,
             headers,
             framing,
             keep_alive,
@@ -710,6 +719,37 @@ mod tests {
         );
         let to_head = head("HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n", Method::HEAD);
         assert_eq!(to_head.unwrap().unwrap().framing, ResponseFraming::Length(0));
+    }
+
+    #[test]
+    fn a_length_goes_on_as_the_one_number_it_is() {
+        let forwarded = |text: &str, method: Method| -> Vec<String> {
+            let head = head(text, method).unwrap().unwrap();
+            head.headers
+                .get_all(CONTENT_LENGTH)
+                .iter()
+                .map(|value| value.to_str().unwrap().to_owned())
+                .collect()
+        };
+        let get = |text: &str| forwarded(text, Method::GET);
+        assert_eq!(get("HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n"), ["7"]);
+        assert_eq!(get("HTTP/1.1 200 OK\r\nContent-Length: 7, 7\r\n\r\n"), ["7"]);
+        assert_eq!(
+            get("HTTP/1.1 200 OK\r\nContent-Length: 7\r\nX-A: b\r\nContent-Length: 7\r\n\r\n"),
+            ["7"]
+        );
+        assert_eq!(get("HTTP/1.1 200 OK\r\nContent-Length: 007\r\n\r\n"), ["007"]);
+        assert_eq!(
+            get("HTTP/1.1 304 Not Modified\r\nContent-Length: 5, 5\r\n\r\n"),
+            ["5"]
+        );
+        // Framing nothing, an invalid one is dropped rather than passed on.
+        for invalid in ["abc", "5, 6", ""] {
+            let text = format!("HTTP/1.1 200 OK\r\nContent-Length: {invalid}\r\n\r\n");
+            assert!(forwarded(&text, Method::HEAD).is_empty(), "{invalid:?}");
+        }
+        let chunked = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert!(get(chunked).is_empty());
     }
 
     #[test]
