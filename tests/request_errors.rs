@@ -505,6 +505,53 @@ async fn a_body_paused_longer_than_body_timeout_is_a_408_and_aborted_upstream() 
     );
 }
 
+/// An upstream's `timeout` is the server's: waiting for a client's slow body is not
+/// counted against it, nor the server failed for it; the server gets its `timeout` from
+/// the body's end.
+#[tokio::test]
+async fn a_slow_upload_does_not_use_up_the_servers_timeout() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::proxy_to(&upstream, "", "timeout = \"300ms\"").await;
+    let mut client = TcpStream::connect(gw.addr).await.unwrap();
+    client
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\nConnection: close\r\n\r\nab")
+        .await
+        .unwrap();
+    // Each pause within body_timeout; together longer than the server's timeout.
+    for byte in [b"c", b"d"] {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        client.write_all(byte).await.unwrap();
+    }
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut answer))
+        .await
+        .expect("answered")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(status_line(&answer), "HTTP/1.1 200 OK", "{answer}");
+    assert!(answer.ends_with("body-bytes: 4\n"), "{answer}");
+    assert_eq!(
+        gw.metric("floodgate_upstream_errors_total{upstream=\"app\",kind=\"timeout\"}")
+            .await,
+        0.0
+    );
+    // A server that has the whole body and does not answer still runs out of it.
+    let (url, _) = body_reading_upstream().await;
+    let gw = TestGateway::start(GatewayToml::new().proxy_to(&url, "timeout = \"300ms\"")).await;
+    let started = Instant::now();
+    let answer = raw_request(
+        gw.addr,
+        b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\nConnection: close\r\n\r\nabcd",
+    )
+    .await;
+    assert_eq!(status_line(&answer), "HTTP/1.1 504 Gateway Timeout", "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// How long until the gateway ends a connection on which `sent` was written.
 async fn disconnected_after(addr: SocketAddr, sent: &[u8]) -> (Duration, Vec<u8>) {
     let started = Instant::now();

@@ -21,8 +21,9 @@ pub(super) trait Exchanging: Send + 'static {
 
     fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Self::Head, Self::Error>>;
 
-    /// Whether the deadline of the connection's timer has passed.
-    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()>;
+    /// Whether the deadline of the connection's timer has passed, the server's `timeout`
+    /// counted as the protocol's exchange counts it.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>, timeout: Duration) -> Poll<()>;
 
     /// The response body the exchange goes on to read.
     fn into_response_body(self: Box<Self>) -> Self::Body;
@@ -63,7 +64,7 @@ pub(super) async fn head<X: Exchanging, K: Send + 'static>(
     let answer = poll_fn(|cx| {
         let exchange = detached.exchange.as_mut().expect("until answered");
         match exchange.poll_head(cx) {
-            Poll::Pending if exchange.poll_deadline(cx).is_ready() => Poll::Ready(Err(None)),
+            Poll::Pending if exchange.poll_deadline(cx, timeout).is_ready() => Poll::Ready(Err(None)),
             polled => polled.map_err(Some),
         }
     })

@@ -9,6 +9,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::Response;
@@ -77,6 +78,8 @@ pub(crate) struct Exchange {
     /// A write that failed (the server closed its side): kept while the answer is read,
     /// since a server may answer before it has read the whole request, and close.
     write_failed: Option<io::Error>,
+    /// Whether the deadline was set again from the end of the request's body.
+    timed_from_body_end: bool,
 }
 
 impl Exchange {
@@ -106,6 +109,7 @@ impl Exchange {
             answered: false,
             deferred: None,
             write_failed: None,
+            timed_from_body_end: false,
         }
     }
 
@@ -157,11 +161,24 @@ impl Exchange {
     }
 
     /// Whether the deadline of the connection's timer has passed (then the response head
-    /// came too late).
-    pub(super) fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        match self.connection.as_mut() {
-            Some(connection) => connection.deadline.as_mut().poll(cx),
-            None => Poll::Pending,
+    /// came too late). `timeout` is the server's: a request with a body gets it from the
+    /// body's end, and a deadline reached while the client has yet to send the body's
+    /// next frame is moved on by it (`server.body_timeout` bounds the client's pauses).
+    pub(super) fn poll_deadline(&mut self, cx: &mut Context<'_>, timeout: Duration) -> Poll<()> {
+        let Some(connection) = self.connection.as_mut() else {
+            return Poll::Pending;
+        };
+        let mut deadline = connection.deadline.as_mut();
+        if !self.timed_from_body_end && self.sending.had_body() && self.sending.is_done() {
+            self.timed_from_body_end = true;
+            deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
+        }
+        loop {
+            ready!(deadline.as_mut().poll(cx));
+            if !self.sending.awaits_client() {
+                return Poll::Ready(());
+            }
+            deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
         }
     }
 

@@ -218,8 +218,8 @@ impl Exchanging for Exchange {
         Exchange::poll_head(self, cx)
     }
 
-    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        Exchange::poll_deadline(self, cx)
+    fn poll_deadline(&mut self, cx: &mut Context<'_>, timeout: Duration) -> Poll<()> {
+        Exchange::poll_deadline(self, cx, timeout)
     }
 
     fn into_response_body(self: Box<Self>) -> UpstreamBody {

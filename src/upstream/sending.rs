@@ -40,6 +40,8 @@ pub(super) struct Sending<F> {
     written: bool,
     /// Whether what was written may still sit in a TLS stream's buffer.
     unflushed: bool,
+    /// Whether the last write stopped for the body's next frame: the client's to send.
+    awaiting_body: bool,
 }
 
 impl<F: BodyFraming> Sending<F> {
@@ -53,6 +55,7 @@ impl<F: BodyFraming> Sending<F> {
             body_read: false,
             written: false,
             unflushed: false,
+            awaiting_body: false,
         }
     }
 
@@ -93,6 +96,17 @@ impl<F: BodyFraming> Sending<F> {
         self.write.advance(n);
     }
 
+    /// Whether the request waits for the client: everything so far written, the body's
+    /// next frame not yet come.
+    pub(super) fn awaits_client(&self) -> bool {
+        self.awaiting_body
+    }
+
+    /// Whether the request has a body of which something was read.
+    pub(super) fn had_body(&self) -> bool {
+        self.body_read
+    }
+
     /// Whether nothing of the request reached the server and none of its body was read:
     /// then it can go out again, whatever its method.
     pub(super) fn untouched(&self) -> bool {
@@ -115,6 +129,7 @@ impl<F: BodyFraming> Sending<F> {
         stream: &mut S,
         cx: &mut Context<'_>,
     ) -> Result<(), F::Error> {
+        self.awaiting_body = false;
         loop {
             // A body already ended (a request without one) ends in the same write as the
             // head before it.
@@ -173,7 +188,10 @@ impl<F: BodyFraming> Sending<F> {
                     self.queue_end()?;
                 }
                 Poll::Ready(Some(Err(error))) => return Err(error.into()),
-                Poll::Pending => return Ok(()),
+                Poll::Pending => {
+                    self.awaiting_body = true;
+                    return Ok(());
+                }
             }
         }
     }

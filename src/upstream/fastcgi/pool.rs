@@ -215,7 +215,8 @@ impl Exchanging for Exchange {
         Exchange::poll_head(self, cx)
     }
 
-    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// A body PHP-FPM gets was read whole first: the deadline runs from the start.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>, _: Duration) -> Poll<()> {
         Exchange::poll_deadline(self, cx)
     }
 
