@@ -105,6 +105,18 @@ async fn bad_requests_name_the_part() {
     let (status, body) = admin(&gw, Method::GET, &format!("{ALICE}&cookie:sid=1"), Some(TOKEN)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body["error"].as_str().unwrap().contains("cookie:sid"), "{body}");
+    // An address that is none names no key the gateway could have made.
+    for address in ["203.0.113.7:80", "nobody", ""] {
+        let (status, body) = admin(
+            &gw,
+            Method::GET,
+            &format!("/limits/login/state?client_ip={address}&header:x-user=alice"),
+            Some(TOKEN),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{address:?}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("client_ip"), "{body}");
+    }
     let (status, _) = admin(
         &gw,
         Method::GET,
@@ -218,6 +230,11 @@ async fn a_key_with_an_override_reads_with_its_parameters_and_the_scheme_is_case
     assert_eq!(
         admin(&gw, Method::GET, &read("free"), Some(TOKEN)).await.1["exempt"],
         true
+    );
+    // Reset, an exempt key is cleared of what it held under the limit's own parameters.
+    assert_eq!(
+        admin(&gw, Method::DELETE, &read("free"), Some(TOKEN)).await.0,
+        StatusCode::NO_CONTENT
     );
     let request = Request::get(gw.admin_url("/limits"))
         .header("authorization", format!("bearer {TOKEN}"))

@@ -121,6 +121,9 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
     let algorithm = match rate.overrides.find(&tuple, client_ip, |i| parts[i].clone()) {
         None => &rate.algorithm,
         Some(Override::Algorithm(overridden)) => overridden,
+        // Decided against nothing, an exempt key has no state to tell; a reset clears what
+        // it held under the limit's own parameters (before it was exempt).
+        Some(Override::Exempt) if method == Method::DELETE => &rate.algorithm,
         Some(Override::Exempt) => {
             return json_answer(
                 StatusCode::OK,

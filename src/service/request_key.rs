@@ -128,11 +128,18 @@ pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<NamedTuple, 
         let Some((_, value)) = given.iter().find(|(given, _)| *given == name) else {
             return Err(format!("missing key part {name:?}"));
         };
-        // An address as the request path writes it (`::ffff:1.2.3.4` is 1.2.3.4, say).
-        let canonical = (*part == KeyPart::ClientIp)
-            .then(|| std::str::from_utf8(value).ok()?.parse::<std::net::IpAddr>().ok())
-            .flatten()
-            .map(|ip| crate::client_ip::ip_text(ip.to_canonical()).into_bytes());
+        // An address as the request path writes it (`::ffff:1.2.3.4` is 1.2.3.4, say); a
+        // value that is no address names no key the request path could have made.
+        let canonical = match part {
+            KeyPart::ClientIp => {
+                let ip = std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|text| text.parse::<std::net::IpAddr>().ok())
+                    .ok_or_else(|| format!("{name:?} is not an IP address"))?;
+                Some(crate::client_ip::ip_text(ip.to_canonical()).into_bytes())
+            }
+            _ => None,
+        };
         let value = canonical.as_deref().unwrap_or(value);
         let kind = if *part == KeyPart::ClientIp {
             PartKind::ClientIp
