@@ -36,7 +36,7 @@ pub(crate) struct Unsent<E> {
     pub(crate) body: Option<RequestBody>,
 }
 
-/// A pool's error for a try whose deadline passed: what was sent of the request is lost.
+/// A pool's error for a try whose deadline passed.
 pub(super) trait TimedOut {
     fn timed_out() -> Self;
 }
@@ -65,20 +65,16 @@ where
         detach,
         ..
     } = plan;
-    let timed_out = || Unsent {
-        error: E::timed_out(),
-        body: None,
-    };
     loop {
         let (connection, reused) = match idle.take_or_connect(deadline, &connect).await {
             Ok(taken) => taken,
-            Err(Some(error)) => {
+            // Nothing sent: the body goes on to another try, whatever the method.
+            Err(error) => {
                 return Err(Unsent {
-                    error,
+                    error: error.unwrap_or_else(E::timed_out),
                     body: Some(body),
                 });
             }
-            Err(None) => return Err(timed_out()),
         };
         let exchange = exchange(connection, body);
         let (exchange, answer) =
@@ -95,8 +91,14 @@ where
             {
                 body = exchange.into_body().unwrap_or_else(RequestBody::empty);
             }
-            // Past the deadline the exchange is dropped, its connection closed.
-            Err(None) => return Err(timed_out()),
+            // Past the deadline the exchange is dropped, its connection closed; its body
+            // goes on only if none of the request was sent.
+            Err(None) => {
+                return Err(Unsent {
+                    error: E::timed_out(),
+                    body: exchange.into_body(),
+                });
+            }
             Err(Some(error)) => {
                 return Err(Unsent {
                     body: exchange.into_body(),
