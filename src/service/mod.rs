@@ -248,10 +248,12 @@ async fn serve(
     // The access record owns the normalized path; the request path borrows it from there.
     let checked =
         request_head::check(request).and_then(|head| Ok((head, normalize_path(request.uri.path())?)));
-    let head = match checked {
+    let (head, rewritten) = match checked {
         Ok((head, path)) => {
+            // A path that normalization left as it was holds no escape.
+            let rewritten = matches!(path, Cow::Owned(_));
             record.path = path.into_owned();
-            head
+            (head, rewritten)
         }
         Err(e) => {
             record.path = request.uri.path().to_owned();
@@ -277,7 +279,10 @@ async fn serve(
     let host = host.as_ref();
     let path = record.path.as_str();
     // What routes, limits' keys and `strip_prefix` read: encoded slashes as slashes.
-    let routed = slashes_decoded(path).map_err(GatewayError::from)?;
+    let routed = match rewritten {
+        true => slashes_decoded(path).map_err(GatewayError::from)?,
+        false => Cow::Borrowed(path),
+    };
     // Before routing, limits and redirect_http: the CA must reach it.
     // Boxed: rare, and its storage lookup would otherwise enlarge every request's future.
     if !client.peer.tls
