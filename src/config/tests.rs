@@ -224,6 +224,14 @@ fn path_and_prefix_are_exclusive_and_normalized() {
     assert!(message.contains("normalized path"), "{message}");
     let (_, _, key, _) = error("[[routes]]\nname = \"r\"\npath = \"api\"\nrespond = {}\n");
     assert_eq!(key, "routes[0].path");
+    // Routes read encoded slashes as slashes: a route spelling one would never match.
+    for path in ["/files/a%2Fb", "/files/a%2fb"] {
+        let (_, _, key, message) = error(&format!(
+            "[[routes]]\nname = \"r\"\npath = \"{path}\"\nrespond = {{}}\n"
+        ));
+        assert_eq!(key, "routes[0].path");
+        assert!(message.contains("%2F"), "{message}");
+    }
 }
 
 #[test]

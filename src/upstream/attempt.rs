@@ -42,7 +42,8 @@ pub(super) trait TimedOut {
 }
 
 /// Sends the request of `plan` on a connection from `idle` or from `connect`, in the
-/// exchange `exchange` makes, and waits for the response head until the plan's deadline.
+/// exchange `exchange` makes, and waits for the response head until the plan's deadline
+/// (the connection's timer, which the exchange may move on while the body goes out).
 pub(super) async fn attempt<S, X, E, F, K>(
     idle: &IdlePool<Connection<S>>,
     connect: impl Fn() -> F,
@@ -77,8 +78,7 @@ where
             }
         };
         let exchange = exchange(connection, body);
-        let (exchange, answer) =
-            detach::head(exchange, detach.then_some(&mut *keep), deadline, timeout).await;
+        let (exchange, answer) = detach::head(exchange, detach.then_some(&mut *keep), timeout).await;
         match answer {
             Ok(head) => return Ok((exchange, head)),
             // A pooled connection the server had closed: the request goes out again on

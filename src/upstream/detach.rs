@@ -25,6 +25,10 @@ pub(super) trait Exchanging: Send + 'static {
     /// counted as the protocol's exchange counts it.
     fn poll_deadline(&mut self, cx: &mut Context<'_>, timeout: Duration) -> Poll<()>;
 
+    /// When the connection's timer passes, as `poll_deadline` last set it (`None`
+    /// without a connection).
+    fn deadline(&self) -> Option<tokio::time::Instant>;
+
     /// The response body the exchange goes on to read.
     fn into_response_body(self: Box<Self>) -> Self::Body;
 
@@ -46,30 +50,37 @@ pub(super) trait Exchanging: Send + 'static {
 /// (then `Err(None)`), and gives the exchange back with it.
 ///
 /// `keep`, when a cap counts the request, is what the request holds while the server
-/// works on it: if this future is dropped before the head and before `deadline` (its
+/// works on it: if this future is dropped before the head and before that deadline (its
 /// client left), the exchange goes on in a task of its own that takes `keep`, reads the
 /// answer and discards it for at most `timeout` ([`go_on`]).
 pub(super) async fn head<X: Exchanging, K: Send + 'static>(
     exchange: Box<X>,
     keep: Option<&mut Option<K>>,
-    deadline: tokio::time::Instant,
     timeout: Duration,
 ) -> (Box<X>, Result<X::Head, Option<X::Error>>) {
     let mut detached = Detached {
         exchange: Some(exchange),
         keep,
-        deadline,
         timeout,
     };
     let answer = poll_fn(|cx| {
         let exchange = detached.exchange.as_mut().expect("until answered");
-        match exchange.poll_head(cx) {
-            Poll::Pending if exchange.poll_deadline(cx, timeout).is_ready() => Poll::Ready(Err(None)),
-            polled => polled.map_err(Some),
-        }
+        poll_answer(&mut **exchange, cx, timeout)
     })
     .await;
     (detached.exchange.take().expect("until answered"), answer)
+}
+
+/// The response head, or `Err(None)` once the connection's timer has passed.
+fn poll_answer<X: Exchanging>(
+    exchange: &mut X,
+    cx: &mut Context<'_>,
+    timeout: Duration,
+) -> Poll<Result<X::Head, Option<X::Error>>> {
+    match exchange.poll_head(cx) {
+        Poll::Pending if exchange.poll_deadline(cx, timeout).is_ready() => Poll::Ready(Err(None)),
+        polled => polled.map_err(Some),
+    }
 }
 
 /// An exchange awaited for its head; dropped before (its client left) with `keep` and
@@ -77,7 +88,6 @@ pub(super) async fn head<X: Exchanging, K: Send + 'static>(
 struct Detached<'a, X: Exchanging, K: Send + 'static> {
     exchange: Option<Box<X>>,
     keep: Option<&'a mut Option<K>>,
-    deadline: tokio::time::Instant,
     timeout: Duration,
 }
 
@@ -86,18 +96,25 @@ impl<X: Exchanging, K: Send + 'static> Drop for Detached<'_, X, K> {
         let (Some(mut exchange), Some(keep)) = (self.exchange.take(), self.keep.take()) else {
             return;
         };
+        let Some(deadline) = exchange.deadline() else {
+            return;
+        };
+        let timeout = self.timeout;
         let body = async move {
-            poll_fn(|cx| exchange.poll_head(cx)).await.ok()?;
+            poll_fn(|cx| poll_answer(&mut *exchange, cx, timeout))
+                .await
+                .ok()?;
             Some(exchange.into_response_body())
         };
-        go_on(body, keep, self.deadline, self.timeout);
+        go_on(body, keep, deadline, timeout);
     }
 }
 
 /// Goes on with an exchange whose client left, in a task of its own: takes `keep`, waits
-/// for the response `body` until `deadline`, reads and discards it ([`discard`]), and
-/// only then drops what it took. Past the deadline (read only now, on this rare path) the
-/// try failed: nothing goes on, and `keep` stays with the caller, who answers the failure.
+/// for the response `body` (which gives up at the connection's timer), reads and
+/// discards it ([`discard`]), and only then drops what it took. Past `deadline`, the
+/// timer's when the client left (read only now, on this rare path), the try failed:
+/// nothing goes on, and `keep` stays with the caller, who answers the failure.
 fn go_on<B, K>(
     body: impl Future<Output = Option<B>> + Send + 'static,
     keep: &mut Option<K>,
@@ -115,7 +132,7 @@ fn go_on<B, K>(
     };
     let keep = keep.take();
     runtime.spawn(async move {
-        if let Ok(Some(body)) = tokio::time::timeout_at(deadline, body).await {
+        if let Some(body) = body.await {
             discard(body, keep, timeout).await;
         }
     });

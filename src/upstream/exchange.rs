@@ -161,9 +161,11 @@ impl Exchange {
     }
 
     /// Whether the deadline of the connection's timer has passed (then the response head
-    /// came too late). `timeout` is the server's: a request with a body gets it from the
-    /// body's end, and a deadline reached while the client has yet to send the body's
-    /// next frame is moved on by it (`server.body_timeout` bounds the client's pauses).
+    /// came too late). `timeout` is the server's time to answer, from the body's end for
+    /// a request with a body; while the body is still going out, the deadline passes only
+    /// after `timeout` without progress: it moves on while the client has yet to send the
+    /// body's next frame (`server.body_timeout` bounds those pauses) or when bytes went to
+    /// the server since it was last reached.
     pub(super) fn poll_deadline(&mut self, cx: &mut Context<'_>, timeout: Duration) -> Poll<()> {
         let Some(connection) = self.connection.as_mut() else {
             return Poll::Pending;
@@ -175,11 +177,20 @@ impl Exchange {
         }
         loop {
             ready!(deadline.as_mut().poll(cx));
-            if !self.sending.awaits_client() {
+            let progressing =
+                !self.sending.is_done() && (self.sending.awaits_client() || self.sending.take_progress());
+            if !progressing {
                 return Poll::Ready(());
             }
             deadline.as_mut().reset(tokio::time::Instant::now() + timeout);
         }
+    }
+
+    /// When the connection's timer passes, as [`Exchange::poll_deadline`] last set it.
+    pub(super) fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.connection
+            .as_ref()
+            .map(|connection| connection.deadline.deadline())
     }
 
     /// The next piece of the response body; `None` at its end, when the connection goes

@@ -222,8 +222,8 @@ impl Upstream {
         [&self.config.base_path, path, mark, query]
     }
 
-    /// Sends `request` to a server and waits for the response headers, at most the
-    /// upstream's `timeout` per try; after a failure, tries other servers as `retries`
+    /// Sends `request` to a server and waits for the response headers, the upstream's
+    /// `timeout` per try (as `upstream::exchange` counts it while a body goes out); after a failure, tries other servers as `retries`
     /// allows. `hash_tuple` is the request's `hash_key` tuple (with `balance = "hash"`);
     /// `instances` the live gateway instances that share `max_requests`; `limits` the
     /// request's concurrency-limit slots, held with its server slot from then on. Each try

@@ -176,8 +176,9 @@ impl Pool {
     }
 
     /// Sends the request whose head is `head`, naming the plan's span as the try's in its
-    /// `traceparent`, with its body, and waits for the response head until its deadline
-    /// (then [`SendError::Timeout`]). A request that did not reach the server comes back
+    /// `traceparent`, with its body, and waits for the response head until the plan's
+    /// deadline, or later as the exchange moves it on while the body goes out (then
+    /// [`SendError::Timeout`]). A request that did not reach the server comes back
     /// with the error; on a pooled connection the server had closed, it goes out again on
     /// another when nothing of it reached the server or it is `repeatable` (idempotent,
     /// without a body).
@@ -220,6 +221,10 @@ impl Exchanging for Exchange {
 
     fn poll_deadline(&mut self, cx: &mut Context<'_>, timeout: Duration) -> Poll<()> {
         Exchange::poll_deadline(self, cx, timeout)
+    }
+
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        Exchange::deadline(self)
     }
 
     fn into_response_body(self: Box<Self>) -> UpstreamBody {

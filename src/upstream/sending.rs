@@ -42,6 +42,8 @@ pub(super) struct Sending<F> {
     unflushed: bool,
     /// Whether the last write stopped for the body's next frame: the client's to send.
     awaiting_body: bool,
+    /// Whether bytes were written since [`Sending::take_progress`] last asked.
+    progressed: bool,
 }
 
 impl<F: BodyFraming> Sending<F> {
@@ -56,6 +58,7 @@ impl<F: BodyFraming> Sending<F> {
             written: false,
             unflushed: false,
             awaiting_body: false,
+            progressed: false,
         }
     }
 
@@ -100,6 +103,11 @@ impl<F: BodyFraming> Sending<F> {
     /// next frame not yet come.
     pub(super) fn awaits_client(&self) -> bool {
         self.awaiting_body
+    }
+
+    /// Whether bytes went to the server since the last time this was asked.
+    pub(super) fn take_progress(&mut self) -> bool {
+        std::mem::take(&mut self.progressed)
     }
 
     /// Whether the request has a body of which something was read.
@@ -158,6 +166,7 @@ impl<F: BodyFraming> Sending<F> {
                     Poll::Ready(n) => {
                         self.consume(n);
                         self.written = true;
+                        self.progressed = true;
                         self.unflushed = true;
                         continue;
                     }

@@ -138,6 +138,13 @@ impl Exchange {
         }
     }
 
+    /// When the connection's timer passes.
+    pub(super) fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.connection
+            .as_ref()
+            .map(|connection| connection.deadline.deadline())
+    }
+
     /// The next piece of the response body; `None` at its end, when the connection goes
     /// back to the pool if it can carry another request.
     pub(crate) fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ExchangeError>>> {

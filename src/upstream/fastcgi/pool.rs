@@ -220,6 +220,10 @@ impl Exchanging for Exchange {
         Exchange::poll_deadline(self, cx)
     }
 
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        Exchange::deadline(self)
+    }
+
     fn into_response_body(self: Box<Self>) -> FastCgiBody {
         FastCgiBody { exchange: Some(self) }
     }
