@@ -552,6 +552,48 @@ async fn a_slow_upload_does_not_use_up_the_servers_timeout() {
     );
 }
 
+/// While a body goes out, the server's `timeout` is time without progress: a server that
+/// reads a large body slowly, but steadily, past its `timeout`, then answers, is not
+/// timed out. (What the kernel's buffers hold once written is the server's to read: the
+/// body is larger than they are, and its last half is read at once.)
+#[tokio::test]
+async fn a_server_reading_a_large_body_steadily_is_not_timed_out() {
+    const BODY: usize = 16 << 20;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut seen = 0;
+        let mut buf = vec![0u8; 512 * 1024];
+        while seen < BODY {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen += n,
+            }
+            // The first half at about 8 MB a second: a second, past the 300 ms timeout.
+            if seen < BODY / 2 {
+                tokio::time::sleep(Duration::from_millis(60)).await;
+            }
+        }
+        let _ = stream
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\nconnection: close\r\n\r\nread")
+            .await;
+    });
+    let gw = TestGateway::start(GatewayToml::new().proxy_to(&url, "timeout = \"300ms\"")).await;
+    let request = Request::post(gw.url("/upload"))
+        .body(Full::new(Bytes::from(vec![b'x'; BODY])))
+        .unwrap();
+    let started = Instant::now();
+    let (status, _, body) = send(request).await;
+    let elapsed = started.elapsed();
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "read"),
+        "after {elapsed:?}"
+    );
+    assert!(elapsed > Duration::from_millis(600), "{elapsed:?}");
+}
+
 /// How long until the gateway ends a connection on which `sent` was written.
 async fn disconnected_after(addr: SocketAddr, sent: &[u8]) -> (Duration, Vec<u8>) {
     let started = Instant::now();
