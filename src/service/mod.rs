@@ -372,7 +372,8 @@ async fn serve(
             }
         }
         Target::Upstream(upstream) => 'forwarded: {
-            // The path as the upstream gets it; limits and `hash` keys read the client's.
+            // The path as the upstream gets it; limits and `hash` keys read the client's
+            // (its encoded slashes as slashes).
             let forwarded = forwarded_path(route_config, path, &routed);
             // A site's path comes to a file, served here, or a script for PHP-FPM.
             let script = match &route_config.site {
