@@ -266,6 +266,34 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
         0.0
     );
 
+    // A reload that changes the table but not its set of names (their order): the stored
+    // certificate is the one served, and nothing is ordered.
+    std::fs::write(&path, toml(&["b.test", "a.test"])).unwrap();
+    let reloader = Reloader::new(
+        gateway.shared.clone(),
+        Box::new({
+            let path = path.clone();
+            move || Config::load(&path)
+        }),
+    );
+    assert!(
+        tokio::task::spawn_blocking(move || reloader.reload("test"))
+            .await
+            .unwrap()
+    );
+    // An order pebble completes takes about a second.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        orders(&gateway, "ok").await + orders(&gateway, "error").await,
+        0.0
+    );
+    assert_eq!(
+        presented(&client.connector, gateway.tls.unwrap(), "b.test")
+            .await
+            .as_ref(),
+        Some(&first)
+    );
+
     // A reload that adds a name orders for the new set, from a CA that forgot the stored
     // account (pebble restarted): a new account is made.
     pebble.restart();

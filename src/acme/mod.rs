@@ -322,7 +322,12 @@ impl Shared {
             Err(error) => return self.warn_storage(&error),
         };
         let current = self.served.load_full();
-        if current.as_ref().is_some_and(|served| served.stored == stored) {
+        // Served already, and as this configuration's (one inherited from the previous
+        // configuration is installed again, which sets when it is renewed).
+        if current
+            .as_ref()
+            .is_some_and(|served| served.stored == stored && !served.inherited)
+        {
             return;
         }
         match served(stored) {
