@@ -173,6 +173,17 @@ fn facts(certificate: &CertificateDer<'_>) -> (Vec<String>, i64) {
     (names, parsed.validity().not_after.timestamp())
 }
 
+/// Reloads `gateway` from the file at `path`, which must load.
+async fn reload(gateway: &TestGateway, path: &std::path::Path) {
+    let path = path.to_owned();
+    let reloader = Reloader::new(gateway.shared.clone(), Box::new(move || Config::load(&path)));
+    assert!(
+        tokio::task::spawn_blocking(move || reloader.reload("test"))
+            .await
+            .unwrap()
+    );
+}
+
 async fn orders(gateway: &TestGateway, result: &str) -> f64 {
     gateway
         .metric(&format!("floodgate_acme_orders_total{{result=\"{result}\"}}"))
@@ -269,18 +280,7 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
     // A reload that changes the table but not its set of names (their order): the stored
     // certificate is the one served, and nothing is ordered.
     std::fs::write(&path, toml(&["b.test", "a.test"])).unwrap();
-    let reloader = Reloader::new(
-        gateway.shared.clone(),
-        Box::new({
-            let path = path.clone();
-            move || Config::load(&path)
-        }),
-    );
-    assert!(
-        tokio::task::spawn_blocking(move || reloader.reload("test"))
-            .await
-            .unwrap()
-    );
+    reload(&gateway, &path).await;
     // An order pebble completes takes about a second.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
@@ -299,18 +299,7 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
     pebble.restart();
     let client = Trusting::new(&pebble).await;
     std::fs::write(&path, toml(&["a.test", "b.test", "c.test"])).unwrap();
-    let reloader = Reloader::new(
-        gateway.shared.clone(),
-        Box::new({
-            let path = path.clone();
-            move || Config::load(&path)
-        }),
-    );
-    assert!(
-        tokio::task::spawn_blocking(move || reloader.reload("test"))
-            .await
-            .unwrap()
-    );
+    reload(&gateway, &path).await;
     // Meanwhile the previous certificate goes on serving its names (it is not trusted by
     // the restarted pebble's root: see it unchecked).
     let meanwhile = presented(&unverified_client(&[b"http/1.1"]), gateway.tls.unwrap(), "a.test")

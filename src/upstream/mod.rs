@@ -302,10 +302,7 @@ impl Upstream {
                 _ => Err((
                     (
                         UpstreamFailure::Connect,
-                        Failed {
-                            text: "a server of another protocol".to_owned(),
-                            server_failed: true,
-                        },
+                        Failed::of_server_saying("a server of another protocol".to_owned()),
                     ),
                     None,
                 )),
@@ -401,8 +398,12 @@ struct Failed {
 
 impl Failed {
     fn of_server(error: &dyn std::error::Error) -> Failed {
+        Failed::of_server_saying(detail(error))
+    }
+
+    fn of_server_saying(text: String) -> Failed {
         Failed {
-            text: detail(error),
+            text,
             server_failed: true,
         }
     }
@@ -446,10 +447,7 @@ fn classify_fastcgi(error: fastcgi::FastCgiError) -> Result<(UpstreamFailure, Fa
 fn timed_out() -> (UpstreamFailure, Failed) {
     (
         UpstreamFailure::Timeout,
-        Failed {
-            text: "no response headers in time".to_owned(),
-            server_failed: true,
-        },
+        Failed::of_server_saying("no response headers in time".to_owned()),
     )
 }
 
