@@ -6,7 +6,8 @@
 //! renewal of pebble's short-lived certificates without a restart, and earlier when the
 //! CA's renewal information (ARI, added in front of pebble 2.4, which has none) says so;
 //! instances sharing Redis that order once, the CA reaching another instance than the one
-//! ordering; a CA that is down at start.
+//! ordering, with a flood of made-up tokens beside the CA's request; a CA that is down
+//! at start.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -538,6 +539,55 @@ async fn instances_sharing_redis_order_once_and_answer_each_others_challenges() 
     for key in keys.lines() {
         assert_eq!(redis.cli(&["TTL", key]).trim(), "-1", "{key}");
     }
+}
+
+/// A flood of made-up http-01 tokens, while storage is slow to answer, takes no room from
+/// the CA's own request on an instance that answers from Redis: every lookup waits for
+/// one read of what the instances published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_made_up_tokens_does_not_turn_the_cas_request_away() {
+    let redis = RedisServer::start();
+    let pebble = Pebble::start(closed_port(), closed_port(), None);
+    let site = Site {
+        acme_keys: String::new(),
+        more: format!("[redis]\nurl = \"{}\"", redis.url()),
+        ..Site::on(&pebble, &["flood.test"])
+    };
+    // Another instance orders, and has published the answer to `token`.
+    let set = set_id(&pebble.directory(), &["flood.test"]);
+    let lock = format!("floodgate:acme:lock:{set}");
+    assert_eq!(redis.cli(&["SET", &lock, "someone", "PX", "60000"]).trim(), "OK");
+    let token = "R".repeat(43);
+    redis.cli(&[
+        "HSET",
+        &format!("floodgate:acme:challenges:{set}"),
+        &format!("http-01:{token}"),
+        "R.thumbprint",
+    ]);
+    let gateway = TestGateway::start(site.toml()).await;
+    let addr = gateway.addr;
+    let ask = move |token: String| {
+        send(
+            http::Request::get(format!("http://{addr}/.well-known/acme-challenge/{token}"))
+                .header("host", "flood.test")
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap(),
+        )
+    };
+    redis.pause();
+    let flood: Vec<_> = (0..30).map(|i| tokio::spawn(ask(format!("{i:0>43}")))).collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cas = tokio::spawn(ask(token));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    redis.resume();
+    let (status, _, body) = cas.await.unwrap();
+    assert_eq!((status.as_u16(), body.as_str()), (200, "R.thumbprint"));
+    for request in flood {
+        assert_eq!(request.await.unwrap().0, 404);
+    }
+    // One read answered them all (two when the paused one is already old when it returns).
+    let reads = redis.command_calls("hgetall");
+    assert!((1..=2).contains(&reads), "{reads}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

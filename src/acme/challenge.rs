@@ -9,22 +9,18 @@ use std::time::{Duration, Instant};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
 use sha2::Digest as _;
-use tokio::sync::Semaphore;
 
 use super::LogThrottle;
 use super::storage::{Challenge, Storage};
 
 /// The path prefix of http-01 (RFC 8555 §8.3).
 const HTTP_PREFIX: &str = "/.well-known/acme-challenge/";
-/// Shared storage is asked for this many challenges at once at most: the challenge path
-/// comes before limits, so a flood of made-up tokens must not become a flood of lookups.
-const LOOKUPS_AT_ONCE: usize = 8;
-/// How long an instance trusts what it last saw of the ordering lock: shared storage is
-/// asked for challenges only while some instance orders, and whether one does is asked
-/// at most this often.
-const ORDERING_SEEN_FOR: Duration = Duration::from_millis(500);
+/// How long a read of the challenges in shared storage answers lookups: however many
+/// requests ask for challenges, made-up tokens included, storage is read at most this often.
+const STORED_SEEN_FOR: Duration = Duration::from_millis(500);
 /// How long an instance that orders waits after publishing before asking the CA to
-/// validate, so that every instance has seen that it orders.
+/// validate: longer than [`STORED_SEEN_FOR`], so that every instance reads storage anew
+/// before the CA asks.
 pub(super) const NOTICE: Duration = Duration::from_secs(1);
 
 /// The token of an http-01 request's `path`: base64url (RFC 8555 §8.1), of a sane length.
@@ -39,9 +35,10 @@ pub(crate) fn http_token(path: &str) -> Option<&str> {
 
 pub(super) struct Challenges {
     own: Mutex<HashMap<Challenge, String>>,
-    lookups: Semaphore,
-    /// Whether some instance held the ordering lock, and when that was asked.
-    ordering: Mutex<Option<(Instant, bool)>>,
+    /// What shared storage held, read from the instant given: one lookup reads it while
+    /// the others wait for that read (a flood of lookups is one read of storage, and the
+    /// CA's own lookup is never turned away for want of room).
+    stored: tokio::sync::Mutex<Option<(Instant, HashMap<Challenge, String>)>>,
     warnings: LogThrottle,
 }
 
@@ -49,8 +46,7 @@ impl Challenges {
     pub(super) fn new() -> Challenges {
         Challenges {
             own: Mutex::default(),
-            lookups: Semaphore::new(LOOKUPS_AT_ONCE),
-            ordering: Mutex::new(None),
+            stored: tokio::sync::Mutex::new(None),
             warnings: LogThrottle::default(),
         }
     }
@@ -63,32 +59,22 @@ impl Challenges {
         if !storage.shared() {
             return None;
         }
-        let _permit = self.lookups.try_acquire().ok()?;
-        let looked_up = async {
-            if !self.someone_orders(storage).await? {
-                return Ok(None);
-            }
-            storage.published(challenge).await
-        };
-        looked_up.await.unwrap_or_else(|error| {
-            if self.warnings.ready() {
-                tracing::warn!(%error, "ACME: cannot look up a challenge in storage (logged once a minute at most)");
-            }
-            None
-        })
-    }
-
-    /// Whether an instance holds the ordering lock, as last seen within [`ORDERING_SEEN_FOR`].
-    async fn someone_orders(&self, storage: &Storage) -> Result<bool, String> {
-        let seen = *self.ordering.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, ordering)) = seen
-            && at.elapsed() < ORDERING_SEEN_FOR
+        let mut stored = self.stored.lock().await;
+        if stored
+            .as_ref()
+            .is_none_or(|(asked, _)| asked.elapsed() >= STORED_SEEN_FOR)
         {
-            return Ok(ordering);
+            // Timed from before the read: what it returns is at least that recent.
+            let asked = Instant::now();
+            let read = storage.published().await.unwrap_or_else(|error| {
+                if self.warnings.ready() {
+                    tracing::warn!(%error, "ACME: cannot read the challenges in storage (logged once a minute at most)");
+                }
+                HashMap::new()
+            });
+            *stored = Some((asked, read));
         }
-        let ordering = storage.locked().await?;
-        *self.ordering.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), ordering));
-        Ok(ordering)
+        stored.as_ref()?.1.get(challenge).cloned()
     }
 
     fn own(&self) -> std::sync::MutexGuard<'_, HashMap<Challenge, String>> {

@@ -4,6 +4,7 @@
 //! time. The account and the certificate have no TTL (the one exception to the rule that
 //! every floodgate key has one); challenges, the lock and the retry time do.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,7 +17,8 @@ use crate::limit::redis::connection::{Connection, Source};
 
 /// How long one storage operation may take.
 const TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a published challenge is kept: longer than any order takes.
+/// How long the published challenges are kept after the last was published: longer than
+/// any order takes (an instance that dies half way withdraws nothing).
 const CHALLENGE_TTL: Duration = Duration::from_secs(3600);
 
 /// A certificate chain and its key, as PEM.
@@ -33,6 +35,24 @@ pub(crate) enum Challenge {
     Http(String),
     /// `tls-alpn-01`: the name asked for in a handshake offering `acme-tls/1`.
     TlsAlpn(String),
+}
+
+impl Challenge {
+    /// Its field in the set's hash of published challenges.
+    fn field(&self) -> String {
+        match self {
+            Challenge::Http(token) => format!("http-01:{token}"),
+            Challenge::TlsAlpn(name) => format!("tls-alpn-01:{name}"),
+        }
+    }
+
+    fn of_field(field: &str) -> Option<Challenge> {
+        match field.split_once(':')? {
+            ("http-01", token) => Some(Challenge::Http(token.to_owned())),
+            ("tls-alpn-01", name) => Some(Challenge::TlsAlpn(name.to_owned())),
+            _ => None,
+        }
+    }
 }
 
 /// The ACME state of one certificate (one CA directory and one set of names).
@@ -65,13 +85,6 @@ struct InRedis {
 impl InRedis {
     fn key(&self, kind: &str, id: &str) -> String {
         format!("{}:acme:{kind}:{id}", self.prefix)
-    }
-
-    fn challenge_key(&self, challenge: &Challenge) -> String {
-        match challenge {
-            Challenge::Http(token) => self.key("http-01", token),
-            Challenge::TlsAlpn(name) => self.key("tls-alpn-01", name),
-        }
     }
 
     async fn connection(&self) -> Result<Connection, String> {
@@ -257,12 +270,16 @@ impl Storage {
         let Place::Redis(db) = &self.place else {
             return Ok(());
         };
-        db.query(
-            redis::cmd("SET")
-                .arg(db.challenge_key(challenge))
-                .arg(key_authorization)
-                .arg("PX")
-                .arg(CHALLENGE_TTL.as_millis() as u64),
+        let key = db.key("challenges", &self.set);
+        let mut connection = db.connection().await?;
+        db.within(
+            redis::pipe()
+                .atomic()
+                .hset(&key, challenge.field(), key_authorization)
+                .ignore()
+                .pexpire(&key, CHALLENGE_TTL.as_millis() as i64)
+                .ignore()
+                .query_async::<()>(&mut connection),
         )
         .await
     }
@@ -271,15 +288,26 @@ impl Storage {
         let Place::Redis(db) = &self.place else {
             return Ok(());
         };
-        db.query(redis::cmd("DEL").arg(db.challenge_key(challenge))).await
+        db.query(
+            redis::cmd("HDEL")
+                .arg(db.key("challenges", &self.set))
+                .arg(challenge.field()),
+        )
+        .await
     }
 
-    /// What another instance published for `challenge`.
-    pub(crate) async fn published(&self, challenge: &Challenge) -> Result<Option<String>, String> {
+    /// Every challenge an instance published and has not withdrawn, in one read.
+    pub(crate) async fn published(&self) -> Result<HashMap<Challenge, String>, String> {
         let Place::Redis(db) = &self.place else {
-            return Ok(None);
+            return Ok(HashMap::new());
         };
-        db.query(redis::cmd("GET").arg(db.challenge_key(challenge))).await
+        let fields: HashMap<String, String> = db
+            .query(redis::cmd("HGETALL").arg(db.key("challenges", &self.set)))
+            .await?;
+        Ok(fields
+            .into_iter()
+            .filter_map(|(field, answer)| Some((Challenge::of_field(&field)?, answer)))
+            .collect())
     }
 
     /// Takes (or extends) the lock that lets one instance order, for `lease`; false when
@@ -296,17 +324,6 @@ impl Storage {
         let mut connection = db.connection().await?;
         let taken: u8 = db.within(invocation.invoke_async(&mut connection)).await?;
         Ok(taken == 1)
-    }
-
-    /// Whether an instance holds the lock (and so may have published challenges).
-    pub(crate) async fn locked(&self) -> Result<bool, String> {
-        let Place::Redis(db) = &self.place else {
-            return Ok(false);
-        };
-        let held: u8 = db
-            .query(redis::cmd("EXISTS").arg(db.key("lock", &self.set)))
-            .await?;
-        Ok(held == 1)
     }
 
     pub(crate) async fn unlock(&self, holder: &str) -> Result<(), String> {
