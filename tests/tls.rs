@@ -360,6 +360,31 @@ async fn a_failed_or_unfinished_handshake_closes_that_connection_only_and_is_cou
     assert_eq!(status, StatusCode::OK);
 }
 
+/// A reload that removes `[server.tls]` leaves the listener (a restart closes it) refusing
+/// handshakes, and no certificate's expiry exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_without_tls_exports_no_certificate_expiry() {
+    let ca = TestCa::new("test ca");
+    let dir = tempfile::tempdir().unwrap();
+    ca.issue(&["a.test"]).write(dir.path(), "a");
+    let upstream = Upstream::start().await;
+    let gw = gateway(dir.path(), &upstream, &["a"], "").await;
+    let expiry = "floodgate_tls_certificate_expiry_timestamp_seconds{certificate=\"a.test\"}";
+    assert_eq!(gw.metric(expiry).await, NOT_AFTER);
+    let path = write_config(dir.path(), GatewayToml::new().proxy_to(&upstream.url(), ""));
+    let reloader = Reloader::new(gw.shared.clone(), Box::new(move || Config::load(&path)));
+    assert!(
+        tokio::task::spawn_blocking(move || reloader.reload("test"))
+            .await
+            .unwrap()
+    );
+    let metrics = get(&gw.admin_url("/metrics")).await.2;
+    assert!(
+        !metrics.contains("floodgate_tls_certificate_expiry_timestamp_seconds{"),
+        "{metrics}"
+    );
+}
+
 #[tokio::test]
 async fn check_names_a_key_that_does_not_match_its_certificate() {
     let ca = TestCa::new("test ca");

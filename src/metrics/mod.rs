@@ -463,10 +463,11 @@ impl Metrics {
     }
 
     /// Publishes the served certificates' expiry (replacing those of an earlier
-    /// configuration).
+    /// configuration). Of certificates with the same first name, the first is served for
+    /// it, and its expiry is the series'.
     pub(crate) fn set_certificate_expiry(&self, certificates: &[(String, i64)]) {
         self.certificate_expiry.clear();
-        for (certificate, not_after) in certificates {
+        for (certificate, not_after) in certificates.iter().rev() {
             self.certificate_expiry().set(certificate, *not_after);
         }
     }
@@ -628,6 +629,24 @@ mod tests {
             text.contains("floodgate_upstream_errors_total{upstream=\"php\",kind=\"timeout\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_certificates_expiry_is_the_first_of_its_names() {
+        let metrics = Metrics::new();
+        let series = |name: &str| {
+            format!("floodgate_tls_certificate_expiry_timestamp_seconds{{certificate=\"{name}\"}}")
+        };
+        metrics.set_certificate_expiry(&[
+            ("a.test".into(), 100),
+            ("b.test".into(), 300),
+            ("a.test".into(), 200),
+        ]);
+        let text = metrics.render();
+        assert!(text.contains(&format!("{} 100\n", series("a.test"))), "{text}");
+        assert!(text.contains(&format!("{} 300\n", series("b.test"))), "{text}");
+        metrics.set_certificate_expiry(&[]);
+        assert!(!metrics.render().contains("certificate=\""));
     }
 
     #[test]

@@ -217,14 +217,14 @@ impl GatewayState {
                 })
             }
         };
+        // Every series replaced, none left when a reload removed [server.tls].
+        let expiry: Vec<(String, i64)> = (config.server.tls.iter())
+            .flat_map(|tls| &tls.certificates)
+            .map(|c| (c.label(), c.not_after))
+            .collect();
+        metrics.set_certificate_expiry(&expiry);
         let tls = config.server.tls.as_ref().map(|tls| {
-            let expiry: Vec<(String, i64)> = tls
-                .certificates
-                .iter()
-                .map(|c| (c.label(), c.not_after))
-                .collect();
-            metrics.set_certificate_expiry(&expiry);
-            // After the files' (which replace every series): the ACME certificate served now.
+            // After the files': the ACME certificate, served first for its names.
             if let Some(acme) = &acme {
                 acme.publish_expiry();
             }
