@@ -131,7 +131,7 @@ async fn a_response_until_close_arrives_whole_on_a_connection_of_its_own() {
 }
 
 /// HTTP/2 has no protocol switch (RFC 9113 §8.6): a `101` a server sends to a request that
-/// came over HTTP/2 cannot be passed on, and is a 502.
+/// came over HTTP/2 cannot be passed on, and is a 502 counted as the upstream's error.
 #[tokio::test]
 async fn a_switch_the_server_makes_for_an_http2_client_is_a_502() {
     let (upstream, _) = scripted_upstream(
@@ -148,6 +148,13 @@ async fn a_switch_the_server_makes_for_an_http2_client_is_a_502() {
         .await
         .expect("h2 request");
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    gateway
+        .metric_becomes(
+            "floodgate_upstream_errors_total{upstream=\"app\",kind=\"reset\"}",
+            1.0,
+            std::time::Duration::from_secs(2),
+        )
+        .await;
 }
 
 #[tokio::test]

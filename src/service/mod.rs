@@ -694,12 +694,12 @@ async fn forward(
         .await?;
     // HTTP/2 has no protocol switch (RFC 9113 §8.6): hyper would reset the stream.
     if response.status() == http::StatusCode::SWITCHING_PROTOCOLS && parts.version == http::Version::HTTP_2 {
-        return Err(GatewayError::Upstream {
-            upstream: upstream.name().clone(),
-            kind: UpstreamFailure::Reset,
-            detail: "a protocol switch (101) for a request that came over HTTP/2".to_owned(),
-        }
-        .into());
+        return Err(upstream
+            .unrelayable(
+                UpstreamFailure::Reset,
+                "a protocol switch (101) for a request that came over HTTP/2".to_owned(),
+            )
+            .into());
     }
     // An HTTP server's response head was read through the response rules.
     let mut ruled = !from_fastcgi;

@@ -345,6 +345,13 @@ impl Upstream {
         Err(last_failure.unwrap_or_else(|| self.failure(UpstreamFailure::NoServer, "no server tried".into())))
     }
 
+    /// The error of a response this upstream gave that cannot be passed on (`detail` says
+    /// why), counted as its `kind` of failure.
+    pub(crate) fn unrelayable(&self, kind: UpstreamFailure, detail: String) -> GatewayError {
+        self.failures.get(kind).inc();
+        self.failure(kind, detail)
+    }
+
     fn failure(&self, kind: UpstreamFailure, detail: String) -> GatewayError {
         GatewayError::Upstream {
             upstream: self.name.clone(),
