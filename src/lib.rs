@@ -15,7 +15,7 @@
 //! ```
 //!
 //! Dependencies point one way: `server` and `upstream` ─► `workers`, `server` ─► `service` ─► (`upstream`, `proxy`, `router`,
-//! `limit`, `connection`, `config`), `config` ─► `limit`, and `upstream` ─► `limit` (a
+//! `limit`, `connection`, `config`), `config` ─► (`limit`, the leaves `path` and `host`), and `upstream` ─► `limit` (a
 //! forwarded request's slots, held while the app works on it). With `[server.tls.acme]`,
 //! `service` (http-01) and `tls` (tls-alpn-01, the served certificate) ─► `acme`, which
 //! keeps its state through `limit::redis`'s connections and talks to the CA through
@@ -44,6 +44,7 @@ mod connection;
 mod error;
 pub mod files;
 pub mod healthcheck;
+pub mod host;
 pub mod limit;
 pub mod logging;
 mod metrics;

@@ -17,7 +17,7 @@ impl Router {
     }
 
     /// The index of the first route matching `host` (already passed through
-    /// [`normalize_host`]), the normalized `path` and `method`.
+    /// [`normalize_host`](crate::host::normalize_host)), the normalized `path` and `method`.
     pub fn lookup(&self, host: Option<&str>, path: &str, method: &Method) -> Option<usize> {
         self.routes.iter().position(|route| {
             host_matches(&route.host, host)
@@ -44,32 +44,6 @@ fn host_matches(pattern: &Option<HostMatch>, host: Option<&str>) -> bool {
 
 fn method_matches(methods: &Option<Vec<Method>>, method: &Method) -> bool {
     methods.as_ref().is_none_or(|list| list.contains(method))
-}
-
-/// The request host as routes compare it: without port and trailing dot, lower-case.
-/// Returns `None` for a missing or empty host. Allocates only for upper-case input.
-pub fn normalize_host(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
-    let bytes = raw.as_bytes();
-    let without_port = if bytes.first() == Some(&b'[') {
-        // An IPv6 literal: "[::1]:8080" → "[::1]".
-        bytes
-            .iter()
-            .position(|&b| b == b']')
-            .map_or(raw, |end| &raw[..=end])
-    } else {
-        bytes
-            .iter()
-            .rposition(|&b| b == b':')
-            .map_or(raw, |colon| &raw[..colon])
-    };
-    let host = without_port.trim_end_matches('.');
-    if host.is_empty() {
-        None
-    } else if host.bytes().any(|b| b.is_ascii_uppercase()) {
-        Some(std::borrow::Cow::Owned(host.to_ascii_lowercase()))
-    } else {
-        Some(std::borrow::Cow::Borrowed(host))
-    }
 }
 
 #[cfg(test)]
@@ -191,18 +165,5 @@ mod tests {
         assert_eq!(lookup(&router, None, "/api/x", Method::POST), Some("api"));
         assert_eq!(lookup(&router, None, "/api", Method::GET), Some("fallback"));
         assert_eq!(lookup(&router, None, "/other", Method::DELETE), None);
-    }
-
-    #[test]
-    fn hosts_are_normalized() {
-        assert_eq!(
-            normalize_host("API.Example.com:8080").as_deref(),
-            Some("api.example.com")
-        );
-        assert_eq!(normalize_host("example.com.").as_deref(), Some("example.com"));
-        assert_eq!(normalize_host("[::1]:80").as_deref(), Some("[::1]"));
-        assert_eq!(normalize_host("[::1]").as_deref(), Some("[::1]"));
-        assert_eq!(normalize_host(":80"), None);
-        assert_eq!(normalize_host(""), None);
     }
 }

@@ -18,7 +18,7 @@ use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 
 use crate::acme::Acme;
 use crate::config::{TlsConfig, TlsVersion, tls_provider};
-use crate::router::normalize_host;
+use crate::host::normalize_host;
 
 /// The ALPN protocol of tls-alpn-01 handshakes (RFC 8737).
 const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";

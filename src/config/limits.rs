@@ -1,6 +1,7 @@
 //! Validation of `[redis]` and `[limits.NAME]` (docs/configuration.md#redis, #limitsname): each algorithm accepts only its
 //! own keys, every value is range-checked, and key parts are parsed once.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -16,11 +17,13 @@ use super::error::ErrorSink;
 use super::file::{LimitFile, RedisFile};
 use super::{parse_or, parse_spanned, status_in, values};
 use crate::client_ip::ip_text;
+use crate::host::normalize_host;
 use crate::limit::algorithm::{interval, micros};
 use crate::limit::key::{MAX_LIMIT_NAME_LEN, MAX_PREFIX_LEN, PartKind, TupleEncoder};
 use crate::limit::redis::RedisTarget;
 use crate::limit::store::OnError;
 use crate::limit::{Algorithm, MAX_TIME_MICROS};
+use crate::path::{normalize_path, slashes_decoded};
 
 /// `redis.prefix` when the file does not set it; the in-process store's keys start with it too.
 pub(crate) const DEFAULT_PREFIX: &str = "floodgate";
@@ -511,6 +514,30 @@ fn validate_overrides(
                     }
                 }
             } else {
+                match as_a_request_reads(part, value.get_ref()) {
+                    Ok(read) if read == *value.get_ref() => {}
+                    Ok(read) => {
+                        sink.push(
+                            Some(value.span()),
+                            format!("{at}.key[{i}]"),
+                            format!(
+                                "never matches: a request's {} reads as \"{read}\"; write that",
+                                part.name()
+                            ),
+                        );
+                        valid = false;
+                        continue;
+                    }
+                    Err(why) => {
+                        sink.push(
+                            Some(value.span()),
+                            format!("{at}.key[{i}]"),
+                            format!("never matches: {why}"),
+                        );
+                        valid = false;
+                        continue;
+                    }
+                }
                 PartMatch::Encoded(one_part(PartKind::Value, value.get_ref().as_bytes()))
             };
             matches.push(matcher);
@@ -568,6 +595,24 @@ fn validate_overrides(
         }
     }
     valid.then_some(overrides)
+}
+
+/// How a request's `part` reads when its client sent `value` (the path normalized with
+/// encoded slashes read as slashes, the host in lower case without port or trailing dot):
+/// an override entry that differs from it never matches. `Err` when no request reads so.
+fn as_a_request_reads(part: &KeyPart, value: &str) -> Result<String, String> {
+    match part {
+        KeyPart::Path => {
+            let normalized = normalize_path(value).map_err(|e| format!("{e}"))?;
+            Ok(slashes_decoded(&normalized)
+                .map_err(|e| format!("{e}"))?
+                .into_owned())
+        }
+        KeyPart::Host => normalize_host(value)
+            .map(Cow::into_owned)
+            .ok_or_else(|| "a request's host is never empty".to_owned()),
+        _ => Ok(value.to_owned()),
+    }
 }
 
 /// A concurrency limit: `limit` and `lease`; what only rate limits have is an error.

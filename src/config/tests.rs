@@ -738,6 +738,42 @@ fn overrides_are_validated_as_the_limit_itself() {
 }
 
 #[test]
+fn an_override_for_a_path_or_host_no_request_reads_as_is_refused() {
+    let limit = |overrides: &str| {
+        format!(
+            "[limits.pages]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nkey = [\"path\", \"host\"]\noverrides = [{overrides}]\n"
+        )
+    };
+    assert!(parse(&limit("{ key = [\"/a/b\", \"shop.example.com\"], limit = 9 }")).is_ok());
+    let cases = [
+        ("\"/a%2Fb\", \"shop.example.com\"", "key[0]", "reads as \"/a/b\""),
+        (
+            "\"/a//b/../c\", \"shop.example.com\"",
+            "key[0]",
+            "reads as \"/a/c\"",
+        ),
+        ("\"/%61\", \"shop.example.com\"", "key[0]", "reads as \"/a\""),
+        ("\"a/b\", \"shop.example.com\"", "key[0]", "never matches"),
+        (
+            "\"/a\", \"Shop.Example.com:8080\"",
+            "key[1]",
+            "reads as \"shop.example.com\"",
+        ),
+        ("\"/a\", \"\"", "key[1]", "never matches"),
+    ];
+    for (key, at, needle) in cases {
+        let entry = format!("{{ key = [{key}], limit = 9 }}");
+        let errors = parse(&limit(&entry)).unwrap_err().errors;
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.key == format!("limits.pages.overrides[0].{at}") && e.message.contains(needle)),
+            "{entry}: {errors:?}"
+        );
+    }
+}
+
+#[test]
 fn counting_failures() {
     let limit = |extra: &str| {
         format!("[limits.l]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"15m\"\n{extra}\n")

@@ -46,6 +46,7 @@ use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError, UpstreamFailure};
 use crate::files::choice::Script;
+use crate::host::normalize_host;
 use crate::limit::store::{ConcurrencySlot, Unit};
 use crate::metrics::Metrics;
 use crate::path::{normalize_path, slashes_decoded};
@@ -53,7 +54,6 @@ use crate::proxy::headers::{
     AsForwarded, ForwardingContext, apply_rules, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
 };
 use crate::proxy::request_body::RequestBody;
-use crate::router::normalize_host;
 use crate::trace::context::SpanId;
 use crate::trace::{RequestTrace, TRACESTATE};
 use crate::upstream::read_ahead::ReadAhead;
