@@ -1,7 +1,8 @@
 //! PHP-FPM behind floodgate with nothing between them (docs/php-fpm.md): the file choice
 //! and its parameters, the security rules each with an attack, CGI responses, request
 //! bodies, the cap in front of a small pool, pooled connections across a PHP-FPM restart,
-//! unix sockets and active checks. Real `php-fpm8.2` throughout.
+//! unix sockets and active checks, a page flushed in parts through compression. Real
+//! `php-fpm8.2` throughout.
 
 use crate::common;
 
@@ -978,4 +979,57 @@ async fn a_body_sent_slowly_holds_no_php_worker() {
     let (status, _, body) = get(&gw.url("/login.php")).await;
     trickle.abort();
     assert_eq!(status, StatusCode::OK, "another client's request: {body}");
+}
+
+/// A page PHP flushes in parts, compressed on the way out: each part reaches the client
+/// while PHP is still working on the next, not when the encoder's block fills.
+#[tokio::test]
+async fn a_compressed_page_php_flushes_reaches_the_client_part_by_part() {
+    use futures_util::TryStreamExt as _;
+    use http_body_util::BodyStream;
+    use tokio::io::AsyncReadExt as _;
+
+    let fpm = PhpFpm::start(2);
+    fpm.file(
+        "/progress.php",
+        "<?php while (ob_get_level()) { ob_end_flush(); }
+echo str_repeat('first part ', 20); flush(); sleep(2); echo 'second part';",
+    );
+    let route = format!(
+        "upstream = \"php\"\nroot = \"{}\"\ncompress = true",
+        fpm.site().display()
+    );
+    let gateway = TestGateway::start(
+        GatewayToml::new()
+            .table("upstreams.php", &format!("url = \"{}\"", fpm.url()))
+            .route("site", &route),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let response = common::http1_client()
+        .request(
+            Request::get(gateway.url("/progress.php"))
+                .header("accept-encoding", "gzip")
+                .body(Full::<Bytes>::default())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-encoding"], "gzip");
+    let data = BodyStream::new(response.into_body())
+        .try_filter_map(|frame| std::future::ready(Ok(frame.into_data().ok())))
+        .map_err(std::io::Error::other);
+    let mut page =
+        async_compression::tokio::bufread::GzipDecoder::new(tokio_util::io::StreamReader::new(data));
+    let mut first = vec![0u8; 220];
+    page.read_exact(&mut first).await.unwrap();
+    assert_eq!(first, "first part ".repeat(20).as_bytes());
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "the first part came after {:?}, with the second",
+        started.elapsed()
+    );
+    let mut rest = String::new();
+    page.read_to_string(&mut rest).await.unwrap();
+    assert_eq!(rest, "second part");
 }
