@@ -304,3 +304,54 @@ async fn head_answers_as_get_without_a_body() {
         assert_eq!(head_headers, get_headers, "{path}");
     }
 }
+
+/// A `path` or `host` is read as a request's would be (the path normalized, an encoded
+/// slash a slash; the host in lower case without port), so that the state asked for is
+/// the one those requests made; one no request can have is a 400.
+#[tokio::test]
+async fn a_path_and_host_are_read_as_a_requests_are() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server(&format!("admin_token = \"{TOKEN}\""))
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "pages",
+                r#"algorithm = "fixed_window"
+                limit = 5
+                window = "1m"
+                key = ["path", "host"]"#,
+            )
+            .route(
+                "pages",
+                r#"path_prefix = "/"
+                upstream = "app"
+                limits = ["pages"]"#,
+            ),
+    )
+    .await;
+    let request = Request::get(gw.url("/docs%2Fa"))
+        .header("host", "shop.test")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    assert_eq!(send(request).await.0, StatusCode::OK);
+    for asked in [
+        "/limits/pages/state?path=/docs/a&host=shop.test",
+        "/limits/pages/state?path=/docs%252Fa&host=Shop.Test:8080",
+        "/limits/pages/state?path=/docs//x/../a&host=shop.test.",
+    ] {
+        let (status, body) = admin(&gw, Method::GET, asked, Some(TOKEN)).await;
+        assert_eq!(status, StatusCode::OK, "{asked}: {body}");
+        assert_eq!(body["remaining"], 4, "{asked}: {body}");
+        assert_eq!(body["key"]["path"], "/docs/a", "{asked}: {body}");
+        assert_eq!(body["key"]["host"], "shop.test", "{asked}: {body}");
+    }
+    for bad in [
+        "/limits/pages/state?path=docs&host=shop.test",
+        "/limits/pages/state?path=/..&host=shop.test",
+        "/limits/pages/state?path=/a&host=",
+    ] {
+        let (status, body) = admin(&gw, Method::GET, bad, Some(TOKEN)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+}

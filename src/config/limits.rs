@@ -201,6 +201,25 @@ impl KeyPart {
             KeyPart::Route => "route".into(),
         }
     }
+
+    /// How a request's part reads when its client sent `value` (the path normalized with
+    /// encoded slashes read as slashes, the host in lower case without port or trailing
+    /// dot): an override entry or an admin query that differs from it names what requests
+    /// read instead. `Err` when no request reads so.
+    pub(crate) fn as_requests_read(&self, value: &str) -> Result<String, String> {
+        match self {
+            KeyPart::Path => {
+                let normalized = normalize_path(value).map_err(|e| format!("{e}"))?;
+                Ok(slashes_decoded(&normalized)
+                    .map_err(|e| format!("{e}"))?
+                    .into_owned())
+            }
+            KeyPart::Host => normalize_host(value)
+                .map(Cow::into_owned)
+                .ok_or_else(|| "a request's host is never empty".to_owned()),
+            _ => Ok(value.to_owned()),
+        }
+    }
 }
 
 pub(super) fn validate_redis(raw: Option<Spanned<RedisFile>>, sink: &mut ErrorSink) -> Option<RedisConfig> {
@@ -514,7 +533,7 @@ fn validate_overrides(
                     }
                 }
             } else {
-                match as_a_request_reads(part, value.get_ref()) {
+                match part.as_requests_read(value.get_ref()) {
                     Ok(read) if read == *value.get_ref() => {}
                     Ok(read) => {
                         sink.push(
@@ -595,24 +614,6 @@ fn validate_overrides(
         }
     }
     valid.then_some(overrides)
-}
-
-/// How a request's `part` reads when its client sent `value` (the path normalized with
-/// encoded slashes read as slashes, the host in lower case without port or trailing dot):
-/// an override entry that differs from it never matches. `Err` when no request reads so.
-fn as_a_request_reads(part: &KeyPart, value: &str) -> Result<String, String> {
-    match part {
-        KeyPart::Path => {
-            let normalized = normalize_path(value).map_err(|e| format!("{e}"))?;
-            Ok(slashes_decoded(&normalized)
-                .map_err(|e| format!("{e}"))?
-                .into_owned())
-        }
-        KeyPart::Host => normalize_host(value)
-            .map(Cow::into_owned)
-            .ok_or_else(|| "a request's host is never empty".to_owned()),
-        _ => Ok(value.to_owned()),
-    }
 }
 
 /// A concurrency limit: `limit` and `lease`; what only rate limits have is an error.

@@ -128,8 +128,8 @@ pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<NamedTuple, 
         let Some((_, value)) = given.iter().find(|(given, _)| *given == name) else {
             return Err(format!("missing key part {name:?}"));
         };
-        // An address as the request path writes it (`::ffff:1.2.3.4` is 1.2.3.4, say); a
-        // value that is no address names no key the request path could have made.
+        // An address as the request path writes it (`::ffff:1.2.3.4` is 1.2.3.4, say), a
+        // path and a host as a request's read; a value no request could have is an error.
         let canonical = match part {
             KeyPart::ClientIp => {
                 let ip = std::str::from_utf8(value)
@@ -137,6 +137,15 @@ pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<NamedTuple, 
                     .and_then(|text| text.parse::<std::net::IpAddr>().ok())
                     .ok_or_else(|| format!("{name:?} is not an IP address"))?;
                 Some(crate::client_ip::ip_text(ip.to_canonical()).into_bytes())
+            }
+            // As a request's reads: `/a%2Fb` is counted as `/a/b`.
+            KeyPart::Path | KeyPart::Host => {
+                let text = std::str::from_utf8(value).map_err(|_| format!("{name:?} is not text"))?;
+                Some(
+                    part.as_requests_read(text)
+                        .map_err(|why| format!("{name:?} names no request's: {why}"))?
+                        .into_bytes(),
+                )
             }
             _ => None,
         };
