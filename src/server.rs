@@ -397,7 +397,7 @@ async fn serve_http<S>(
 {
     let peer = tcp_peer.address;
     let idle_limit = timeouts.idle;
-    let connection_state = ConnectionState::new();
+    let connection_state = ConnectionState::on(socket.clone());
     let mut guard = FramingGuard::new(
         SendTimeout::new(stream, timeouts.send),
         HTTP1_LIMITS,

@@ -712,3 +712,57 @@ async fn a_chunk_extension_too_long_to_follow_ends_the_connection() {
     );
     assert!(upstream.requests() <= 1, "{answer}");
 }
+
+/// An answer given while the client is still sending its body (a route that never reads
+/// it, a 413, a server's early answer) reaches the client whole: floodgate ends its side
+/// of the connection and reads what the client still sends for a while, where closing at
+/// once would have the kernel reset the connection and drop the answer's unsent tail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_to_an_upload_still_being_sent_arrives_whole() {
+    const ANSWER: usize = 200_000;
+    let gateway = TestGateway::start(GatewayToml::new().route(
+        "early",
+        &format!(
+            "path_prefix = \"/\"\nrespond = {{ status = 200, body = \"{}\" }}",
+            "a".repeat(ANSWER)
+        ),
+    ))
+    .await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(gateway.addr).await.unwrap();
+    let (mut reading, mut writing) = stream.into_split();
+    writing
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 100000000\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let part = vec![b'u'; 16 << 10];
+        while writing.write_all(&part).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    // The client reads only once it has sent for a while, as one that sends first does.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut answer = Vec::new();
+    let mut buffer = vec![0u8; 64 << 10];
+    let outcome = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match reading.read(&mut buffer).await {
+                Ok(0) => return Ok(()),
+                Ok(n) => answer.extend_from_slice(&buffer[..n]),
+                Err(error) => return Err(error),
+            }
+        }
+    })
+    .await
+    .expect("the connection ends");
+    let head_end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head")
+        + 4;
+    assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    assert_eq!(answer.len() - head_end, ANSWER, "the body was cut ({outcome:?})");
+    assert!(outcome.is_ok(), "{outcome:?}");
+}

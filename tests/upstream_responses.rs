@@ -248,3 +248,115 @@ async fn a_header_the_rules_set_survives_an_unasked_switch_that_names_it() {
     assert_eq!(head.matches("x-frame-options: deny\r\n").count(), 1, "{head}");
     assert!(!head.contains("allowall"), "{head}");
 }
+
+/// How many bytes written to `stream` its peer has yet to acknowledge.
+#[allow(unsafe_code)] // ioctl(2)
+fn unsent(stream: &tokio::net::TcpStream) -> libc::c_int {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int through the pointer, to a valid one; the descriptor
+    // is the open socket's, borrowed for the call.
+    let done = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(stream),
+            libc::TIOCOUTQ,
+            &mut queued,
+        )
+    };
+    assert_eq!(done, 0, "ioctl(TIOCOUTQ)");
+    queued
+}
+
+/// A server that answers an upload early with a body framed by its close, then resets the
+/// connection over the part of the upload it never read: every byte of its answer reached
+/// floodgate before the reset, and the client, still sending, gets them all, the end
+/// included (floodgate's connection to it lingers rather than reset in turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_framed_by_the_close_is_whole_after_the_upload_is_refused() {
+    const ANSWER: usize = 1 << 20;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            stream.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        stream.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+        stream.write_all(&vec![b'a'; ANSWER]).await.unwrap();
+        stream.shutdown().await.unwrap();
+        // Every byte delivered, then closed with the upload unread: the kernel resets the
+        // connection.
+        let started = std::time::Instant::now();
+        loop {
+            let queued = unsent(&stream);
+            if queued == 0 {
+                break;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(2),
+                "{queued} bytes never delivered"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    });
+    let gateway = gateway_to(&upstream).await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(gateway.addr).await.unwrap();
+    let (mut reading, mut writing) = stream.into_split();
+    writing
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 100000000\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let part = vec![b'u'; 16 << 10];
+        while writing.write_all(&part).await.is_ok() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    });
+    // Read nothing at first, so that floodgate still has the end to read when the reset comes.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let mut answer = Vec::new();
+    let mut buffer = vec![0u8; 64 << 10];
+    loop {
+        match reading.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buffer[..n]),
+        }
+        if answer.ends_with(b"\r\n0\r\n\r\n") {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&answer[..answer.len().min(200)]).into_owned();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(
+        answer.ends_with(b"\r\n0\r\n\r\n"),
+        "the answer was cut after {} bytes",
+        answer.len()
+    );
+    let head_end = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert_eq!(dechunked(&answer[head_end..]), vec![b'a'; ANSWER]);
+}
+
+/// The data of a chunked body, whose every chunk must be well formed.
+fn dechunked(mut chunked: &[u8]) -> Vec<u8> {
+    let mut data = Vec::new();
+    loop {
+        let line_end = chunked
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a chunk-size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&chunked[..line_end]).unwrap(), 16).unwrap();
+        chunked = &chunked[line_end + 2..];
+        if size == 0 {
+            assert_eq!(chunked, b"\r\n", "the end of the body");
+            return data;
+        }
+        data.extend_from_slice(&chunked[..size]);
+        assert_eq!(&chunked[size..size + 2], b"\r\n");
+        chunked = &chunked[size + 2..];
+    }
+}

@@ -15,6 +15,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
@@ -26,6 +27,8 @@ use tokio::net::TcpStream;
 pub(crate) struct ClientSocket {
     /// The socket's descriptor while the connection's stream ([`Watched`]) lives.
     fd: Mutex<Option<RawFd>>,
+    /// Whether the connection closes while its client may still be sending.
+    linger: AtomicBool,
 }
 
 impl ClientSocket {
@@ -54,6 +57,12 @@ impl ClientSocket {
         }
     }
 
+    /// The connection closes before a request body ended: its socket lingers
+    /// ([`linger`](super::linger)) rather than close at once.
+    pub(crate) fn linger_on_close(&self) {
+        self.linger.store(true, Ordering::Relaxed);
+    }
+
     /// A registered duplicate of the socket; `None` once the connection's stream is gone.
     fn duplicate(&self) -> io::Result<Option<TcpStream>> {
         let fd = self.fd.lock().unwrap_or_else(PoisonError::into_inner);
@@ -77,6 +86,7 @@ impl Watched {
     pub(crate) fn new(stream: TcpStream) -> (Watched, Arc<ClientSocket>) {
         let socket = Arc::new(ClientSocket {
             fd: Mutex::new(Some(stream.as_raw_fd())),
+            linger: AtomicBool::new(false),
         });
         (
             Watched {
@@ -92,6 +102,9 @@ impl Drop for Watched {
     fn drop(&mut self) {
         // Before `stream` closes the descriptor, whose number may then be reused.
         *self.socket.fd.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        if self.socket.linger.load(Ordering::Relaxed) {
+            super::linger::start(&self.stream);
+        }
     }
 }
 

@@ -585,6 +585,18 @@ impl<S: AsyncRead + Unpin> FramingGuard<S> {
     }
 }
 
+impl<S> Drop for FramingGuard<S> {
+    fn drop(&mut self) {
+        // Closed in the middle of a request body: the client may still be sending it.
+        if matches!(
+            self.state,
+            State::Body(1..) | State::ChunkSize | State::ChunkData(_) | State::ChunkEnd | State::Trailers
+        ) {
+            self.connection.closed_before_the_body_ended();
+        }
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)

@@ -15,6 +15,7 @@ pub(crate) mod disconnect;
 pub(crate) mod framing;
 #[cfg(test)]
 mod framing_diff;
+mod linger;
 pub(crate) mod send_timeout;
 
 use std::future::Future;
@@ -49,17 +50,37 @@ pub(crate) struct ConnectionState {
     tunnel: AtomicBool,
     /// Whether an HTTP/2 response has been given (see [`InFlight::first_http2_response`]).
     answered_http2: AtomicBool,
+    /// The client connection's socket, told when the connection closes before a request
+    /// body ended (it then lingers: [`linger`]).
+    socket: Option<Arc<disconnect::ClientSocket>>,
 }
 
 impl ConnectionState {
     pub(crate) fn new() -> Arc<Self> {
+        Self::with_socket(None)
+    }
+
+    /// The state of a connection to the proxy listener, on `socket`.
+    pub(crate) fn on(socket: Arc<disconnect::ClientSocket>) -> Arc<Self> {
+        Self::with_socket(Some(socket))
+    }
+
+    fn with_socket(socket: Option<Arc<disconnect::ClientSocket>>) -> Arc<Self> {
         Arc::new(ConnectionState {
             open: AtomicUsize::new(0),
             last_end: AtomicU64::new(0),
             opened: Instant::now(),
             tunnel: AtomicBool::new(false),
             answered_http2: AtomicBool::new(false),
+            socket,
         })
+    }
+
+    /// The connection closes before a request body ended.
+    pub(crate) fn closed_before_the_body_ended(&self) {
+        if let Some(socket) = &self.socket {
+            socket.linger_on_close();
+        }
     }
 
     /// Whether a request of this connection has started a tunnel.
