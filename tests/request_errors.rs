@@ -728,20 +728,7 @@ async fn an_answer_to_an_upload_still_being_sent_arrives_whole() {
         ),
     ))
     .await;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let stream = socket.connect(gateway.addr).await.unwrap();
-    let (mut reading, mut writing) = stream.into_split();
-    writing
-        .write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 100000000\r\n\r\n")
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        let part = vec![b'u'; 16 << 10];
-        while writing.write_all(&part).await.is_ok() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
+    let mut reading = common::endless_upload(gateway.addr, Duration::from_millis(5)).await;
     // The client reads only once it has sent for a while, as one that sends first does.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut answer = Vec::new();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::config::GatewayToml;
-use crate::common::{TestGateway, get, http1_client, raw_request};
+use crate::common::{TestGateway, endless_upload, get, http1_client, raw_request};
 use http::StatusCode;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -303,20 +303,7 @@ async fn a_body_framed_by_the_close_is_whole_after_the_upload_is_refused() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     });
     let gateway = gateway_to(&upstream).await;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let stream = socket.connect(gateway.addr).await.unwrap();
-    let (mut reading, mut writing) = stream.into_split();
-    writing
-        .write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 100000000\r\n\r\n")
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        let part = vec![b'u'; 16 << 10];
-        while writing.write_all(&part).await.is_ok() {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    });
+    let mut reading = endless_upload(gateway.addr, std::time::Duration::from_millis(10)).await;
     // Read nothing at first, so that floodgate still has the end to read when the reset comes.
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
     let mut answer = Vec::new();

@@ -510,6 +510,27 @@ pub(crate) fn free_port() -> u16 {
     }
 }
 
+/// A client of `addr` that uploads without end and reads little: it announces a 100 MB
+/// `POST /upload` body and keeps sending it in the background, each 16 KB `pause` apart,
+/// through a socket with a 4 KB receive window. Its read half, for the answer.
+pub(crate) async fn endless_upload(addr: SocketAddr, pause: Duration) -> tokio::net::tcp::OwnedReadHalf {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(addr).await.unwrap();
+    let (reading, mut writing) = stream.into_split();
+    writing
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: h\r\nContent-Length: 100000000\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let part = vec![b'u'; 16 << 10];
+        while writing.write_all(&part).await.is_ok() {
+            tokio::time::sleep(pause).await;
+        }
+    });
+    reading
+}
+
 /// A free TCP port on 127.0.0.1 with nothing listening (and, being below the ephemeral
 /// range, none of the test's own outgoing connections taking it meanwhile).
 pub(crate) fn closed_port() -> u16 {
