@@ -264,3 +264,37 @@ async fn names_php_folds_together_are_one_query_or_cookie_key() {
     assert_eq!(status_with(&gw, "/", &cookie("api%2Ekey=REAL")).await, 200);
     assert_eq!(status_with(&gw, "/", &cookie("api_key=RE%41L")).await, 429);
 }
+
+/// A `path` key on a script route (`path = "/login.php"`) counts the script, whatever
+/// PATH_INFO follows it: `/login.php/1` runs the same script and is no fresh counter.
+#[tokio::test]
+async fn a_script_routes_path_key_is_the_script_whatever_follows_it() {
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .limit(
+                "login",
+                r#"algorithm = "fixed_window"
+                limit = 2
+                window = "1m"
+                key = ["client_ip", "path"]"#,
+            )
+            .route(
+                "login",
+                r#"path = "/login.php"
+                respond = { status = 401, body = "no\n" }
+                limits = ["login"]"#,
+            ),
+    )
+    .await;
+    let mut statuses = Vec::new();
+    for path in [
+        "/login.php",
+        "/login.php/1",
+        "/login.php/2",
+        "/login.php%2F3",
+        "/login.php/4/",
+    ] {
+        statuses.push(status_with(&gw, path, &[]).await);
+    }
+    assert_eq!(statuses, [401, 401, 429, 429, 429]);
+}

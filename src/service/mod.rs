@@ -40,7 +40,7 @@ use crate::access_log::AccessRecord;
 use crate::client_ip::{Peer, client_ip};
 use crate::compression::Accepted;
 use crate::config::{
-    CombinedRules, Php, RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate,
+    CombinedRules, PathMatch, Php, RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate,
 };
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
@@ -326,10 +326,22 @@ async fn serve(
         return Err(GatewayError::Forbidden("the route's allow or deny").into());
     }
     let route = &state.routes[index];
+    // What a `path` key part reads: a script route's script, whatever PATH_INFO follows it
+    // (`/login.php/x` runs `/login.php`, and is no fresh key).
+    let keyed_path = match &route_config.path {
+        PathMatch::Script(script) => script.as_str(),
+        _ => &routed,
+    };
     let mut attempts = Vec::new();
     if !route.limits.is_empty() {
         let client_ip = client.ip_text();
-        let source = key_source(request, &client_ip, &routed, route_host.as_deref(), &record.route);
+        let source = key_source(
+            request,
+            &client_ip,
+            keyed_path,
+            route_host.as_deref(),
+            &record.route,
+        );
         let settings = LimitSettings {
             store: &state.store,
             prefix: &state.key_prefix,
@@ -392,7 +404,13 @@ async fn serve(
             // request repeats makes the client's address the key.
             let hash_tuple = upstream.hash_key().map(|parts| {
                 let client_ip = client.ip_text();
-                let source = key_source(request, &client_ip, &routed, route_host.as_deref(), &record.route);
+                let source = key_source(
+                    request,
+                    &client_ip,
+                    keyed_path,
+                    route_host.as_deref(),
+                    &record.route,
+                );
                 key_tuple(parts, &source).unwrap_or_else(|_| client_ip.into_owned())
             });
             let destination = Destination {
