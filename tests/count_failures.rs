@@ -140,3 +140,24 @@ async fn parallel_guesses_get_exactly_the_limit_through_in_redis() {
     let redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
     parallel_guesses_get_exactly_the_limit_through(Some(&redis)).await;
 }
+
+/// A client that hangs up once its attempt has reached the app gets no attempt for free:
+/// the app works on it whatever the client does, so its unit is kept as a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_whose_client_hangs_up_counts_as_a_failure() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(login_config(&upstream.url(), 2, None)).await;
+    let url = gw.url("/status?code=401&ms=400");
+    for _ in 0..2 {
+        let abandoned = tokio::time::timeout(std::time::Duration::from_millis(150), get(&url)).await;
+        assert!(abandoned.is_err(), "answered before the client hung up");
+    }
+    // Both reached the app; the second took the last of the room and started the lock-out.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(upstream.requests(), 2);
+    assert_eq!(
+        get(&gw.url("/status?code=200")).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(upstream.requests(), 2);
+}

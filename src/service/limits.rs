@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -63,7 +64,7 @@ pub(crate) enum Action {
     Pass {
         delay: Duration,
         held: Vec<Unit>,
-        attempts: Vec<(Unit, Vec<StatusCode>)>,
+        attempts: Option<Attempts>,
     },
     /// Answer this instead: a limit's refusal, or the error of a failed store under
     /// `on_error = "deny"`.
@@ -375,7 +376,7 @@ impl RouteLimits {
             action: Action::Pass {
                 delay,
                 held,
-                attempts,
+                attempts: (!attempts.is_empty()).then(|| Attempts::new(attempts)),
             },
             slots: Vec::new(),
             outcome,
@@ -396,14 +397,53 @@ fn failure_room(rate: &RateLimit, decision: &LimitDecision, cost: u64) -> LimitD
     }
 }
 
-/// Settles each attempt of a limit that counts failures on the app's response `status`
-/// (`None`: the app did not answer): a failure keeps its unit (and starts the lock-out
-/// when it was the last of the room), anything else gives it back.
-pub(crate) async fn settle_attempts(attempts: Vec<(Unit, Vec<StatusCode>)>, status: Option<StatusCode>) {
-    for (attempt, statuses) in attempts {
-        attempt
-            .settle(status.is_some_and(|status| statuses.contains(&status)))
-            .await;
+/// The units a request's limits that count failures took, each with the statuses its
+/// limit counts as failures, to settle on the app's answer ([`Attempts::settle`]).
+/// Dropped unsettled (the client left) once the request has reached the app, they are
+/// kept as failures: the app works on an attempt whatever its client does, and a client
+/// that hangs up must not get it for free. Before then they go back.
+pub(crate) struct Attempts {
+    units: Vec<(Unit, Vec<StatusCode>)>,
+    reached: Arc<AtomicBool>,
+}
+
+impl Attempts {
+    fn new(units: Vec<(Unit, Vec<StatusCode>)>) -> Attempts {
+        Attempts {
+            units,
+            reached: Arc::default(),
+        }
+    }
+
+    /// Set once the request is sent to a server.
+    pub(crate) fn reached_the_app(&self) -> Arc<AtomicBool> {
+        self.reached.clone()
+    }
+
+    /// Settles each unit on the app's response `status` (`None`: the app did not answer,
+    /// floodgate did): a failure keeps its unit (and starts the lock-out when it was the
+    /// last of the room), anything else gives it back.
+    pub(crate) async fn settle(mut self, status: Option<StatusCode>) {
+        for (unit, failures) in std::mem::take(&mut self.units) {
+            unit.settle(status.is_some_and(|status| failures.contains(&status)))
+                .await;
+        }
+    }
+}
+
+impl Drop for Attempts {
+    fn drop(&mut self) {
+        if self.units.is_empty() || !self.reached.load(Ordering::Acquire) {
+            return;
+        }
+        let units = std::mem::take(&mut self.units);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                for (unit, _) in units {
+                    unit.settle(true).await;
+                }
+            });
+        }
     }
 }
 
@@ -457,7 +497,7 @@ fn pass(outcome: LimitOutcome) -> Verdict {
         action: Action::Pass {
             delay: Duration::ZERO,
             held: Vec::new(),
-            attempts: Vec::new(),
+            attempts: None,
         },
         slots: Vec::new(),
         outcome,

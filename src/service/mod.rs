@@ -60,7 +60,7 @@ use crate::upstream::read_ahead::ReadAhead;
 use crate::upstream::{HttpHead, Outgoing, Tries, Upstream, UpstreamHead, idempotent, tunnel};
 use http_body::Body as _;
 use limit_headers::LimitHeaders;
-use limits::{Action, LimitSettings, settle_attempts};
+use limits::{Action, LimitSettings};
 use own_answer::OwnAnswer;
 use request_head::InvalidNames;
 use request_key::{KeySource, key_tuple};
@@ -332,7 +332,7 @@ async fn serve(
         PathMatch::Script(script) => script.as_str(),
         _ => &routed,
     };
-    let mut attempts = Vec::new();
+    let mut attempts = None;
     if !route.limits.is_empty() {
         let client_ip = client.ip_text();
         let source = key_source(
@@ -442,6 +442,7 @@ async fn serve(
                 seen,
             };
             let mut tries = Tries::new(&record.trace);
+            tries.reached_the_app = attempts.as_ref().map(limits::Attempts::reached_the_app);
             let forwarded = forward(
                 &destination,
                 (request, body),
@@ -456,9 +457,11 @@ async fn serve(
             forwarded
         }
     };
-    if !attempts.is_empty() {
+    if let Some(attempts) = attempts {
         // floodgate's own answers (a 502, a 504) are not the app's: their units go back.
-        settle_attempts(attempts, response.as_ref().ok().map(Response::status)).await;
+        attempts
+            .settle(response.as_ref().ok().map(Response::status))
+            .await;
     }
     response
 }

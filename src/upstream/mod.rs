@@ -32,7 +32,7 @@ mod tunnel;
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -100,11 +100,17 @@ pub(crate) struct Tries<'a> {
     pub(crate) trace: &'a RequestTrace,
     /// The server of the last try, and its time until the response head (or the failure).
     pub(crate) last: Option<(Arc<str>, Duration)>,
+    /// Set when a try starts sending the request to a server.
+    pub(crate) reached_the_app: Option<Arc<AtomicBool>>,
 }
 
 impl<'a> Tries<'a> {
     pub(crate) fn new(trace: &'a RequestTrace) -> Self {
-        Tries { trace, last: None }
+        Tries {
+            trace,
+            last: None,
+            reached_the_app: None,
+        }
     }
 }
 
@@ -278,6 +284,9 @@ impl Upstream {
             };
             let started = Instant::now();
             let deadline = tokio::time::Instant::from_std(started) + timeout;
+            if let Some(reached) = &tries.reached_the_app {
+                reached.store(true, Ordering::Release);
+            }
             let plan = Try {
                 span: &span.id,
                 body: this_body,
