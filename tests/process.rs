@@ -176,6 +176,26 @@ async fn text_access_log_is_plain_key_value_pairs() {
     }
 }
 
+/// The access log's `limit` says what the route's limits decided: a request a concurrency
+/// limit admitted is `allowed`, not `exempt`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_says_a_concurrency_limit_allowed_a_request() {
+    let upstream = Upstream::start().await;
+    let gateway = FloodgateProcess::start(
+        GatewayToml::new()
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "inflight",
+                "algorithm = \"concurrency\"\nlimit = 2\nkey = [\"client_ip\"]",
+            )
+            .route("app", "upstream = \"app\"\nlimits = [\"inflight\"]"),
+        &[],
+    );
+    assert_eq!(get(&gateway.url("/x")).await.0, StatusCode::OK);
+    let lines = wait_for_access_lines(&gateway, 1);
+    assert!(lines[0].contains("limit=\"allowed\""), "{lines:#?}");
+}
+
 /// Waits (at most 5 s) until the request just sent is in flight at the upstream.
 async fn wait_until_upstream_has_it(upstream: &Upstream) {
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -161,6 +161,8 @@ impl RouteLimits {
         // request before anything is consumed; the slots taken go back if another limit
         // refuses (they are dropped with the verdict).
         let mut slots = Vec::with_capacity(concurrent.len());
+        // What the access log says when no rate limit decides.
+        let mut outcome = LimitOutcome::Exempt;
         for (limit, key, concurrency) in concurrent {
             match settings
                 .store
@@ -172,12 +174,16 @@ impl RouteLimits {
                         .metrics
                         .record_decision(&limit.name, LimitOutcome::Allowed);
                     slots.push(slot);
+                    if outcome == LimitOutcome::Exempt {
+                        outcome = LimitOutcome::Allowed;
+                    }
                 }
                 Ok(None) if limit.mode == Mode::Shadow => {
                     tracing::info!(limit = %limit.name, "shadow limit would have rejected the request");
                     settings
                         .metrics
                         .record_decision(&limit.name, LimitOutcome::ShadowRejected);
+                    outcome = LimitOutcome::ShadowRejected;
                 }
                 Ok(None) => {
                     settings
@@ -192,9 +198,12 @@ impl RouteLimits {
                 Err(()) => return Ok(store_refused()),
             }
         }
-        let verdict = self
-            .decide_rates(settings, &mut planned, as_configured, headers)
-            .await;
+        let verdict = if planned.checks.is_empty() {
+            pass(outcome)
+        } else {
+            self.decide_rates(settings, &mut planned, as_configured, headers)
+                .await
+        };
         Ok(Verdict { slots, ..verdict })
     }
 
@@ -207,9 +216,6 @@ impl RouteLimits {
         as_configured: bool,
         headers: &mut LimitHeaders,
     ) -> Verdict {
-        if planned.checks.is_empty() {
-            return pass(LimitOutcome::Exempt);
-        }
         // Shadow limits must be evaluated every time, so their requests are never served
         // from remembered refusals; nor are those of limits that count failures, whose
         // room comes back when an attempt in flight is not one.
