@@ -1033,3 +1033,30 @@ echo str_repeat('first part ', 20); flush(); sleep(2); echo 'second part';",
     page.read_to_string(&mut rest).await.unwrap();
     assert_eq!(rest, "second part");
 }
+
+/// A script's `Content-Length` is relayed as the one number it is (`3, 3` as `3`); one
+/// that is no number, or lines that disagree, are a 502 rather than a connection the
+/// client sees cut without an answer.
+#[tokio::test]
+async fn a_scripts_content_length_is_one_number_or_a_502() {
+    let fpm = PhpFpm::start(2);
+    fpm.file(
+        "/length.php",
+        r#"<?php
+switch ($_GET['as']) {
+    case 'list': header('Content-Length: 3, 3'); break;
+    case 'two': header('Content-Length: 3'); header('Content-Length: 50', false); break;
+    case 'word': header('Content-Length: abc'); break;
+}
+echo 'abc';
+"#,
+    );
+    let gw = gateway(&fpm, "").await;
+    let (status, headers, body) = get(&gw.url("/length.php?as=list")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "abc"));
+    assert_eq!(headers["content-length"], "3");
+    for broken in ["two", "word"] {
+        let (status, _, _) = get(&gw.url(&format!("/length.php?as={broken}"))).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{broken}");
+    }
+}

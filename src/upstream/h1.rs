@@ -435,7 +435,7 @@ fn response_framing(
 }
 
 /// A `Content-Length` value, which may repeat one length in a list (`7, 7`).
-fn parse_length_list(value: &[u8]) -> Result<Option<u64>, Malformed> {
+pub(super) fn parse_length_list(value: &[u8]) -> Result<Option<u64>, Malformed> {
     let mut length = None;
     for item in value.split(|&byte| byte == b',') {
         let item = parse_length(item.trim_ascii()).ok_or(Malformed("an invalid Content-Length"))?;

@@ -1,9 +1,11 @@
 //! The CGI response head PHP writes at the start of its output (RFC 3875 section 6):
 //! header lines, then an empty line. `Status:` gives the status; a `Location:` without one
-//! is a `302`; every other line is a response header, repeated names kept (cookies).
+//! is a `302`; every other line is a response header, repeated names kept (cookies), but
+//! `Content-Length`, which hyper frames the response by: it must be one number.
 
-use crate::upstream::names::response_header;
-use http::header::{HeaderValue, LOCATION};
+use crate::upstream::h1::{Malformed, parse_length_list};
+use crate::upstream::names::{Role, response_header};
+use http::header::{CONTENT_LENGTH, HeaderValue, LOCATION};
 use http::{HeaderMap, StatusCode};
 
 /// The largest head read: beyond it the response is malformed (nginx's default buffer is
@@ -30,6 +32,7 @@ pub(super) fn end(output: &[u8]) -> Option<usize> {
 /// The status and headers of a complete `head` (as [`end`] measured it).
 pub(super) fn parse(head: &[u8]) -> Result<(StatusCode, HeaderMap), &'static str> {
     let mut status = None;
+    let mut length = None;
     // Sized for the lines and the headers floodgate adds to a response (its request ID, a
     // limit's, the route's rules), so that the map is not grown and rehashed on the way.
     let lines = memchr::memchr_iter(b'\n', head).count();
@@ -58,9 +61,21 @@ pub(super) fn parse(head: &[u8]) -> Result<(StatusCode, HeaderMap), &'static str
             status = Some(code);
             continue;
         }
-        let (name, _) = response_header(name).map_err(|_| "an invalid header name")?;
+        let (name, role) = response_header(name).map_err(|_| "an invalid header name")?;
+        if role == Role::ContentLength {
+            // Relayed as the one number it is: hyper frames the response by it.
+            let this = parse_length_list(value).map_err(|Malformed(why)| why)?;
+            if length.is_some_and(|length| Some(length) != this) {
+                return Err("Content-Length values that differ");
+            }
+            length = this;
+            continue;
+        }
         let value = HeaderValue::from_bytes(value).map_err(|_| "an invalid header value")?;
         headers.append(name, value);
+    }
+    if let Some(length) = length {
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
     }
     let status = match status {
         Some(status) => status,
