@@ -207,46 +207,47 @@ async fn heads_that_are_not_http_or_never_end_are_a_502() {
     }
 }
 
-/// A `101` to a request that asked for no protocol switch loses its hop-by-hop headers,
-/// and those its `Connection` names; a header the rules set is still set on it, though
-/// the upstream's `Connection` names it.
+/// A server switches protocols only to one the request asked for (RFC 9110 §15.2.2): a
+/// `101` to a request without `Upgrade`, or to another protocol than it asked for, is a
+/// 502 counted as the server's error, and the client's connection goes on; no tunnel
+/// starts.
 #[tokio::test]
-async fn a_header_the_rules_set_survives_an_unasked_switch_that_names_it() {
+async fn a_switch_the_request_did_not_ask_for_is_a_502() {
     let (upstream, _) = scripted_upstream(
-        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade, x-frame-options\r\n\
-          Upgrade: x\r\nX-Frame-Options: ALLOWALL\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\nPRI",
         true,
     )
     .await;
-    let gateway = TestGateway::start(
-        GatewayToml::new()
-            .server(r#"response_headers = { set = { "X-Frame-Options" = "DENY" } }"#)
-            .proxy_to(&upstream, ""),
-    )
-    .await;
-    let mut stream = tokio::net::TcpStream::connect(gateway.addr).await.unwrap();
-    stream
-        .write_all(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut buffer = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut buffer))
-            .await
-            .expect("a response head")
-            .unwrap();
-        assert!(
-            n > 0,
-            "closed before a head: {:?}",
-            String::from_utf8_lossy(&head)
+    let gateway = gateway_to(&upstream).await;
+    for (n, asked) in ["", "Connection: upgrade\r\nUpgrade: websocket\r\n"]
+        .into_iter()
+        .enumerate()
+    {
+        let answer = raw_request(
+            gateway.addr,
+            format!(
+                "GET /switch HTTP/1.1\r\nHost: h\r\n{asked}\r\nGET /next HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await;
+        let statuses: Vec<&str> = answer.lines().filter(|l| l.starts_with("HTTP/1.1 ")).collect();
+        assert_eq!(
+            statuses.first(),
+            Some(&"HTTP/1.1 502 Bad Gateway"),
+            "{asked:?}: {answer}"
         );
-        head.extend_from_slice(&buffer[..n]);
+        assert!(!answer.contains("PRI"), "{answer}");
+        assert_eq!(statuses.len(), 2, "the next request goes unanswered: {answer}");
+        gateway
+            .metric_becomes(
+                "floodgate_upstream_errors_total{upstream=\"app\",kind=\"reset\"}",
+                // The upstream switches for `/next` too.
+                (2 * (n + 1)) as f64,
+                std::time::Duration::from_secs(2),
+            )
+            .await;
     }
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
-    assert!(head.starts_with("http/1.1 101"), "{head}");
-    assert_eq!(head.matches("x-frame-options: deny\r\n").count(), 1, "{head}");
-    assert!(!head.contains("allowall"), "{head}");
 }
 
 /// How many bytes written to `stream` its peer has yet to acknowledge.

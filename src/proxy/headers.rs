@@ -142,10 +142,15 @@ pub(crate) fn requested_upgrade(version: Version, headers: &HeaderMap) -> Option
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    let is_h2c = upgrade
-        .to_str()
-        .is_ok_and(|v| v.trim().eq_ignore_ascii_case("h2c"));
-    (connection_says_upgrade && !is_h2c).then(|| upgrade.clone())
+    // HTTP/2 is the client's to speak to floodgate, not a tunnel past its routes and limits:
+    // a list that offers h2c (in any version) asks for no switch.
+    let offers_h2c = upgrade.to_str().map_or(true, |v| {
+        v.split(',').any(|protocol| {
+            let name = protocol.split('/').next().unwrap_or("");
+            name.trim().eq_ignore_ascii_case("h2c")
+        })
+    });
+    (connection_says_upgrade && !offers_h2c).then(|| upgrade.clone())
 }
 
 /// What floodgate knows about the client connection, for the forwarding headers.
@@ -584,8 +589,10 @@ mod tests {
         assert_eq!(requested_upgrade(Version::HTTP_11, &ws).unwrap(), "websocket");
         assert!(requested_upgrade(Version::HTTP_10, &ws).is_none());
         assert!(requested_upgrade(Version::HTTP_11, &map(&[("upgrade", "websocket")])).is_none());
-        let h2c = map(&[("connection", "upgrade"), ("upgrade", "h2c")]);
-        assert!(requested_upgrade(Version::HTTP_11, &h2c).is_none());
+        for offered in ["h2c", "websocket, h2c", "websocket,H2C/2"] {
+            let h2c = map(&[("connection", "upgrade"), ("upgrade", offered)]);
+            assert!(requested_upgrade(Version::HTTP_11, &h2c).is_none(), "{offered}");
+        }
     }
 
     #[test]

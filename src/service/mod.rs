@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{Request, Response, Uri};
+use http::{HeaderMap, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
@@ -713,12 +713,15 @@ async fn forward(
             tries,
         )
         .await?;
-    // HTTP/2 has no protocol switch (RFC 9113 §8.6): hyper would reset the stream.
-    if response.status() == http::StatusCode::SWITCHING_PROTOCOLS && parts.version == http::Version::HTTP_2 {
+    // A server switches only to a protocol the request asked for (RFC 9110 §15.2.2), and
+    // never for a request that came over HTTP/2 (RFC 9113 §8.6), which asks for none.
+    if response.status() == http::StatusCode::SWITCHING_PROTOCOLS
+        && !(client_upgrade.is_some() && switches_as_asked(&parts.headers, response.headers()))
+    {
         return Err(upstream
             .unrelayable(
                 UpstreamFailure::Reset,
-                "a protocol switch (101) for a request that came over HTTP/2".to_owned(),
+                "a protocol switch (101) the request did not ask for".to_owned(),
             )
             .into());
     }
@@ -735,8 +738,8 @@ async fn forward(
             );
         }
         // An HTTP server's response comes without its hop-by-hop headers, but for a
-        // protocol switch (`upstream::h1`).
-        _ if from_fastcgi || response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+        // protocol switch (`upstream::h1`), which is a tunnel's by now.
+        _ if from_fastcgi => {
             remove_hop_by_hop(response.headers_mut());
             // `Connection` may have named a header the rules set: they apply again after
             // (to what they already shaped, that changes nothing else).
@@ -752,6 +755,21 @@ async fn forward(
         }
         _ => Ok(response.map(Payload::Upstream)),
     }
+}
+
+/// Whether a `101` with `answered` headers switches to the protocol the request, with
+/// `asked` headers (as forwarded), named in its `Upgrade`.
+fn switches_as_asked(asked: &HeaderMap, answered: &HeaderMap) -> bool {
+    let protocol = |headers: &HeaderMap| {
+        headers
+            .get(header::UPGRADE)
+            .and_then(|value| value.to_str().ok())
+            .map(|value| value.trim().to_ascii_lowercase())
+    };
+    let (Some(asked), Some(answered)) = (protocol(asked), protocol(answered)) else {
+        return false;
+    };
+    asked.split(',').any(|offered| offered.trim() == answered)
 }
 
 /// The head an HTTP server is sent for `parts`, to `target` (its pieces): its headers as they go
