@@ -434,7 +434,7 @@ async fn serve_http<S>(
             serve_until_idle(
                 connection,
                 &connection_state,
-                idle_limit,
+                (idle_limit, None),
                 closing.cancelled(),
                 peer,
             )
@@ -444,10 +444,11 @@ async fn serve_http<S>(
             // Boxed: HTTP/2's connection state is the larger, and every HTTP/1 connection's
             // task would otherwise be sized for it (idle connections: docs/performance.md#memory).
             let connection = Box::pin(builders.http2.serve_connection(io, service));
+            connection_state.watch_http2_stalls();
             serve_until_idle(
                 connection,
                 &connection_state,
-                idle_limit,
+                (idle_limit, Some(timeouts.send)),
                 closing.cancelled(),
                 peer,
             )

@@ -1,7 +1,8 @@
 //! How long a request holds its concurrency-limit slots (`algorithm = "concurrency"`) and
 //! its server slot (`max_requests`): while the app works on it or its tunnel is open, not
 //! while a client fails to read or has gone. A client that reads nothing of its response
-//! is cut off after `server.send_timeout`; a tunnel holds its slots until it closes, and
+//! (over HTTP/2, also one that opens its stream no window) is cut off after
+//! `server.send_timeout`; a tunnel holds its slots until it closes, and
 //! `server.tunnel_idle_timeout` closes one that carries nothing; a client that leaves
 //! before its answer leaves its slots held until the upstream has answered.
 
@@ -77,7 +78,7 @@ async fn small_window_socket(addr: std::net::SocketAddr) -> TcpStream {
 /// progress for a second, and the rest of A's response is read and discarded for at most
 /// the upstream's `timeout` (1s): B, queued behind A, is served within a few seconds.
 /// Without it, B waits out its `queue_timeout` (5s) and gets a 503.
-async fn a_client_that_reads_nothing_frees_the_server_slot(http2: bool) {
+async fn a_client_that_reads_nothing_frees_the_server_slot(client: Reader) {
     let app = Upstream::start().await;
     let gw = gateway(
         &app,
@@ -87,10 +88,11 @@ async fn a_client_that_reads_nothing_frees_the_server_slot(http2: bool) {
     )
     .await;
     let a = small_window_socket(gw.addr).await;
-    let _a: Box<dyn Send> = if http2 {
-        Box::new(unread_http2_response(a, &gw.url("/big?bytes=300000000")).await)
-    } else {
-        Box::new(unread_http1_response(a).await)
+    let url = gw.url("/big?bytes=300000000");
+    let _a: Box<dyn Send> = match client {
+        Reader::Http1 => Box::new(unread_http1_response(a).await),
+        Reader::Http2Deaf => Box::new(unread_http2_response(a, &url, 1 << 30, true).await),
+        Reader::Http2NoWindow => Box::new(unread_http2_response(a, &url, 0, false).await),
     };
     until("A reached the app", Duration::from_secs(2), || {
         app.requests() == 1
@@ -112,12 +114,24 @@ async fn unread_http1_response(mut stream: TcpStream) -> TcpStream {
     stream
 }
 
-/// Sends `GET url` over HTTP/2 on `stream`, granting the gateway a window of 1 GB, and
-/// stops reading the socket once the response head is in. Returns what keeps the
-/// connection open.
+/// How the client of A fails to read its response.
+enum Reader {
+    /// Stops reading its HTTP/1.1 connection.
+    Http1,
+    /// Grants a large window over HTTP/2, then stops reading the socket.
+    Http2Deaf,
+    /// Reads its HTTP/2 connection, but opens the stream no window: no write blocks.
+    Http2NoWindow,
+}
+
+/// Sends `GET url` over HTTP/2 on `stream`, granting the gateway a stream window of
+/// `window` (the connection's is 1 GB), and stops reading the socket once the response
+/// head is in when `deaf`. Returns what keeps the connection open.
 async fn unread_http2_response(
     stream: TcpStream,
     url: &str,
+    window: u32,
+    deaf_after_head: bool,
 ) -> (
     hyper::client::conn::http2::SendRequest<Full<Bytes>>,
     http::Response<hyper::body::Incoming>,
@@ -128,7 +142,7 @@ async fn unread_http2_response(
         deaf: deaf.clone(),
     };
     let (mut sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .initial_stream_window_size(1 << 30)
+        .initial_stream_window_size(window)
         .initial_connection_window_size(1 << 30)
         .handshake(TokioIo::new(io))
         .await
@@ -137,7 +151,7 @@ async fn unread_http2_response(
     let request = Request::get(url).body(Full::new(Bytes::new())).unwrap();
     let response = sender.send_request(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    deaf.store(true, Ordering::SeqCst);
+    deaf.store(deaf_after_head, Ordering::SeqCst);
     (sender, response)
 }
 
@@ -180,12 +194,20 @@ impl AsyncWrite for Deaf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http1_client_that_reads_nothing_is_cut_off_after_send_timeout() {
-    a_client_that_reads_nothing_frees_the_server_slot(false).await;
+    a_client_that_reads_nothing_frees_the_server_slot(Reader::Http1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_client_that_reads_nothing_is_cut_off_after_send_timeout() {
-    a_client_that_reads_nothing_frees_the_server_slot(true).await;
+    a_client_that_reads_nothing_frees_the_server_slot(Reader::Http2Deaf).await;
+}
+
+/// The client reads its connection but opens its stream no flow-control window: the
+/// response waits with no write blocked, and the connection is closed after
+/// `send_timeout` all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_opens_no_window_is_cut_off_after_send_timeout() {
+    a_client_that_reads_nothing_frees_the_server_slot(Reader::Http2NoWindow).await;
 }
 
 // ---- tunnels ------------------------------------------------------------------------
@@ -459,4 +481,45 @@ async fn a_counted_request_that_times_out_answers_504_and_frees_its_slot() {
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
     let (status, _, body) = get(&gw.url("/next")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// A response that waits for its app, not for its client, is never cut: an HTTP/2 client
+/// that reads gets a body whose app pauses longer than `send_timeout` whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_response_waiting_for_its_app_is_not_cut_by_send_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut head = [0u8; 4096];
+        let _ = stream.read(&mut head).await.unwrap();
+        stream
+            .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(ms(2500)).await;
+        stream.write_all(b"6\r\nsecond\r\n0\r\n\r\n").await.unwrap();
+        tokio::time::sleep(ms(1000)).await;
+    });
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server("send_timeout = \"1s\"")
+            .upstream("app", &upstream, "timeout = \"5s\"")
+            .route("app", "upstream = \"app\""),
+    )
+    .await;
+    let response = h2c_client()
+        .request(
+            Request::get(gw.url("/pausing"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .expect("the whole body")
+        .to_bytes();
+    assert_eq!(&body[..], b"firstsecond");
 }

@@ -52,7 +52,14 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Instance>) {
                 }
             });
             let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-            let result = serve_until_idle(connection, &state, idle_limit, std::future::pending(), peer).await;
+            let result = serve_until_idle(
+                connection,
+                &state,
+                (idle_limit, None),
+                std::future::pending(),
+                peer,
+            )
+            .await;
             if let Err(e) = result {
                 tracing::debug!(%peer, error = %e, "admin connection ended with an error");
             }

@@ -8,6 +8,11 @@
 //!   keep-alive connection left open and an HTTP/2 connection with no open stream.
 //! * Whether a tunnel started (an upstream accepted an `Upgrade`): from then on the bytes
 //!   on the connection are no longer HTTP, and [`framing`] stops inspecting them.
+//! * On HTTP/2, whether a response waits for its client: the client's flow-control window
+//!   decides when a stream's body goes out, so a client that never opens it holds the
+//!   response, and what it holds upstream, with no write ever blocking.
+//!   [`serve_until_idle`] closes a connection one of whose responses has waited for the
+//!   client for `server.send_timeout` (as a blocked write does on HTTP/1.1).
 
 #[allow(unsafe_code)] // borrows the socket's descriptor to duplicate it
 pub(crate) mod disconnect;
@@ -20,8 +25,8 @@ pub(crate) mod send_timeout;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use std::error::Error as StdError;
@@ -53,7 +58,19 @@ pub(crate) struct ConnectionState {
     /// The client connection's socket, told when the connection closes before a request
     /// body ended (it then lingers: [`linger`]).
     socket: Option<Arc<disconnect::ClientSocket>>,
+    /// On HTTP/2, each request's [`Progress`], for the stall check.
+    http2: AtomicBool,
+    progress: Mutex<Vec<Weak<Progress>>>,
 }
+
+/// Where an HTTP/2 response stands, as its body and the connection's stall check see it:
+/// [`WAITING_FOR_CLIENT`] from when the body hands hyper data (or is made) until hyper
+/// polls it again, which it does once the client's window has room; the check adds
+/// [`SEEN_WAITING`], and finding both a check later means the client held the response
+/// for at least that long.
+type Progress = AtomicU8;
+const WAITING_FOR_CLIENT: u8 = 1;
+const SEEN_WAITING: u8 = 2;
 
 impl ConnectionState {
     pub(crate) fn new() -> Arc<Self> {
@@ -73,7 +90,30 @@ impl ConnectionState {
             tunnel: AtomicBool::new(false),
             answered_http2: AtomicBool::new(false),
             socket,
+            http2: AtomicBool::new(false),
+            progress: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The connection speaks HTTP/2: its responses are watched for stalls.
+    pub(crate) fn watch_http2_stalls(&self) {
+        self.http2.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a response has waited for its client since the last check at least (see
+    /// [`Progress`]); marks those that wait now for the next.
+    fn stalled(&self) -> bool {
+        let mut stalled = false;
+        let mut progress = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+        progress.retain(|response| {
+            let Some(response) = response.upgrade() else {
+                return false;
+            };
+            stalled |= response.fetch_or(SEEN_WAITING, Ordering::AcqRel) & SEEN_WAITING != 0
+                && response.load(Ordering::Acquire) & WAITING_FOR_CLIENT != 0;
+            true
+        });
+        stalled
     }
 
     /// The connection closes before a request body ended.
@@ -91,7 +131,20 @@ impl ConnectionState {
     /// A request starts; it is in flight until the token is dropped.
     pub(crate) fn begin(self: &Arc<Self>) -> InFlight {
         self.open.fetch_add(1, Ordering::AcqRel);
-        InFlight(self.clone())
+        let progress = self.http2.load(Ordering::Relaxed).then(|| {
+            let progress = Arc::new(Progress::new(0));
+            let mut watched = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+            // Those of finished requests go when the list would grow.
+            if watched.len() == watched.capacity() {
+                watched.retain(|response| response.strong_count() > 0);
+            }
+            watched.push(Arc::downgrade(&progress));
+            progress
+        });
+        InFlight {
+            connection: self.clone(),
+            progress,
+        }
     }
 
     /// How long the connection has carried no request; `None` while one is in flight.
@@ -106,11 +159,12 @@ impl ConnectionState {
 
 /// Serves `connection` (from `peer`, its requests tracked by `state`) until it ends. It
 /// is closed gracefully when `shutdown` completes, and once it has carried no request
-/// for `idle_limit`.
+/// for `idle_limit`; with `stall_limit` (HTTP/2), closed at once when a response has
+/// waited for its client that long at least (see [`Progress`]).
 pub(crate) async fn serve_until_idle<C>(
     connection: C,
     state: &ConnectionState,
-    idle_limit: Duration,
+    (idle_limit, stall_limit): (Duration, Option<Duration>),
     shutdown: impl Future<Output = ()>,
     peer: SocketAddr,
 ) -> Result<(), hyper::Error>
@@ -121,6 +175,7 @@ where
     tokio::pin!(shutdown);
     let idle = tokio::time::sleep(idle_limit);
     tokio::pin!(idle);
+    let mut stall_check = stall_limit.map(|limit| Box::pin(tokio::time::sleep(limit)));
     let rare = RareWakes::new();
     loop {
         let woken = std::future::poll_fn(|cx| {
@@ -132,6 +187,10 @@ where
                     Poll::Ready(Woken::Shutdown)
                 } else if idle.as_mut().poll(cx).is_ready() {
                     Poll::Ready(Woken::Idle)
+                } else if let Some(check) = stall_check.as_mut()
+                    && check.as_mut().poll(cx).is_ready()
+                {
+                    Poll::Ready(Woken::StallCheck)
                 } else {
                     Poll::Pending
                 }
@@ -140,6 +199,16 @@ where
         .await;
         match woken {
             Woken::Done(result) => return result,
+            Woken::StallCheck => {
+                if state.stalled() {
+                    tracing::debug!(%peer, "closing an HTTP/2 connection whose client held a response for server.send_timeout");
+                    return Ok(());
+                }
+                if let (Some(check), Some(limit)) = (stall_check.as_mut(), stall_limit) {
+                    check.as_mut().reset(tokio::time::Instant::now() + limit);
+                }
+                rare.poll_next_time();
+            }
             Woken::Shutdown => {
                 connection.as_mut().graceful_shutdown();
                 return connection.await;
@@ -170,6 +239,7 @@ enum Woken {
     Done(Result<(), hyper::Error>),
     Shutdown,
     Idle,
+    StallCheck,
 }
 
 /// The futures a connection's task waits for besides the connection itself (the shutdown
@@ -286,24 +356,42 @@ impl<C: Graceful + ?Sized> Graceful for Pin<Box<C>> {
 
 /// A request's hold on its connection (see the module docs).
 #[derive(Debug)]
-pub(crate) struct InFlight(Arc<ConnectionState>);
+pub(crate) struct InFlight {
+    connection: Arc<ConnectionState>,
+    /// On HTTP/2, where its response stands.
+    progress: Option<Arc<Progress>>,
+}
 
 impl InFlight {
     /// The request's connection now carries a tunnel: its bytes are no longer HTTP.
     pub(crate) fn start_tunnel(&self) {
-        self.0.tunnel.store(true, Ordering::Release);
+        self.connection.tunnel.store(true, Ordering::Release);
     }
 
     /// Whether this request's HTTP/2 response is its connection's first (true once).
     pub(crate) fn first_http2_response(&self) -> bool {
-        let answered = &self.0.answered_http2;
+        let answered = &self.connection.answered_http2;
         !answered.load(Ordering::Relaxed) && !answered.swap(true, Ordering::Relaxed)
+    }
+
+    /// The response waits for the client: made, or some of its body handed to hyper.
+    pub(crate) fn waits_for_client(&self) {
+        if let Some(progress) = &self.progress {
+            progress.store(WAITING_FOR_CLIENT, Ordering::Release);
+        }
+    }
+
+    /// hyper asks for more of the response's body: the client has room for it.
+    pub(crate) fn polled(&self) {
+        if let Some(progress) = &self.progress {
+            progress.store(0, Ordering::Release);
+        }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let activity = &self.0;
+        let activity = &self.connection;
         // Before the count drops, so that a connection seen idle has its last end written.
         let ended = u64::try_from(activity.opened.elapsed().as_micros()).unwrap_or(u64::MAX);
         activity.last_end.fetch_max(ended, Ordering::AcqRel);

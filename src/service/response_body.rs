@@ -172,6 +172,7 @@ pin_project! {
 
 impl ResponseBody {
     pub(crate) fn new(inner: Payload, record: Box<AccessRecord>, in_flight: InFlight) -> Self {
+        in_flight.waits_for_client();
         ResponseBody {
             inner,
             record: Some(record),
@@ -190,11 +191,13 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
+        this.in_flight.polled();
         let polled = ready!(Pin::new(this.inner).poll_frame(cx));
         if let Some(Ok(frame)) = &polled
             && let Some(data) = frame.data_ref()
         {
             *this.bytes += data.len() as u64;
+            this.in_flight.waits_for_client();
         }
         Poll::Ready(polled)
     }
