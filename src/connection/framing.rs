@@ -77,6 +77,9 @@ pub(crate) struct FramingGuard<S> {
     buf: BytesMut,
     /// How many bytes at the front of `buf` have been inspected and may be handed out.
     cleared: usize,
+    /// How many bytes past `cleared` have been searched for the end of a head, in vain:
+    /// a head sent a byte at a time is searched once, not again at each byte.
+    searched: usize,
     state: State,
     /// The largest head, and the most fields in it, that hyper accepts.
     limits: HeadLimits,
@@ -96,6 +99,7 @@ impl<S> FramingGuard<S> {
             inner,
             buf: BytesMut::new(),
             cleared: 0,
+            searched: 0,
             state: State::Head,
             limits,
             connection,
@@ -199,6 +203,7 @@ impl<S> FramingGuard<S> {
         let blank = pending.iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
         if blank > 0 {
             self.cleared += blank;
+            self.searched = 0;
             return true;
         }
         if pending.is_empty() {
@@ -209,6 +214,14 @@ impl<S> FramingGuard<S> {
             None => return false,
             Some(Protocol::Http1) => {}
         }
+        // Read only once it may be whole: the new bytes, with the two before them (an
+        // empty line's CR LF may complete the LF before them), end a line with an empty one.
+        let from = self.searched.saturating_sub(2);
+        self.searched = pending.len();
+        if !may_end_a_head(&pending[from..]) {
+            return pending.len() > self.limits.bytes && self.stop_inspecting();
+        }
+        self.searched = 0;
         let (head_len, verdict) = match scan_head(pending, self.limits.fields) {
             Scanned::Complete(head_len, verdict) => (head_len, verdict),
             Scanned::Unusual if let Some(head_len) = head_end(pending) => {
@@ -296,6 +309,15 @@ fn head_end(bytes: &[u8]) -> Option<usize> {
         }
     }
     None
+}
+
+/// Whether `bytes` hold an empty line after a line end: a line feed followed by another,
+/// or by CR LF (a head can end nowhere else).
+fn may_end_a_head(bytes: &[u8]) -> bool {
+    memchr::memchr_iter(b'\n', bytes).any(|at| {
+        let after = &bytes[at + 1..];
+        after.starts_with(b"\n") || after.starts_with(b"\r\n")
+    })
 }
 
 /// What reading a head line by line found.
@@ -646,6 +668,49 @@ mod tests {
         guard.read_to_end(&mut seen).await.unwrap();
         writer.await.unwrap();
         seen
+    }
+
+    #[test]
+    fn a_head_may_end_only_at_an_empty_line() {
+        for ended in [
+            &b"GET / HTTP/1.1\r\n\r\n"[..],
+            b"a: b\n\n",
+            b"a: b\r\n\n",
+            b"\n\r\n",
+        ] {
+            assert!(may_end_a_head(ended), "{ended:?}");
+        }
+        for open in [
+            &b"GET / HTTP/1.1\r\nHost: x\r\n"[..],
+            b"a: b\r\n\r",
+            b"\r\n",
+            b"a\rb\r\n",
+        ] {
+            assert!(!may_end_a_head(open), "{open:?}");
+        }
+    }
+
+    /// Each byte of a head sent a byte at a time is searched for its end about once: what
+    /// reaches hyper is the same, its framing checked, whatever the pieces.
+    #[tokio::test]
+    async fn heads_sent_a_byte_at_a_time_are_followed() {
+        let mut long = b"GET / HTTP/1.1\r\nHost: x\r\n".to_vec();
+        for _ in 0..2_000 {
+            long.extend_from_slice(b"a:b\r\n");
+        }
+        long.extend_from_slice(b"Content-Length: 2\r\n\r\nhi");
+        long.extend_from_slice(PIPELINE);
+        for piece in [1, 2, 3, 7] {
+            assert_eq!(through_guard(&long, piece).await, long, "pieces of {piece}");
+        }
+        let ambiguous = b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
+        for piece in [1, 2, 3] {
+            assert_eq!(
+                through_guard(ambiguous, piece).await[0],
+                b'@',
+                "pieces of {piece}"
+            );
+        }
     }
 
     const LIMITS: HeadLimits = HeadLimits {
