@@ -8,14 +8,22 @@
 //! Access-log lines (target `access`, [`access`]) are formatted here, in the layout the
 //! `tracing` formatter gives every other event, straight into a buffer that is written in
 //! blocks, as nginx's `access_log ... buffer=` does, rather than with a `write(2)` per
-//! request. The buffer is written when it holds 32 KB, every 100 ms, and at exit
-//! ([`flush`]); every other event (start-up, warnings, errors) is written at once, after
-//! whatever access lines precede it, so the order of lines is kept.
+//! request. The buffer is handed to a writer thread of its own when it holds 32 KB, every
+//! 100 ms, and at exit ([`flush`]); every other event (start-up, warnings, errors) is
+//! handed over at once, after whatever access lines precede it, so the order of lines is
+//! kept. Only that thread writes to standard output, so a stdout that blocks (a stalled
+//! log collector, a pipe nobody reads) blocks no request: lines wait for it, up to
+//! [`MAX_BACKLOG`], and past that are dropped and counted
+//! (`floodgate_log_lines_dropped_total`).
 
 use std::io::{IsTerminal as _, Write};
 use std::net::IpAddr;
+use std::os::fd::AsFd as _;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, Once, OnceLock, PoisonError};
+
+use prometheus_client::metrics::counter::Counter;
+use rustix::event::{PollFd, PollFlags, Timespec};
 use std::time::{Duration, SystemTime};
 
 use tracing_subscriber::EnvFilter;
@@ -29,8 +37,26 @@ const FLUSH_AT: usize = 32 * 1024;
 /// ...or at the next tick of this period (while the runtime gets to run the task).
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
-/// Lines waiting to be written to standard output.
-static PENDING: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+/// The most bytes of lines kept waiting for standard output; lines past it are dropped.
+const MAX_BACKLOG: usize = 4 * 1024 * 1024;
+/// How long [`flush`] waits for the writer thread to write what waits.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
+
+/// Lines waiting for the writer thread, and whether it is writing some.
+struct Pending {
+    lines: Vec<u8>,
+    writing: bool,
+}
+
+static PENDING: Mutex<Pending> = Mutex::new(Pending {
+    lines: Vec::new(),
+    writing: false,
+});
+/// Wakes the writer thread when lines wait.
+static LINES_WAIT: Condvar = Condvar::new();
+static WRITER: Once = Once::new();
+/// Lines dropped while standard output was blocked.
+static DROPPED: OnceLock<Counter> = OnceLock::new();
 /// How access lines are written, as [`init`] found the environment: not at all (the filter
 /// leaves the `access` target out at `info`, or no subscriber was installed), as text, or
 /// as JSON objects (`FLOODGATE_LOG_FORMAT=json`). The filter does not change while the
@@ -40,34 +66,139 @@ const OFF: u8 = 0;
 const TEXT: u8 = 1;
 const JSON: u8 = 2;
 
-fn pending() -> MutexGuard<'static, Vec<u8>> {
+fn lock_pending() -> MutexGuard<'static, Pending> {
     PENDING.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Writes out every buffered line.
-pub fn flush() {
-    let mut pending = pending();
-    write_out(&mut pending);
+/// `floodgate_log_lines_dropped_total`: the lines dropped while standard output was
+/// blocked.
+pub(crate) fn dropped_lines() -> Counter {
+    DROPPED.get_or_init(Counter::default).clone()
 }
 
-fn write_out(pending: &mut Vec<u8>) {
-    if !pending.is_empty() {
+/// Whether `pending` has no room for another line; the line is then counted as dropped.
+fn backlog_full(pending: &Pending) -> bool {
+    let full = pending.lines.len() >= MAX_BACKLOG;
+    if full {
+        DROPPED.get_or_init(Counter::default).inc();
+    }
+    full
+}
+
+/// Writes out every waiting line: waits for the writer thread (at most [`EXIT_WAIT`],
+/// standard output may be blocked for good), and writes what is left itself.
+pub fn flush() {
+    let deadline = std::time::Instant::now() + EXIT_WAIT;
+    let mut pending = lock_pending();
+    while WRITER.is_completed()
+        && (pending.writing || !pending.lines.is_empty())
+        && std::time::Instant::now() < deadline
+    {
+        LINES_WAIT.notify_one();
+        drop(pending);
+        std::thread::sleep(Duration::from_millis(5));
+        pending = lock_pending();
+    }
+    let lines = std::mem::take(&mut pending.lines);
+    drop(pending);
+    write_out(&lines);
+}
+
+fn write_out(lines: &[u8]) {
+    if !lines.is_empty() {
         let mut stdout = std::io::stdout().lock();
-        let _ = stdout.write_all(pending);
+        let _ = stdout.write_all(lines);
         let _ = stdout.flush();
-        pending.clear();
     }
 }
 
-/// The writer of an event other than an access line: written at once, after the access
-/// lines buffered before it.
+/// Writes the waiting lines as far as standard output takes them without blocking, and
+/// hands the rest, if any, to the writer thread (started the first time; from then on it
+/// writes everything, so that lines keep their order). A process with one worker thus
+/// stays a single thread until its standard output first blocks.
+fn write_soon() {
+    if !WRITER.is_completed() {
+        let mut pending = lock_pending();
+        let written = write_while_writable(&pending.lines);
+        pending.lines.drain(..written);
+        if pending.lines.is_empty() {
+            return;
+        }
+    }
+    WRITER.call_once(|| {
+        let started = std::thread::Builder::new()
+            .name("floodgate-log".to_owned())
+            .spawn(write_waiting_lines);
+        if let Err(error) = started {
+            eprintln!("floodgate: cannot start the log writer: {error}");
+        }
+    });
+    LINES_WAIT.notify_one();
+}
+
+/// Writes the front of `lines` to standard output while it has room for them, in pieces
+/// no larger than a pipe's atomic write, each after `poll` says there is room (so that no
+/// write blocks); returns how many bytes are done with (all of them when standard output
+/// fails: they are lost, as a failed write's always were).
+fn write_while_writable(lines: &[u8]) -> usize {
+    /// `PIPE_BUF` on Linux: a pipe that polls writable takes this much at once.
+    const PIECE: usize = 4096;
+    let stdout = std::io::stdout();
+    let fd = stdout.as_fd();
+    let mut written = 0;
+    while written < lines.len() {
+        let mut ready = [PollFd::new(&fd, PollFlags::OUT)];
+        let no_wait = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match rustix::event::poll(&mut ready, Some(&no_wait)) {
+            Ok(1) if ready[0].revents().contains(PollFlags::OUT) => {}
+            Ok(_) => break,
+            Err(_) => return lines.len(),
+        }
+        let piece = &lines[written..lines.len().min(written + PIECE)];
+        match rustix::io::write(fd, piece) {
+            Ok(n) => written += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return lines.len(),
+        }
+    }
+    written
+}
+
+/// The writer thread: writes lines as they wait, blocking on standard output as long as
+/// it does without holding anyone else up.
+fn write_waiting_lines() {
+    let mut block = Vec::new();
+    let mut pending = lock_pending();
+    loop {
+        while pending.lines.is_empty() {
+            pending.writing = false;
+            pending = LINES_WAIT.wait(pending).unwrap_or_else(PoisonError::into_inner);
+        }
+        pending.writing = true;
+        // The emptied block goes back in, so that neither buffer is allocated again.
+        std::mem::swap(&mut block, &mut pending.lines);
+        drop(pending);
+        write_out(&block);
+        block.clear();
+        pending = lock_pending();
+    }
+}
+
+/// The writer of an event other than an access line: handed over at once, after the
+/// access lines buffered before it.
 pub struct LineWriter;
 
 impl Write for LineWriter {
     fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
-        let mut pending = pending();
-        pending.extend_from_slice(line);
-        write_out(&mut pending);
+        let mut pending = lock_pending();
+        if !backlog_full(&pending) {
+            pending.lines.extend_from_slice(line);
+        }
+        drop(pending);
+        write_soon();
         Ok(line.len())
     }
 
@@ -144,7 +275,9 @@ pub async fn flush_periodically() {
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        flush();
+        if !lock_pending().lines.is_empty() {
+            write_soon();
+        }
     }
 }
 
@@ -160,17 +293,21 @@ pub(crate) fn access(fields: impl FnOnce(&mut AccessLine<'_>)) {
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
-    let mut pending = pending();
+    let mut pending = lock_pending();
+    if backlog_full(&pending) {
+        return;
+    }
     let mut line = AccessLine {
-        out: &mut pending,
+        out: &mut pending.lines,
         json: lines == JSON,
     };
     // Nothing in between can panic: a line is always whole.
     line.open(now);
     fields(&mut line);
     line.close();
-    if pending.len() >= FLUSH_AT {
-        write_out(&mut pending);
+    if pending.lines.len() >= FLUSH_AT && !pending.writing {
+        drop(pending);
+        write_soon();
     }
 }
 

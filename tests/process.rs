@@ -196,6 +196,31 @@ async fn the_access_log_says_a_concurrency_limit_allowed_a_request() {
     assert!(lines[0].contains("limit=\"allowed\""), "{lines:#?}");
 }
 
+/// A standard output that nobody reads (a stalled log collector, a full pipe) delays
+/// no request and no health check: lines wait for it, and arrive once it is read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdout_nobody_reads_stalls_no_request() {
+    let upstream = Upstream::start().await;
+    let gateway = FloodgateProcess::start(proxy_config(&upstream, ""), &[]);
+    const REQUESTS: usize = 2_000;
+    {
+        let _held = gateway.hold_stdout();
+        // Far more access lines than the pipe (64 KB) and the reader's buffer hold.
+        for i in 0..REQUESTS {
+            let answered = tokio::time::timeout(Duration::from_secs(2), get(&gateway.url("/x"))).await;
+            assert_eq!(
+                answered.expect("answered within 2 s").0,
+                StatusCode::OK,
+                "request {i}"
+            );
+        }
+        let health = tokio::time::timeout(Duration::from_secs(2), get(&gateway.admin_url("/healthz"))).await;
+        assert_eq!(health.expect("answered within 2 s").0, StatusCode::OK);
+    }
+    let lines = wait_for_access_lines(&gateway, REQUESTS);
+    assert_eq!(lines.len(), REQUESTS);
+}
+
 /// Waits (at most 5 s) until the request just sent is in flight at the upstream.
 async fn wait_until_upstream_has_it(upstream: &Upstream) {
     let deadline = Instant::now() + Duration::from_secs(5);

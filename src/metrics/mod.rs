@@ -313,6 +313,11 @@ impl Metrics {
             "Trace spans not exported: the export queue was full, or the export failed",
             spans_dropped.clone(),
         );
+        registry.register(
+            "floodgate_log_lines_dropped",
+            "Log lines dropped while standard output was blocked and 4 MB of lines waited for it",
+            crate::logging::dropped_lines(),
+        );
         let breaker_open = Family::<StoreLabels, Gauge>::default();
         registry.register(
             "floodgate_store_breaker_open",

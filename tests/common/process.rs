@@ -96,6 +96,8 @@ pub(crate) struct FloodgateProcess {
     pub dir: TempDir,
     stdout: Lines,
     stderr: Lines,
+    /// Set while standard output is not read ([`FloodgateProcess::hold_stdout`]).
+    stdout_held: Arc<std::sync::atomic::AtomicBool>,
 }
 
 type Lines = Arc<Mutex<Vec<String>>>;
@@ -114,8 +116,9 @@ impl FloodgateProcess {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn floodgate");
-        let stdout = collect_lines(child.stdout.take().expect("piped"));
-        let stderr = collect_lines(child.stderr.take().expect("piped"));
+        let stdout_held = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stdout = collect_lines(child.stdout.take().expect("piped"), stdout_held.clone());
+        let stderr = collect_lines(child.stderr.take().expect("piped"), Arc::default());
 
         let deadline = Instant::now() + START_TIMEOUT;
         let line = loop {
@@ -154,6 +157,7 @@ impl FloodgateProcess {
             dir,
             stdout,
             stderr,
+            stdout_held,
         }
     }
 
@@ -172,6 +176,13 @@ impl FloodgateProcess {
     /// Standard output so far, one entry per line.
     pub(crate) fn stdout_lines(&self) -> Vec<String> {
         self.stdout.lock().unwrap().clone()
+    }
+
+    /// Stops reading standard output while the guard lives: once the pipe and the
+    /// reader's buffer are full, the gateway's writes to it block.
+    pub(crate) fn hold_stdout(&self) -> StdoutHeld<'_> {
+        self.stdout_held.store(true, std::sync::atomic::Ordering::SeqCst);
+        StdoutHeld(&self.stdout_held)
     }
 
     /// Standard error so far, one entry per line.
@@ -243,13 +254,33 @@ impl Drop for FloodgateProcess {
     }
 }
 
-fn collect_lines(pipe: impl Read + Send + 'static) -> Lines {
+/// What [`FloodgateProcess::hold_stdout`] gives: reading goes on when it is dropped.
+pub(crate) struct StdoutHeld<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StdoutHeld<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The lines of `pipe` as they come, read only while `held` is not set.
+fn collect_lines(pipe: impl Read + Send + 'static, held: Arc<std::sync::atomic::AtomicBool>) -> Lines {
     let lines = Lines::default();
     let sink = lines.clone();
     std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines() {
-            let Ok(line) = line else { break };
-            sink.lock().unwrap().push(line);
+        let mut reader = BufReader::new(pipe);
+        loop {
+            while held.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let mut line = String::new();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => sink
+                    .lock()
+                    .unwrap()
+                    .push(line.trim_end_matches(['\n', '\r']).to_owned()),
+            }
         }
     });
     lines
