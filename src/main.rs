@@ -166,6 +166,14 @@ fn serve(config: Config, path: PathBuf) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async {
+        if let Some((before, after)) = floodgate::server::raise_open_file_limit() {
+            let after = after.map_or_else(|| "unlimited".to_owned(), |after| after.to_string());
+            tracing::info!(
+                before,
+                after,
+                "raised the soft limit on open files to the hard one"
+            );
+        }
         let config_path = config.path.clone();
         for warning in config.warnings() {
             tracing::warn!("{warning}");

@@ -11,7 +11,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
@@ -255,6 +255,26 @@ pub(crate) fn http1_builder() -> http1::Builder {
     http1
 }
 
+/// Raises the soft limit on open files to the hard one, as Go's runtime does: each client
+/// connection takes a descriptor (two while it is forwarded), and the soft limit a
+/// service manager sets (1,024 by default under systemd) would otherwise be a cap on
+/// connections that a few hundred slow clients reach. Returns the limits before and
+/// after, when raised.
+pub fn raise_open_file_limit() -> Option<(u64, Option<u64>)> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.current?;
+    if limit.maximum.is_some_and(|hard| hard <= soft) {
+        return None;
+    }
+    let raised = rustix::process::Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
+    };
+    setrlimit(Resource::Nofile, raised).ok()?;
+    Some((soft, limit.maximum))
+}
+
 /// Accepts connections on `listener` (the HTTPS one when `secure`) until dropped, and
 /// serves each on one of `workers`, or on this thread.
 async fn accept_loop(
@@ -267,12 +287,19 @@ async fn accept_loop(
 ) {
     let builders = Arc::new(connection_builders());
     let local_port = listener.local_addr().map_or(0, |address| address.port());
+    let (mut last_warned, mut failed_accepts) = (None, 0u64);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
+                // Out of file descriptors and the like: back off instead of spinning, and
+                // say so once a second at most.
+                failed_accepts += 1;
+                if last_warned.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(1)) {
+                    tracing::warn!(error = %e, failed = failed_accepts, "accept failed (logged once a second at most)");
+                    last_warned = Some(Instant::now());
+                    failed_accepts = 0;
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -463,6 +490,23 @@ async fn serve_http<S>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_one() {
+        use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+        let hard = getrlimit(Resource::Nofile).maximum;
+        setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(256),
+                maximum: hard,
+            },
+        )
+        .unwrap();
+        assert_eq!(raise_open_file_limit(), Some((256, hard)));
+        assert_eq!(getrlimit(Resource::Nofile).current, hard);
+        assert_eq!(raise_open_file_limit(), None, "already at the hard limit");
+    }
 
     /// The size of the future `f` returns, without calling it.
     fn future_size<A, B, C, D, E, G, F: Future>(_: impl Fn(A, B, C, D, E, G) -> F) -> usize {
