@@ -16,6 +16,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http_body::{Body, Frame};
 use http_body_util::{BodyDataStream, StreamBody};
 use tokio::io::AsyncRead;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_util::io::{ReaderStream, StreamReader};
 
 /// The codings floodgate sends, in the order it prefers them when a client accepts
@@ -230,11 +231,40 @@ const ZSTD_LEVEL: i32 = 3;
 const GZIP_LEVEL: i32 = 6;
 const BROTLI_QUALITY: i32 = 3;
 
+/// The window of brotli and zstd, as a power of two: 256 KB, where their defaults (4 MB and
+/// 2 MB at these levels) made an encoder take 9 and 4.4 MB while a client that reads
+/// slowly held it. Few responses floodgate compresses are longer, and for those the
+/// ratio gives up little.
+const WINDOW_LOG: u32 = 18;
+/// Responses encoded at once at most: past it, responses go out as they are. An encoder
+/// lives as long as its client takes to read the response.
+const MAX_ENCODERS: usize = 512;
+/// The encoders' places ([`MAX_ENCODERS`]).
+static ENCODERS: Semaphore = Semaphore::const_new(MAX_ENCODERS);
+
+/// A place for one more encoder, if any is free.
+pub(crate) fn encoder_place() -> Option<EncoderPlace> {
+    EncoderPlace::from(&ENCODERS)
+}
+
+/// An encoder's place among those allowed at once, given back with its body.
+pub(crate) struct EncoderPlace {
+    _permit: SemaphorePermit<'static>,
+}
+
+impl EncoderPlace {
+    fn from(places: &'static Semaphore) -> Option<EncoderPlace> {
+        let permit = places.try_acquire().ok()?;
+        Some(EncoderPlace { _permit: permit })
+    }
+}
+
 /// A body encoded with a coding as it streams; trailers are not kept.
 pub(crate) type Encoded = StreamBody<Pin<Box<dyn Stream<Item = io::Result<Frame<Bytes>>> + Send>>>;
 
-/// `body`, encoded with `coding`: async-compression's encoder reading the body's data.
-pub(crate) fn encode<B>(body: B, coding: Coding) -> Encoded
+/// `body`, encoded with `coding`: async-compression's encoder reading the body's data,
+/// holding `place` as long as it lives.
+pub(crate) fn encode<B>(body: B, coding: Coding, place: EncoderPlace) -> Encoded
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -242,20 +272,39 @@ where
     let source = BodyDataStream::new(body).map_err(|error| io::Error::other(error.into()));
     let reader = StreamReader::new(source);
     StreamBody::new(match coding {
-        Coding::Zstd => frames(ZstdEncoder::with_quality(reader, Level::Precise(ZSTD_LEVEL))),
-        Coding::Brotli => frames(BrotliEncoder::with_quality(
-            reader,
-            Level::Precise(BROTLI_QUALITY),
-        )),
-        Coding::Gzip => frames(GzipEncoder::with_quality(reader, Level::Precise(GZIP_LEVEL))),
+        Coding::Zstd => frames(
+            ZstdEncoder::with_quality_and_params(
+                reader,
+                Level::Precise(ZSTD_LEVEL),
+                &[async_compression::zstd::CParameter::window_log(WINDOW_LOG)],
+            ),
+            place,
+        ),
+        Coding::Brotli => frames(
+            BrotliEncoder::with_params(
+                reader,
+                async_compression::brotli::EncoderParams::default()
+                    .quality(Level::Precise(BROTLI_QUALITY))
+                    .window_size(WINDOW_LOG as i32),
+            ),
+            place,
+        ),
+        Coding::Gzip => frames(
+            GzipEncoder::with_quality(reader, Level::Precise(GZIP_LEVEL)),
+            place,
+        ),
     })
 }
 
-/// What `encoder` writes, as body frames.
+/// What `encoder` writes, as body frames, holding `place` until the last.
 fn frames(
     encoder: impl AsyncRead + Send + 'static,
+    place: EncoderPlace,
 ) -> Pin<Box<dyn Stream<Item = io::Result<Frame<Bytes>>> + Send>> {
-    Box::pin(ReaderStream::new(encoder).map_ok(Frame::data))
+    Box::pin(ReaderStream::new(encoder).map_ok(move |data| {
+        let _held = &place;
+        Frame::data(data)
+    }))
 }
 
 #[cfg(test)]
@@ -376,6 +425,20 @@ mod tests {
         assert!(!headers.contains_key(header::ACCEPT_RANGES));
     }
 
+    /// No more encoders live at once than there are places; a place comes back with its
+    /// encoder's body.
+    #[tokio::test]
+    async fn encoders_are_bounded_and_give_their_place_back() {
+        let places: &'static Semaphore = Box::leak(Box::new(Semaphore::new(1)));
+        let body = || http_body_util::Full::new(Bytes::from_static(b"text"));
+        let first = encode(body(), Coding::Gzip, EncoderPlace::from(places).expect("free"));
+        assert!(EncoderPlace::from(places).is_none(), "one place only");
+        drop(first);
+        let second = EncoderPlace::from(places).expect("given back");
+        drop(encode(body(), Coding::Zstd, second));
+        assert!(EncoderPlace::from(places).is_some());
+    }
+
     #[tokio::test]
     async fn every_coding_decodes_to_the_original() {
         use async_compression::tokio::bufread::{BrotliDecoder, GzipDecoder, ZstdDecoder};
@@ -386,7 +449,8 @@ mod tests {
             .collect();
         for coding in Coding::ALL {
             let body = http_body_util::Full::new(Bytes::from(original.clone()));
-            let encoded = encode(body, coding).collect().await.unwrap().to_bytes();
+            let place = encoder_place().expect("a free place");
+            let encoded = encode(body, coding, place).collect().await.unwrap().to_bytes();
             assert!(encoded.len() < original.len() / 4, "{coding:?}");
             let mut decoded = Vec::new();
             let input = &encoded[..];

@@ -66,8 +66,8 @@ pub(crate) fn compress(
     let Some(coding) = accepted.best(|_| true) else {
         return response;
     };
-    compression::encode_headers(response.headers_mut(), coding);
     if status == StatusCode::NOT_MODIFIED || method == Method::HEAD {
+        compression::encode_headers(response.headers_mut(), coding);
         // A HEAD of floodgate's own answer still holds the answer, whose length hyper
         // would give: the encoded GET's is not known, so none is.
         if let Payload::Own(own) = response.body_mut() {
@@ -75,7 +75,12 @@ pub(crate) fn compress(
         }
         return response;
     }
-    response.map(|body| Payload::Encoded(compression::encode(body, coding)))
+    // With every encoder's place taken, the response goes as it is (its `Vary` set).
+    let Some(place) = compression::encoder_place() else {
+        return response;
+    };
+    compression::encode_headers(response.headers_mut(), coding);
+    response.map(|body| Payload::Encoded(compression::encode(body, coding, place)))
 }
 
 /// A body floodgate writes itself.
