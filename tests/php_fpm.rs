@@ -1060,3 +1060,70 @@ echo 'abc';
         assert_eq!(status, StatusCode::BAD_GATEWAY, "{broken}");
     }
 }
+
+/// A FastCGI record of `kind` for request 1.
+fn fastcgi_record(kind: u8, content: &[u8]) -> Vec<u8> {
+    let length = u16::try_from(content.len()).unwrap().to_be_bytes();
+    let mut record = vec![1, kind, 0, 1, length[0], length[1], 0, 0];
+    record.extend_from_slice(content);
+    record
+}
+
+/// Bytes a FastCGI server sends past its answer's end are no next request's answer: the
+/// connection they came on is not used again.
+#[tokio::test]
+async fn bytes_past_a_fastcgi_answer_answer_no_other_request() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const STDOUT: u8 = 6;
+    const END_REQUEST: u8 = 3;
+    const STDIN: u8 = 5;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut read = Vec::new();
+                let mut buffer = [0u8; 4096];
+                loop {
+                    // A request ends with its empty STDIN record.
+                    let mut at = 0;
+                    let mut ended = None;
+                    while read.len() >= at + 8 {
+                        let length = usize::from(u16::from_be_bytes([read[at + 4], read[at + 5]]));
+                        let next = at + 8 + length + usize::from(read[at + 6]);
+                        if read.len() < next {
+                            break;
+                        }
+                        if read[at + 1] == STDIN && length == 0 {
+                            ended = Some(next);
+                            break;
+                        }
+                        at = next;
+                    }
+                    if let Some(end) = ended {
+                        read.drain(..end);
+                        let mut answer = fastcgi_record(STDOUT, b"Status: 200\r\n\r\nright");
+                        answer.extend(fastcgi_record(END_REQUEST, &[0; 8]));
+                        answer.extend(fastcgi_record(STDOUT, b"Status: 200\r\n\r\nPLANTED"));
+                        answer.extend(fastcgi_record(END_REQUEST, &[0; 8]));
+                        if stream.write_all(&answer).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => read.extend_from_slice(&buffer[..n]),
+                    }
+                }
+            });
+        }
+    });
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(site.path().join("index.php"), "<?php echo 1;").unwrap();
+    let gw = site_gateway(site.path(), &format!("url = \"fastcgi://{addr}\"")).await;
+    for n in 0..3 {
+        let (status, _, body) = get(&gw.url("/")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "right"), "request {n}");
+    }
+}
