@@ -505,7 +505,16 @@ fn a_fastcgi_upstream_needs_a_root_that_exists_and_a_cap_is_advised() {
             .any(|w| w.starts_with("upstreams.php: a fastcgi:// upstream without max_requests")),
         "{warnings:?}"
     );
-    let capped = uncapped.replace("9000\"\n", "9000\"\nmax_requests = 4\n");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.starts_with("server.max_body: unlimited")),
+        "{warnings:?}"
+    );
+    let capped = format!(
+        "[server]\nmax_body = \"8MB\"\n\n{}",
+        uncapped.replace("9000\"\n", "9000\"\nmax_requests = 4\n")
+    );
     let config = Config::parse(std::path::Path::new("gw.toml"), &capped).unwrap();
     assert!(config.warnings().is_empty(), "{:?}", config.warnings());
     // A check's path is the script's file as PHP-FPM sees it: a URL path is a 404 there.

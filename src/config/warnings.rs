@@ -1,8 +1,9 @@
 //! What a valid configuration may still get wrong, for `floodgate check` and the log at
 //! load: certificates past their notAfter, login protection that PHP can reach around (a
 //! route restricted to some methods, or an exact path a front controller also answers
-//! under other spellings), a PHP-FPM pool floodgate does not cap, and a PHP-FPM check of
-//! a script PHP-FPM cannot find.
+//! under other spellings), a PHP-FPM pool floodgate does not cap, a PHP-FPM site without a
+//! bound on request bodies (which it spools to disk), and a PHP-FPM check of a script
+//! PHP-FPM cannot find.
 
 use std::path::Path;
 
@@ -27,6 +28,14 @@ pub(super) fn warnings(config: &Config) -> Vec<String> {
                 )
             }),
     );
+    if config.server.max_body.is_none() && config.upstreams.values().any(|u| u.fastcgi.is_some()) {
+        warnings.push(
+            "server.max_body: unlimited, while a chunked request body for PHP-FPM is read whole \
+             to a temporary file first: a client can fill the disk; set it (nginx's \
+             client_max_body_size is 1m unless set)"
+                .to_owned(),
+        );
+    }
     warnings.extend(php_checks_outside_php_root(config));
     for (i, route) in config.routes.iter().enumerate() {
         if guards_a_login(route) {
