@@ -77,7 +77,7 @@ pub(crate) struct FramingGuard<S> {
     buf: BytesMut,
     /// How many bytes at the front of `buf` have been inspected and may be handed out.
     cleared: usize,
-    /// How many bytes past `cleared` have been searched for the end of a head, in vain:
+    /// How many bytes past `cleared` have been found to hold no whole head (0: none yet):
     /// a head sent a byte at a time is searched once, not again at each byte.
     searched: usize,
     state: State,
@@ -214,14 +214,18 @@ impl<S> FramingGuard<S> {
             None => return false,
             Some(Protocol::Http1) => {}
         }
-        // Read only once it may be whole: the new bytes, with the two before them (an
-        // empty line's CR LF may complete the LF before them), end a line with an empty one.
-        let from = self.searched.saturating_sub(2);
-        self.searched = pending.len();
-        if !may_end_a_head(&pending[from..]) {
-            return pending.len() > self.limits.bytes && self.stop_inspecting();
+        // A head found incomplete is read again only once it may be whole: once the new
+        // bytes, with the two before them (an empty line's CR LF may complete the LF
+        // before them), end a line with an empty one. A head that came whole costs no
+        // search.
+        if self.searched > 0 {
+            let from = self.searched.saturating_sub(2);
+            if !may_end_a_head(&pending[from..]) {
+                self.searched = pending.len();
+                return pending.len() > self.limits.bytes && self.stop_inspecting();
+            }
+            self.searched = 0;
         }
-        self.searched = 0;
         let (head_len, verdict) = match scan_head(pending, self.limits.fields) {
             Scanned::Complete(head_len, verdict) => (head_len, verdict),
             Scanned::Unusual if let Some(head_len) = head_end(pending) => {
@@ -230,7 +234,10 @@ impl<S> FramingGuard<S> {
             Scanned::Incomplete | Scanned::Unusual if pending.len() > self.limits.bytes => {
                 return self.stop_inspecting();
             }
-            Scanned::Incomplete | Scanned::Unusual => return false,
+            Scanned::Incomplete | Scanned::Unusual => {
+                self.searched = pending.len();
+                return false;
+            }
         };
         let head_start = self.cleared;
         match verdict {

@@ -58,7 +58,7 @@ pub(crate) struct ConnectionState {
     /// The client connection's socket, told when the connection closes before a request
     /// body ended (it then lingers: [`linger`]).
     socket: Option<Arc<disconnect::ClientSocket>>,
-    /// On HTTP/2, each request's [`Progress`], for the stall check.
+    /// On HTTP/2, each response's [`Progress`], for the stall check.
     http2: AtomicBool,
     progress: Mutex<Vec<Weak<Progress>>>,
 }
@@ -131,20 +131,19 @@ impl ConnectionState {
     /// A request starts; it is in flight until the token is dropped.
     pub(crate) fn begin(self: &Arc<Self>) -> InFlight {
         self.open.fetch_add(1, Ordering::AcqRel);
-        let progress = self.http2.load(Ordering::Relaxed).then(|| {
-            let progress = Arc::new(Progress::new(0));
-            let mut watched = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
-            // Those of finished requests go when the list would grow.
-            if watched.len() == watched.capacity() {
-                watched.retain(|response| response.strong_count() > 0);
-            }
-            watched.push(Arc::downgrade(&progress));
-            progress
-        });
-        InFlight {
-            connection: self.clone(),
-            progress,
+        InFlight(self.clone())
+    }
+
+    /// A new HTTP/2 response's [`Progress`], registered for the stall check.
+    fn watch_progress(&self) -> Arc<Progress> {
+        let progress = Arc::new(Progress::new(0));
+        let mut watched = self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+        // Those of finished requests go when the list would grow.
+        if watched.len() == watched.capacity() {
+            watched.retain(|response| response.strong_count() > 0);
         }
+        watched.push(Arc::downgrade(&progress));
+        progress
     }
 
     /// How long the connection has carried no request; `None` while one is in flight.
@@ -356,42 +355,51 @@ impl<C: Graceful + ?Sized> Graceful for Pin<Box<C>> {
 
 /// A request's hold on its connection (see the module docs).
 #[derive(Debug)]
-pub(crate) struct InFlight {
-    connection: Arc<ConnectionState>,
-    /// On HTTP/2, where its response stands.
-    progress: Option<Arc<Progress>>,
-}
+pub(crate) struct InFlight(Arc<ConnectionState>);
 
 impl InFlight {
     /// The request's connection now carries a tunnel: its bytes are no longer HTTP.
     pub(crate) fn start_tunnel(&self) {
-        self.connection.tunnel.store(true, Ordering::Release);
+        self.0.tunnel.store(true, Ordering::Release);
     }
 
     /// Whether this request's HTTP/2 response is its connection's first (true once).
     pub(crate) fn first_http2_response(&self) -> bool {
-        let answered = &self.connection.answered_http2;
+        let answered = &self.0.answered_http2;
         !answered.load(Ordering::Relaxed) && !answered.swap(true, Ordering::Relaxed)
     }
 
+    /// The progress of this request's response, watched on HTTP/2 (see [`Progress`]);
+    /// `None` on HTTP/1.1, where a blocked write shows a client that does not read.
+    pub(crate) fn watch_response(&self) -> Option<ResponseProgress> {
+        if !self.0.http2.load(Ordering::Relaxed) {
+            return None;
+        }
+        let progress = ResponseProgress(self.0.watch_progress());
+        progress.waits_for_client();
+        Some(progress)
+    }
+}
+
+/// An HTTP/2 response's [`Progress`], as its body tells it.
+#[derive(Debug)]
+pub(crate) struct ResponseProgress(Arc<Progress>);
+
+impl ResponseProgress {
     /// The response waits for the client: made, or some of its body handed to hyper.
     pub(crate) fn waits_for_client(&self) {
-        if let Some(progress) = &self.progress {
-            progress.store(WAITING_FOR_CLIENT, Ordering::Release);
-        }
+        self.0.store(WAITING_FOR_CLIENT, Ordering::Release);
     }
 
     /// hyper asks for more of the response's body: the client has room for it.
     pub(crate) fn polled(&self) {
-        if let Some(progress) = &self.progress {
-            progress.store(0, Ordering::Release);
-        }
+        self.0.store(0, Ordering::Release);
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let activity = &self.connection;
+        let activity = &self.0;
         // Before the count drops, so that a connection seen idle has its last end written.
         let ended = u64::try_from(activity.opened.elapsed().as_micros()).unwrap_or(u64::MAX);
         activity.last_end.fetch_max(ended, Ordering::AcqRel);

@@ -15,7 +15,7 @@ use pin_project_lite::pin_project;
 
 use crate::access_log::AccessRecord;
 use crate::compression::{self, Accepted, Encoded};
-use crate::connection::InFlight;
+use crate::connection::{InFlight, ResponseProgress};
 use crate::files::serve::FileBody;
 use crate::limit::store::ConcurrencySlot;
 use crate::upstream::UpstreamBody;
@@ -163,6 +163,8 @@ pin_project! {
         bytes: u64,
         // Dropped with the body: the connection carries this request until then.
         in_flight: InFlight,
+        // On HTTP/2, whether the body waits for its client.
+        progress: Option<ResponseProgress>,
     }
 
     impl PinnedDrop for ResponseBody {
@@ -177,8 +179,8 @@ pin_project! {
 
 impl ResponseBody {
     pub(crate) fn new(inner: Payload, record: Box<AccessRecord>, in_flight: InFlight) -> Self {
-        in_flight.waits_for_client();
         ResponseBody {
+            progress: in_flight.watch_response(),
             inner,
             record: Some(record),
             bytes: 0,
@@ -196,13 +198,17 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
-        this.in_flight.polled();
+        if let Some(progress) = this.progress.as_ref() {
+            progress.polled();
+        }
         let polled = ready!(Pin::new(this.inner).poll_frame(cx));
         if let Some(Ok(frame)) = &polled
             && let Some(data) = frame.data_ref()
         {
             *this.bytes += data.len() as u64;
-            this.in_flight.waits_for_client();
+            if let Some(progress) = this.progress.as_ref() {
+                progress.waits_for_client();
+            }
         }
         Poll::Ready(polled)
     }
