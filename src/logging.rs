@@ -101,7 +101,18 @@ pub fn flush() {
     }
     let lines = std::mem::take(&mut pending.lines);
     drop(pending);
-    write_out(&lines);
+    // Without blocking (the writer thread may hold standard output, blocked for good):
+    // what it has not taken by the deadline is lost.
+    let mut done = 0;
+    while done < lines.len() {
+        done += write_while_writable(&lines[done..]);
+        if done < lines.len() {
+            if std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 fn write_out(lines: &[u8]) {
@@ -117,14 +128,16 @@ fn write_out(lines: &[u8]) {
 /// writes everything, so that lines keep their order). A process with one worker thus
 /// stays a single thread until its standard output first blocks.
 fn write_soon() {
-    if !WRITER.is_completed() {
-        let mut pending = lock_pending();
+    let mut pending = lock_pending();
+    // Decided under the lock: once the writer thread writes, nothing else does.
+    if !WRITER.is_completed() && !pending.writing {
         let written = write_while_writable(&pending.lines);
         pending.lines.drain(..written);
         if pending.lines.is_empty() {
             return;
         }
     }
+    drop(pending);
     WRITER.call_once(|| {
         let started = std::thread::Builder::new()
             .name("floodgate-log".to_owned())

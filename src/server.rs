@@ -495,15 +495,17 @@ mod tests {
     fn the_open_file_limit_is_raised_to_the_hard_one() {
         use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
         let hard = getrlimit(Resource::Nofile).maximum;
+        // Half the hard limit, not a small number: tests running meanwhile open files.
+        let lowered = hard.map_or(1 << 20, |hard| hard / 2);
         setrlimit(
             Resource::Nofile,
             Rlimit {
-                current: Some(256),
+                current: Some(lowered),
                 maximum: hard,
             },
         )
         .unwrap();
-        assert_eq!(raise_open_file_limit(), Some((256, hard)));
+        assert_eq!(raise_open_file_limit(), Some((lowered, hard)));
         assert_eq!(getrlimit(Resource::Nofile).current, hard);
         assert_eq!(raise_open_file_limit(), None, "already at the hard limit");
     }
