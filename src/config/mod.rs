@@ -211,6 +211,16 @@ impl PathMatch {
         }
     }
 
+    /// What a `path` key part reads of a request to `path` that matched: a script's path,
+    /// whatever PATH_INFO follows it (`/login.php/x` runs `/login.php`, and is no fresh
+    /// key), else `path` itself.
+    pub fn keyed<'a>(&'a self, path: &'a str) -> &'a str {
+        match self {
+            PathMatch::Script(script) => script,
+            PathMatch::Exact(_) | PathMatch::Prefix(_) => path,
+        }
+    }
+
     /// Whether `path` matches: normalized, its encoded slashes read as slashes
     /// ([`crate::path::slashes_decoded`]).
     pub fn matches(&self, path: &str) -> bool {

@@ -153,6 +153,21 @@ pub(crate) fn requested_upgrade(version: Version, headers: &HeaderMap) -> Option
     (connection_says_upgrade && !offers_h2c).then(|| upgrade.clone())
 }
 
+/// Whether a `101` with `answered` headers switches to the protocol the request, with
+/// `asked` headers (as forwarded), named in its `Upgrade`.
+pub(crate) fn switches_as_asked(asked: &HeaderMap, answered: &HeaderMap) -> bool {
+    fn upgrade(headers: &HeaderMap) -> Option<&str> {
+        headers.get(header::UPGRADE)?.to_str().ok()
+    }
+    let (Some(asked), Some(answered)) = (upgrade(asked), upgrade(answered)) else {
+        return false;
+    };
+    let answered = answered.trim();
+    asked
+        .split(',')
+        .any(|offered| offered.trim().eq_ignore_ascii_case(answered))
+}
+
 /// What floodgate knows about the client connection, for the forwarding headers.
 pub(crate) struct ForwardingContext<'a> {
     /// The request ID's header and value, set on every request that goes upstream.

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{HeaderMap, Request, Response, Uri};
+use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
@@ -40,7 +40,7 @@ use crate::access_log::AccessRecord;
 use crate::client_ip::{Peer, client_ip};
 use crate::compression::Accepted;
 use crate::config::{
-    CombinedRules, PathMatch, Php, RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate,
+    CombinedRules, Php, RespondConfig, RouteConfig, ServerConfig, TemplatePart, ValueTemplate,
 };
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
@@ -51,7 +51,8 @@ use crate::limit::store::{ConcurrencySlot, Unit};
 use crate::metrics::Metrics;
 use crate::path::{normalize_path, slashes_decoded};
 use crate::proxy::headers::{
-    AsForwarded, ForwardingContext, apply_rules, remove_hop_by_hop, requested_upgrade, set_forwarding_headers,
+    AsForwarded, ForwardingContext, apply_rules, remove_hop_by_hop, requested_upgrade,
+    set_forwarding_headers, switches_as_asked,
 };
 use crate::proxy::request_body::RequestBody;
 use crate::trace::context::SpanId;
@@ -326,12 +327,7 @@ async fn serve(
         return Err(GatewayError::Forbidden("the route's allow or deny").into());
     }
     let route = &state.routes[index];
-    // What a `path` key part reads: a script route's script, whatever PATH_INFO follows it
-    // (`/login.php/x` runs `/login.php`, and is no fresh key).
-    let keyed_path = match &route_config.path {
-        PathMatch::Script(script) => script.as_str(),
-        _ => &routed,
-    };
+    let keyed_path = route_config.path.keyed(&routed);
     let mut attempts = None;
     if !route.limits.is_empty() {
         let client_ip = client.ip_text();
@@ -755,21 +751,6 @@ async fn forward(
         }
         _ => Ok(response.map(Payload::Upstream)),
     }
-}
-
-/// Whether a `101` with `answered` headers switches to the protocol the request, with
-/// `asked` headers (as forwarded), named in its `Upgrade`.
-fn switches_as_asked(asked: &HeaderMap, answered: &HeaderMap) -> bool {
-    let protocol = |headers: &HeaderMap| {
-        headers
-            .get(header::UPGRADE)
-            .and_then(|value| value.to_str().ok())
-            .map(|value| value.trim().to_ascii_lowercase())
-    };
-    let (Some(asked), Some(answered)) = (protocol(asked), protocol(answered)) else {
-        return false;
-    };
-    asked.split(',').any(|offered| offered.trim() == answered)
 }
 
 /// The head an HTTP server is sent for `parts`, to `target` (its pieces): its headers as they go
