@@ -161,3 +161,62 @@ async fn an_attempt_whose_client_hangs_up_counts_as_a_failure() {
     );
     assert_eq!(upstream.requests(), 2);
 }
+
+/// A failure is kept by every limit that counts it even when the client hangs up while
+/// floodgate is still starting the lock-outs: settling is not the client's to interrupt,
+/// so a limit settled after the hang-up does not give its unit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hang_up_while_lock_outs_start_gives_no_unit_back() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
+    let upstream = Upstream::start().await;
+    let limit = |header: &str| {
+        format!(
+            r#"algorithm = "fixed_window"
+            limit = 1
+            window = "15m"
+            key = ["header:{header}"]
+            count = "failures"
+            lockout = "1h""#
+        )
+    };
+    let config = GatewayToml::new()
+        .redis(&redis.url(), "timeout = \"5s\"")
+        .upstream("app", &upstream.url(), "")
+        .limit("per_user", &limit("x-user"))
+        .limit("per_account", &limit("x-account"))
+        .route(
+            "login",
+            r#"path_prefix = "/"
+            upstream = "app"
+            limits = ["per_user", "per_account"]"#,
+        );
+    let gw = TestGateway::start(config).await;
+    let attempt = |user: &str, account: &str, query: &str| {
+        http::Request::get(gw.url(&format!("/status?{query}")))
+            .header("x-user", user)
+            .header("x-account", account)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    // The failure takes the last of both rooms; while the app works on it, Redis stops,
+    // so starting the lock-outs waits, and the client hangs up meanwhile.
+    let failing = tokio::spawn(crate::common::send(attempt("u", "a", "code=401&ms=400")));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    redis.pause();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    failing.abort();
+    let _ = failing.await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    redis.resume();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Each limit is locked out on its own key, whichever was settled first.
+    for (user, account) in [("u", "fresh"), ("fresh", "a")] {
+        let (status, headers, _) = crate::common::send(attempt(user, account, "code=200")).await;
+        assert_eq!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "user {user}, account {account}: {headers:?}"
+        );
+    }
+    assert_eq!(upstream.requests(), 1);
+}

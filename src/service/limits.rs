@@ -428,12 +428,18 @@ impl Attempts {
 
     /// Settles each unit on the app's response `status` (`None`: the app did not answer,
     /// floodgate did): a failure keeps its unit (and starts the lock-out when it was the
-    /// last of the room), anything else gives it back.
+    /// last of the room), anything else gives it back. The settling runs as a task of its
+    /// own, awaited here: a client that hangs up meanwhile stops waiting, not settling.
     pub(crate) async fn settle(mut self, status: Option<StatusCode>) {
-        for (unit, failures) in std::mem::take(&mut self.units) {
-            unit.settle(status.is_some_and(|status| failures.contains(&status)))
-                .await;
-        }
+        let units = std::mem::take(&mut self.units);
+        let settling = tokio::spawn(async move {
+            for (unit, failures) in units {
+                unit.settle(status.is_some_and(|status| failures.contains(&status)))
+                    .await;
+            }
+        });
+        // It ends by itself; a panic in it is the task's own.
+        let _ = settling.await;
     }
 }
 
