@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
@@ -35,10 +37,8 @@ pub(crate) fn http_token(path: &str) -> Option<&str> {
 
 pub(super) struct Challenges {
     own: Mutex<HashMap<Challenge, String>>,
-    /// What shared storage held, read from the instant given: one lookup reads it while
-    /// the others wait for that read (a flood of lookups is one read of storage, and the
-    /// CA's own lookup is never turned away for want of room).
-    stored: tokio::sync::Mutex<Option<(Instant, HashMap<Challenge, String>)>>,
+    /// What shared storage held.
+    stored: SharedRead<HashMap<Challenge, String>>,
     warnings: LogThrottle,
 }
 
@@ -46,7 +46,7 @@ impl Challenges {
     pub(super) fn new() -> Challenges {
         Challenges {
             own: Mutex::default(),
-            stored: tokio::sync::Mutex::new(None),
+            stored: SharedRead::default(),
             warnings: LogThrottle::default(),
         }
     }
@@ -59,26 +59,58 @@ impl Challenges {
         if !storage.shared() {
             return None;
         }
-        let mut stored = self.stored.lock().await;
-        if stored
-            .as_ref()
-            .is_none_or(|(asked, _)| asked.elapsed() >= STORED_SEEN_FOR)
-        {
-            // Timed from before the read: what it returns is at least that recent.
-            let asked = Instant::now();
-            let read = storage.published().await.unwrap_or_else(|error| {
-                if self.warnings.ready() {
-                    tracing::warn!(%error, "ACME: cannot read the challenges in storage (logged once a minute at most)");
-                }
-                HashMap::new()
-            });
-            *stored = Some((asked, read));
-        }
-        stored.as_ref()?.1.get(challenge).cloned()
+        let stored = self
+            .stored
+            .get(|| async {
+                storage.published().await.unwrap_or_else(|error| {
+                    if self.warnings.ready() {
+                        tracing::warn!(%error, "ACME: cannot read the challenges in storage (logged once a minute at most)");
+                    }
+                    HashMap::new()
+                })
+            })
+            .await;
+        stored.get(challenge).cloned()
     }
 
     fn own(&self) -> std::sync::MutexGuard<'_, HashMap<Challenge, String>> {
         self.own.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A value read from elsewhere, shared by every lookup: one lookup reads it while the
+/// others wait for that read, so a flood of lookups is one read of storage (and the CA's
+/// own lookup is never turned away for want of room). A read answers the lookups that
+/// arrived before it began, however long it took, and later ones for
+/// [`STORED_SEEN_FOR`] from its start.
+struct SharedRead<T> {
+    last: tokio::sync::Mutex<Option<(Instant, T)>>,
+}
+
+impl<T> Default for SharedRead<T> {
+    fn default() -> Self {
+        SharedRead {
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl<T> SharedRead<T> {
+    async fn get<F: Future<Output = T>>(
+        &self,
+        read: impl FnOnce() -> F,
+    ) -> tokio::sync::MappedMutexGuard<'_, T> {
+        let arrived = Instant::now();
+        let mut last = self.last.lock().await;
+        let answers = |(began, _): &(Instant, T)| *began >= arrived || began.elapsed() < STORED_SEEN_FOR;
+        if !last.as_ref().is_some_and(answers) {
+            // Timed from before the read: what it returns is at least that recent.
+            let began = Instant::now();
+            *last = Some((began, read().await));
+        }
+        tokio::sync::MutexGuard::map(last, |last| {
+            &mut last.as_mut().expect("read just above when absent").1
+        })
     }
 }
 
@@ -155,6 +187,37 @@ pub(super) fn alpn_certificate(name: &str, key_authorization: &str) -> Result<Ar
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn lookups_that_waited_for_a_slow_read_share_it() {
+        let shared = Arc::new(SharedRead::default());
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let lookup = |taking: Duration| {
+            let (shared, reads) = (shared.clone(), reads.clone());
+            async move {
+                *shared
+                    .get(|| async {
+                        tokio::time::sleep(taking).await;
+                        reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1
+                    })
+                    .await
+            }
+        };
+        // Storage that hangs until its timeout: the lookups queued behind the read get it.
+        let lookups: Vec<_> = (0..5)
+            .map(|_| tokio::spawn(lookup(Duration::from_secs(5))))
+            .collect();
+        for lookup in lookups {
+            assert_eq!(lookup.await.unwrap(), 1);
+        }
+        // A lookup that arrives after a read began reads anew once that read is old...
+        assert_eq!(lookup(Duration::ZERO).await, 2);
+        // ...and takes it while it is recent.
+        tokio::time::advance(STORED_SEEN_FOR / 2).await;
+        assert_eq!(lookup(Duration::ZERO).await, 2);
+        tokio::time::advance(STORED_SEEN_FOR / 2).await;
+        assert_eq!(lookup(Duration::ZERO).await, 3);
+    }
 
     #[test]
     fn only_well_formed_tokens_are_looked_up() {
