@@ -210,6 +210,51 @@ async fn an_http2_client_that_opens_no_window_is_cut_off_after_send_timeout() {
     a_client_that_reads_nothing_frees_the_server_slot(Reader::Http2NoWindow).await;
 }
 
+/// A client that reads steadily, however slowly, is not cut off: a response goes to
+/// HTTP/2 a window's worth at a time, and `send_timeout` is how long one piece may wait
+/// for room, not how long a file's 256 KB read takes to drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_but_steady_http2_reader_is_not_cut_by_send_timeout() {
+    let site = tempfile::tempdir().unwrap();
+    let content: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(site.path().join("big.bin"), &content).unwrap();
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server("send_timeout = \"1s\"")
+            .route("site", &format!("root = \"{}\"", site.path().display())),
+    )
+    .await;
+    // 16 KB of window, one frame's worth taken every 200 ms: 80 KB/s.
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .http2_initial_stream_window_size(16 * 1024)
+        .build(hyper_util::client::legacy::connect::HttpConnector::new());
+    let response = client
+        .request(
+            Request::get(gw.url("/big.bin"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut received = Vec::new();
+    while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+        let frame = frame.expect("the body, whole");
+        if let Some(data) = frame.data_ref() {
+            received.extend_from_slice(data);
+            tokio::time::sleep(ms(200 * data.len() as u64 / (16 * 1024))).await;
+        }
+    }
+    assert!(
+        received == content,
+        "{} of {} bytes",
+        received.len(),
+        content.len()
+    );
+}
+
 // ---- tunnels ------------------------------------------------------------------------
 
 async fn open_tunnel(gw: &TestGateway) -> TcpStream {

@@ -164,7 +164,7 @@ pin_project! {
         // Dropped with the body: the connection carries this request until then.
         in_flight: InFlight,
         // On HTTP/2, whether the body waits for its client.
-        progress: Option<ResponseProgress>,
+        http2: Option<Http2Pieces>,
     }
 
     impl PinnedDrop for ResponseBody {
@@ -180,7 +180,10 @@ pin_project! {
 impl ResponseBody {
     pub(crate) fn new(inner: Payload, record: Box<AccessRecord>, in_flight: InFlight) -> Self {
         ResponseBody {
-            progress: in_flight.watch_response(),
+            http2: in_flight.watch_response().map(|progress| Http2Pieces {
+                progress,
+                rest: Bytes::new(),
+            }),
             inner,
             record: Some(record),
             bytes: 0,
@@ -198,26 +201,69 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
-        if let Some(progress) = this.progress.as_ref() {
-            progress.polled();
-        }
-        let polled = ready!(Pin::new(this.inner).poll_frame(cx));
+        let polled = match this.http2 {
+            None => ready!(Pin::new(this.inner).poll_frame(cx)),
+            Some(http2) => {
+                http2.progress.polled();
+                if http2.rest.is_empty() {
+                    match ready!(Pin::new(this.inner).poll_frame(cx)) {
+                        Some(Ok(frame)) => match frame.into_data() {
+                            Ok(data) => {
+                                http2.rest = data;
+                                Some(Ok(Frame::data(http2.next_piece())))
+                            }
+                            Err(frame) => Some(Ok(frame)),
+                        },
+                        polled => polled,
+                    }
+                } else {
+                    Some(Ok(Frame::data(http2.next_piece())))
+                }
+            }
+        };
         if let Some(Ok(frame)) = &polled
             && let Some(data) = frame.data_ref()
         {
             *this.bytes += data.len() as u64;
-            if let Some(progress) = this.progress.as_ref() {
-                progress.waits_for_client();
+            if let Some(http2) = this.http2.as_ref() {
+                http2.progress.waits_for_client();
             }
         }
         Poll::Ready(polled)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.http2.as_ref().is_none_or(|http2| http2.rest.is_empty()) && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let mut hint = self.inner.size_hint();
+        if let Some(http2) = &self.http2 {
+            let rest = http2.rest.len() as u64;
+            // The upper first: neither may pass the other.
+            if let Some(upper) = hint.upper() {
+                hint.set_upper(upper + rest);
+            }
+            hint.set_lower(hint.lower() + rest);
+        }
+        hint
+    }
+}
+
+/// An HTTP/2 response's [`ResponseProgress`], and what is left of the data frame it is
+/// handing hyper a piece at a time: hyper asks for more only once what it was given has
+/// gone out, so the stall check (`server.send_timeout`) times one piece, and a client
+/// that reads slowly but steadily is not taken for one that stopped.
+struct Http2Pieces {
+    progress: ResponseProgress,
+    rest: Bytes,
+}
+
+/// One HTTP/2 `DATA` frame of the default maximum size.
+const HTTP2_PIECE: usize = 16 * 1024;
+
+impl Http2Pieces {
+    fn next_piece(&mut self) -> Bytes {
+        self.rest.split_to(self.rest.len().min(HTTP2_PIECE))
     }
 }
