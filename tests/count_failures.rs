@@ -220,3 +220,53 @@ async fn a_hang_up_while_lock_outs_start_gives_no_unit_back() {
     }
     assert_eq!(upstream.requests(), 1);
 }
+
+/// A client that hangs up while floodgate is still connecting to the app sent the app
+/// nothing: its unit goes back, and no lock-out starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hang_up_before_the_app_was_reached_gives_the_unit_back() {
+    let (stuck, _listener, _queued) = crate::common::unaccepting_server().await;
+    let app = Upstream::start().await;
+    // The stuck route first: the login route takes every path.
+    let config = GatewayToml::new()
+        .upstream("stuck", &stuck, "timeout = \"5s\"\nconnect_timeout = \"5s\"")
+        .route(
+            "stuck",
+            r#"path_prefix = "/stuck"
+            upstream = "stuck"
+            limits = ["login_failures"]"#,
+        )
+        .upstream("app", &app.url(), "")
+        .limit(
+            "login_failures",
+            r#"algorithm = "fixed_window"
+            limit = 1
+            window = "15m"
+            key = ["client_ip"]
+            count = "failures"
+            lockout = "1h""#,
+        )
+        .route(
+            "login",
+            r#"path_prefix = "/"
+            upstream = "app"
+            limits = ["login_failures"]"#,
+        );
+    let gw = TestGateway::start(config).await;
+    let abandoned = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        get(&gw.url("/stuck/login")),
+    )
+    .await;
+    assert!(abandoned.is_err(), "answered before the client hung up");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (status, headers, _) = get(&gw.url("/status?code=200")).await;
+    assert_eq!(status, StatusCode::OK, "{headers:?}");
+    assert!(
+        headers["ratelimit"]
+            .to_str()
+            .unwrap()
+            .starts_with("\"login_failures\";r=1;"),
+        "{headers:?}"
+    );
+}

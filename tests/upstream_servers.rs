@@ -182,34 +182,11 @@ async fn a_dead_server_is_retried_elsewhere_and_taken_out_of_rotation() {
     );
 }
 
-/// A server whose connections are never accepted, their handshakes left waiting: the
-/// listener's queue (of one) filled.
-async fn unaccepting_server() -> (String, tokio::net::TcpListener, Vec<tokio::net::TcpStream>) {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let listener = socket.listen(0).unwrap();
-    let address = listener.local_addr().unwrap();
-    let mut queued = Vec::new();
-    // The queue holds one or two whose handshakes completed; past those, a connect waits.
-    for _ in 0..3 {
-        match tokio::time::timeout(
-            Duration::from_millis(200),
-            tokio::net::TcpStream::connect(address),
-        )
-        .await
-        {
-            Ok(Ok(stream)) => queued.push(stream),
-            _ => break,
-        }
-    }
-    (format!("http://{address}"), listener, queued)
-}
-
 /// A try whose `timeout` passes while it is still connecting sent nothing: the request,
 /// a POST with its body, goes on to another server.
 #[tokio::test]
 async fn a_request_timed_out_while_connecting_goes_on_with_its_body() {
-    let (stuck, _listener, _queued) = unaccepting_server().await;
+    let (stuck, _listener, _queued) = common::unaccepting_server().await;
     let live = Upstream::start().await;
     let gw = gateway(&format!(
         "{}

@@ -4,6 +4,7 @@
 //! when that is safe: none of it was written, or it is idempotent without a body.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::io::AsyncRead;
@@ -27,6 +28,9 @@ pub(crate) struct Try<'a, K> {
     pub(crate) timeout: Duration,
     pub(crate) keep: &'a mut Option<K>,
     pub(crate) detach: bool,
+    /// Set once the request goes out on a connection (a limit counting failures keeps
+    /// the unit of a request that reached the app: `service::limits::Attempts`).
+    pub(crate) reached: Option<&'a AtomicBool>,
 }
 
 /// A try that got no response head: why, and the request body when none of it was read
@@ -64,6 +68,7 @@ where
         timeout,
         keep,
         detach,
+        reached,
         ..
     } = plan;
     loop {
@@ -77,6 +82,9 @@ where
                 });
             }
         };
+        if let Some(reached) = reached {
+            reached.store(true, Ordering::Release);
+        }
         let exchange = exchange(connection, body);
         let (exchange, answer) = detach::head(exchange, detach.then_some(&mut *keep), timeout).await;
         match answer {

@@ -284,9 +284,6 @@ impl Upstream {
             };
             let started = Instant::now();
             let deadline = tokio::time::Instant::from_std(started) + timeout;
-            if let Some(reached) = &tries.reached_the_app {
-                reached.store(true, Ordering::Release);
-            }
             let plan = Try {
                 span: &span.id,
                 body: this_body,
@@ -295,6 +292,7 @@ impl Upstream {
                 timeout,
                 keep: &mut held,
                 detach: counted,
+                reached: tries.reached_the_app.as_deref(),
             };
             let tried = match (&server.transport, &head) {
                 (Transport::Http(pool), UpstreamHead::Http(head)) => match pool.send(head, plan).await {

@@ -383,6 +383,7 @@ mod tests {
                 timeout,
                 keep: &mut keep,
                 detach: false,
+                reached: None,
             },
         );
         match sent.await {

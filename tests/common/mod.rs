@@ -563,3 +563,26 @@ pub(crate) async fn websocket_upgrade(addr: SocketAddr) -> (String, TcpStream) {
         .expect("an answer to the upgrade");
     (String::from_utf8(head).unwrap(), stream)
 }
+
+/// A server whose connections are never accepted, their handshakes left waiting: the
+/// listener's queue (of one) filled.
+pub(crate) async fn unaccepting_server() -> (String, tokio::net::TcpListener, Vec<tokio::net::TcpStream>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let address = listener.local_addr().unwrap();
+    let mut queued = Vec::new();
+    // The queue holds one or two whose handshakes completed; past those, a connect waits.
+    for _ in 0..3 {
+        match tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(address),
+        )
+        .await
+        {
+            Ok(Ok(stream)) => queued.push(stream),
+            _ => break,
+        }
+    }
+    (format!("http://{address}"), listener, queued)
+}
