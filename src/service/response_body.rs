@@ -32,6 +32,8 @@ pub(crate) enum Payload {
     ReadAhead(ReadAhead),
     /// Any of the above, compressed.
     Encoded(Encoded),
+    /// Any of the above, on HTTP/2, in pieces.
+    Pieces(Box<Pieces>),
 }
 
 impl Payload {
@@ -46,7 +48,9 @@ impl Payload {
 
 /// `response` as a route with `compress` sends it to a client that accepts `accepted`
 /// (docs/configuration.md#routescompress): encoded when it may be and the client takes a
-/// coding, with `Vary` whenever it may be; a `HEAD` or `304` gets the headers alone.
+/// coding, with `Vary` whenever it may be; a `HEAD` gets the headers alone, a `304` the
+/// weak `ETag` alone (no `Content-Encoding`, RFC 9110 §15.4.5: the copy it revalidates
+/// may be one that went as it was while every encoder was busy).
 pub(crate) fn compress(
     mut response: Response<Payload>,
     accepted: Accepted,
@@ -66,7 +70,11 @@ pub(crate) fn compress(
     let Some(coding) = accepted.best(|_| true) else {
         return response;
     };
-    if status == StatusCode::NOT_MODIFIED || method == Method::HEAD {
+    if status == StatusCode::NOT_MODIFIED {
+        compression::weaken_etag(response.headers_mut());
+        return response;
+    }
+    if method == Method::HEAD {
         compression::encode_headers(response.headers_mut(), coding);
         // A HEAD of floodgate's own answer still holds the answer, whose length hyper
         // would give: the encoded GET's is not known, so none is.
@@ -95,6 +103,7 @@ impl Body for Payload {
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -105,9 +114,11 @@ impl Body for Payload {
             Payload::File(body) => Pin::new(body.as_mut()).poll_frame(cx).map_err(Into::into),
             Payload::ReadAhead(body) => Pin::new(body).poll_frame(cx),
             Payload::Encoded(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Payload::Pieces(body) => Pin::new(body.as_mut()).poll_frame(cx),
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match self {
             Payload::Upstream(body) => body.is_end_stream(),
@@ -115,9 +126,11 @@ impl Body for Payload {
             Payload::File(body) => body.is_end_stream(),
             Payload::ReadAhead(body) => body.is_end_stream(),
             Payload::Encoded(body) => body.is_end_stream(),
+            Payload::Pieces(body) => body.is_end_stream(),
         }
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         match self {
             Payload::Upstream(body) => body.size_hint(),
@@ -125,6 +138,7 @@ impl Body for Payload {
             Payload::File(body) => body.size_hint(),
             Payload::ReadAhead(body) => body.size_hint(),
             Payload::Encoded(body) => body.size_hint(),
+            Payload::Pieces(body) => body.size_hint(),
         }
     }
 }
@@ -164,7 +178,7 @@ pin_project! {
         // Dropped with the body: the connection carries this request until then.
         in_flight: InFlight,
         // On HTTP/2, whether the body waits for its client.
-        http2: Option<Http2Pieces>,
+        progress: Option<ResponseProgress>,
     }
 
     impl PinnedDrop for ResponseBody {
@@ -180,10 +194,7 @@ pin_project! {
 impl ResponseBody {
     pub(crate) fn new(inner: Payload, record: Box<AccessRecord>, in_flight: InFlight) -> Self {
         ResponseBody {
-            http2: in_flight.watch_response().map(|progress| Http2Pieces {
-                progress,
-                rest: Bytes::new(),
-            }),
+            progress: in_flight.watch_response(),
             inner,
             record: Some(record),
             bytes: 0,
@@ -196,74 +207,102 @@ impl Body for ResponseBody {
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.project();
-        let polled = match this.http2 {
-            None => ready!(Pin::new(this.inner).poll_frame(cx)),
-            Some(http2) => {
-                http2.progress.polled();
-                if http2.rest.is_empty() {
-                    match ready!(Pin::new(this.inner).poll_frame(cx)) {
-                        Some(Ok(frame)) => match frame.into_data() {
-                            Ok(data) => {
-                                http2.rest = data;
-                                Some(Ok(Frame::data(http2.next_piece())))
-                            }
-                            Err(frame) => Some(Ok(frame)),
-                        },
-                        polled => polled,
-                    }
-                } else {
-                    Some(Ok(Frame::data(http2.next_piece())))
-                }
-            }
-        };
-        if let Some(Ok(frame)) = &polled
-            && let Some(data) = frame.data_ref()
+        if let Some(progress) = this.progress.as_ref() {
+            progress.polled();
+        }
+        let mut polled = ready!(Pin::new(&mut *this.inner).poll_frame(cx));
+        if let Some(Ok(frame)) = &mut polled
+            && let Some(data) = frame.data_mut()
         {
-            *this.bytes += data.len() as u64;
-            if let Some(http2) = this.http2.as_ref() {
-                http2.progress.waits_for_client();
+            if let Some(progress) = this.progress.as_ref() {
+                if data.len() > PIECE {
+                    *data = Pieces::first(this.inner, std::mem::take(data));
+                }
+                progress.waits_for_client();
             }
+            *this.bytes += data.len() as u64;
         }
         Poll::Ready(polled)
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
-        self.http2.as_ref().is_none_or(|http2| http2.rest.is_empty()) && self.inner.is_end_stream()
+        self.inner.is_end_stream()
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
-        let mut hint = self.inner.size_hint();
-        if let Some(http2) = &self.http2 {
-            let rest = http2.rest.len() as u64;
-            // The upper first: neither may pass the other.
-            if let Some(upper) = hint.upper() {
-                hint.set_upper(upper + rest);
-            }
-            hint.set_lower(hint.lower() + rest);
-        }
-        hint
+        self.inner.size_hint()
     }
 }
 
-/// An HTTP/2 response's [`ResponseProgress`], and what is left of the data frame it is
-/// handing hyper a piece at a time: hyper asks for more only once what it was given has
-/// gone out, so the stall check (`server.send_timeout`) times one piece, and a client
-/// that reads slowly but steadily is not taken for one that stopped.
-struct Http2Pieces {
-    progress: ResponseProgress,
+/// An HTTP/2 response's body once it gave a data frame larger than [`PIECE`], handed to
+/// hyper a piece at a time: hyper asks for more only once what it was given has gone out,
+/// so the connection's stall check (`server.send_timeout`, [`ResponseProgress`]) times
+/// one piece, and a client that reads slowly but steadily is not taken for one that
+/// stopped.
+pub(crate) struct Pieces {
+    inner: Payload,
+    /// What is left of the last data frame.
     rest: Bytes,
 }
 
 /// One HTTP/2 `DATA` frame of the default maximum size.
-const HTTP2_PIECE: usize = 16 * 1024;
+const PIECE: usize = 16 * 1024;
 
-impl Http2Pieces {
-    fn next_piece(&mut self) -> Bytes {
-        self.rest.split_to(self.rest.len().min(HTTP2_PIECE))
+impl Pieces {
+    /// The first piece of `data`, which `inner` gave; `inner` becomes its pieces.
+    #[cold]
+    fn first(inner: &mut Payload, mut data: Bytes) -> Bytes {
+        let first = data.split_to(PIECE.min(data.len()));
+        let body = std::mem::replace(inner, full(Bytes::new()));
+        *inner = Payload::Pieces(Box::new(Pieces {
+            inner: body,
+            rest: data,
+        }));
+        first
+    }
+}
+
+impl Body for Pieces {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.rest.is_empty() {
+            match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => self.rest = data,
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                other => return Poll::Ready(other),
+            }
+        }
+        let piece = self.rest.len().min(PIECE);
+        Poll::Ready(Some(Ok(Frame::data(self.rest.split_to(piece)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = self.inner.size_hint();
+        let rest = self.rest.len() as u64;
+        // The upper first: neither may pass the other.
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint.set_lower(hint.lower() + rest);
+        hint
     }
 }
