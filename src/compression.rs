@@ -214,6 +214,12 @@ pub(crate) fn encode_headers(headers: &mut HeaderMap, coding: Coding) {
     headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static(coding.token()));
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(header::ACCEPT_RANGES);
+    weaken_etag(headers);
+}
+
+/// Makes a strong `ETag` weak: that of a representation whose bytes differ from the
+/// stored one's (encoded), or of a `304` for it.
+pub(crate) fn weaken_etag(headers: &mut HeaderMap) {
     if let Some(etag) = headers.get(header::ETAG)
         && !etag.as_bytes().starts_with(b"W/")
     {
