@@ -6,8 +6,8 @@
 //! It bounds every write on a client connection: HTTP/1.1 responses, an HTTP/2
 //! connection whose client stops reading the socket, and a tunnel's bytes towards the
 //! client. An HTTP/2 stream that its client stalls through flow control alone (never
-//! granting it window while still reading the socket) blocks no write, and is not bounded
-//! here.
+//! granting it window while still reading the socket) blocks no write: the connection's
+//! stall check bounds it instead (`ResponseProgress`, in this module's parent).
 //!
 //! The deadline is armed when a write returns `Pending` with none armed, and disarmed by
 //! the next write that completes: writes that never block cost a branch.
