@@ -9,15 +9,17 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -142,6 +144,13 @@ impl Gateway {
         let connections = TaskTracker::new();
         let closing = CancellationToken::new();
         let admin = tokio::spawn(admin::serve(admin_listener, shared.clone()));
+        let room = Arc::new(ConnectionRoom::new(
+            connection_cap(
+                shared.state.load().config.server.max_connections,
+                rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
+            ),
+            shared.metrics.client_connections().clone(),
+        ));
 
         let secure = async {
             match tls_listener {
@@ -151,7 +160,7 @@ impl Gateway {
                         true,
                         shared.clone(),
                         workers.clone(),
-                        connections.clone(),
+                        (connections.clone(), room.clone()),
                         closing.clone(),
                     )
                     .await
@@ -161,7 +170,7 @@ impl Gateway {
         };
         tokio::select! {
             () = shutdown => {}
-            () = accept_loop(listener, false, shared.clone(), workers.clone(), connections.clone(), closing.clone()) => {}
+            () = accept_loop(listener, false, shared.clone(), workers.clone(), (connections.clone(), room.clone()), closing.clone()) => {}
             () = secure => {}
         }
         shared.draining.store(true, Ordering::SeqCst);
@@ -275,20 +284,101 @@ pub fn raise_open_file_limit() -> Option<(u64, Option<u64>)> {
     Some((soft, limit.maximum))
 }
 
-/// Accepts connections on `listener` (the HTTPS one when `secure`) until dropped, and
-/// serves each on one of `workers`, or on this thread.
+/// How many client connections may be open at once: `configured`
+/// (`server.max_connections`), or half the `open_files` limit (none: no cap), so that
+/// the connections clients' requests open upstream, the site's files and the admin
+/// listener still find descriptors when clients have taken their share.
+fn connection_cap(configured: Option<usize>, open_files: Option<u64>) -> usize {
+    configured.unwrap_or_else(|| {
+        open_files.map_or(Semaphore::MAX_PERMITS, |files| {
+            usize::try_from(files / 2)
+                .unwrap_or(usize::MAX)
+                .clamp(1, Semaphore::MAX_PERMITS)
+        })
+    })
+}
+
+/// Room for client connections on the proxy listeners (`server.max_connections`): while
+/// it is full they accept no more, and new connections wait in the kernel's queue until
+/// one closes, as HAProxy's `maxconn` does.
+struct ConnectionRoom {
+    places: Arc<Semaphore>,
+    cap: usize,
+    open: Gauge,
+    /// When the room was last said to be full.
+    warned: std::sync::Mutex<Option<Instant>>,
+}
+
+impl ConnectionRoom {
+    fn new(cap: usize, open: Gauge) -> ConnectionRoom {
+        ConnectionRoom {
+            places: Arc::new(Semaphore::new(cap)),
+            cap,
+            open,
+            warned: std::sync::Mutex::default(),
+        }
+    }
+
+    /// A place for the next connection, once there is one.
+    async fn place(&self) -> OwnedSemaphorePermit {
+        if let Ok(place) = self.places.clone().try_acquire_owned() {
+            return place;
+        }
+        {
+            let mut warned = self.warned.lock().unwrap_or_else(PoisonError::into_inner);
+            if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                tracing::warn!(
+                    max_connections = self.cap,
+                    "server.max_connections reached: new connections wait until one closes (logged once a minute at most)"
+                );
+                *warned = Some(Instant::now());
+            }
+        }
+        self.places
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the places are never closed")
+    }
+}
+
+/// An accepted connection's place in the [`ConnectionRoom`], given back when it closes.
+struct Place {
+    _permit: OwnedSemaphorePermit,
+    open: Gauge,
+}
+
+impl Place {
+    fn taken(permit: OwnedSemaphorePermit, open: &Gauge) -> Place {
+        open.inc();
+        Place {
+            _permit: permit,
+            open: open.clone(),
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+/// Accepts connections on `listener` (the HTTPS one when `secure`) while `room` has
+/// room, until dropped, and serves each on one of `workers`, or on this thread.
 async fn accept_loop(
     listener: TcpListener,
     secure: bool,
     shared: Arc<Instance>,
     workers: Option<Arc<Workers>>,
-    connections: TaskTracker,
+    (connections, room): (TaskTracker, Arc<ConnectionRoom>),
     closing: CancellationToken,
 ) {
     let builders = Arc::new(connection_builders());
     let local_port = listener.local_addr().map_or(0, |address| address.port());
     let (mut last_warned, mut failed_accepts) = (None, 0u64);
     loop {
+        let permit = room.place().await;
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -312,6 +402,7 @@ async fn accept_loop(
                 send: server.send_timeout,
             }
         };
+        let place = Place::taken(permit, &room.open);
         let peer = Arc::new(Peer::new(peer, local_port, secure));
         let (shared, builders, closing) = (shared.clone(), builders.clone(), closing.clone());
         let Some(workers) = &workers else {
@@ -319,7 +410,7 @@ async fn accept_loop(
             // (into the tracker's wrapper, into the task, and its stage again when it ends)
             // where it moves a box's pointer.
             connections.spawn(Box::pin(serve_connection(
-                stream, peer, shared, builders, closing, timeouts,
+                stream, peer, shared, builders, closing, timeouts, place,
             )));
             continue;
         };
@@ -335,7 +426,7 @@ async fn accept_loop(
             match TcpStream::from_std(stream) {
                 Ok(stream) => {
                     Box::pin(serve_connection(
-                        stream, peer, shared, builders, closing, timeouts,
+                        stream, peer, shared, builders, closing, timeouts, place,
                     ))
                     .await
                 }
@@ -361,6 +452,7 @@ async fn serve_connection(
     builders: Arc<Builders>,
     closing: CancellationToken,
     timeouts: Timeouts,
+    _place: Place,
 ) {
     let _ = stream.set_nodelay(true);
     let (stream, socket) = Watched::new(stream);
@@ -492,6 +584,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn connections_may_take_half_the_open_files_unless_configured() {
+        assert_eq!(connection_cap(Some(300), Some(1024)), 300);
+        assert_eq!(connection_cap(None, Some(1024)), 512);
+        assert_eq!(connection_cap(None, Some(1)), 1);
+        assert_eq!(connection_cap(None, None), Semaphore::MAX_PERMITS);
+        assert_eq!(connection_cap(None, Some(u64::MAX)), Semaphore::MAX_PERMITS);
+    }
+
+    #[test]
     fn the_open_file_limit_is_raised_to_the_hard_one() {
         use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
         let hard = getrlimit(Resource::Nofile).maximum;
@@ -511,7 +612,7 @@ mod tests {
     }
 
     /// The size of the future `f` returns, without calling it.
-    fn future_size<A, B, C, D, E, G, F: Future>(_: impl Fn(A, B, C, D, E, G) -> F) -> usize {
+    fn future_size<A, B, C, D, E, G, H, F: Future>(_: impl Fn(A, B, C, D, E, G, H) -> F) -> usize {
         std::mem::size_of::<F>()
     }
 

@@ -11,6 +11,7 @@ mod admin_limits;
 mod cli;
 mod compression;
 mod concurrency;
+mod connections;
 mod count_failures;
 mod dockerfile;
 mod e2e_php_go;

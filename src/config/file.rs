@@ -50,6 +50,7 @@ pub(crate) struct ServerFile {
     pub send_timeout: Option<Spanned<String>>,
     pub tunnel_idle_timeout: Option<Spanned<String>>,
     pub workers: Option<Spanned<i64>>,
+    pub max_connections: Option<Spanned<i64>>,
     pub ratelimit_headers: Option<Spanned<String>>,
     pub max_body: Option<Spanned<String>>,
     pub tls: Option<Spanned<TlsFile>>,

@@ -106,6 +106,9 @@ pub struct ServerConfig {
     pub tunnel_idle_timeout: Duration,
     /// Runtime worker threads; 0 = one per CPU core.
     pub workers: usize,
+    /// Client connections open at once on the proxy listeners at most; `None`: half the
+    /// open-file limit (`server::connection_cap`).
+    pub max_connections: Option<usize>,
     pub ratelimit_headers: RateLimitHeaders,
     /// Largest accepted request body; `None` = unlimited.
     pub max_body: Option<u64>,
@@ -454,6 +457,9 @@ fn socket_addr(text: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("expected an address such as \"0.0.0.0:8080\" or \"[::]:8080\", got {text:?}"))
 }
 
+/// The largest `server.max_connections`: more than any machine's open-file limit.
+const MAX_CONNECTIONS_CEILING: i64 = 100_000_000;
+
 fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> ServerConfig {
     let default_listen = DEFAULT_LISTEN.parse().expect("valid default");
     let default_admin = DEFAULT_ADMIN_LISTEN;
@@ -473,6 +479,19 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
         Some(w) => *w.get_ref() as usize,
         None => 0,
     };
+    let max_connections = raw.max_connections.as_ref().and_then(|max| {
+        let value = *max.get_ref();
+        if (1..=MAX_CONNECTIONS_CEILING).contains(&value) {
+            Some(value as usize)
+        } else {
+            sink.push(
+                Some(max.span()),
+                "server.max_connections",
+                format!("expected a connection count from 1 to {MAX_CONNECTIONS_CEILING}, got {value}"),
+            );
+            None
+        }
+    });
     ServerConfig {
         listen: parse_or(&raw.listen, "server.listen", default_listen, sink, socket_addr),
         admin_listen: parse_or(
@@ -524,6 +543,7 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
             values::positive_duration,
         ),
         workers,
+        max_connections,
         ratelimit_headers: parse_or(
             &raw.ratelimit_headers,
             "server.ratelimit_headers",

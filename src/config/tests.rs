@@ -120,6 +120,27 @@ fn wrong_type() {
 }
 
 #[test]
+fn max_connections_is_a_positive_count() {
+    assert_eq!(parse("[server]\n").unwrap().server.max_connections, None);
+    assert_eq!(
+        parse("[server]\nmax_connections = 20000\n")
+            .unwrap()
+            .server
+            .max_connections,
+        Some(20_000)
+    );
+    for bad in ["0", "-5", "100000001"] {
+        let (line, column, key, message) = error(&format!("[server]\nmax_connections = {bad}\n"));
+        assert_eq!(
+            (line, column, key.as_str()),
+            (2, 19, "server.max_connections"),
+            "{bad}"
+        );
+        assert!(message.contains("expected a connection count"), "{message}");
+    }
+}
+
+#[test]
 fn missing_required_key() {
     let (line, _, key, message) = error("[server]\n\n[[routes]]\npath = \"/\"\nrespond = {}\n");
     assert_eq!((line, key.as_str()), (3, "routes[0]"));

@@ -215,6 +215,7 @@ pub(crate) struct Metrics {
     server_in_flight: Family<ServerLabels, Gauge>,
     upstream_duration: HistogramFamily<ServerLabels>,
     requests_in_flight: Gauge,
+    client_connections: Gauge,
     spans_dropped: Counter,
     breaker_open: Family<StoreLabels, Gauge>,
     tls_handshake_errors: Counter,
@@ -295,6 +296,12 @@ impl Metrics {
             "floodgate_requests_in_flight",
             "Requests on the plain and TLS listeners not yet answered in full",
             requests_in_flight.clone(),
+        );
+        let client_connections = Gauge::default();
+        registry.register(
+            "floodgate_client_connections",
+            "Client connections open on the plain and TLS listeners (server.max_connections caps them)",
+            client_connections.clone(),
         );
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
@@ -393,6 +400,7 @@ impl Metrics {
             server_in_flight,
             upstream_duration,
             requests_in_flight,
+            client_connections,
             spans_dropped,
             breaker_open,
             tls_handshake_errors,
@@ -511,6 +519,11 @@ impl Metrics {
             in_flight: self.server_in_flight.get_or_create(&labels).clone(),
             duration: self.upstream_duration.get_or_create(&labels).clone(),
         }
+    }
+
+    /// `floodgate_client_connections`, for the listeners to count in.
+    pub(crate) fn client_connections(&self) -> &Gauge {
+        &self.client_connections
     }
 
     /// `floodgate_requests_in_flight`, for the request path to count in.

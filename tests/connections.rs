@@ -1,0 +1,58 @@
+//! `server.max_connections`: past it the listeners accept no more, and a new connection
+//! waits in the kernel's queue until one closes; the admin listener is not counted.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common::config::GatewayToml;
+use crate::common::{TestGateway, Upstream, get};
+
+/// Sends a request on `stream` and reads its answer's status line, within `within`.
+async fn status_line(stream: &mut TcpStream, within: Duration) -> Option<String> {
+    stream
+        .write_all(b"GET /ok HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .ok()?;
+    let mut answer = vec![0u8; 1024];
+    let read = tokio::time::timeout(within, stream.read(&mut answer))
+        .await
+        .ok()?
+        .ok()?;
+    let answer = String::from_utf8_lossy(&answer[..read]).into_owned();
+    answer.lines().next().map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_connections_a_connection_waits_until_one_closes() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server("max_connections = 2")
+            .proxy_to(&upstream.url(), ""),
+    )
+    .await;
+    let mut first = TcpStream::connect(gw.addr).await.unwrap();
+    let mut second = TcpStream::connect(gw.addr).await.unwrap();
+    for stream in [&mut first, &mut second] {
+        let line = status_line(stream, Duration::from_secs(2)).await;
+        assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
+    }
+    assert_eq!(gw.metric("floodgate_client_connections").await, 2.0);
+    // The third connects (the kernel queues it) but is not served while two are open.
+    let mut third = TcpStream::connect(gw.addr).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let line = status_line(&mut third, Duration::from_secs(5)).await;
+        (line, third)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "served past max_connections");
+    // The admin listener is not counted.
+    assert_eq!(get(&gw.admin_url("/healthz")).await.0, http::StatusCode::OK);
+    drop(first);
+    let (line, _third) = waiting.await.unwrap();
+    assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
+    assert_eq!(gw.metric("floodgate_client_connections").await, 2.0);
+    assert_eq!(upstream.requests(), 3);
+}
