@@ -325,6 +325,49 @@ async fn sigterm_exits_0_after_the_grace_even_if_a_request_is_stuck() {
     );
 }
 
+/// Requests a leaky bucket holds past the grace are given up with the rest, and the
+/// units they took with them: the process still exits 0 (each given-back unit's task,
+/// dropped by the stopping runtime, started another, until the stack overflowed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_0_with_requests_a_leaky_bucket_holds() {
+    let upstream = Upstream::start().await;
+    let config = GatewayToml::new()
+        .server("workers = 2\nshutdown_grace = \"500ms\"")
+        .upstream("app", &upstream.url(), "")
+        .limit(
+            "queue",
+            r#"algorithm = "leaky_bucket"
+            rate = 1
+            per = "10s"
+            burst = 3
+            key = ["client_ip"]"#,
+        )
+        .route(
+            "app",
+            r#"path_prefix = "/"
+            upstream = "app"
+            limits = ["queue"]"#,
+        );
+    let mut gateway = FloodgateProcess::start(config, &[]);
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            let url = gateway.url("/held");
+            tokio::spawn(async move {
+                let request = Request::get(url).body(Full::new(Bytes::new())).unwrap();
+                http1_client().request(request).await
+            })
+        })
+        .collect();
+    // One passes at once; the others wait for their turn.
+    wait_until_upstream_has_it(&upstream).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gateway.signal(libc::SIGTERM);
+    let exit = tokio::task::block_in_place(|| gateway.wait_exit(Duration::from_secs(5)))
+        .expect("floodgate did not exit");
+    assert_eq!(exit.code(), Some(0), "{:?}", gateway.stderr_lines());
+    drop(held);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_drains_and_exits_0_like_sigterm() {
     let upstream = Upstream::start().await;

@@ -164,7 +164,10 @@ impl Drop for Unit {
             on_error: self.on_error,
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(unit.settle(false));
+            // Not dropped if the task never runs: a runtime that is shutting down drops
+            // what is spawned on it at once, and the unit's drop would spawn again.
+            let unit = std::mem::ManuallyDrop::new(unit);
+            runtime.spawn(async move { std::mem::ManuallyDrop::into_inner(unit).settle(false).await });
         }
     }
 }
