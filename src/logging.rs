@@ -474,6 +474,23 @@ impl AccessLine<'_> {
     }
 }
 
+/// Logs at most once a minute: failures a client or a dead Redis can repeat must not
+/// flood the log.
+#[derive(Default)]
+pub(crate) struct LogThrottle(Mutex<Option<std::time::Instant>>);
+
+impl LogThrottle {
+    /// Whether to log now.
+    pub(crate) fn ready(&self) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let ready = last.is_none_or(|at| at.elapsed() >= Duration::from_secs(60));
+        if ready {
+            *last = Some(std::time::Instant::now());
+        }
+        ready
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,8 +9,8 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use hyper::server::conn::{http1, http2};
@@ -30,6 +30,7 @@ use crate::connection::disconnect::{ClientSocket, Watched};
 use crate::connection::framing::{FramingGuard, HeadLimits, Protocol};
 use crate::connection::send_timeout::SendTimeout;
 use crate::connection::{ConnectionState, serve_until_idle};
+use crate::logging::LogThrottle;
 use crate::metrics::Metrics;
 use crate::service::request_head::MAX_HEADER_BYTES;
 use crate::service::state::GatewayState;
@@ -305,8 +306,8 @@ struct ConnectionRoom {
     places: Arc<Semaphore>,
     cap: usize,
     open: Gauge,
-    /// When the room was last said to be full.
-    warned: std::sync::Mutex<Option<Instant>>,
+    /// Saying that the room is full.
+    warned: LogThrottle,
 }
 
 impl ConnectionRoom {
@@ -315,7 +316,7 @@ impl ConnectionRoom {
             places: Arc::new(Semaphore::new(cap)),
             cap,
             open,
-            warned: std::sync::Mutex::default(),
+            warned: LogThrottle::default(),
         }
     }
 
@@ -324,15 +325,11 @@ impl ConnectionRoom {
         if let Ok(place) = self.places.clone().try_acquire_owned() {
             return place;
         }
-        {
-            let mut warned = self.warned.lock().unwrap_or_else(PoisonError::into_inner);
-            if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
-                tracing::warn!(
-                    max_connections = self.cap,
-                    "server.max_connections reached: new connections wait until one closes (logged once a minute at most)"
-                );
-                *warned = Some(Instant::now());
-            }
+        if self.warned.ready() {
+            tracing::warn!(
+                max_connections = self.cap,
+                "server.max_connections reached: new connections wait until one closes (logged once a minute at most)"
+            );
         }
         self.places
             .clone()

@@ -12,8 +12,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
 use sha2::Digest as _;
 
-use super::LogThrottle;
 use super::storage::{Challenge, Storage};
+use crate::logging::LogThrottle;
 
 /// The path prefix of http-01 (RFC 8555 §8.3).
 const HTTP_PREFIX: &str = "/.well-known/acme-challenge/";

@@ -18,7 +18,7 @@ mod storage;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
@@ -35,6 +35,7 @@ use storage::{Challenge, Storage, StoredCertificate};
 
 use crate::config::{AcmeConfig, RedisConfig};
 use crate::limit::redis::StoreError;
+use crate::logging::LogThrottle;
 use crate::metrics::{CertificateExpiry, Metrics};
 use crate::outbound::OneShot;
 
@@ -48,8 +49,6 @@ const LEASE: Duration = Duration::from_secs(60);
 const ATTEMPT: Duration = Duration::from_secs(600);
 /// How long the CA's renewal information may take.
 const ARI_TIMEOUT: Duration = Duration::from_secs(60);
-/// Failures of storage and of challenge lookups are logged at most this often.
-const LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// The ACME certificate of one configuration's `[server.tls.acme]`, kept across reloads
 /// that do not change the table. Dropping it stops its manager.
@@ -226,23 +225,6 @@ impl std::fmt::Debug for Acme {
 impl Drop for Acme {
     fn drop(&mut self) {
         self.manager.abort();
-    }
-}
-
-/// Logs at most once per [`LOG_EVERY`]: failures a client or a dead Redis can repeat
-/// must not flood the log.
-#[derive(Default)]
-pub(super) struct LogThrottle(std::sync::Mutex<Option<Instant>>);
-
-impl LogThrottle {
-    /// Whether to log now.
-    pub(super) fn ready(&self) -> bool {
-        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let ready = last.is_none_or(|at| at.elapsed() >= LOG_EVERY);
-        if ready {
-            *last = Some(Instant::now());
-        }
-        ready
     }
 }
 
