@@ -261,3 +261,108 @@ async fn a_reload_applies_header_timeout_to_new_connections_and_shutdown_grace_t
     );
     slow.abort();
 }
+
+/// One upstream `app` with `keys`, behind `/app/`.
+fn capped_app(upstream: &Upstream, keys: &str) -> GatewayToml {
+    GatewayToml::new().upstream("app", &upstream.url(), keys).route(
+        "app",
+        r#"path_prefix = "/app/"
+        upstream = "app""#,
+    )
+}
+
+/// Waits until the app has been sent `count` requests.
+async fn app_has_seen(upstream: &Upstream, count: usize) {
+    let started = Instant::now();
+    while upstream.requests() < count {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the app saw {} requests, not {count}",
+            upstream.requests()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn spawn_get(
+    gateway: &TestGateway,
+    path: &str,
+) -> tokio::task::JoinHandle<(StatusCode, http::HeaderMap, String)> {
+    let url = gateway.url(path);
+    tokio::spawn(async move { get(&url).await })
+}
+
+/// A reload that changes a capped upstream keeps one count of each server's requests
+/// across both generations: a request queued under the new one gets the slot a request
+/// from before the reload frees, whether or not the old one had a cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_after_a_reload_gets_the_slot_one_from_before_frees() {
+    for before in ["max_requests = 1\nqueue_timeout = \"4s\"", ""] {
+        let upstream = Upstream::start().await;
+        let (_dir, path) = config_file(capped_app(&upstream, before));
+        let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
+        let load_path = path.clone();
+        let reloader = Arc::new(Reloader::new(
+            gateway.shared.clone(),
+            Box::new(move || Config::load(&load_path)),
+        ));
+        let old = spawn_get(&gateway, "/app/old/slow?ms=500");
+        app_has_seen(&upstream, 1).await;
+        replace_file(
+            &path,
+            capped_app(&upstream, "max_requests = 1\nqueue_timeout = \"3s\""),
+        );
+        assert!(reload(&reloader).await);
+        let new = spawn_get(&gateway, "/app/new");
+        gateway
+            .metric_becomes(
+                r#"floodgate_upstream_queue_depth{upstream="app"}"#,
+                1.0,
+                Duration::from_secs(2),
+            )
+            .await;
+        assert_eq!(old.await.unwrap().0, StatusCode::OK, "before: {before:?}");
+        let (status, _, body) = new.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "before: {before:?}: {body}");
+        assert_eq!(upstream.requests(), 2);
+    }
+}
+
+/// The other way round: a request queued before a reload that raised the cap gets a slot
+/// when a request of the new generation frees one, though the old generation's own
+/// request ended while the server was full under its old cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_before_a_reload_gets_the_slot_one_from_after_frees() {
+    let upstream = Upstream::start().await;
+    let (_dir, path) = config_file(capped_app(&upstream, "max_requests = 1\nqueue_timeout = \"4s\""));
+    let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    let load_path = path.clone();
+    let reloader = Arc::new(Reloader::new(
+        gateway.shared.clone(),
+        Box::new(move || Config::load(&load_path)),
+    ));
+    let first = spawn_get(&gateway, "/app/first/slow?ms=300");
+    app_has_seen(&upstream, 1).await;
+    let waiting = spawn_get(&gateway, "/app/waiting");
+    gateway
+        .metric_becomes(
+            r#"floodgate_upstream_queue_depth{upstream="app"}"#,
+            1.0,
+            Duration::from_secs(2),
+        )
+        .await;
+    replace_file(
+        &path,
+        capped_app(&upstream, "max_requests = 2\nqueue_timeout = \"4s\""),
+    );
+    assert!(reload(&reloader).await);
+    // Takes the new generation's second slot: the server is full under the old cap of 1
+    // when the first request ends.
+    let after = spawn_get(&gateway, "/app/after/slow?ms=600");
+    app_has_seen(&upstream, 2).await;
+    assert_eq!(first.await.unwrap().0, StatusCode::OK);
+    assert_eq!(after.await.unwrap().0, StatusCode::OK);
+    let (status, _, body) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(upstream.requests(), 3);
+}

@@ -120,10 +120,11 @@ impl GatewayState {
             .upstreams
             .iter()
             .map(|(name, config)| {
-                let kept = previous
-                    .and_then(|p| p.upstream(name))
-                    .filter(|kept| *kept.config == **config);
-                let upstream = kept.unwrap_or_else(|| Arc::new(Upstream::new(config.clone(), metrics)));
+                let previous = previous.and_then(|p| p.upstream(name));
+                let upstream = match previous {
+                    Some(kept) if *kept.config == **config => kept,
+                    replaced => Arc::new(Upstream::new(config.clone(), metrics, replaced.as_deref())),
+                };
                 (name.as_str(), upstream)
             })
             .collect();

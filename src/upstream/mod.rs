@@ -14,6 +14,12 @@
 //! the response head runs on in a task of its own ([`Pool::send`]), and a response dropped
 //! before its end is read and discarded ([`detach::discard`]), each for at most the
 //! upstream's `timeout`; only then are the slots given back.
+//!
+//! A reload that changes an upstream builds a new generation of it beside the old one,
+//! which keeps its requests in flight (and its queue) until they end. Both count a
+//! server's requests in one gauge, so a slot freed in one generation may be what a
+//! request queued in the other waits for: the generations of one upstream share a
+//! [`Lineage`], and a slot freed while several are alive wakes the others' queues.
 
 mod attempt;
 mod balance;
@@ -33,7 +39,7 @@ mod tunnel;
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -126,8 +132,9 @@ pub(crate) struct Upstream {
 
 impl Upstream {
     /// The runtime of `config`, counting in `metrics`; must run inside the runtime when
-    /// the upstream has active health checks.
-    pub(crate) fn new(config: Arc<UpstreamConfig>, metrics: &Metrics) -> Self {
+    /// the upstream has active health checks. `previous` is the generation it replaces
+    /// in a reload, whose requests may still be in flight.
+    pub(crate) fn new(config: Arc<UpstreamConfig>, metrics: &Metrics, previous: Option<&Upstream>) -> Self {
         let name: Arc<str> = Arc::from(config.name.as_str());
         let single = config.servers.len() == 1;
         let client_tls = config.tls.as_ref().map(client_tls);
@@ -180,12 +187,15 @@ impl Upstream {
             waiting: Mutex::default(),
             depth: metrics.upstream_queue_depth(&name),
         });
+        let lineage = previous.map_or_else(Arc::default, |previous| previous.rotation.lineage.clone());
         let rotation = Arc::new(Rotation {
             balancer: Balancer::new(&config.balance, &servers),
             servers,
             gate,
             timeout: config.timeout,
+            lineage,
         });
+        rotation.lineage.join(&rotation);
         let checks = config
             .health_check
             .clone()
@@ -504,6 +514,58 @@ struct Rotation {
     /// The upstream's `timeout`, also the longest the rest of a response whose client
     /// left is read for.
     timeout: Duration,
+    lineage: Arc<Lineage>,
+}
+
+impl Drop for Rotation {
+    fn drop(&mut self) {
+        self.lineage.leave();
+    }
+}
+
+/// The generations of one upstream that are alive: the current one, and those a reload
+/// replaced that still have requests.
+#[derive(Default)]
+struct Lineage {
+    generations: Mutex<Vec<Weak<Rotation>>>,
+    /// Whether more than one is alive: only then does a freed slot concern the others.
+    several: AtomicBool,
+}
+
+impl Lineage {
+    fn lock(&self) -> MutexGuard<'_, Vec<Weak<Rotation>>> {
+        self.generations.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn join(&self, rotation: &Arc<Rotation>) {
+        let mut generations = self.lock();
+        generations.retain(|generation| generation.strong_count() > 0);
+        generations.push(Arc::downgrade(rotation));
+        self.several.store(generations.len() > 1, Ordering::SeqCst);
+    }
+
+    /// A generation is gone (its weak reference no longer upgrades).
+    fn leave(&self) {
+        let mut generations = self.lock();
+        generations.retain(|generation| generation.strong_count() > 0);
+        self.several.store(generations.len() > 1, Ordering::SeqCst);
+    }
+
+    /// A slot of `freed` was given back to its server: the other generations' queued
+    /// requests may take it.
+    #[cold]
+    fn serve_others(&self, freed: &Rotation) {
+        // Upgraded under the lock, served (and maybe dropped, which locks) after it.
+        let others: SmallVec<[Arc<Rotation>; 2]> = self
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|generation| !std::ptr::eq(Arc::as_ptr(generation), freed))
+            .collect();
+        for generation in others {
+            generation.serve_queue();
+        }
+    }
 }
 
 /// The concurrency cap and its queue.
@@ -585,7 +647,7 @@ impl Rotation {
                 tried: tried.clone(),
                 handoff: sender,
             });
-            gate.depth.set(waiting.queue.len() as i64);
+            gate.depth.inc();
             (id, receiver)
         };
         let mut queued = Queued {
@@ -656,12 +718,24 @@ impl Rotation {
     }
 
     /// Gives back a slot on server `index`: to the first waiter that can use it, or to
-    /// the server.
+    /// the server, where another generation's waiters may take it.
     fn release(&self, index: usize) {
+        if self.hand_over(index) {
+            return;
+        }
+        if self.lineage.several.load(Ordering::SeqCst) {
+            self.lineage.serve_others(self);
+        }
+    }
+
+    /// Hands a slot on server `index` to the first waiter that can use it, or gives it
+    /// back to the server (under the queue's lock, so that no request queues meanwhile
+    /// for a slot about to be free): true for the waiter.
+    fn hand_over(&self, index: usize) -> bool {
         let server = &self.servers[index];
         let Some(gate) = &self.gate else {
             server.in_flight.dec();
-            return;
+            return false;
         };
         let mut waiting = gate.lock();
         if server.load() <= gate.cap.load(Ordering::Relaxed) && server.in_rotation() {
@@ -669,13 +743,36 @@ impl Rotation {
                 let Some(waiter) = waiting.queue.remove(position) else {
                     break;
                 };
-                gate.depth.set(waiting.queue.len() as i64);
+                gate.depth.dec();
                 if waiter.handoff.send(index).is_ok() {
-                    return;
+                    return true;
                 }
             }
         }
         server.in_flight.dec();
+        false
+    }
+
+    /// Gives each waiter, in order, a slot if one is free for it now: after another
+    /// generation freed one.
+    fn serve_queue(&self) {
+        let Some(gate) = &self.gate else {
+            return;
+        };
+        let cap = gate.cap.load(Ordering::Relaxed);
+        let mut waiting = gate.lock();
+        let mut position = 0;
+        while let Some(waiter) = waiting.queue.get(position) {
+            let Ok(index) = self.take(waiter.affinity, &waiter.tried, cap) else {
+                position += 1;
+                continue;
+            };
+            let waiter = waiting.queue.remove(position).expect("looked at above");
+            gate.depth.dec();
+            if waiter.handoff.send(index).is_err() {
+                self.servers[index].in_flight.dec();
+            }
+        }
     }
 
     /// Whether `waiter` would go to server `index`: one it has not tried, and for a
@@ -717,7 +814,7 @@ impl Drop for Queued {
             let mut waiting = gate.lock();
             if let Some(position) = waiting.queue.iter().position(|w| w.id == self.id) {
                 waiting.queue.remove(position);
-                gate.depth.set(waiting.queue.len() as i64);
+                gate.depth.dec();
                 return;
             }
         }
