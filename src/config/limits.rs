@@ -795,6 +795,12 @@ fn validate_algorithm(
             }
         };
         let (limit, window) = (limit?, micros(window?));
+        // The stores keep a window twice its length, and report no time past 2^50 µs.
+        if window > MAX_TIME_MICROS {
+            let span = raw.window.as_ref().map(Spanned::span);
+            sink.push(span, format!("{key}.window"), "expected at most 35 years");
+            return None;
+        }
         return Some(if algorithm == "fixed_window" {
             Algorithm::FixedWindow { limit, window }
         } else {
@@ -841,6 +847,16 @@ fn validate_algorithm(
     if interval(rate, per) > MAX_TIME_MICROS as f64 {
         let span = raw.rate.as_ref().map(Spanned::span);
         sink.push(span, format!("{key}.rate"), "expected at least one per 35 years");
+        return None;
+    }
+    // So must an empty token bucket's refill, and a full leaky bucket's last turn.
+    if burst as f64 * interval(rate, per) > MAX_TIME_MICROS as f64 {
+        let span = (raw.burst.as_ref().map(Spanned::span)).or_else(|| raw.rate.as_ref().map(Spanned::span));
+        sink.push(
+            span,
+            format!("{key}.burst"),
+            "expected burst × per / rate to be at most 35 years",
+        );
         return None;
     }
     Some(if algorithm == "token_bucket" {

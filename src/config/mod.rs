@@ -847,6 +847,7 @@ fn validate_route(
             None
         }
     };
+    let cost = cost.filter(|&cost| admitted_cost(key, cost, &raw.cost, route_limits.as_deref(), sink));
     // A route with `root` alone serves its site; one with an upstream has it beside.
     let (target, site) = match (target, site?) {
         (None, Some(site)) if raw.upstream.is_none() && !has_respond => {
@@ -873,6 +874,32 @@ fn validate_route(
         site,
         compress: raw.compress.unwrap_or(false),
     })
+}
+
+/// Whether each rate limit of a route admits a request of its `cost` when nothing was
+/// spent yet: one that never does refuses every request.
+fn admitted_cost(
+    key: &str,
+    cost: u64,
+    raw: &Option<Spanned<i64>>,
+    limits: Option<&[Arc<LimitConfig>]>,
+    sink: &mut ErrorSink,
+) -> bool {
+    let never = limits.into_iter().flatten().find_map(|limit| match &limit.kind {
+        LimitKind::Rate(rate) if rate.algorithm.capacity() < cost => {
+            Some((&limit.name, rate.algorithm.capacity()))
+        }
+        _ => None,
+    });
+    let Some((name, most)) = never else {
+        return true;
+    };
+    sink.push(
+        raw.as_ref().map(Spanned::span),
+        format!("{key}.cost"),
+        format!("limit {name:?} admits at most {most} at once: every request would be refused"),
+    );
+    false
 }
 
 /// A list of CIDRs (or addresses), each error at its place.

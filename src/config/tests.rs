@@ -1046,3 +1046,56 @@ fn acme_storage_and_ca_are_relative_to_the_configuration_file() {
     let elsewhere = Config::parse(&dir.path().join("other/gateway.toml"), &text);
     assert!(elsewhere.is_err(), "tls/ca.pem is not under other/");
 }
+
+#[test]
+fn a_limit_fills_and_empties_within_35_years() {
+    for (limit, key) in [
+        (
+            "algorithm = \"token_bucket\"\nrate = 1\nper = \"1d\"\nburst = 4294967295",
+            "limits.l.burst",
+        ),
+        (
+            "algorithm = \"leaky_bucket\"\nrate = 1\nper = \"1d\"\nburst = 14000",
+            "limits.l.burst",
+        ),
+        (
+            "algorithm = \"fixed_window\"\nlimit = 10\nwindow = \"400000years\"",
+            "limits.l.window",
+        ),
+        (
+            "algorithm = \"sliding_window\"\nlimit = 10\nwindow = \"36years\"",
+            "limits.l.window",
+        ),
+    ] {
+        let (_, _, found, message) = error(&format!("[limits.l]\n{limit}\n"));
+        assert_eq!(found, key, "{limit}");
+        assert!(message.contains("35 years"), "{message}");
+    }
+    // 12,000 days, and 35 years less a day: inside.
+    parse("[limits.l]\nalgorithm = \"token_bucket\"\nrate = 1\nper = \"1d\"\nburst = 12000\n").unwrap();
+    parse("[limits.l]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"12000d\"\n").unwrap();
+}
+
+#[test]
+fn a_route_whose_cost_its_limit_never_admits_is_refused() {
+    let route = |limit: &str, cost: u64| {
+        format!(
+            "[limits.l]\n{limit}\n[[routes]]\nname = \"r\"\nrespond = {{}}\nlimits = [\"l\"]\ncost = {cost}\n"
+        )
+    };
+    for (limit, most) in [
+        ("algorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"", 3),
+        ("algorithm = \"sliding_window\"\nlimit = 3\nwindow = \"1m\"", 3),
+        ("algorithm = \"token_bucket\"\nrate = 1\nburst = 3", 3),
+        // The request served now, and three that wait.
+        ("algorithm = \"leaky_bucket\"\nrate = 1\nburst = 3", 4),
+    ] {
+        parse(&route(limit, most)).unwrap();
+        let (_, _, key, message) = error(&route(limit, most + 1));
+        assert_eq!(key, "routes[0].cost", "{limit}");
+        assert!(
+            message.contains(&format!("limit \"l\" admits at most {most}")),
+            "{message}"
+        );
+    }
+}
