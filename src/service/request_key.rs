@@ -102,7 +102,7 @@ pub(crate) struct NamedTuple {
 /// The tuple of `parts` for values named in `query` as the parts are named in `key`
 /// (`client_ip=203.0.113.7&header:x-api-key=abc`): the key the request path builds for a
 /// request carrying those values. Returns the values by part name, or the name of a part
-/// that is missing or that the limit does not have.
+/// that is missing, given twice, or that the limit does not have.
 pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<NamedTuple, String> {
     let given: Vec<(String, Vec<u8>)> = query
         .split('&')
@@ -120,6 +120,13 @@ pub(crate) fn named_tuple(parts: &[KeyPart], query: &str) -> Result<NamedTuple, 
         return Err(format!(
             "the limit has no key part {unknown:?} (its key: {names:?})"
         ));
+    }
+    if let Some((twice, _)) = given
+        .iter()
+        .enumerate()
+        .find_map(|(i, (name, _))| given[..i].iter().find(|(earlier, _)| earlier == name))
+    {
+        return Err(format!("key part {twice:?} is given twice"));
     }
     let mut tuple = TupleEncoder::default();
     let mut named = Vec::with_capacity(parts.len());
