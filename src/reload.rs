@@ -5,10 +5,11 @@
 //!
 //! The file is polled, so editors that write a new file and rename it over the old one
 //! (and Kubernetes ConfigMap symlink swaps) are seen; bursts of writes are debounced, and a
-//! reload whose file content did not change is skipped.
+//! change is reloaded only when the content differs from what the last reload read,
+//! whatever triggered that one (a SIGHUP sent right after an edit reloads it once).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use crate::config::{Config, ConfigErrors};
@@ -25,8 +26,11 @@ pub type Loader = Box<dyn Fn() -> Result<Config, ConfigErrors> + Send + Sync>;
 pub struct Reloader {
     shared: Arc<Instance>,
     load: Loader,
-    /// Serializes reloads, so two triggers never race their swaps.
-    lock: Mutex<()>,
+    /// The configuration file, once [`watch_file`] watches it.
+    watched: OnceLock<PathBuf>,
+    /// Serializes reloads, so two triggers never race their swaps; holds the watched
+    /// files' contents as the last reload read them.
+    last_read: Mutex<Vec<Option<Vec<u8>>>>,
 }
 
 impl Reloader {
@@ -34,13 +38,48 @@ impl Reloader {
         Reloader {
             shared,
             load,
-            lock: Mutex::new(()),
+            watched: OnceLock::new(),
+            last_read: Mutex::default(),
         }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Option<Vec<u8>>>> {
+        self.last_read
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The watched configuration file and the certificate and key files the running
+    /// configuration names; none before [`watch_file`].
+    fn watched_files(&self) -> Vec<PathBuf> {
+        let Some(config) = self.watched.get() else {
+            return Vec::new();
+        };
+        let mut files = vec![config.clone()];
+        files.extend(self.shared.state.load().config.tls_files());
+        files
     }
 
     /// Loads, validates and swaps in the configuration; returns whether it was applied.
     pub fn reload(&self, trigger: &str) -> bool {
-        let _serialized = self.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut last_read = self.lock();
+        self.reload_locked(&mut last_read, trigger)
+    }
+
+    /// Reloads when the watched files hold other than what the last reload read (and
+    /// the configuration file is there: not caught between an editor's write and rename).
+    fn reload_if_changed(&self, trigger: &str) -> bool {
+        let mut last_read = self.lock();
+        let now = contents(&self.watched_files());
+        if now.first().is_some_and(Option::is_none) || now == *last_read {
+            return false;
+        }
+        self.reload_locked(&mut last_read, trigger)
+    }
+
+    fn reload_locked(&self, last_read: &mut Vec<Option<Vec<u8>>>, trigger: &str) -> bool {
+        // Read before loading: an edit made after is then seen as a change.
+        *last_read = contents(&self.watched_files());
         let config = match (self.load)() {
             Ok(config) => config,
             Err(errors) => {
@@ -99,22 +138,14 @@ impl Reloader {
 /// stopped changing for [`DEBOUNCE`], so a file caught half-written is not reported as
 /// invalid.
 pub fn watch_file(reloader: Arc<Reloader>, path: &Path) -> WatchHandle {
-    let config = path.to_path_buf();
-    let files = {
-        let reloader = reloader.clone();
-        move || {
-            let mut files = vec![config.clone()];
-            files.extend(reloader.shared.state.load().config.tls_files());
-            files
-        }
-    };
     // Taken now, not in the task: a change made right after this call must be seen.
-    let mut seen = fingerprints(&files());
-    let mut content = contents(&files());
+    let _ = reloader.watched.set(path.to_path_buf());
+    let mut seen = fingerprints(&reloader.watched_files());
+    *reloader.lock() = contents(&reloader.watched_files());
     let task = tokio::spawn(async move {
         loop {
             tokio::time::sleep(POLL_EVERY).await;
-            let watched = files();
+            let watched = reloader.watched_files();
             let now = fingerprints(&watched);
             if now == seen {
                 continue;
@@ -130,17 +161,12 @@ pub fn watch_file(reloader: Arc<Reloader>, path: &Path) -> WatchHandle {
                 settled = again;
             }
             seen = settled;
-            let now_content = contents(&watched);
-            // The configuration caught between an editor's write and rename: wait.
-            if now_content.first().is_some_and(Option::is_none) {
-                continue;
-            }
-            if now_content != content {
-                let reloader = reloader.clone();
-                let _ = tokio::task::spawn_blocking(move || reloader.reload("file change")).await;
+            let reloading = reloader.clone();
+            let reloaded =
+                tokio::task::spawn_blocking(move || reloading.reload_if_changed("file change")).await;
+            if reloaded.unwrap_or(false) {
                 // A reload may name other certificate files.
-                seen = fingerprints(&files());
-                content = contents(&files());
+                seen = fingerprints(&reloader.watched_files());
             }
         }
     });

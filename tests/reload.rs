@@ -366,3 +366,24 @@ async fn a_request_queued_before_a_reload_gets_the_slot_one_from_after_frees() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(upstream.requests(), 3);
 }
+
+/// A file reloaded by SIGHUP is not reloaded again when the watcher sees that it changed:
+/// the watcher compares with what the last reload read, whoever triggered it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_reloaded_by_sighup_is_not_reloaded_again_by_the_watcher() {
+    const RELOADED: &str = r#"floodgate_config_reloads_total{result="ok"}"#;
+    let s = setup(100).await;
+    let _watcher = watch_file(s.reloader.clone(), &s.path);
+    replace_file(&s.path, config_text(&s.upstream, "edited", 100));
+    assert!(reload(&s.reloader).await);
+    assert_eq!(body(&s.gateway, "/hello").await, "edited\n");
+    // The watcher polls every 500 ms and waits 200 ms for writes to settle.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(s.gateway.metric(RELOADED).await, 1.0, "reloaded twice");
+    // It still reloads an edit of its own.
+    replace_file(&s.path, config_text(&s.upstream, "again", 100));
+    s.gateway
+        .metric_becomes(RELOADED, 2.0, Duration::from_secs(3))
+        .await;
+    assert_eq!(body(&s.gateway, "/hello").await, "again\n");
+}
