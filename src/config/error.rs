@@ -88,6 +88,17 @@ impl<'a> ErrorSink<'a> {
         });
     }
 
+    /// Whether a problem was recorded in table `table` (`limits.NAME`): a name that
+    /// refers to it then adds no error of its own.
+    pub(crate) fn reported_in(&self, table: &str) -> bool {
+        self.errors.iter().any(|error| {
+            error
+                .key
+                .strip_prefix(table)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+        })
+    }
+
     /// Two keys that exclude each other were both given: the error is at `key`, given
     /// at `span`.
     pub(crate) fn both(&mut self, span: Range<usize>, key: impl Into<String>, first: &str, second: &str) {

@@ -760,6 +760,7 @@ fn validate_route(
         }
         (Some(name), None) => match upstreams.get(name.get_ref()) {
             Some(upstream) => Some(RouteTarget::Upstream(upstream.clone())),
+            None if sink.reported_in(&format!("upstreams.{}", name.get_ref())) => None,
             None => {
                 let known: Vec<_> = upstreams.keys().map(|k| format!("{k:?}")).collect();
                 sink.push(
@@ -940,6 +941,7 @@ fn route_limits(
                 ok = false;
             }
             Some(limit) => resolved.push(limit.clone()),
+            None if sink.reported_in(&format!("limits.{}", name.get_ref())) => ok = false,
             None => {
                 let known: Vec<_> = limits.keys().map(|k| format!("{k:?}")).collect();
                 sink.push(

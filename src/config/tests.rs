@@ -1099,3 +1099,16 @@ fn a_route_whose_cost_its_limit_never_admits_is_refused() {
         );
     }
 }
+
+#[test]
+fn a_route_naming_an_invalid_table_adds_no_second_error() {
+    let (_, _, key, _) = error(&format!(
+        "[limits.l]\nalgorithm = \"token_bucket\"\nrate = 1\nburst = 0\n{}",
+        "[[routes]]\nname = \"r\"\nrespond = {}\nlimits = [\"l\"]\n"
+    ));
+    assert_eq!(key, "limits.l.burst");
+    let (_, _, key, _) = error(
+        "[upstreams.app]\nurl = \"ftp://127.0.0.1:9000\"\n[[routes]]\nname = \"r\"\nupstream = \"app\"\n",
+    );
+    assert_eq!(key, "upstreams.app.url");
+}
