@@ -574,6 +574,9 @@ async fn serve_http<S>(
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
+    if let Some(relay) = connection_state.take_tunnel() {
+        relay.await;
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,6 @@
 //! runtime (docs/performance.md, "Workers"). The thread that accepts connections hands
 //! each to the worker with the fewest open.
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -108,14 +107,12 @@ impl Workers {
             let stopped = workers.stop.clone();
             let stopping = workers.stopping.clone();
             let open = Arc::<AtomicUsize>::default();
-            let counted = open.clone();
             // The runtime is made, run and dropped on its own thread: a runtime dropped on
             // the caller's (a thread that failed to start would drop it there) would be
             // dropped inside the caller's runtime, which panics.
             let thread = std::thread::Builder::new()
                 .name(format!("worker-{index}"))
                 .spawn(move || {
-                    OPEN.set(Some(counted));
                     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                         Ok(runtime) => runtime,
                         Err(e) => {
@@ -176,18 +173,6 @@ impl Drop for Workers {
             let _ = thread.join();
         }
     }
-}
-
-thread_local! {
-    /// The open connections of the worker this thread is, if it is one.
-    static OPEN: RefCell<Option<Arc<AtomicUsize>>> = const { RefCell::new(None) };
-}
-
-/// Counts what goes on serving a connection after its task has ended (a tunnel, after a
-/// protocol switch) as open on this thread's worker while it lives, so that the least
-/// busy worker is chosen by everything it serves; `None` off the workers.
-pub(crate) fn count_open() -> Option<Open> {
-    OPEN.with_borrow(|open| open.as_ref().map(Open::count))
 }
 
 /// One connection counted as open on a worker while it lives.
@@ -263,33 +248,6 @@ mod tests {
                 .iter()
                 .all(|worker| worker.open.load(Ordering::Relaxed) == 0)
         );
-    }
-
-    #[tokio::test]
-    async fn what_outlives_its_connections_task_counts_on_its_worker_while_it_lives() {
-        assert!(count_open().is_none(), "not a worker");
-        let workers = Workers::start(1).unwrap();
-        let open = || workers.workers[0].open.load(Ordering::Relaxed);
-        let tracker = TaskTracker::new();
-        let (release, released) = tokio::sync::oneshot::channel::<()>();
-        workers.spawn(&tracker, async move {
-            let counted = count_open();
-            tokio::spawn(async move {
-                let _counted = counted;
-                let _ = released.await;
-            });
-        });
-        tracker.close();
-        tracker.wait().await;
-        assert_eq!(open(), 1);
-        release.send(()).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while open() != 0 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-        .await
-        .expect("no longer counted once it ends");
     }
 
     #[tokio::test]

@@ -56,3 +56,32 @@ async fn past_max_connections_a_connection_waits_until_one_closes() {
     assert_eq!(gw.metric("floodgate_client_connections").await, 2.0);
     assert_eq!(upstream.requests(), 3);
 }
+
+/// A tunnel (a WebSocket) is a connection like any other: tunnels cannot take connections
+/// past the cap once hyper has handed theirs over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_count_as_connections() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server("max_connections = 2")
+            .proxy_to(&upstream.url(), ""),
+    )
+    .await;
+    let (head, mut first) = crate::common::websocket_upgrade(gw.addr).await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    let (head, _second) = crate::common::websocket_upgrade(gw.addr).await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert_eq!(gw.metric("floodgate_client_connections").await, 2.0);
+    let mut third = TcpStream::connect(gw.addr).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let line = status_line(&mut third, Duration::from_secs(5)).await;
+        (line, third)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "served past max_connections");
+    // Closing a tunnel frees its place.
+    first.shutdown().await.unwrap();
+    let (line, _third) = waiting.await.unwrap();
+    assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
+}

@@ -368,6 +368,55 @@ async fn sigterm_exits_0_with_requests_a_leaky_bucket_holds() {
     drop(held);
 }
 
+/// An upgraded connection (a WebSocket) is in flight like a request: SIGTERM lets it go
+/// on until it closes, within the grace; one still open when the grace ends is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_tunnels_finish_within_the_grace() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn round_trip(stream: &mut TcpStream, text: &str) -> std::io::Result<String> {
+        stream.write_all(text.as_bytes()).await?;
+        let mut answer = vec![0u8; text.len()];
+        tokio::time::timeout(Duration::from_secs(2), stream.read_exact(&mut answer))
+            .await
+            .map_err(|_| std::io::ErrorKind::TimedOut)??;
+        Ok(String::from_utf8(answer).unwrap())
+    }
+
+    let upstream = Upstream::start().await;
+    let mut gateway = FloodgateProcess::start(
+        proxy_config(&upstream, "workers = 2\nshutdown_grace = \"1500ms\""),
+        &[],
+    );
+    let (head, mut closing) = crate::common::websocket_upgrade(gateway.listen).await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    let (head, mut lingering) = crate::common::websocket_upgrade(gateway.listen).await;
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+
+    let signalled = Instant::now();
+    gateway.signal(libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for stream in [&mut closing, &mut lingering] {
+        assert_eq!(
+            round_trip(stream, "still there").await.unwrap(),
+            "STILL THERE",
+            "a tunnel was cut at the signal"
+        );
+    }
+    closing.shutdown().await.unwrap();
+    let exit = tokio::task::block_in_place(|| gateway.wait_exit(Duration::from_secs(5)))
+        .expect("floodgate ignored shutdown_grace");
+    assert_eq!(exit.code(), Some(0), "{:#?}", gateway.stderr_lines());
+    assert!(
+        signalled.elapsed() >= Duration::from_millis(1400),
+        "exited after {:?}, before the grace, with a tunnel open",
+        signalled.elapsed()
+    );
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(2), lingering.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the lingering tunnel was left open");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_drains_and_exits_0_like_sigterm() {
     let upstream = Upstream::start().await;

@@ -932,7 +932,7 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         let mut buf = [0u8; 64];
         let held = tokio::time::timeout(std::time::Duration::from_millis(50), guard.read(&mut buf)).await;
         assert!(held.is_err(), "a head is inspected before it passes");
-        connection.begin().start_tunnel();
+        connection.begin().start_tunnel(Box::pin(async {}));
         client.shutdown().await.unwrap();
         let mut tunnelled = Vec::new();
         guard.read_to_end(&mut tunnelled).await.unwrap();

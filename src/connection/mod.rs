@@ -7,7 +7,10 @@
 //!   the proxy and admin listeners, the wait for a first request, a slowly sent head, a
 //!   keep-alive connection left open and an HTTP/2 connection with no open stream.
 //! * Whether a tunnel started (an upstream accepted an `Upgrade`): from then on the bytes
-//!   on the connection are no longer HTTP, and [`framing`] stops inspecting them.
+//!   on the connection are no longer HTTP, and [`framing`] stops inspecting them. The
+//!   tunnel itself ([`Relay`]) is run by the connection's task once hyper hands the
+//!   connection over, so that it stays a connection like any other: counted by
+//!   `server.max_connections`, and waited for by a shutdown within its grace.
 //! * On HTTP/2, whether a response waits for its client: the client's flow-control window
 //!   decides when a stream's body goes out, so a client that never opens it holds the
 //!   response, and what it holds upstream, with no write ever blocking.
@@ -45,14 +48,18 @@ use hyper::service::HttpService;
 /// reading its GOAWAY) before it is dropped.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
+/// A tunnel's copying of bytes both ways, to its end.
+pub(crate) type Relay = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// One connection's state, as its requests and its server task see it.
-#[derive(Debug)]
 pub(crate) struct ConnectionState {
     open: AtomicUsize,
     /// When the last request ended, in microseconds since `opened`.
     last_end: AtomicU64,
     opened: Instant,
     tunnel: AtomicBool,
+    /// The tunnel, until the connection's task takes it to run.
+    relay: Mutex<Option<Relay>>,
     /// Whether an HTTP/2 response has been given (see [`InFlight::first_http2_response`]).
     answered_http2: AtomicBool,
     /// The client connection's socket, told when the connection closes before a request
@@ -88,6 +95,7 @@ impl ConnectionState {
             last_end: AtomicU64::new(0),
             opened: Instant::now(),
             tunnel: AtomicBool::new(false),
+            relay: Mutex::new(None),
             answered_http2: AtomicBool::new(false),
             socket,
             http2: AtomicBool::new(false),
@@ -126,6 +134,11 @@ impl ConnectionState {
     /// Whether a request of this connection has started a tunnel.
     pub(crate) fn tunnel_started(&self) -> bool {
         self.tunnel.load(Ordering::Acquire)
+    }
+
+    /// The tunnel a request started, to run once hyper has handed the connection over.
+    pub(crate) fn take_tunnel(&self) -> Option<Relay> {
+        self.relay.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
     /// A request starts; it is in flight until the token is dropped.
@@ -354,12 +367,13 @@ impl<C: Graceful + ?Sized> Graceful for Pin<Box<C>> {
 }
 
 /// A request's hold on its connection (see the module docs).
-#[derive(Debug)]
 pub(crate) struct InFlight(Arc<ConnectionState>);
 
 impl InFlight {
-    /// The request's connection now carries a tunnel: its bytes are no longer HTTP.
-    pub(crate) fn start_tunnel(&self) {
+    /// The request's connection now carries a tunnel, `relay`: its bytes are no longer
+    /// HTTP.
+    pub(crate) fn start_tunnel(&self, relay: Relay) {
+        *self.0.relay.lock().unwrap_or_else(PoisonError::into_inner) = Some(relay);
         self.0.tunnel.store(true, Ordering::Release);
     }
 

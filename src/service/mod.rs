@@ -725,13 +725,15 @@ async fn forward(
     let mut ruled = !from_fastcgi;
     match client_upgrade {
         Some(client) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-            connection.start_tunnel();
-            tunnel(
+            let relay = tunnel(
                 client,
                 &mut response,
                 upstream.name().clone(),
                 server.tunnel_idle_timeout,
             );
+            if let Some(relay) = relay {
+                connection.start_tunnel(Box::pin(relay));
+            }
         }
         // An HTTP server's response comes without its hop-by-hop headers, but for a
         // protocol switch (`upstream::h1`), which is a tunnel's by now.

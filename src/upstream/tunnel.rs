@@ -19,26 +19,22 @@ use tokio::time::Instant;
 
 use super::UpstreamBody;
 
-/// When the upstream accepted a protocol switch, joins `client`'s upgraded connection to
-/// the upstream's and copies bytes both ways in a task of its own, which takes over what
-/// the request holds.
+/// When the upstream accepted a protocol switch, the tunnel: joins `client`'s upgraded
+/// connection to the upstream's and copies bytes both ways, holding what the request
+/// held, for the client connection's task to run once hyper has handed it over.
 pub(crate) fn tunnel(
     client: OnUpgrade,
     response: &mut Response<UpstreamBody>,
     upstream: Arc<str>,
     idle_timeout: Duration,
-) {
+) -> Option<impl Future<Output = ()> + Send + 'static> {
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
-        return;
+        return None;
     }
     let body = response.body_mut();
     let held = body.held.take();
-    let Some(upstream_side) = body.take_switched() else {
-        return;
-    };
-    let open = crate::workers::count_open();
-    tokio::spawn(async move {
-        let _open = open;
+    let upstream_side = body.take_switched()?;
+    Some(async move {
         match client.await {
             Ok(client) => {
                 if let Err(e) = relay(TokioIo::new(client), upstream_side, idle_timeout).await {
@@ -48,7 +44,7 @@ pub(crate) fn tunnel(
             Err(e) => tracing::warn!(%upstream, error = %e, "protocol upgrade failed"),
         }
         drop(held);
-    });
+    })
 }
 
 /// Copies bytes both ways until either side closes, or until neither has sent a byte for
