@@ -453,15 +453,23 @@ async fn serve_connection(
 ) {
     let _ = stream.set_nodelay(true);
     let (stream, socket) = Watched::new(stream);
-    if !peer.tls {
-        return serve_http(stream, peer, socket, shared, &builders, closing, timeouts).await;
+    if peer.tls {
+        // Boxed: a plain connection's future need not have room for a handshake and a TLS
+        // stream.
+        Box::pin(serve_tls(
+            stream,
+            peer,
+            socket.clone(),
+            shared,
+            builders,
+            closing,
+            timeouts,
+        ))
+        .await;
+    } else {
+        serve_http(stream, peer, socket.clone(), shared, &builders, closing, timeouts).await;
     }
-    // Boxed: a plain connection's future need not have room for a handshake and a TLS
-    // stream.
-    Box::pin(serve_tls(
-        stream, peer, socket, shared, builders, closing, timeouts,
-    ))
-    .await;
+    socket.linger().await;
 }
 
 /// Serves a connection to the HTTPS listener: its handshake, then HTTP over TLS.

@@ -85,3 +85,40 @@ async fn tunnels_count_as_connections() {
     let (line, _third) = waiting.await.unwrap();
     assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
 }
+
+/// A connection closed while its client was still sending lingers (reading what comes,
+/// up to 5 s) and keeps its place meanwhile: clients that start uploads and never finish
+/// them cannot hold sockets past the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lingering_connection_keeps_its_place() {
+    let gw = TestGateway::start(GatewayToml::new().server("max_connections = 1").route(
+        "early",
+        "path_prefix = \"/\"\nrespond = { status = 200, body = \"early\" }",
+    ))
+    .await;
+    let mut uploading = TcpStream::connect(gw.addr).await.unwrap();
+    uploading
+        .write_all(b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\nsome of it")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), uploading.read_to_end(&mut answer))
+        .await
+        .expect("answered, and floodgate's side ended")
+        .unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    // floodgate still reads what the uploading client sends: its place is still taken.
+    let mut next = TcpStream::connect(gw.addr).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let line = status_line(&mut next, Duration::from_secs(5)).await;
+        (line, next)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "served while a connection lingered at the cap"
+    );
+    drop(uploading);
+    let (line, _next) = waiting.await.unwrap();
+    assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
+}

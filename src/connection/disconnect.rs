@@ -13,7 +13,7 @@
 //! not read cannot be seen before those bytes are read, by this or by anything else.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,6 +29,9 @@ pub(crate) struct ClientSocket {
     fd: Mutex<Option<RawFd>>,
     /// Whether the connection closes while its client may still be sending.
     linger: AtomicBool,
+    /// A duplicate of the socket, left when its stream was dropped with `linger` set,
+    /// for [`ClientSocket::linger`].
+    lingering: Mutex<Option<OwnedFd>>,
 }
 
 impl ClientSocket {
@@ -63,6 +66,20 @@ impl ClientSocket {
         self.linger.store(true, Ordering::Relaxed);
     }
 
+    /// Once the connection's stream is gone: lingers on the socket if the connection
+    /// closed before a request body ended. Run by the connection's task, so that the
+    /// socket keeps its connection's place meanwhile.
+    pub(crate) async fn linger(&self) {
+        let lingering = self
+            .lingering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(socket) = lingering {
+            super::linger::drain(socket).await;
+        }
+    }
+
     /// A registered duplicate of the socket; `None` once the connection's stream is gone.
     fn duplicate(&self) -> io::Result<Option<TcpStream>> {
         let fd = self.fd.lock().unwrap_or_else(PoisonError::into_inner);
@@ -87,6 +104,7 @@ impl Watched {
         let socket = Arc::new(ClientSocket {
             fd: Mutex::new(Some(stream.as_raw_fd())),
             linger: AtomicBool::new(false),
+            lingering: Mutex::new(None),
         });
         (
             Watched {
@@ -103,7 +121,12 @@ impl Drop for Watched {
         // Before `stream` closes the descriptor, whose number may then be reused.
         *self.socket.fd.lock().unwrap_or_else(PoisonError::into_inner) = None;
         if self.socket.linger.load(Ordering::Relaxed) {
-            super::linger::start(&self.stream);
+            // A duplicate, so that dropping `stream` closes no socket.
+            *self
+                .socket
+                .lingering
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = self.stream.as_fd().try_clone_to_owned().ok();
         }
     }
 }

@@ -7,7 +7,7 @@
 //! FIN) and kept reading, what arrives discarded, until the client closes or for
 //! [`LINGER`] at most, as nginx's `lingering_close` does.
 
-use std::os::fd::AsFd;
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,26 +16,13 @@ use tokio::net::TcpStream;
 /// How long a closed connection's client may go on sending before it is reset.
 const LINGER: Duration = Duration::from_secs(5);
 
-/// Lingers on `stream`'s socket, whose connection is being dropped: a duplicate of it
-/// (so that dropping `stream` closes no socket) is read until the client is done.
-pub(super) fn start(stream: &TcpStream) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+/// Ends floodgate's side of `socket` (a duplicate of a dropped connection's, which shares
+/// its non-blocking mode), then reads and discards until the client closes, fails, or
+/// [`LINGER`] has passed.
+pub(super) async fn drain(socket: OwnedFd) {
+    let Ok(mut stream) = TcpStream::from_std(std::net::TcpStream::from(socket)) else {
         return;
     };
-    let Ok(duplicate) = stream.as_fd().try_clone_to_owned() else {
-        return;
-    };
-    runtime.spawn(async move {
-        // The duplicate shares the original's non-blocking mode.
-        if let Ok(stream) = TcpStream::from_std(std::net::TcpStream::from(duplicate)) {
-            drain(stream).await;
-        }
-    });
-}
-
-/// Ends floodgate's side of `stream`, then reads and discards until the client closes,
-/// fails, or [`LINGER`] has passed.
-async fn drain(mut stream: TcpStream) {
     let _ = stream.shutdown().await;
     let mut scratch = [0u8; 8192];
     let _ = tokio::time::timeout(LINGER, async {
