@@ -76,7 +76,8 @@ impl ClientSocket {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         if let Some(socket) = lingering {
-            super::linger::drain(socket).await;
+            // Boxed: every connection's future would otherwise have room for its buffer.
+            Box::pin(super::linger::drain(socket)).await;
         }
     }
 
