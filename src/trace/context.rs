@@ -5,6 +5,7 @@
 use std::fmt;
 
 use http::HeaderValue;
+use smallvec::SmallVec;
 
 /// A trace's ID: 16 bytes, never all zero.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -133,10 +134,11 @@ pub(crate) const PARENT_ID: std::ops::Range<usize> = 36..52;
 const MAX_TRACESTATE: usize = 512;
 
 /// Whether the `tracestate` made of `values` (its header lines, joined by commas) is well
-/// formed and passed on: at most 512 bytes and 32 list members, each `key=value` with the
-/// key and value grammar of the specification; empty members are allowed.
+/// formed and passed on: at most 512 bytes and 1 to 32 list members, each `key=value` with
+/// the key and value grammar of the specification and no key twice; empty members are
+/// allowed.
 pub(crate) fn valid_tracestate<'a>(values: impl Iterator<Item = &'a HeaderValue>) -> bool {
-    let mut members = 0;
+    let mut keys: SmallVec<[&[u8]; 8]> = SmallVec::new();
     let mut length = 0;
     for value in values {
         length += value.len() + 1;
@@ -148,21 +150,23 @@ pub(crate) fn valid_tracestate<'a>(values: impl Iterator<Item = &'a HeaderValue>
             if member.is_empty() {
                 continue;
             }
-            members += 1;
-            if members > 32 || !valid_member(member) {
+            let Some(key) = valid_member(member) else {
+                return false;
+            };
+            if keys.len() == 32 || keys.contains(&key) {
                 return false;
             }
+            keys.push(key);
         }
     }
-    true
+    !keys.is_empty()
 }
 
-fn valid_member(member: &[u8]) -> bool {
-    let Some(equals) = member.iter().position(|&b| b == b'=') else {
-        return false;
-    };
+/// The key of a well-formed `key=value` member.
+fn valid_member(member: &[u8]) -> Option<&[u8]> {
+    let equals = member.iter().position(|&b| b == b'=')?;
     let (key, value) = (&member[..equals], &member[equals + 1..]);
-    valid_key(key) && valid_value(value)
+    (valid_key(key) && valid_value(value)).then_some(key)
 }
 
 /// `key = simple-key / multi-tenant-key`: lower-case letters, digits, `_-*/`, starting
@@ -313,6 +317,11 @@ mod tests {
         assert!(valid("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"));
         assert!(valid("tenant1@vendor=x, a-b_c*d/e=1"));
         assert!(valid("foo=bar,,  ,baz=qux"));
+        // A key twice, or no member at all, is not passed on.
+        assert!(!valid("k=1,k=2"));
+        assert!(!valid("k=1, j=2 ,k=1"));
+        assert!(!valid(""));
+        assert!(!valid(" , ,"));
         assert!(!valid("Upper=1"));
         assert!(!valid("1abc=1"));
         assert!(!valid("key"));
