@@ -423,10 +423,43 @@ impl AccessLine<'_> {
         if value.bytes().all(|b| PLAIN[usize::from(b)]) {
             self.in_quotes(value);
         } else if self.json {
-            let _ = serde_json::to_writer(&mut *self.out, value);
+            self.json_string(value);
         } else {
             let _ = write!(self.out, "{value:?}");
         }
+    }
+
+    /// `value` as a JSON string that is one line by any reader's rule: besides what JSON
+    /// requires, the C1 controls and DEL, the Unicode line and paragraph separators and
+    /// the bidirectional controls are escaped, as the text format's quoting escapes them.
+    fn json_string(&mut self, value: &str) {
+        self.out.push(b'"');
+        let mut plain = 0;
+        for (at, c) in value.char_indices() {
+            let escape = match c {
+                '"' => Some("\\\""),
+                '\\' => Some("\\\\"),
+                '\n' => Some("\\n"),
+                '\r' => Some("\\r"),
+                '\t' => Some("\\t"),
+                _ => None,
+            };
+            let hex = c.is_control()
+                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+            if escape.is_none() && !hex {
+                continue;
+            }
+            self.out.extend_from_slice(&value.as_bytes()[plain..at]);
+            plain = at + c.len_utf8();
+            match escape {
+                Some(text) => self.out.extend_from_slice(text.as_bytes()),
+                None => {
+                    let _ = write!(self.out, "\\u{:04x}", u32::from(c));
+                }
+            }
+        }
+        self.out.extend_from_slice(&value.as_bytes()[plain..]);
+        self.out.push(b'"');
     }
 
     /// `value`, which needs no escaping, in quotes.
@@ -660,7 +693,9 @@ mod tests {
             Fields {
                 client_ip: "2001:db8::1",
                 request_id: Some(&visible),
-                upstream_server: Some("/run/php/caf\u{e9} \"x\"\\\u{7f}\n.sock"),
+                // DEL and the like aside: JSON lines escape more than the formatter does
+                // (`a_text_that_could_pass_for_other_fields_is_quoted`).
+                upstream_server: Some("/run/php/caf\u{e9} \"x\"\\\u{1}\n.sock"),
                 ..plain
             },
         ];
@@ -679,6 +714,11 @@ mod tests {
             "/caf\u{e9}",
             "/\u{2028}",
             "/back\\slash",
+            "/nel\u{85}x",
+            "/ps\u{2029}x",
+            "/csi\u{9b}31m",
+            "/rlo\u{202e}x",
+            "/del\u{7f}x",
         ] {
             let fields = Fields {
                 path,
@@ -689,7 +729,15 @@ mod tests {
             };
             let text = written_here(false, &fields);
             assert!(text.contains(&format!(" path={path:?} route=app ")), "{text}");
-            let json: serde_json::Value = serde_json::from_str(&written_here(true, &fields)).unwrap();
+            let line = written_here(true, &fields);
+            // One line by any reader's rule, and no control that could restyle a terminal.
+            assert_eq!(line.lines().count(), 1, "{line:?}");
+            assert!(
+                !line.trim_end().chars().any(|c| c.is_control()
+                    || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')),
+                "{line:?}"
+            );
+            let json: serde_json::Value = serde_json::from_str(&line).unwrap();
             assert_eq!(json["path"], path);
         }
         let ip = written_here(
