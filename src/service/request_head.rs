@@ -40,6 +40,18 @@ pub(crate) fn check(request: &Parts) -> Result<Checked<'_>, GatewayError> {
             "a header value that starts or ends with whitespace",
         ));
     }
+    // HTTP/1.1's parser takes only a target that starts with `/` (or `*`, or absolute);
+    // HTTP/2's `:path` must too (RFC 9113 §8.3.1), where a bare query (`?a`) passed.
+    if request.version == http::Version::HTTP_2
+        && request
+            .uri
+            .path_and_query()
+            .is_some_and(|target| !matches!(target.as_str().as_bytes().first(), Some(b'/' | b'*')))
+    {
+        return Err(GatewayError::MalformedRequest(
+            "a :path that does not start with /",
+        ));
+    }
     // HTTP/2 carries the authority outside the fields: counted as the `Host` it stands for.
     let authority_field = match (fields.host, request.uri.authority()) {
         (None, Some(authority)) => "host".len() + authority.as_str().len() + 4,
@@ -458,6 +470,28 @@ mod tests {
         for kept in ["a b", "a\tb", ""] {
             assert_eq!(http2(kept), Ok(()), "{kept:?}");
         }
+    }
+
+    #[test]
+    fn an_http2_path_must_start_with_a_slash() {
+        let http2 = |path: &str| {
+            let uri = Uri::builder()
+                .scheme("https")
+                .authority("h")
+                .path_and_query(path)
+                .build()
+                .unwrap();
+            let mut request = request("/", &[]);
+            request.uri = uri;
+            request.version = http::Version::HTTP_2;
+            check(&request)
+                .map(|_| ())
+                .map_err(|error| error.status().as_u16())
+        };
+        assert_eq!(http2("?a"), Err(400));
+        assert_eq!(http2("/?a"), Ok(()));
+        assert_eq!(http2("/"), Ok(()));
+        assert_eq!(http2("*"), Ok(()), "OPTIONS *");
     }
 
     #[test]
