@@ -259,8 +259,13 @@ pub(super) fn respond_headers(
             None => valid = false,
         }
     }
+    // A `Location` given but refused has its own error.
     if status.is_some_and(|s| s.is_redirection())
-        && !headers.iter().any(|(name, _)| name == http::header::LOCATION)
+        && !raw
+            .map(Spanned::get_ref)
+            .into_iter()
+            .flatten()
+            .any(|(name, _)| name.eq_ignore_ascii_case("location"))
     {
         sink.push(
             Some(raw.map_or(span, Spanned::span)),

@@ -1112,3 +1112,12 @@ fn a_route_naming_an_invalid_table_adds_no_second_error() {
     );
     assert_eq!(key, "upstreams.app.url");
 }
+
+#[test]
+fn a_refused_location_adds_no_error_that_location_is_missing() {
+    let (_, _, key, message) = error(
+        "[[routes]]\nname = \"r\"\nrespond = { status = 302, headers = { \"Location\" = 'https:$request_uri' } }\n",
+    );
+    assert_eq!(key, "routes[0].respond.headers.Location");
+    assert!(message.contains("$request_uri the host"), "{message}");
+}
