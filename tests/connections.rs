@@ -24,15 +24,33 @@ async fn status_line(stream: &mut TcpStream, within: Duration) -> Option<String>
     answer.lines().next().map(str::to_owned)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_max_connections_a_connection_waits_until_one_closes() {
-    let upstream = Upstream::start().await;
-    let gw = TestGateway::start(
+/// A gateway proxying to `upstream` with `server.max_connections = 2`.
+async fn capped_at_two(upstream: &Upstream) -> TestGateway {
+    TestGateway::start(
         GatewayToml::new()
             .server("max_connections = 2")
             .proxy_to(&upstream.url(), ""),
     )
-    .await;
+    .await
+}
+
+/// A request sent on a new connection to `gw`, its status line awaited in a task: the
+/// connection is queued by the kernel while the gateway is at its cap.
+async fn waiting_request(gw: &TestGateway) -> tokio::task::JoinHandle<(Option<String>, TcpStream)> {
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let line = status_line(&mut stream, Duration::from_secs(5)).await;
+        (line, stream)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "served past max_connections");
+    waiting
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_connections_a_connection_waits_until_one_closes() {
+    let upstream = Upstream::start().await;
+    let gw = capped_at_two(&upstream).await;
     let mut first = TcpStream::connect(gw.addr).await.unwrap();
     let mut second = TcpStream::connect(gw.addr).await.unwrap();
     for stream in [&mut first, &mut second] {
@@ -41,13 +59,7 @@ async fn past_max_connections_a_connection_waits_until_one_closes() {
     }
     assert_eq!(gw.metric("floodgate_client_connections").await, 2.0);
     // The third connects (the kernel queues it) but is not served while two are open.
-    let mut third = TcpStream::connect(gw.addr).await.unwrap();
-    let waiting = tokio::spawn(async move {
-        let line = status_line(&mut third, Duration::from_secs(5)).await;
-        (line, third)
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!waiting.is_finished(), "served past max_connections");
+    let waiting = waiting_request(&gw).await;
     // The admin listener is not counted.
     assert_eq!(get(&gw.admin_url("/healthz")).await.0, http::StatusCode::OK);
     drop(first);
@@ -62,24 +74,13 @@ async fn past_max_connections_a_connection_waits_until_one_closes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tunnels_count_as_connections() {
     let upstream = Upstream::start().await;
-    let gw = TestGateway::start(
-        GatewayToml::new()
-            .server("max_connections = 2")
-            .proxy_to(&upstream.url(), ""),
-    )
-    .await;
+    let gw = capped_at_two(&upstream).await;
     let (head, mut first) = crate::common::websocket_upgrade(gw.addr).await;
     assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
     let (head, _second) = crate::common::websocket_upgrade(gw.addr).await;
     assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
     assert_eq!(gw.metric("floodgate_client_connections").await, 2.0);
-    let mut third = TcpStream::connect(gw.addr).await.unwrap();
-    let waiting = tokio::spawn(async move {
-        let line = status_line(&mut third, Duration::from_secs(5)).await;
-        (line, third)
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!waiting.is_finished(), "served past max_connections");
+    let waiting = waiting_request(&gw).await;
     // Closing a tunnel frees its place.
     first.shutdown().await.unwrap();
     let (line, _third) = waiting.await.unwrap();
@@ -108,16 +109,7 @@ async fn a_lingering_connection_keeps_its_place() {
         .unwrap();
     assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"));
     // floodgate still reads what the uploading client sends: its place is still taken.
-    let mut next = TcpStream::connect(gw.addr).await.unwrap();
-    let waiting = tokio::spawn(async move {
-        let line = status_line(&mut next, Duration::from_secs(5)).await;
-        (line, next)
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !waiting.is_finished(),
-        "served while a connection lingered at the cap"
-    );
+    let waiting = waiting_request(&gw).await;
     drop(uploading);
     let (line, _next) = waiting.await.unwrap();
     assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));

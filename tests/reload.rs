@@ -56,13 +56,7 @@ struct Setup {
 
 async fn setup(limit: u64) -> Setup {
     let upstream = Upstream::start().await;
-    let (dir, path) = config_file(config_text(&upstream, "hello", limit));
-    let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
-    let load_path = path.clone();
-    let reloader = Arc::new(Reloader::new(
-        gateway.shared.clone(),
-        Box::new(move || Config::load(&load_path)),
-    ));
+    let (dir, path, gateway, reloader) = reloadable(config_text(&upstream, "hello", limit)).await;
     Setup {
         _dir: dir,
         path,
@@ -271,6 +265,20 @@ fn capped_app(upstream: &Upstream, keys: &str) -> GatewayToml {
     )
 }
 
+/// A gateway on `config`, written to a file, and its reloader.
+async fn reloadable(config: GatewayToml) -> (tempfile::TempDir, PathBuf, TestGateway, Arc<Reloader>) {
+    let (dir, path) = config_file(config);
+    let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    let load_path = path.clone();
+    let reloader = Arc::new(Reloader::new(
+        gateway.shared.clone(),
+        Box::new(move || Config::load(&load_path)),
+    ));
+    (dir, path, gateway, reloader)
+}
+
+const QUEUE_DEPTH: &str = r#"floodgate_upstream_queue_depth{upstream="app"}"#;
+
 /// Waits until the app has been sent `count` requests.
 async fn app_has_seen(upstream: &Upstream, count: usize) {
     let started = Instant::now();
@@ -299,13 +307,7 @@ fn spawn_get(
 async fn a_request_queued_after_a_reload_gets_the_slot_one_from_before_frees() {
     for before in ["max_requests = 1\nqueue_timeout = \"4s\"", ""] {
         let upstream = Upstream::start().await;
-        let (_dir, path) = config_file(capped_app(&upstream, before));
-        let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
-        let load_path = path.clone();
-        let reloader = Arc::new(Reloader::new(
-            gateway.shared.clone(),
-            Box::new(move || Config::load(&load_path)),
-        ));
+        let (_dir, path, gateway, reloader) = reloadable(capped_app(&upstream, before)).await;
         let old = spawn_get(&gateway, "/app/old/slow?ms=500");
         app_has_seen(&upstream, 1).await;
         replace_file(
@@ -315,11 +317,7 @@ async fn a_request_queued_after_a_reload_gets_the_slot_one_from_before_frees() {
         assert!(reload(&reloader).await);
         let new = spawn_get(&gateway, "/app/new");
         gateway
-            .metric_becomes(
-                r#"floodgate_upstream_queue_depth{upstream="app"}"#,
-                1.0,
-                Duration::from_secs(2),
-            )
+            .metric_becomes(QUEUE_DEPTH, 1.0, Duration::from_secs(2))
             .await;
         assert_eq!(old.await.unwrap().0, StatusCode::OK, "before: {before:?}");
         let (status, _, body) = new.await.unwrap();
@@ -334,22 +332,13 @@ async fn a_request_queued_after_a_reload_gets_the_slot_one_from_before_frees() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_queued_before_a_reload_gets_the_slot_one_from_after_frees() {
     let upstream = Upstream::start().await;
-    let (_dir, path) = config_file(capped_app(&upstream, "max_requests = 1\nqueue_timeout = \"4s\""));
-    let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
-    let load_path = path.clone();
-    let reloader = Arc::new(Reloader::new(
-        gateway.shared.clone(),
-        Box::new(move || Config::load(&load_path)),
-    ));
+    let (_dir, path, gateway, reloader) =
+        reloadable(capped_app(&upstream, "max_requests = 1\nqueue_timeout = \"4s\"")).await;
     let first = spawn_get(&gateway, "/app/first/slow?ms=300");
     app_has_seen(&upstream, 1).await;
     let waiting = spawn_get(&gateway, "/app/waiting");
     gateway
-        .metric_becomes(
-            r#"floodgate_upstream_queue_depth{upstream="app"}"#,
-            1.0,
-            Duration::from_secs(2),
-        )
+        .metric_becomes(QUEUE_DEPTH, 1.0, Duration::from_secs(2))
         .await;
     replace_file(
         &path,
