@@ -63,7 +63,9 @@ impl Reloader {
     /// Loads, validates and swaps in the configuration; returns whether it was applied.
     pub fn reload(&self, trigger: &str) -> bool {
         let mut last_read = self.lock();
-        self.reload_locked(&mut last_read, trigger)
+        // Read before loading: an edit made after is then seen as a change.
+        *last_read = contents(&self.watched_files());
+        self.load_and_swap(trigger)
     }
 
     /// Reloads when the watched files hold other than what the last reload read (and
@@ -74,12 +76,12 @@ impl Reloader {
         if now.first().is_some_and(Option::is_none) || now == *last_read {
             return false;
         }
-        self.reload_locked(&mut last_read, trigger)
+        *last_read = now;
+        self.load_and_swap(trigger)
     }
 
-    fn reload_locked(&self, last_read: &mut Vec<Option<Vec<u8>>>, trigger: &str) -> bool {
-        // Read before loading: an edit made after is then seen as a change.
-        *last_read = contents(&self.watched_files());
+    /// The reload itself, run under the lock of [`Self::lock`].
+    fn load_and_swap(&self, trigger: &str) -> bool {
         let config = match (self.load)() {
             Ok(config) => config,
             Err(errors) => {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::common::config::GatewayToml;
 use crate::common::process::FloodgateProcess;
 use crate::common::redis_server::RedisServer;
-use crate::common::{TestGateway, Upstream, closed_port, get};
+use crate::common::{TestGateway, Upstream, closed_port, get, spawn_get, until};
 use http::StatusCode;
 
 fn config(upstream_url: &str, redis: Option<&str>, lease: &str) -> GatewayToml {
@@ -34,18 +34,6 @@ fn config(upstream_url: &str, redis: Option<&str>, lease: &str) -> GatewayToml {
             upstream = "app"
             limits = ["inflight"]"#,
         )
-}
-
-fn spawn_get(url: String) -> tokio::task::JoinHandle<(StatusCode, http::HeaderMap, String)> {
-    tokio::spawn(async move { get(&url).await })
-}
-
-async fn until(what: &str, within: Duration, condition: impl Fn() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < within, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

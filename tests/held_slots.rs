@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::common::config::GatewayToml;
-use crate::common::{TestGateway, Upstream, get, h2c_client};
+use crate::common::{TestGateway, Upstream, get, h2c_client, until};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
@@ -53,14 +53,6 @@ async fn gateway(app: &Upstream, server: &str, upstream: &str, limit: Option<u32
             ),
     )
     .await
-}
-
-async fn until(what: &str, within: Duration, condition: impl Fn() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < within, "never: {what}");
-        tokio::time::sleep(ms(5)).await;
-    }
 }
 
 // ---- send_timeout -------------------------------------------------------------------

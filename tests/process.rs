@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::config::GatewayToml;
 use crate::common::process::FloodgateProcess;
-use crate::common::{Upstream, get, http1_client, raw_request};
+use crate::common::{Upstream, get, http1_client, raw_request, until};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -223,14 +223,12 @@ async fn a_stdout_nobody_reads_stalls_no_request() {
 
 /// Waits (at most 5 s) until the request just sent is in flight at the upstream.
 async fn wait_until_upstream_has_it(upstream: &Upstream) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while upstream.requests() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the slow request never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until(
+        "the slow request reached the upstream",
+        Duration::from_secs(5),
+        || upstream.requests() > 0,
+    )
+    .await;
 }
 
 /// The drain tests run two workers whatever the machine: a request in flight is on a

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::config::{GatewayToml, config_file};
-use crate::common::{TestGateway, Upstream, get};
+use crate::common::{TestGateway, Upstream, get, spawn_get, until};
 use floodgate::Config;
 use floodgate::reload::{Reloader, watch_file};
 use http::StatusCode;
@@ -279,27 +279,6 @@ async fn reloadable(config: GatewayToml) -> (tempfile::TempDir, PathBuf, TestGat
 
 const QUEUE_DEPTH: &str = r#"floodgate_upstream_queue_depth{upstream="app"}"#;
 
-/// Waits until the app has been sent `count` requests.
-async fn app_has_seen(upstream: &Upstream, count: usize) {
-    let started = Instant::now();
-    while upstream.requests() < count {
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "the app saw {} requests, not {count}",
-            upstream.requests()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn spawn_get(
-    gateway: &TestGateway,
-    path: &str,
-) -> tokio::task::JoinHandle<(StatusCode, http::HeaderMap, String)> {
-    let url = gateway.url(path);
-    tokio::spawn(async move { get(&url).await })
-}
-
 /// A reload that changes a capped upstream keeps one count of each server's requests
 /// across both generations: a request queued under the new one gets the slot a request
 /// from before the reload frees, whether or not the old one had a cap.
@@ -308,14 +287,17 @@ async fn a_request_queued_after_a_reload_gets_the_slot_one_from_before_frees() {
     for before in ["max_requests = 1\nqueue_timeout = \"4s\"", ""] {
         let upstream = Upstream::start().await;
         let (_dir, path, gateway, reloader) = reloadable(capped_app(&upstream, before)).await;
-        let old = spawn_get(&gateway, "/app/old/slow?ms=500");
-        app_has_seen(&upstream, 1).await;
+        let old = spawn_get(gateway.url("/app/old/slow?ms=500"));
+        until("the app has the requests", Duration::from_secs(2), || {
+            upstream.requests() >= 1
+        })
+        .await;
         replace_file(
             &path,
             capped_app(&upstream, "max_requests = 1\nqueue_timeout = \"3s\""),
         );
         assert!(reload(&reloader).await);
-        let new = spawn_get(&gateway, "/app/new");
+        let new = spawn_get(gateway.url("/app/new"));
         gateway
             .metric_becomes(QUEUE_DEPTH, 1.0, Duration::from_secs(2))
             .await;
@@ -334,9 +316,12 @@ async fn a_request_queued_before_a_reload_gets_the_slot_one_from_after_frees() {
     let upstream = Upstream::start().await;
     let (_dir, path, gateway, reloader) =
         reloadable(capped_app(&upstream, "max_requests = 1\nqueue_timeout = \"4s\"")).await;
-    let first = spawn_get(&gateway, "/app/first/slow?ms=300");
-    app_has_seen(&upstream, 1).await;
-    let waiting = spawn_get(&gateway, "/app/waiting");
+    let first = spawn_get(gateway.url("/app/first/slow?ms=300"));
+    until("the app has the requests", Duration::from_secs(2), || {
+        upstream.requests() >= 1
+    })
+    .await;
+    let waiting = spawn_get(gateway.url("/app/waiting"));
     gateway
         .metric_becomes(QUEUE_DEPTH, 1.0, Duration::from_secs(2))
         .await;
@@ -347,8 +332,11 @@ async fn a_request_queued_before_a_reload_gets_the_slot_one_from_after_frees() {
     assert!(reload(&reloader).await);
     // Takes the new generation's second slot: the server is full under the old cap of 1
     // when the first request ends.
-    let after = spawn_get(&gateway, "/app/after/slow?ms=600");
-    app_has_seen(&upstream, 2).await;
+    let after = spawn_get(gateway.url("/app/after/slow?ms=600"));
+    until("the app has the requests", Duration::from_secs(2), || {
+        upstream.requests() >= 2
+    })
+    .await;
     assert_eq!(first.await.unwrap().0, StatusCode::OK);
     assert_eq!(after.await.unwrap().0, StatusCode::OK);
     let (status, _, body) = waiting.await.unwrap();

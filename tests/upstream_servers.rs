@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::config::{GatewayToml, config_file};
-use crate::common::{TestGateway, Upstream, closed_port, get, send};
+use crate::common::{TestGateway, Upstream, closed_port, get, send, spawn_get, until};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
@@ -24,11 +24,6 @@ async fn gateway(keys: &str) -> TestGateway {
         upstream = "app""#,
     ))
     .await
-}
-
-/// `get(url)` in a task of its own.
-fn spawn_get(url: String) -> tokio::task::JoinHandle<(StatusCode, http::HeaderMap, String)> {
-    tokio::spawn(async move { get(&url).await })
 }
 
 fn servers(urls: &[String]) -> String {
@@ -233,7 +228,10 @@ async fn checks_of_a_server_that_never_answers_leave_no_connection_open() {
         servers(&[silent, live.url()])
     ))
     .await;
-    until("ten checks", || accepted.load(Ordering::SeqCst) >= 10).await;
+    until("ten checks", Duration::from_secs(5), || {
+        accepted.load(Ordering::SeqCst) >= 10
+    })
+    .await;
     // At most the check in progress, and one whose close is on its way.
     let still_open = open.load(Ordering::SeqCst);
     assert!(
@@ -423,15 +421,6 @@ async fn active_checks_take_a_server_out_and_bring_it_back() {
     drop(b);
 }
 
-/// Waits until `condition` holds, at most 5 s.
-async fn until(what: &str, condition: impl Fn() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < Duration::from_secs(5), "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 const QUEUE_DEPTH: &str = "floodgate_upstream_queue_depth{upstream=\"app\"}";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -454,7 +443,10 @@ async fn the_queue_is_served_in_arrival_order() {
     let app = Upstream::start().await;
     let gw = gateway(&format!("url = \"{}\"\nmax_requests = 1\nqueue = 10", app.url())).await;
     let mut requests = vec![spawn_get(gw.url("/holding/slow?ms=300"))];
-    until("the slot is taken", || app.requests() == 1).await;
+    until("the slot is taken", Duration::from_secs(5), || {
+        app.requests() == 1
+    })
+    .await;
     for i in 0..6 {
         requests.push(spawn_get(gw.url(&format!("/queued{i}/slow?ms=20"))));
         gw.metric_becomes(QUEUE_DEPTH, f64::from(i + 1), Duration::from_secs(2))
@@ -480,7 +472,10 @@ async fn a_full_queue_or_a_long_wait_is_503_with_retry_after_and_nothing_is_sent
     ))
     .await;
     let holding = spawn_get(gw.url("/holding/slow?ms=1500"));
-    until("the slot is taken", || app.requests() == 1).await;
+    until("the slot is taken", Duration::from_secs(5), || {
+        app.requests() == 1
+    })
+    .await;
     let queued = spawn_get(gw.url("/queued"));
     gw.metric_becomes(QUEUE_DEPTH, 1.0, Duration::from_secs(1)).await;
     // The queue is full: shed at once.
@@ -512,7 +507,10 @@ async fn a_client_that_leaves_the_queue_is_never_forwarded() {
     let app = Upstream::start().await;
     let gw = gateway(&format!("url = \"{}\"\nmax_requests = 1\nqueue = 5", app.url())).await;
     let holding = spawn_get(gw.url("/holding/slow?ms=2000"));
-    until("the slot is taken", || app.requests() == 1).await;
+    until("the slot is taken", Duration::from_secs(5), || {
+        app.requests() == 1
+    })
+    .await;
     let mut leaving = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     leaving
         .write_all(b"GET /left HTTP/1.1\r\nHost: test\r\n\r\n")

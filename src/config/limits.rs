@@ -851,7 +851,11 @@ fn validate_algorithm(
     }
     // So must an empty token bucket's refill, and a full leaky bucket's last turn.
     if burst as f64 * interval(rate, per) > MAX_TIME_MICROS as f64 {
-        let span = (raw.burst.as_ref().map(Spanned::span)).or_else(|| raw.rate.as_ref().map(Spanned::span));
+        let span = raw
+            .burst
+            .as_ref()
+            .map(Spanned::span)
+            .or_else(|| raw.rate.as_ref().map(Spanned::span));
         sink.push(
             span,
             format!("{key}.burst"),

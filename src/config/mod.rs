@@ -887,10 +887,11 @@ fn admitted_cost(
     sink: &mut ErrorSink,
 ) -> bool {
     let never = limits.into_iter().flatten().find_map(|limit| match &limit.kind {
-        LimitKind::Rate(rate) if rate.algorithm.capacity() < cost => {
-            Some((&limit.name, rate.algorithm.capacity()))
+        LimitKind::Rate(rate) => {
+            let most = rate.algorithm.capacity();
+            (most < cost).then_some((&limit.name, most))
         }
-        _ => None,
+        LimitKind::Concurrency(_) => None,
     });
     let Some((name, most)) = never else {
         return true;

@@ -70,6 +70,9 @@ impl ClientSocket {
     /// closed before a request body ended. Run by the connection's task, so that the
     /// socket keeps its connection's place meanwhile.
     pub(crate) async fn linger(&self) {
+        if !self.linger.load(Ordering::Relaxed) {
+            return;
+        }
         let lingering = self
             .lingering
             .lock()

@@ -138,6 +138,9 @@ impl ConnectionState {
 
     /// The tunnel a request started, to run once hyper has handed the connection over.
     pub(crate) fn take_tunnel(&self) -> Option<Relay> {
+        if !self.tunnel_started() {
+            return None;
+        }
         self.relay.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 

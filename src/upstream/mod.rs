@@ -538,16 +538,19 @@ impl Lineage {
     }
 
     fn join(&self, rotation: &Arc<Rotation>) {
-        let mut generations = self.lock();
-        generations.retain(|generation| generation.strong_count() > 0);
-        generations.push(Arc::downgrade(rotation));
-        self.several.store(generations.len() > 1, Ordering::SeqCst);
+        self.update(|generations| generations.push(Arc::downgrade(rotation)));
     }
 
     /// A generation is gone (its weak reference no longer upgrades).
     fn leave(&self) {
+        self.update(|_| {});
+    }
+
+    /// Applies `change` to the live generations, then says whether several are.
+    fn update(&self, change: impl FnOnce(&mut Vec<Weak<Rotation>>)) {
         let mut generations = self.lock();
         generations.retain(|generation| generation.strong_count() > 0);
+        change(&mut generations);
         self.several.store(generations.len() > 1, Ordering::SeqCst);
     }
 

@@ -457,6 +457,20 @@ pub(crate) fn h2c_client() -> Client<HttpConnector, Full<Bytes>> {
         .build(HttpConnector::new())
 }
 
+/// `get(url)` in a task of its own.
+pub(crate) fn spawn_get(url: String) -> JoinHandle<(StatusCode, http::HeaderMap, String)> {
+    tokio::spawn(async move { get(&url).await })
+}
+
+/// Waits until `condition` holds, failing with `what` after `within`.
+pub(crate) async fn until(what: &str, within: Duration, condition: impl Fn() -> bool) {
+    let started = std::time::Instant::now();
+    while !condition() {
+        assert!(started.elapsed() < within, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// `GET url` over HTTP/1.1: status, headers, body.
 pub(crate) async fn get(url: &str) -> (StatusCode, http::HeaderMap, String) {
     send(Request::get(url).body(Full::new(Bytes::new())).unwrap()).await
