@@ -386,6 +386,27 @@ fn configurations_that_would_break_a_message_are_refused_naming_the_header() {
             "x-real-ip cannot be set",
         ),
         (
+            route("request_headers = { set = { \"X-Request-Id\" = \"forced\" } }"),
+            "routes[0].request_headers.set.X-Request-Id",
+            "x-request-id cannot be set: it carries the request ID",
+        ),
+        (
+            route("response_headers = { remove = [\"x-request-id\"] }"),
+            "routes[0].response_headers.remove[0]",
+            "x-request-id cannot be removed: it carries the request ID",
+        ),
+        (
+            "[server]\nrequest_id = \"Correlation-Id\"\nrequest_headers = { remove = [\"Correlation-Id\"] }\n"
+                .to_owned(),
+            "server.request_headers.remove[0]",
+            "correlation-id cannot be removed: it carries the request ID",
+        ),
+        (
+            "[[routes]]\nname = \"r\"\npath = \"/\"\nrespond = { headers = { \"X-Request-Id\" = \"x\" } }\n".to_owned(),
+            "routes[0].respond.headers.X-Request-Id",
+            "x-request-id cannot be set: it carries the request ID",
+        ),
+        (
             "[server.errors]\n418 = { body = \"teapot\" }\n".to_owned(),
             "server.errors.418",
             "expected one of",
@@ -407,6 +428,12 @@ fn configurations_that_would_break_a_message_are_refused_naming_the_header() {
             "{text}: {errors:?}"
         );
     }
+    // Without request IDs the header is the app's to set.
+    let without_ids = format!(
+        "[server]\nrequest_id = \"\"\n\n{}",
+        route("request_headers = { set = { \"X-Request-Id\" = \"static\" } }")
+    );
+    assert!(Config::parse(std::path::Path::new("gw.toml"), &without_ids).is_ok());
 }
 
 #[test]

@@ -290,7 +290,12 @@ impl Config {
         }
         let upstreams = upstreams::validate_upstreams(raw.upstreams, base, &mut sink);
         let limits = limits::validate_limits(raw.limits, &mut sink);
-        let routes = validate_routes(raw.routes, &upstreams, &limits, base, &mut sink);
+        let routes = validate_routes(
+            raw.routes,
+            (&upstreams, &limits, server.request_id.as_ref()),
+            base,
+            &mut sink,
+        );
         let tracing = raw
             .tracing
             .and_then(|tracing| validate_tracing(tracing.into_inner(), &mut sink));
@@ -492,6 +497,11 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
             None
         }
     });
+    let request_id = match &raw.request_id {
+        None => Some(HeaderName::from_static(DEFAULT_REQUEST_ID)),
+        Some(name) if name.get_ref().is_empty() => None,
+        Some(name) => parse_spanned(name, "server.request_id", sink, request_id_header),
+    };
     ServerConfig {
         listen: parse_or(&raw.listen, "server.listen", default_listen, sink, socket_addr),
         admin_listen: parse_or(
@@ -572,23 +582,19 @@ fn validate_server(raw: ServerFile, base: &Path, sink: &mut ErrorSink) -> Server
         request_headers: shaping::header_rules(
             "server.request_headers",
             raw.request_headers.as_ref(),
-            shaping::Direction::Request,
+            (shaping::Direction::Request, request_id.as_ref()),
             sink,
         )
         .unwrap_or_default(),
         response_headers: shaping::header_rules(
             "server.response_headers",
             raw.response_headers.as_ref(),
-            shaping::Direction::Response,
+            (shaping::Direction::Response, request_id.as_ref()),
             sink,
         )
         .unwrap_or_default(),
         drop_invalid_headers: raw.drop_invalid_headers.unwrap_or(true),
-        request_id: match &raw.request_id {
-            None => Some(HeaderName::from_static(DEFAULT_REQUEST_ID)),
-            Some(name) if name.get_ref().is_empty() => None,
-            Some(name) => parse_spanned(name, "server.request_id", sink, request_id_header),
-        },
+        request_id,
     }
 }
 
@@ -662,10 +668,17 @@ fn validate_tracing(raw: TracingFile, sink: &mut ErrorSink) -> Option<TracingCon
 /// Tables by name (`[upstreams.NAME]`, `[limits.NAME]`).
 type Named<T> = BTreeMap<String, Arc<T>>;
 
+/// What a route's table may name (the upstreams, the limits) and the request ID's header,
+/// which its rules may not touch.
+type Known<'a> = (
+    &'a Named<UpstreamConfig>,
+    &'a Named<LimitConfig>,
+    Option<&'a HeaderName>,
+);
+
 fn validate_routes(
     raw: Vec<Spanned<RouteFile>>,
-    upstreams: &BTreeMap<String, Arc<UpstreamConfig>>,
-    limits: &BTreeMap<String, Arc<LimitConfig>>,
+    known: Known<'_>,
     base: &Path,
     sink: &mut ErrorSink,
 ) -> Vec<RouteConfig> {
@@ -675,7 +688,7 @@ fn validate_routes(
         let key = format!("routes[{i}]");
         let span = route.span();
         let route = route.into_inner();
-        if let Some(route) = validate_route(&key, span, route, (upstreams, limits), base, &mut names, sink) {
+        if let Some(route) = validate_route(&key, span, route, known, base, &mut names, sink) {
             routes.push(route);
         }
     }
@@ -686,7 +699,7 @@ fn validate_route(
     key: &str,
     span: std::ops::Range<usize>,
     raw: RouteFile,
-    (upstreams, limits): (&Named<UpstreamConfig>, &Named<LimitConfig>),
+    (upstreams, limits, request_id): Known<'_>,
     base: &Path,
     names: &mut HashSet<String>,
     sink: &mut ErrorSink,
@@ -781,8 +794,14 @@ fn validate_route(
         },
         (None, Some(respond)) => {
             let span = respond.span();
-            validate_respond(&format!("{key}.respond"), span, respond.into_inner(), sink)
-                .map(RouteTarget::Respond)
+            validate_respond(
+                &format!("{key}.respond"),
+                span,
+                respond.into_inner(),
+                request_id,
+                sink,
+            )
+            .map(RouteTarget::Respond)
         }
         (None, None) if raw.root.is_some() => None,
         (None, None) => {
@@ -827,13 +846,13 @@ fn validate_route(
     let request_headers = shaping::header_rules(
         &format!("{key}.request_headers"),
         raw.request_headers.as_ref(),
-        shaping::Direction::Request,
+        (shaping::Direction::Request, request_id),
         sink,
     );
     let response_headers = shaping::header_rules(
         &format!("{key}.response_headers"),
         raw.response_headers.as_ref(),
-        shaping::Direction::Response,
+        (shaping::Direction::Response, request_id),
         sink,
     );
     let cost = match &raw.cost {
@@ -969,6 +988,7 @@ fn validate_respond(
     key: &str,
     span: std::ops::Range<usize>,
     raw: RespondFile,
+    request_id: Option<&HeaderName>,
     sink: &mut ErrorSink,
 ) -> Option<RespondConfig> {
     let status = match raw.status {
@@ -976,7 +996,7 @@ fn validate_respond(
         Some(status) => status_in(&status, 200..=599, format!("{key}.status"), sink),
     };
     let content_type = content_type(&raw.content_type, key, "text/plain", sink);
-    let headers = shaping::respond_headers(key, raw.headers.as_ref(), status, span, sink);
+    let headers = shaping::respond_headers(key, raw.headers.as_ref(), (status, request_id), span, sink);
     Some(RespondConfig {
         status: status?,
         body: Bytes::from(raw.body.unwrap_or_default()),

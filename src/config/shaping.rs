@@ -160,6 +160,18 @@ pub(super) fn reserved_on_requests(name: &HeaderName) -> bool {
     forbidden(name, Direction::Request).is_some()
 }
 
+/// Why a rule in `direction` may not set or remove `name`, where `request_id` is the
+/// header of request IDs (floodgate's own, to the upstream and to the client alike).
+fn refused(name: &HeaderName, (direction, request_id): Touching<'_>) -> Option<&'static str> {
+    if request_id == Some(name) {
+        return Some("it carries the request ID (server.request_id)");
+    }
+    forbidden(name, direction)
+}
+
+/// Which rules are read: their direction, and the header of request IDs if there is one.
+pub(super) type Touching<'a> = (Direction, Option<&'a HeaderName>);
+
 /// Why `name` may not be touched by a rule in `direction`, if it may not.
 fn forbidden(name: &HeaderName, direction: Direction) -> Option<&'static str> {
     let name = name.as_str();
@@ -176,7 +188,7 @@ fn forbidden(name: &HeaderName, direction: Direction) -> Option<&'static str> {
 pub(super) fn header_rules(
     key: &str,
     raw: Option<&Spanned<HeaderRulesFile>>,
-    direction: Direction,
+    touching: Touching<'_>,
     sink: &mut ErrorSink,
 ) -> Option<HeaderRules> {
     let Some(raw) = raw else {
@@ -187,7 +199,7 @@ pub(super) fn header_rules(
     let mut rules = HeaderRules::default();
     for (name, value) in raw.set.as_ref().map(Spanned::get_ref).into_iter().flatten() {
         let at = format!("{key}.set.{name}");
-        match header(name, value, &at, direction, sink, header_value) {
+        match header(name, value, &at, touching, sink, header_value) {
             Some(pair) => rules.set.push(pair),
             None => valid = false,
         }
@@ -196,7 +208,7 @@ pub(super) fn header_rules(
         let parsed = parse_spanned(name, format!("{key}.remove[{i}]"), sink, |text| {
             let name = HeaderName::from_bytes(text.as_bytes())
                 .map_err(|_| format!("expected a header name, got {text:?}"))?;
-            match forbidden(&name, direction) {
+            match refused(&name, touching) {
                 Some(why) => Err(format!("{name} cannot be removed: {why}")),
                 None => Ok(name),
             }
@@ -215,14 +227,14 @@ fn header<V>(
     name: &str,
     value: &Spanned<String>,
     at: &str,
-    direction: Direction,
+    touching: Touching<'_>,
     sink: &mut ErrorSink,
     parse_value: impl FnOnce(&str) -> Result<V, String>,
 ) -> Option<(HeaderName, V)> {
     parse_spanned(value, at, sink, |text| {
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| format!("expected a header name, got {name:?}"))?;
-        if let Some(why) = forbidden(&name, direction) {
+        if let Some(why) = refused(&name, touching) {
             return Err(format!("{name} cannot be set: {why}"));
         }
         Ok((name, parse_value(text)?))
@@ -233,11 +245,12 @@ fn header_value(text: &str) -> Result<HeaderValue, String> {
     HeaderValue::from_str(text).map_err(|_| format!("expected a header value, got {text:?}"))
 }
 
-/// `respond.headers`; a 3xx status needs `Location`.
+/// `respond.headers` of a response of `status`, which may not name `request_id`; a 3xx
+/// status needs `Location`.
 pub(super) fn respond_headers(
     key: &str,
     raw: Option<&Spanned<BTreeMap<String, Spanned<String>>>>,
-    status: Option<StatusCode>,
+    (status, request_id): (Option<StatusCode>, Option<&HeaderName>),
     span: std::ops::Range<usize>,
     sink: &mut ErrorSink,
 ) -> Option<Vec<(HeaderName, ValueTemplate)>> {
@@ -254,7 +267,14 @@ pub(super) fn respond_headers(
             continue;
         }
         let at = format!("{key}.headers.{name}");
-        match header(name, value, &at, Direction::Response, sink, value_template) {
+        match header(
+            name,
+            value,
+            &at,
+            (Direction::Response, request_id),
+            sink,
+            value_template,
+        ) {
             Some(pair) => headers.push(pair),
             None => valid = false,
         }
