@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
 
+use floodgate::config::Environment;
 use floodgate::reload::{self, Reloader};
 use floodgate::{Config, Gateway, healthcheck, logging};
 
@@ -58,18 +59,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// Loads `path` and applies `FLOODGATE_ADMIN_TOKEN` and `FLOODGATE_REDIS_URL`.
+/// Loads `path` with what `FLOODGATE_ADMIN_TOKEN` and `FLOODGATE_REDIS_URL` add.
 fn load(path: &Path) -> Result<Config, floodgate::ConfigErrors> {
-    let mut config = Config::load(path)?;
-    if let Ok(token) = std::env::var("FLOODGATE_ADMIN_TOKEN")
-        && !token.is_empty()
-    {
-        config = config.with_admin_token(&token)?;
-    }
-    match std::env::var("FLOODGATE_REDIS_URL") {
-        Ok(url) if !url.is_empty() => config.with_redis_url(&url),
-        _ => Ok(config),
-    }
+    Config::load_in(path, &Environment::of_process())
 }
 
 fn check(path: &Path) -> ExitCode {

@@ -256,16 +256,51 @@ pub struct RespondConfig {
     pub headers: Vec<(http::HeaderName, ValueTemplate)>,
 }
 
+/// What the process's environment adds to the file (docs/configuration.md#environment):
+/// `FLOODGATE_ADMIN_TOKEN` sets `server.admin_token`; `FLOODGATE_REDIS_URL` overrides
+/// `[redis].url`, or enables Redis with defaults when the file has no `[redis]`.
+#[derive(Debug, Default, Clone)]
+pub struct Environment {
+    pub admin_token: Option<String>,
+    pub redis_url: Option<String>,
+}
+
+impl Environment {
+    /// The variables as this process has them (an empty one counts as unset).
+    pub fn of_process() -> Environment {
+        let variable = |name| {
+            std::env::var(name)
+                .ok()
+                .filter(|value: &String| !value.is_empty())
+        };
+        Environment {
+            admin_token: variable("FLOODGATE_ADMIN_TOKEN"),
+            redis_url: variable("FLOODGATE_REDIS_URL"),
+        }
+    }
+}
+
 impl Config {
-    /// Reads and validates the file at `path`.
+    /// Reads and validates the file at `path`, on its own.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigErrors::single(path, "", format!("cannot read the file: {e}")))?;
-        Config::parse(path, &text)
+        Config::load_in(path, &Environment::default())
     }
 
-    /// Validates `text` as the contents of `path`.
+    /// Reads and validates the file at `path` with what `environment` adds.
+    pub fn load_in(path: &Path, environment: &Environment) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigErrors::single(path, "", format!("cannot read the file: {e}")))?;
+        Config::parse_in(path, &text, environment)
+    }
+
+    /// Validates `text` as the contents of `path`, on its own.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
+        Config::parse_in(path, text, &Environment::default())
+    }
+
+    /// Validates `text` as the contents of `path` with what `environment` adds: the
+    /// rules that read the whole configuration (ACME storage, say) see it.
+    pub fn parse_in(path: &Path, text: &str, environment: &Environment) -> Result<Config, ConfigErrors> {
         let raw = deserialize(path, text)?;
         let mut sink = ErrorSink::new(text);
         // Files the configuration names are relative to its directory.
@@ -277,10 +312,13 @@ impl Config {
             .and_then(|tls| tls.get_ref().acme.as_ref())
             .filter(|acme| acme.get_ref().storage.is_none())
             .map(Spanned::span);
-        let server = validate_server(raw.server, base, &mut sink);
-        let redis = limits::validate_redis(raw.redis, &mut sink);
+        let mut server = validate_server(raw.server, base, &mut sink);
+        let mut redis = limits::validate_redis(raw.redis, &mut sink);
+        apply_environment(environment, (&mut server, &mut redis), &mut sink);
+        // A FLOODGATE_REDIS_URL that is not a URL has its own error.
         if let Some(span) = acme_without_storage
             && redis.is_none()
+            && environment.redis_url.is_none()
         {
             sink.push(
                 Some(span),
@@ -325,25 +363,28 @@ impl Config {
     pub fn warnings(&self) -> Vec<String> {
         warnings::warnings(self)
     }
+}
 
-    /// Applies `FLOODGATE_ADMIN_TOKEN`: sets `server.admin_token`.
-    pub fn with_admin_token(mut self, token: &str) -> Result<Config, ConfigErrors> {
-        let token = admin_token(token)
-            .map_err(|message| ConfigErrors::single(&self.path, "FLOODGATE_ADMIN_TOKEN", message))?;
-        self.server.admin_token = Some(token);
-        Ok(self)
-    }
-
-    /// Applies `FLOODGATE_REDIS_URL`: overrides `[redis].url`, or enables Redis with
-    /// defaults when the file has no `[redis]`.
-    pub fn with_redis_url(mut self, url: &str) -> Result<Config, ConfigErrors> {
-        let url = limits::redis_url(url)
-            .map_err(|message| ConfigErrors::single(&self.path, "FLOODGATE_REDIS_URL", message))?;
-        match &mut self.redis {
-            Some(redis) => redis.target = crate::limit::redis::RedisTarget::Url(url),
-            None => self.redis = Some(RedisConfig::with_url(url)),
+/// Applies what `environment` adds to the file's `server` and `redis`.
+fn apply_environment(
+    environment: &Environment,
+    (server, redis): (&mut ServerConfig, &mut Option<RedisConfig>),
+    sink: &mut ErrorSink,
+) {
+    if let Some(token) = &environment.admin_token {
+        match admin_token(token) {
+            Ok(token) => server.admin_token = Some(token),
+            Err(message) => sink.push(None, "FLOODGATE_ADMIN_TOKEN", message),
         }
-        Ok(self)
+    }
+    if let Some(url) = &environment.redis_url {
+        match limits::redis_url(url) {
+            Ok(url) => match redis {
+                Some(redis) => redis.target = crate::limit::redis::RedisTarget::Url(url),
+                None => *redis = Some(RedisConfig::with_url(url)),
+            },
+            Err(message) => sink.push(None, "FLOODGATE_REDIS_URL", message),
+        }
     }
 }
 

@@ -491,16 +491,25 @@ fn redis_settings() {
 
 #[test]
 fn redis_url_from_the_environment() {
-    let config = parse("")
-        .unwrap()
-        .with_redis_url("redis://10.1.1.1:6380/2")
-        .unwrap();
+    let in_environment = |url: &str| Environment {
+        redis_url: Some(url.to_owned()),
+        ..Environment::default()
+    };
+    let config = Config::parse_in(
+        Path::new("gw.toml"),
+        "",
+        &in_environment("redis://10.1.1.1:6380/2"),
+    )
+    .unwrap();
     let redis = config.redis.unwrap();
     assert_eq!(
         (&redis.target, redis.prefix.as_str()),
         (&RedisTarget::Url("redis://10.1.1.1:6380/2".into()), "floodgate")
     );
-    assert!(parse("").unwrap().with_redis_url("nope").is_err());
+    let errors = Config::parse_in(Path::new("gw.toml"), "", &in_environment("nope"))
+        .unwrap_err()
+        .errors;
+    assert_eq!(errors[0].key, "FLOODGATE_REDIS_URL");
 }
 
 #[test]
@@ -1002,6 +1011,13 @@ fn acme_needs_storage_or_redis_and_tls_needs_a_certificate_or_acme() {
     // With [redis], the instances keep it there.
     let shared = parse(&format!("{acme}\n[redis]\nurl = \"redis://127.0.0.1:6379\"\n")).unwrap();
     assert!(shared.server.tls.unwrap().acme.unwrap().storage.is_none());
+    // And with Redis from FLOODGATE_REDIS_URL.
+    let environment = Environment {
+        redis_url: Some("redis://127.0.0.1:6379".to_owned()),
+        ..Environment::default()
+    };
+    let shared = Config::parse_in(Path::new("gw.toml"), acme, &environment).unwrap();
+    assert!(shared.redis.is_some());
     let (line, _, key, _) = error("[server.tls]\nlisten = \"127.0.0.1:8443\"\ncertificates = []\n");
     assert_eq!((line, key.as_str()), (3, "server.tls.certificates"));
 }
