@@ -6,7 +6,9 @@
 //! The file is polled, so editors that write a new file and rename it over the old one
 //! (and Kubernetes ConfigMap symlink swaps) are seen; bursts of writes are debounced, and a
 //! change is reloaded only when the content differs from what the last reload read,
-//! whatever triggered that one (a SIGHUP sent right after an edit reloads it once).
+//! whatever triggered that one (a SIGHUP sent right after an edit reloads it once). After
+//! a refused reload, saving the file again retries it even unchanged: what made it invalid
+//! may have been fixed outside it (a certificate file it names created since).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -28,9 +30,44 @@ pub struct Reloader {
     load: Loader,
     /// The configuration file, once [`watch_file`] watches it.
     watched: OnceLock<PathBuf>,
-    /// Serializes reloads, so two triggers never race their swaps; holds the watched
-    /// files' contents as the last reload read them.
-    last_read: Mutex<Vec<Option<Vec<u8>>>>,
+    /// Serializes reloads, so two triggers never race their swaps; holds what the last
+    /// reload read.
+    last_read: Mutex<LastRead>,
+}
+
+/// The watched files as the last reload read them, and whether it was refused.
+#[derive(Default)]
+struct LastRead {
+    /// Each file's contents (`None`: it could not be read).
+    contents: Vec<Option<Vec<u8>>>,
+    fingerprints: Vec<Option<Fingerprint>>,
+    refused: bool,
+}
+
+impl LastRead {
+    fn of(files: &[PathBuf]) -> LastRead {
+        LastRead {
+            contents: files.iter().map(|file| std::fs::read(file).ok()).collect(),
+            fingerprints: fingerprints(files),
+            refused: false,
+        }
+    }
+
+    /// Whether `now` asks for a reload after this one: other contents, or the files
+    /// written again since a refused reload.
+    fn outdated_by(&self, now: &LastRead) -> bool {
+        now.contents != self.contents || (self.refused && now.fingerprints != self.fingerprints)
+    }
+
+    /// Records how the reload that read `before` ended; when it applied a configuration
+    /// that names other files (`after`), what they hold now, so that the watcher does not
+    /// take the files it starts watching for a change.
+    fn settle(&mut self, applied: bool, before: &[PathBuf], after: &[PathBuf]) {
+        if applied && before != after {
+            *self = LastRead::of(after);
+        }
+        self.refused = !applied;
+    }
 }
 
 impl Reloader {
@@ -43,7 +80,7 @@ impl Reloader {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Option<Vec<u8>>>> {
+    fn lock(&self) -> MutexGuard<'_, LastRead> {
         self.last_read
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -64,20 +101,26 @@ impl Reloader {
     pub fn reload(&self, trigger: &str) -> bool {
         let mut last_read = self.lock();
         // Read before loading: an edit made after is then seen as a change.
-        *last_read = contents(&self.watched_files());
-        self.load_and_swap(trigger)
+        let files = self.watched_files();
+        *last_read = LastRead::of(&files);
+        let applied = self.load_and_swap(trigger);
+        last_read.settle(applied, &files, &self.watched_files());
+        applied
     }
 
     /// Reloads when the watched files hold other than what the last reload read (and
     /// the configuration file is there: not caught between an editor's write and rename).
     fn reload_if_changed(&self, trigger: &str) -> bool {
         let mut last_read = self.lock();
-        let now = contents(&self.watched_files());
-        if now.first().is_some_and(Option::is_none) || now == *last_read {
+        let files = self.watched_files();
+        let now = LastRead::of(&files);
+        if now.contents.first().is_some_and(Option::is_none) || !last_read.outdated_by(&now) {
             return false;
         }
         *last_read = now;
-        self.load_and_swap(trigger)
+        let applied = self.load_and_swap(trigger);
+        last_read.settle(applied, &files, &self.watched_files());
+        applied
     }
 
     /// The reload itself, run under the lock of [`Self::lock`].
@@ -143,7 +186,7 @@ pub fn watch_file(reloader: Arc<Reloader>, path: &Path) -> WatchHandle {
     // Taken now, not in the task: a change made right after this call must be seen.
     let _ = reloader.watched.set(path.to_path_buf());
     let mut seen = fingerprints(&reloader.watched_files());
-    *reloader.lock() = contents(&reloader.watched_files());
+    *reloader.lock() = LastRead::of(&reloader.watched_files());
     let task = tokio::spawn(async move {
         loop {
             tokio::time::sleep(POLL_EVERY).await;
@@ -175,13 +218,8 @@ pub fn watch_file(reloader: Arc<Reloader>, path: &Path) -> WatchHandle {
     WatchHandle(task)
 }
 
-fn fingerprints(files: &[PathBuf]) -> Vec<Option<(std::time::SystemTime, u64, u64)>> {
+fn fingerprints(files: &[PathBuf]) -> Vec<Option<Fingerprint>> {
     files.iter().map(|file| fingerprint(file)).collect()
-}
-
-/// The files' contents (`None` for one that cannot be read).
-fn contents(files: &[PathBuf]) -> Vec<Option<Vec<u8>>> {
-    files.iter().map(|file| std::fs::read(file).ok()).collect()
 }
 
 /// How often the configuration file's metadata is looked at.
@@ -197,7 +235,9 @@ impl Drop for WatchHandle {
 }
 
 /// What changes when a file is written or replaced: modification time, size, inode.
-fn fingerprint(path: &Path) -> Option<(std::time::SystemTime, u64, u64)> {
+type Fingerprint = (std::time::SystemTime, u64, u64);
+
+fn fingerprint(path: &Path) -> Option<Fingerprint> {
     use std::os::unix::fs::MetadataExt;
     let metadata = std::fs::metadata(path).ok()?;
     Some((metadata.modified().ok()?, metadata.len(), metadata.ino()))

@@ -26,11 +26,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// A gateway with `[server.tls]` (`tls_keys` added to it) in front of `upstream`, its
 /// configuration in `dir/gateway.toml` with the certificate files named relative to it.
 async fn gateway(dir: &Path, upstream: &Upstream, certificates: &[&str], tls_keys: &str) -> TestGateway {
+    let path = write_config(dir, tls_config(upstream, certificates, tls_keys));
+    TestGateway::start_config(Config::load(&path).unwrap()).await
+}
+
+/// The configuration [`gateway`] runs: `NAME.crt` and `NAME.key` for each of `certificates`.
+fn tls_config(upstream: &Upstream, certificates: &[&str], tls_keys: &str) -> GatewayToml {
     let pairs: Vec<String> = certificates
         .iter()
         .map(|name| format!("{{ cert = \"{name}.crt\", key = \"{name}.key\" }}"))
         .collect();
-    let text = GatewayToml::new()
+    GatewayToml::new()
         .server("header_timeout = \"500ms\"")
         .table(
             "server.tls",
@@ -39,9 +45,71 @@ async fn gateway(dir: &Path, upstream: &Upstream, certificates: &[&str], tls_key
                 pairs.join(", ")
             ),
         )
-        .proxy_to(&upstream.url(), "");
-    let path = write_config(dir, text);
-    TestGateway::start_config(Config::load(&path).unwrap()).await
+        .proxy_to(&upstream.url(), "")
+}
+
+const RELOADED: &str = r#"floodgate_config_reloads_total{result="ok"}"#;
+
+/// A gateway serving `a.test` from `dir`, its configuration reloaded by a watcher (held by
+/// the returned handle) and by the returned reloader, as SIGHUP does.
+async fn watched_gateway(
+    dir: &Path,
+    ca: &TestCa,
+    upstream: &Upstream,
+) -> (TestGateway, Arc<Reloader>, floodgate::reload::WatchHandle) {
+    ca.issue(&["a.test"]).write(dir, "a");
+    let gw = gateway(dir, upstream, &["a"], "").await;
+    let path = dir.join("gateway.toml");
+    let load_path = path.clone();
+    let reloader = Arc::new(Reloader::new(
+        gw.shared.clone(),
+        Box::new(move || Config::load(&load_path)),
+    ));
+    let watcher = watch_file(reloader.clone(), &path);
+    (gw, reloader, watcher)
+}
+
+/// A certificate named before its files exist: the reload is refused; once they are
+/// there, saving the configuration again (unchanged) loads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_named_before_its_files_exist_loads_when_the_configuration_is_saved_again() {
+    const REFUSED: &str = r#"floodgate_config_reloads_total{result="error"}"#;
+    let (ca, dir, upstream) = (
+        TestCa::new("test ca"),
+        tempfile::tempdir().unwrap(),
+        Upstream::start().await,
+    );
+    let (gw, _reloader, _watcher) = watched_gateway(dir.path(), &ca, &upstream).await;
+    write_config(dir.path(), tls_config(&upstream, &["a", "b"], ""));
+    gw.metric_becomes(REFUSED, 1.0, Duration::from_secs(3)).await;
+    let b = ca.issue(&["b.test"]);
+    b.write(dir.path(), "b");
+    write_config(dir.path(), tls_config(&upstream, &["a", "b"], ""));
+    gw.metric_becomes(RELOADED, 1.0, Duration::from_secs(3)).await;
+    let seen = presented(&connect(&ca.client(&[b"http/1.1"]), gw.tls.unwrap(), "b.test").await);
+    assert_eq!(seen, b.der);
+}
+
+/// A reload (SIGHUP) that names new certificate files is not followed by a second one
+/// when the watcher starts watching them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_naming_new_certificate_files_is_not_repeated_by_the_watcher() {
+    let (ca, dir, upstream) = (
+        TestCa::new("test ca"),
+        tempfile::tempdir().unwrap(),
+        Upstream::start().await,
+    );
+    let (gw, reloader, _watcher) = watched_gateway(dir.path(), &ca, &upstream).await;
+    ca.issue(&["b.test"]).write(dir.path(), "b");
+    write_config(dir.path(), tls_config(&upstream, &["a", "b"], ""));
+    assert!(
+        tokio::task::spawn_blocking(move || reloader.reload("SIGHUP"))
+            .await
+            .unwrap()
+    );
+    // The watcher polls every 500 ms and waits 200 ms for writes to settle.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(gw.metric(RELOADED).await, 1.0, "reloaded twice");
 }
 
 /// One HTTP request over a TLS connection offering `alpn`: the version used, the status
