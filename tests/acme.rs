@@ -335,10 +335,11 @@ async fn tls_alpn01_proves_the_names_whose_http01_fails_in_the_same_attempt() {
     let tls = free_port();
     // pebble's http-01 goes to a port nobody listens on.
     let pebble = Pebble::start(closed_port(), tls, None);
+    let names = ["alpn.test", "b.alpn.test", "c.alpn.test"];
     let gateway = TestGateway::start(
         Site {
             tls,
-            ..Site::on(&pebble, &["alpn.test"])
+            ..Site::on(&pebble, &names)
         }
         .toml(),
     )
@@ -347,7 +348,7 @@ async fn tls_alpn01_proves_the_names_whose_http01_fails_in_the_same_attempt() {
     let certificate = client
         .certificate(gateway.tls.unwrap(), "alpn.test", Duration::from_secs(30))
         .await;
-    assert_eq!(facts(&certificate).0, ["alpn.test"]);
+    assert_eq!(facts(&certificate).0, names);
     assert_eq!(orders(&gateway, "ok").await, 1.0, "one attempt, two orders");
     assert_eq!(orders(&gateway, "error").await, 0.0);
     // A tls-alpn-01 handshake for a name with no pending challenge is refused.

@@ -1,7 +1,7 @@
 //! One attempt to obtain the certificate (RFC 8555 §7.4): an order for every name, each
-//! name proven over http-01 on the plain listener and, for the names whose http-01
-//! validation failed, over tls-alpn-01 on the TLS listener in a second order of the same
-//! attempt; then a new key, its signing request, and the issued chain.
+//! name proven over http-01 on the plain listener and, for the names http-01 did not
+//! prove, over tls-alpn-01 on the TLS listener in a second order of the same attempt;
+//! then a new key, its signing request, and the issued chain.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -66,7 +66,8 @@ pub(super) async fn obtain(
         match validated {
             Ok(OrderStatus::Ready) => return Ok(finalize(&mut order, domains).await?),
             outcome => {
-                let (failed, problems) = failures(&mut order, &over_tls).await;
+                let (ended, problems) = failures(&mut order).await;
+                let failed = unproven_over_http(&ended, &over_tls);
                 let mut detail = match outcome {
                     Ok(status) => format!("the order is {status:?}"),
                     Err(error) => error,
@@ -136,28 +137,43 @@ async fn validate(
         .map_err(|e| format!("validation: {e}"))
 }
 
-/// What the CA said of `order`'s failed authorizations: the names whose http-01
-/// validation failed (those in `over_tls` were tried over TLS), and each failure's
-/// problem.
-async fn failures(order: &mut Order, over_tls: &HashSet<String>) -> (HashSet<String>, Vec<String>) {
-    let mut failed_over_http = HashSet::new();
+/// What the CA says of each of `order`'s authorizations once it failed: each name's
+/// status (`None`: it could not be read), and the problem of each failed challenge.
+async fn failures(order: &mut Order) -> (Vec<(String, Option<AuthorizationStatus>)>, Vec<String>) {
+    let mut ended = Vec::new();
     let mut problems = Vec::new();
     let mut authorizations = order.authorizations();
     while let Some(Ok(mut authorization)) = authorizations.next().await {
-        if authorization.refresh().await.is_err() || authorization.status != AuthorizationStatus::Invalid {
+        let name = authorization.identifier().to_string();
+        if authorization.refresh().await.is_err() {
+            ended.push((name, None));
             continue;
         }
-        let name = authorization.identifier().to_string();
-        for challenge in &authorization.challenges {
-            if let Some(problem) = &challenge.error {
-                problems.push(format!("{name} over {:?}: {problem}", challenge.r#type));
+        if authorization.status == AuthorizationStatus::Invalid {
+            for challenge in &authorization.challenges {
+                if let Some(problem) = &challenge.error {
+                    problems.push(format!("{name} over {:?}: {problem}", challenge.r#type));
+                }
             }
         }
-        if !over_tls.contains(&name) {
-            failed_over_http.insert(name);
-        }
+        ended.push((name, Some(authorization.status)));
     }
-    (failed_over_http, problems)
+    (ended, problems)
+}
+
+/// The names to prove over tls-alpn-01 in the next order: every one that `ended` does not
+/// say is valid, unless it was tried over TLS already (`over_tls`). Not only the invalid
+/// ones: a CA marks the order invalid at the first failure, while the other names may
+/// still be validating over http-01 (and fail there too, with port 80 closed).
+fn unproven_over_http(
+    ended: &[(String, Option<AuthorizationStatus>)],
+    over_tls: &HashSet<String>,
+) -> HashSet<String> {
+    ended
+        .iter()
+        .filter(|(name, status)| *status != Some(AuthorizationStatus::Valid) && !over_tls.contains(name))
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// A new key, the request to sign it for `domains`, and the issued chain.
@@ -180,4 +196,25 @@ async fn finalize(order: &mut Order, domains: &[String]) -> Result<StoredCertifi
         chain,
         key: key.serialize_pem(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_not_yet_valid_goes_over_tls_not_only_the_invalid_ones() {
+        let ended = [
+            ("a.test", Some(AuthorizationStatus::Invalid)),
+            ("b.test", Some(AuthorizationStatus::Pending)),
+            ("c.test", Some(AuthorizationStatus::Valid)),
+            ("d.test", None),
+            ("e.test", Some(AuthorizationStatus::Invalid)),
+        ]
+        .map(|(name, status)| (name.to_owned(), status));
+        let tried_over_tls = HashSet::from(["e.test".to_owned()]);
+        let mut next: Vec<String> = unproven_over_http(&ended, &tried_over_tls).into_iter().collect();
+        next.sort();
+        assert_eq!(next, ["a.test", "b.test", "d.test"]);
+    }
 }
