@@ -543,6 +543,7 @@ async fn serve_http<S>(
     };
     let io = TokioIo::new(guard);
     let requests = connection_state.clone();
+    let (instance, client) = (shared.clone(), tcp_peer.clone());
     let service = service_fn(move |request| {
         handle(
             shared.clone(),
@@ -581,9 +582,25 @@ async fn serve_http<S>(
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
+        if let Some(status) = answered_by_hyper(&e) {
+            instance.record_unparsed_head(&client, status);
+        }
     }
     if let Some(relay) = connection_state.take_tunnel() {
         relay.await;
+    }
+}
+
+/// The status hyper's HTTP/1 server answered a request head it could not parse with (its
+/// `Server::on_error`: `431` for a head too large, `400` for the rest; a head too large is
+/// refused before hyper by floodgate's own limits, which answer it themselves).
+fn answered_by_hyper(error: &hyper::Error) -> Option<u16> {
+    if error.is_parse_too_large() {
+        Some(431)
+    } else if error.is_parse() && !error.is_parse_version_h2() && !error.is_parse_status() {
+        Some(400)
+    } else {
+        None
     }
 }
 

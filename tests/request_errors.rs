@@ -257,6 +257,9 @@ async fn ambiguous_framing_is_a_400_and_never_forwarded() {
         assert!(answer.starts_with("HTTP/1.1 400 "), "{raw:?} -> {answer}");
     }
     assert_eq!(upstream.requests(), 0);
+    // hyper answers them, and floodgate counts and logs them as its own answers.
+    const REFUSED: &str = r#"floodgate_requests_total{route="",status="400"}"#;
+    gw.metric_becomes(REFUSED, 4.0, Duration::from_secs(2)).await;
 
     // Hidden behind a clean request on the same connection, it is found all the same.
     let answer = exchange(
@@ -271,6 +274,7 @@ async fn ambiguous_framing_is_a_400_and_never_forwarded() {
     assert!(answer.contains("body-bytes: 3\nHTTP/1.1 400 "), "{answer}");
     assert!(!answer.contains("/smuggle"), "{answer}");
     assert_eq!(upstream.requests(), 1);
+    gw.metric_becomes(REFUSED, 5.0, Duration::from_secs(2)).await;
 }
 
 #[tokio::test]
@@ -290,6 +294,12 @@ async fn oversized_header_block_is_a_431() {
         "{answer}"
     );
     assert_eq!(upstream.requests(), 0);
+    gw.metric_becomes(
+        r#"floodgate_requests_total{route="",status="431"}"#,
+        1.0,
+        Duration::from_secs(2),
+    )
+    .await;
 
     // A large head under the limit is forwarded.
     let big = "b".repeat(30 * 1024);

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
-use http::{Request, Response, Uri};
+use http::{Method, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
@@ -90,6 +90,26 @@ impl Instance {
             no_route: Arc::from(""),
             https_port,
         }
+    }
+
+    /// Counts and logs a request head from `peer` that hyper could not parse and answered
+    /// itself with `status` (its automatic `400`, which floodgate's framing guard also
+    /// provokes for ambiguous framing): no route, no ID, `-` for its method and path.
+    pub(crate) fn record_unparsed_head(&self, peer: &Peer, status: u16) {
+        let method = Method::from_bytes(b"-").expect("- is a token");
+        let trace = RequestTrace::begin(&method, &http::HeaderMap::new(), None, false);
+        let scheme = if peer.tls { "https" } else { "http" };
+        let mut record = AccessRecord::new(
+            self.metrics.clone(),
+            Instant::now(),
+            (method, scheme),
+            peer.ip,
+            trace,
+            self.no_route.clone(),
+        );
+        record.path = "-".to_owned();
+        record.status = status;
+        record.finish(0);
     }
 }
 
