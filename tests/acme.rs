@@ -661,3 +661,45 @@ fn set_id(directory: &str, domains: &[&str]) -> String {
     let digest = sha2::Sha256::digest(format!("{directory}\n{}", sorted.join("\n")).as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// A contact edited in the configuration reaches the CA's account (its expiry mail goes
+/// there) at the reload, without an order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_contact_is_given_to_the_cas_account() {
+    let (http, tls) = (free_port(), free_port());
+    let pebble = Pebble::start(http, closed_port(), None);
+    let path = pebble.dir().join("gateway.toml");
+    let site = Site {
+        listen: http,
+        tls,
+        ..Site::on(&pebble, &["contact.test"])
+    }
+    .toml();
+    std::fs::write(&path, &site).unwrap();
+    let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
+    Trusting::new(&pebble)
+        .await
+        .certificate(gateway.tls.unwrap(), "contact.test", Duration::from_secs(30))
+        .await;
+    // What the account last gave the CA, recorded once the CA took it.
+    let given = || -> Option<String> {
+        let entries = std::fs::read_dir(pebble.dir().join("acme-storage")).ok()?;
+        entries
+            .filter_map(Result::ok)
+            .find(|entry| entry.file_name().to_string_lossy().ends_with(".contact"))
+            .and_then(|entry| std::fs::read_to_string(entry.path()).ok())
+    };
+    assert_eq!(given().as_deref(), Some(CONTACT));
+    std::fs::write(&path, site.replace(CONTACT, "mailto:new-ops@example.com")).unwrap();
+    reload(&gateway, &path).await;
+    let started = Instant::now();
+    while given().as_deref() != Some("mailto:new-ops@example.com") {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the CA was not told: {:?}",
+            given()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(orders(&gateway, "ok").await, 1.0);
+}

@@ -229,6 +229,7 @@ impl Drop for Acme {
 }
 
 async fn manage(shared: Arc<Shared>) {
+    shared.update_stored_account().await;
     loop {
         let wait = shared.step().await;
         tokio::time::sleep(wait).await;
@@ -489,8 +490,56 @@ impl Shared {
     /// The stored account, or a new one (stored).
     async fn account(&self) -> Result<Account, String> {
         match self.storage.account().await? {
-            Some(credentials) => self.account_from(&credentials).await,
+            Some(credentials) => {
+                let account = self.account_from(&credentials).await?;
+                self.update_contact(&account).await;
+                Ok(account)
+            }
             None => self.new_account().await,
+        }
+    }
+
+    /// At start: a stored account is given the configured contacts if they changed (a
+    /// reload that edits only `contact` orders nothing); with the CA out of reach, the
+    /// next order does it.
+    async fn update_stored_account(&self) {
+        if let Ok(Some(given)) = self.storage.account_contact().await
+            && given == self.config.contact.join("\n")
+        {
+            return;
+        }
+        let Ok(Some(credentials)) = self.storage.account().await else {
+            return;
+        };
+        match self.account_from(&credentials).await {
+            Ok(account) => self.update_contact(&account).await,
+            Err(error) => {
+                tracing::debug!(%error, "ACME: the account's contact will be updated at the next order")
+            }
+        }
+    }
+
+    /// Gives the CA the configured contacts when they are not those the account last gave
+    /// it (the expiry and incident mail goes there); a failure is logged and the account
+    /// used as it is.
+    async fn update_contact(&self, account: &Account) {
+        let wanted = self.config.contact.join("\n");
+        match self.storage.account_contact().await {
+            Ok(Some(given)) if given == wanted => return,
+            Ok(_) => {}
+            Err(error) => return self.warn_storage(&error),
+        }
+        let contact: Vec<&str> = self.config.contact.iter().map(String::as_str).collect();
+        match account.update_contacts(&contact).await {
+            Ok(()) => {
+                tracing::info!(contact = ?self.config.contact, "ACME: the account's contact updated");
+                if let Err(error) = self.storage.save_account_contact(&wanted).await {
+                    self.warn_storage(&error);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "ACME: the CA refused the account's new contact; it keeps the old one")
+            }
         }
     }
 
@@ -516,6 +565,13 @@ impl Shared {
             .map_err(|e| format!("new account: {e}"))?;
         let credentials = serde_json::to_string(&credentials).map_err(|e| e.to_string())?;
         self.storage.save_account(&credentials).await?;
+        if let Err(error) = self
+            .storage
+            .save_account_contact(&self.config.contact.join("\n"))
+            .await
+        {
+            self.warn_storage(&error);
+        }
         Ok(account)
     }
 

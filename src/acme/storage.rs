@@ -119,6 +119,31 @@ impl InRedis {
     }
 }
 
+/// What is kept of an account, beside the CA's directory.
+#[derive(Clone, Copy)]
+enum AccountPart {
+    Credentials,
+    Contact,
+}
+
+impl AccountPart {
+    /// Its key's kind in Redis.
+    fn kind(self) -> &'static str {
+        match self {
+            AccountPart::Credentials => "account",
+            AccountPart::Contact => "account-contact",
+        }
+    }
+
+    /// Its file on disk, for the account `id`.
+    fn file(self, id: &str) -> String {
+        match self {
+            AccountPart::Credentials => format!("account-{id}.json"),
+            AccountPart::Contact => format!("account-{id}.contact"),
+        }
+    }
+}
+
 const TAKE_LOCK_LUA: &str = include_str!("scripts/take_lock.lua");
 const LET_GO_LUA: &str = include_str!("scripts/let_go.lua");
 
@@ -180,30 +205,41 @@ impl Storage {
 
     /// The account's credentials (JSON), when one was made.
     pub(crate) async fn account(&self) -> Result<Option<String>, String> {
+        self.account_part(AccountPart::Credentials).await
+    }
+
+    pub(crate) async fn save_account(&self, credentials: &str) -> Result<(), String> {
+        self.save_account_part(AccountPart::Credentials, credentials)
+            .await
+    }
+
+    /// The contacts the account last gave the CA, one a line, when recorded.
+    pub(crate) async fn account_contact(&self) -> Result<Option<String>, String> {
+        self.account_part(AccountPart::Contact).await
+    }
+
+    pub(crate) async fn save_account_contact(&self, contact: &str) -> Result<(), String> {
+        self.save_account_part(AccountPart::Contact, contact).await
+    }
+
+    async fn account_part(&self, part: AccountPart) -> Result<Option<String>, String> {
         match &self.place {
-            Place::Disk { root, .. } => read(root.join(format!("account-{}.json", self.account))).await,
+            Place::Disk { root, .. } => read(root.join(part.file(&self.account))).await,
             Place::Redis(db) => {
-                db.query(redis::cmd("GET").arg(db.key("account", &self.account)))
+                db.query(redis::cmd("GET").arg(db.key(part.kind(), &self.account)))
                     .await
             }
         }
     }
 
-    pub(crate) async fn save_account(&self, credentials: &str) -> Result<(), String> {
+    async fn save_account_part(&self, part: AccountPart, text: &str) -> Result<(), String> {
         match &self.place {
-            Place::Disk { root, .. } => {
-                write(
-                    root.clone(),
-                    format!("account-{}.json", self.account),
-                    credentials.to_owned(),
-                )
-                .await
-            }
+            Place::Disk { root, .. } => write(root.clone(), part.file(&self.account), text.to_owned()).await,
             Place::Redis(db) => {
                 db.query(
                     redis::cmd("SET")
-                        .arg(db.key("account", &self.account))
-                        .arg(credentials),
+                        .arg(db.key(part.kind(), &self.account))
+                        .arg(text),
                 )
                 .await
             }
