@@ -531,12 +531,12 @@ async fn instances_sharing_redis_order_once_and_answer_each_others_challenges() 
     assert_eq!(response.status(), 200);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(orders(&c, "ok").await + orders(&c, "error").await, 0.0);
-    // The account, the certificate and its key live in Redis without a TTL; nothing else
-    // of ACME's stays.
+    // The account (and the contacts it gave the CA), the certificate and its key live in
+    // Redis without a TTL; nothing else of ACME's stays.
     let keys = redis.cli(&["KEYS", "floodgate:acme:*"]);
     let mut kinds: Vec<&str> = keys.lines().map(|k| k.split(':').nth(2).unwrap()).collect();
     kinds.sort();
-    assert_eq!(kinds, ["account", "certificate"], "{keys}");
+    assert_eq!(kinds, ["account", "account-contact", "certificate"], "{keys}");
     for key in keys.lines() {
         assert_eq!(redis.cli(&["TTL", key]).trim(), "-1", "{key}");
     }
