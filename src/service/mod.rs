@@ -97,7 +97,7 @@ impl Instance {
     /// provokes for ambiguous framing): no route, no ID, `-` for its method and path.
     pub(crate) fn record_unparsed_head(&self, peer: &Peer, status: u16) {
         let method = Method::from_bytes(b"-").expect("- is a token");
-        let trace = RequestTrace::begin(&method, &http::HeaderMap::new(), None, false);
+        let trace = RequestTrace::unrecorded();
         let scheme = if peer.tls { "https" } else { "http" };
         let mut record = AccessRecord::new(
             self.metrics.clone(),

@@ -197,6 +197,18 @@ impl RequestTrace {
         }
     }
 
+    /// A new trace nothing records: of a request answered before its head could be read.
+    pub(crate) fn unrecorded() -> RequestTrace {
+        RequestTrace {
+            trace_id: TraceId::random(),
+            span_id: SpanId::random(),
+            parent: None,
+            flags: 0,
+            drops_tracestate: false,
+            recording: None,
+        }
+    }
+
     /// Whether the trace came from the client.
     pub(crate) fn continued(&self) -> bool {
         self.parent.is_some()
