@@ -1137,3 +1137,22 @@ fn a_refused_location_adds_no_error_that_location_is_missing() {
     assert_eq!(key, "routes[0].respond.headers.Location");
     assert!(message.contains("$request_uri the host"), "{message}");
 }
+
+#[test]
+fn a_lockout_shorter_than_its_window_is_warned_about() {
+    let limit = |algorithm: &str, lockout: &str| {
+        format!(
+            "[limits.login]\nalgorithm = \"{algorithm}\"\nlimit = 5\nwindow = \"15m\"\nlockout = \"{lockout}\"\n"
+        )
+    };
+    let warned = |text: &str| parse(text).unwrap().warnings();
+    let short = warned(&limit("fixed_window", "1m"));
+    assert_eq!(short.len(), 1, "{short:?}");
+    assert!(
+        short[0].starts_with("limits.login.lockout: 1m is shorter than its window (15m)"),
+        "{short:?}"
+    );
+    assert_eq!(warned(&limit("sliding_window", "5m")).len(), 1);
+    assert!(warned(&limit("fixed_window", "15m")).is_empty());
+    assert!(warned(&limit("sliding_window", "1h")).is_empty());
+}

@@ -2,12 +2,14 @@
 //! load: certificates past their notAfter, login protection that PHP can reach around (a
 //! route restricted to some methods, or an exact path a front controller also answers
 //! under other spellings), a PHP-FPM pool floodgate does not cap, a PHP-FPM site without a
-//! bound on request bodies (which it spools to disk), and a PHP-FPM check of a script
-//! PHP-FPM cannot find.
+//! bound on request bodies (which it spools to disk), a PHP-FPM check of a script
+//! PHP-FPM cannot find, and a lock-out shorter than its limit's window.
 
 use std::path::Path;
+use std::time::Duration;
 
 use super::{Config, PathMatch, RouteConfig, RouteTarget};
+use crate::limit::Algorithm;
 
 /// Words in a route's name or path that make it look like a login.
 const LOGIN_WORDS: [&str; 6] = ["login", "signin", "sign-in", "logon", "auth", "password"];
@@ -37,12 +39,41 @@ pub(super) fn warnings(config: &Config) -> Vec<String> {
         );
     }
     warnings.extend(php_checks_outside_php_root(config));
+    warnings.extend(lockouts_shorter_than_their_window(config));
     for (i, route) in config.routes.iter().enumerate() {
         if guards_a_login(route) {
             warnings.extend(login_reached_around(&config.routes, i));
         }
     }
     warnings
+}
+
+/// A window limit whose `lockout` ends before its window: a client that waits the lock-out
+/// out, as its `Retry-After` says, is refused by the window again, and that refusal starts
+/// another lock-out.
+fn lockouts_shorter_than_their_window(config: &Config) -> Vec<String> {
+    config
+        .limits
+        .values()
+        .filter_map(|limit| {
+            let rate = limit.rate()?;
+            let (Algorithm::FixedWindow { window, .. } | Algorithm::SlidingWindow { window, .. }) =
+                rate.algorithm
+            else {
+                return None;
+            };
+            let window = Duration::from_micros(window);
+            let lockout = rate.lockout.filter(|lockout| *lockout < window)?;
+            Some(format!(
+                "limits.{}.lockout: {} is shorter than its window ({}): a client that waits it out, as \
+                 Retry-After tells it to, is refused by the window again and locked out again; \
+                 make lockout at least the window",
+                limit.name,
+                humantime::format_duration(lockout),
+                humantime::format_duration(window),
+            ))
+        })
+        .collect()
 }
 
 /// An active check of a FastCGI upstream asking for a script that the `php_root` of no
