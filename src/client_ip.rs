@@ -64,6 +64,11 @@ impl Peer {
         }
     }
 
+    /// The listener's scheme, as the access log and traces name it.
+    pub(crate) fn scheme(&self) -> &'static str {
+        if self.tls { "https" } else { "http" }
+    }
+
     /// `ip` (a client's address) as text: the peer's, already written out, when it is
     /// the peer's.
     pub(crate) fn text_of(&self, ip: IpAddr) -> Cow<'_, str> {

@@ -492,7 +492,9 @@ impl Shared {
         match self.storage.account().await? {
             Some(credentials) => {
                 let account = self.account_from(&credentials).await?;
-                self.update_contact(&account).await;
+                if self.contact_outdated().await {
+                    self.update_contact(&account).await;
+                }
                 Ok(account)
             }
             None => self.new_account().await,
@@ -503,9 +505,7 @@ impl Shared {
     /// reload that edits only `contact` orders nothing); with the CA out of reach, the
     /// next order does it.
     async fn update_stored_account(&self) {
-        if let Ok(Some(given)) = self.storage.account_contact().await
-            && given == self.config.contact.join("\n")
-        {
+        if !self.contact_outdated().await {
             return;
         }
         let Ok(Some(credentials)) = self.storage.account().await else {
@@ -519,21 +519,31 @@ impl Shared {
         }
     }
 
-    /// Gives the CA the configured contacts when they are not those the account last gave
-    /// it (the expiry and incident mail goes there); a failure is logged and the account
-    /// used as it is.
-    async fn update_contact(&self, account: &Account) {
-        let wanted = self.config.contact.join("\n");
+    /// The configured contacts as storage records them, one a line.
+    fn contact_record(&self) -> String {
+        self.config.contact.join("\n")
+    }
+
+    /// Whether the configured contacts are not those the account last gave the CA (not
+    /// when storage cannot tell: that is logged).
+    async fn contact_outdated(&self) -> bool {
         match self.storage.account_contact().await {
-            Ok(Some(given)) if given == wanted => return,
-            Ok(_) => {}
-            Err(error) => return self.warn_storage(&error),
+            Ok(given) => given.as_deref() != Some(self.contact_record().as_str()),
+            Err(error) => {
+                self.warn_storage(&error);
+                false
+            }
         }
+    }
+
+    /// Gives the CA the configured contacts (the expiry and incident mail goes there),
+    /// and records them; a failure is logged and the account used as it is.
+    async fn update_contact(&self, account: &Account) {
         let contact: Vec<&str> = self.config.contact.iter().map(String::as_str).collect();
         match account.update_contacts(&contact).await {
             Ok(()) => {
                 tracing::info!(contact = ?self.config.contact, "ACME: the account's contact updated");
-                if let Err(error) = self.storage.save_account_contact(&wanted).await {
+                if let Err(error) = self.storage.save_account_contact(&self.contact_record()).await {
                     self.warn_storage(&error);
                 }
             }
@@ -565,11 +575,7 @@ impl Shared {
             .map_err(|e| format!("new account: {e}"))?;
         let credentials = serde_json::to_string(&credentials).map_err(|e| e.to_string())?;
         self.storage.save_account(&credentials).await?;
-        if let Err(error) = self
-            .storage
-            .save_account_contact(&self.config.contact.join("\n"))
-            .await
-        {
+        if let Err(error) = self.storage.save_account_contact(&self.contact_record()).await {
             self.warn_storage(&error);
         }
         Ok(account)

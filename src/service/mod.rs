@@ -98,11 +98,10 @@ impl Instance {
     pub(crate) fn record_unparsed_head(&self, peer: &Peer, status: u16) {
         let method = Method::from_bytes(b"-").expect("- is a token");
         let trace = RequestTrace::unrecorded();
-        let scheme = if peer.tls { "https" } else { "http" };
         let mut record = AccessRecord::new(
             self.metrics.clone(),
             Instant::now(),
-            (method, scheme),
+            (method, peer.scheme()),
             peer.ip,
             trace,
             self.no_route.clone(),
@@ -143,7 +142,7 @@ pub(crate) async fn handle(
     let mut record = Box::new(AccessRecord::new(
         shared.metrics.clone(),
         start,
-        (request.method().clone(), if peer.tls { "https" } else { "http" }),
+        (request.method().clone(), peer.scheme()),
         client_ip,
         trace,
         shared.no_route.clone(),
