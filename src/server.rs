@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -27,7 +28,7 @@ use crate::admin;
 use crate::client_ip::Peer;
 use crate::config::Config;
 use crate::connection::disconnect::{ClientSocket, Watched};
-use crate::connection::framing::{FramingGuard, HeadLimits, Protocol};
+use crate::connection::framing::{AnswerRefusal, FramingGuard, HeadLimits, HeadRefusal, Protocol};
 use crate::connection::send_timeout::SendTimeout;
 use crate::connection::{ConnectionState, serve_until_idle};
 use crate::logging::LogThrottle;
@@ -507,6 +508,18 @@ async fn serve_tls(
     }
 }
 
+/// floodgate's answer to a head the framing guard refused on a connection from `peer`.
+struct RefusalAnswer {
+    shared: Arc<Instance>,
+    peer: Arc<Peer>,
+}
+
+impl AnswerRefusal for RefusalAnswer {
+    fn answer(&self, refusal: HeadRefusal) -> Bytes {
+        self.shared.answer_unparsed_head(&self.peer, refusal)
+    }
+}
+
 /// Serves HTTP/1.1 or HTTP/2 on `stream` until the connection ends.
 async fn serve_http<S>(
     stream: S,
@@ -526,6 +539,10 @@ async fn serve_http<S>(
         SendTimeout::new(stream, timeouts.send),
         HTTP1_LIMITS,
         connection_state.clone(),
+        RefusalAnswer {
+            shared: shared.clone(),
+            peer: tcp_peer.clone(),
+        },
     );
     // Its first bytes tell the protocol; a client that sends none within the idle limit,
     // or until shutdown, is let go.

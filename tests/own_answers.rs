@@ -129,6 +129,28 @@ async fn every_status_floodgate_answers_itself_has_its_page_and_the_servers_rule
         "a".repeat(40_000)
     );
     assert_answer(&raw_request(gw.addr, huge.as_bytes()).await, 431, "page 431\n");
+    // So do heads floodgate refuses before they are parsed: a request line hyper cannot
+    // read, ambiguous framing, a head that goes on past hyper's buffer. Each closes the
+    // connection and carries a request ID, as every answer does.
+    for (raw, status) in [
+        ("GET /app/a b HTTP/1.1\r\nHost: app\r\n\r\n".to_owned(), 400),
+        (
+            "POST /app/x HTTP/1.1\r\nHost: app\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+                .to_owned(),
+            400,
+        ),
+        (
+            format!("GET /app/x HTTP/1.1\r\nHost: app\r\nX-Big: {}", "a".repeat(70_000)),
+            431,
+        ),
+    ] {
+        let answer = raw_request(gw.addr, raw.as_bytes()).await;
+        assert_answer(&answer, status, &format!("page {status}\n"));
+        let (_, head, _) = split(&answer);
+        for expected in ["\r\nconnection: close\r\n", "\r\nx-request-id: ", "\r\ncontent-type: text/html\r\n", "\r\ndate: "] {
+            assert!(head.contains(expected), "{expected:?}: {answer}");
+        }
+    }
 
     // A limit's refusal keeps the limit's message, whatever its status.
     assert_eq!(get(&gw.url("/limited")).await.0, StatusCode::OK);

@@ -93,6 +93,30 @@ async fn json_access_log_has_one_line_per_request_with_every_field() {
         "{event}"
     );
 
+    // A head floodgate refuses before it is parsed is logged as its answer went, with `-`
+    // for what it could not read.
+    let raw = raw_request(gateway.listen, b"GET /a b HTTP/1.1\r\nHost: h\r\n\r\n").await;
+    assert!(raw.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{raw}");
+    assert!(raw.ends_with("\r\n\r\nBad Request\n"), "{raw}");
+    let request_id = raw
+        .lines()
+        .find_map(|line| line.strip_prefix("x-request-id: "))
+        .expect("an X-Request-Id")
+        .trim();
+    let lines = wait_for_access_lines(&gateway, 2);
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    let event: Value = serde_json::from_str(&lines[1]).unwrap();
+    for (field, value) in [
+        ("method", Value::from("-")),
+        ("path", Value::from("-")),
+        ("route", Value::from("")),
+        ("status", Value::from(400)),
+        ("bytes", Value::from("Bad Request\n".len())),
+        ("request_id", Value::from(request_id)),
+    ] {
+        assert_eq!(event[field], value, "{field}: {event}");
+    }
+
     // Everything on stdout is JSON in this format, not just the access log.
     for line in gateway.stdout_lines() {
         assert!(serde_json::from_str::<Value>(&line).is_ok(), "not JSON: {line}");

@@ -255,9 +255,10 @@ async fn ambiguous_framing_is_a_400_and_never_forwarded() {
     ] {
         let answer = exchange(gw.addr, raw.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 400 "), "{raw:?} -> {answer}");
+        assert!(answer.ends_with("\r\n\r\nBad Request\n"), "{raw:?} -> {answer}");
     }
     assert_eq!(upstream.requests(), 0);
-    // hyper answers them, and floodgate counts and logs them as its own answers.
+    // floodgate answers them before hyper reads them, and counts and logs them.
     const REFUSED: &str = r#"floodgate_requests_total{route="",status="400"}"#;
     gw.metric_becomes(REFUSED, 4.0, Duration::from_secs(2)).await;
 

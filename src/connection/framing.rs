@@ -26,9 +26,9 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use memchr::memchr;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -57,21 +57,51 @@ enum State {
     Trailers,
     /// Not inspecting any more.
     Transparent,
+    /// A head was refused: hyper gets nothing more.
+    Refused,
 }
 
 /// What the guard found in a complete request head.
 #[derive(Debug, PartialEq, Eq)]
 enum HeadVerdict {
-    /// Both `Content-Length` and `Transfer-Encoding`: break it.
-    Ambiguous,
+    /// A head floodgate refuses; hyper never sees it.
+    Refuse(HeadRefusal),
     /// Follow this framing for the body.
     Framing(State),
     /// Something hyper will refuse by itself, and then close the connection.
     StopInspecting,
 }
 
+/// Why the guard refused a request head: floodgate answers it itself
+/// ([`AnswerRefusal`]) and closes the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeadRefusal {
+    /// Both `Content-Length` and `Transfer-Encoding` (400).
+    Ambiguous,
+    /// A head hyper's parser refuses, or whose framing it does (400).
+    Malformed,
+    /// More than the head limits allow (431).
+    TooLarge,
+}
+
+/// Makes floodgate's answer to a head the guard refused: the bytes of a whole HTTP/1.1
+/// response, written once every earlier response has gone out.
+pub(crate) trait AnswerRefusal: Unpin {
+    fn answer(&self, refusal: HeadRefusal) -> Bytes;
+}
+
+/// A refused head's answer, as it is written.
+struct Refused {
+    refusal: HeadRefusal,
+    /// Made when it is first written.
+    message: Option<Bytes>,
+    written: usize,
+    /// hyper's read, waiting for the responses before the answer to go out.
+    reader: Option<Waker>,
+}
+
 /// The connection stream with request framing checked. See the module docs.
-pub(crate) struct FramingGuard<S> {
+pub(crate) struct FramingGuard<S, A> {
     inner: S,
     /// Bytes read from the socket that hyper has not yet been given.
     buf: BytesMut,
@@ -84,6 +114,10 @@ pub(crate) struct FramingGuard<S> {
     /// The largest head, and the most fields in it, that hyper accepts.
     limits: HeadLimits,
     connection: Arc<ConnectionState>,
+    answer: A,
+    refused: Option<Box<Refused>>,
+    /// Whether hyper has written since it last flushed.
+    unflushed: bool,
 }
 
 /// The head limits hyper is configured with; the guard follows heads up to them.
@@ -93,8 +127,8 @@ pub(crate) struct HeadLimits {
     pub fields: usize,
 }
 
-impl<S> FramingGuard<S> {
-    pub(crate) fn new(inner: S, limits: HeadLimits, connection: Arc<ConnectionState>) -> Self {
+impl<S, A> FramingGuard<S, A> {
+    pub(crate) fn new(inner: S, limits: HeadLimits, connection: Arc<ConnectionState>, answer: A) -> Self {
         FramingGuard {
             inner,
             buf: BytesMut::new(),
@@ -103,6 +137,9 @@ impl<S> FramingGuard<S> {
             state: State::Head,
             limits,
             connection,
+            answer,
+            refused: None,
+            unflushed: false,
         }
     }
 
@@ -172,6 +209,7 @@ impl<S> FramingGuard<S> {
                 },
             },
             State::Head => self.advance_head(),
+            State::Refused => false,
         }
     }
 
@@ -194,6 +232,25 @@ impl<S> FramingGuard<S> {
     fn stop_inspecting(&mut self) -> bool {
         self.state = State::Transparent;
         self.cleared = self.buf.len();
+        self.refused = None;
+        true
+    }
+
+    /// Refuses the head at `cleared`: hyper gets what comes before it and then the end of
+    /// the stream, never the head, and floodgate answers it once the responses before it
+    /// have gone out ([`poll_refusal`](Self::poll_refusal)). The client may still be
+    /// sending: the connection lingers as it closes. What the guard holds is kept for a
+    /// tunnel that an earlier request may yet start (its bytes are no head).
+    fn refuse(&mut self, refusal: HeadRefusal) -> bool {
+        tracing::debug!(?refusal, "refused a request head");
+        self.state = State::Refused;
+        self.refused = Some(Box::new(Refused {
+            refusal,
+            message: None,
+            written: 0,
+            reader: None,
+        }));
+        self.connection.closed_before_the_body_ended();
         true
     }
 
@@ -222,7 +279,7 @@ impl<S> FramingGuard<S> {
             let from = self.searched.saturating_sub(2);
             if head_end(&pending[from..]).is_none() {
                 self.searched = pending.len();
-                return pending.len() > self.limits.bytes && self.stop_inspecting();
+                return pending.len() > self.limits.bytes && self.refuse(HeadRefusal::TooLarge);
             }
             self.searched = 0;
         }
@@ -232,14 +289,13 @@ impl<S> FramingGuard<S> {
                 (head_len, parse_framing(&pending[..head_len], self.limits.fields))
             }
             Scanned::Incomplete | Scanned::Unusual if pending.len() > self.limits.bytes => {
-                return self.stop_inspecting();
+                return self.refuse(HeadRefusal::TooLarge);
             }
             Scanned::Incomplete | Scanned::Unusual => {
                 self.searched = pending.len();
                 return false;
             }
         };
-        let head_start = self.cleared;
         match verdict {
             HeadVerdict::Framing(next) => {
                 self.cleared += head_len;
@@ -247,12 +303,7 @@ impl<S> FramingGuard<S> {
                 true
             }
             HeadVerdict::StopInspecting => self.stop_inspecting(),
-            HeadVerdict::Ambiguous => {
-                tracing::warn!("refused a request with both Content-Length and Transfer-Encoding (400)");
-                // A byte that cannot start a method: hyper answers 400 and closes.
-                self.buf[head_start] = b'@';
-                self.stop_inspecting()
-            }
+            HeadVerdict::Refuse(refusal) => self.refuse(refusal),
         }
     }
 }
@@ -340,6 +391,9 @@ fn scan_head(bytes: &[u8], max_fields: usize) -> Scanned {
     let Some(request_line) = memchr(b'\n', bytes) else {
         return Scanned::Incomplete;
     };
+    if !plain_request_line(&bytes[..request_line]) {
+        return Scanned::Unusual;
+    }
     let mut start = request_line + 1;
     loop {
         let rest = &bytes[start..];
@@ -366,6 +420,23 @@ fn scan_head(bytes: &[u8], max_fields: usize) -> Scanned {
         let value = &rest[value_start..value_start + value_len];
         framing.see(&rest[..name_len], value.strip_suffix(b"\r").unwrap_or(value));
         start += value_start + value_len + 1;
+    }
+}
+
+/// Whether `line` (without its LF) is `method SP target SP HTTP/1.1` (or `1.0`), with no
+/// other space, as nearly every client sends it; any other goes through httparse, so that
+/// a line hyper would refuse (a space in the target, say) is refused by floodgate.
+fn plain_request_line(line: &[u8]) -> bool {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let Some(rest) = line
+        .strip_suffix(b" HTTP/1.1")
+        .or_else(|| line.strip_suffix(b" HTTP/1.0"))
+    else {
+        return false;
+    };
+    match memchr(b' ', rest) {
+        Some(space) => space > 0 && space + 1 < rest.len() && memchr(b' ', &rest[space + 1..]).is_none(),
+        None => false,
     }
 }
 
@@ -404,15 +475,23 @@ fn parse_framing(head: &[u8], max_fields: usize) -> HeadVerdict {
     let mut usual = [httparse::EMPTY_HEADER; USUAL_FIELDS];
     let mut request = httparse::Request::new(&mut usual);
     match request.parse(head) {
-        Ok(httparse::Status::Complete(_)) => return FramingHeaders::of(&request).verdict(),
         Err(httparse::Error::TooManyHeaders) if max_fields > USUAL_FIELDS => {}
-        _ => return HeadVerdict::StopInspecting,
+        parsed => return verdict_of(parsed, &request),
     }
     let mut all = vec![httparse::EMPTY_HEADER; max_fields];
     let mut request = httparse::Request::new(&mut all);
-    match request.parse(head) {
-        Ok(httparse::Status::Complete(_)) => FramingHeaders::of(&request).verdict(),
-        _ => HeadVerdict::StopInspecting,
+    let parsed = request.parse(head);
+    verdict_of(parsed, &request)
+}
+
+/// The verdict on a head httparse `parsed` into `request`: what hyper refuses the guard
+/// refuses too, with hyper's status (`TooManyHeaders` is its 431).
+fn verdict_of(parsed: httparse::Result<usize>, request: &httparse::Request<'_, '_>) -> HeadVerdict {
+    match parsed {
+        Ok(httparse::Status::Complete(_)) => FramingHeaders::of(request).verdict(),
+        Ok(httparse::Status::Partial) => HeadVerdict::StopInspecting,
+        Err(httparse::Error::TooManyHeaders) => HeadVerdict::Refuse(HeadRefusal::TooLarge),
+        Err(_) => HeadVerdict::Refuse(HeadRefusal::Malformed),
     }
 }
 
@@ -447,14 +526,16 @@ impl<'a> FramingHeaders<'a> {
         }
     }
 
+    /// hyper refuses a request whose last transfer coding is not `chunked`, and one whose
+    /// `Content-Length` values differ or are not a number.
     fn verdict(&self) -> HeadVerdict {
         match (self.transfer_encoding, self.content_length) {
-            (Some(_), Some(_)) => HeadVerdict::Ambiguous,
+            (Some(_), Some(_)) => HeadVerdict::Refuse(HeadRefusal::Ambiguous),
             (Some(coding), None) if ends_with_chunked(coding) => HeadVerdict::Framing(State::ChunkSize),
             (None, Some(Some(0))) => HeadVerdict::Framing(State::Head),
             (None, Some(Some(length))) => HeadVerdict::Framing(State::Body(length)),
             (None, None) => HeadVerdict::Framing(State::Head),
-            _ => HeadVerdict::StopInspecting,
+            (Some(_), None) | (None, Some(None)) => HeadVerdict::Refuse(HeadRefusal::Malformed),
         }
     }
 }
@@ -478,7 +559,7 @@ fn ends_with_chunked(coding: &[u8]) -> bool {
         .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for FramingGuard<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin, A: AnswerRefusal> AsyncRead for FramingGuard<S, A> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -495,6 +576,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for FramingGuard<S> {
                 this.buf.advance(n);
                 this.cleared -= n;
                 return Poll::Ready(Ok(()));
+            }
+            if this.state == State::Refused {
+                return this.poll_refusal(cx);
             }
             if this.buf.is_empty() {
                 match this.state {
@@ -540,7 +624,42 @@ fn protocol_of(bytes: &[u8]) -> Option<Protocol> {
     }
 }
 
-impl<S: AsyncRead + Unpin> FramingGuard<S> {
+impl<S: AsyncWrite + Unpin, A: AnswerRefusal> FramingGuard<S, A> {
+    /// Writes the answer to the refused head once the responses before it have gone out
+    /// (no request in flight, and hyper's writes flushed; until then hyper's read waits,
+    /// and is woken by the flush that ends them), then ends the stream for hyper, which
+    /// closes the connection.
+    #[cold]
+    fn poll_refusal(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let refused = self.refused.as_mut().expect("a refused head has its answer");
+        if self.unflushed || self.connection.carries_requests() {
+            refused.reader = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        let message = refused
+            .message
+            .get_or_insert_with(|| self.answer.answer(refused.refusal));
+        while refused.written < message.len() {
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &message[refused.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            refused.written += n;
+        }
+        ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
+        Poll::Ready(Ok(()))
+    }
+
+    /// hyper's writes have gone out: a refused head's answer may follow.
+    fn flushed(&mut self) {
+        self.unflushed = false;
+        if let Some(reader) = self.refused.as_mut().and_then(|refused| refused.reader.take()) {
+            reader.wake();
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin, A> FramingGuard<S, A> {
     /// Which protocol the connection speaks: reads only as much as it takes to tell, and
     /// keeps what it read for hyper (whose first read then gets the whole head that
     /// arrived, where a sniffer of its own would hand over its 24 bytes first and make
@@ -605,7 +724,7 @@ impl<S: AsyncRead + Unpin> FramingGuard<S> {
     }
 }
 
-impl<S> Drop for FramingGuard<S> {
+impl<S, A> Drop for FramingGuard<S, A> {
     fn drop(&mut self) {
         // Closed in the middle of a request body: the client may still be sending it.
         if matches!(
@@ -617,8 +736,9 @@ impl<S> Drop for FramingGuard<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
+impl<S: AsyncWrite + Unpin, A: AnswerRefusal> AsyncWrite for FramingGuard<S, A> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.unflushed = true;
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -627,6 +747,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.unflushed = true;
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -635,7 +756,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
+        self.flushed();
+        Poll::Ready(Ok(()))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -650,9 +773,10 @@ mod tests {
     use super::*;
 
     /// Feeds `input` through a guard in pieces of `piece` bytes and returns what hyper
-    /// would read.
-    async fn through_guard(input: &[u8], piece: usize) -> Vec<u8> {
-        let (mut client, server) = tokio::io::duplex(1 << 20);
+    /// would read, and what the guard answered the client itself.
+    async fn through_guard_answering(input: &[u8], piece: usize) -> (Vec<u8>, Vec<u8>) {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let (mut answers, mut client) = tokio::io::split(client);
         let input = input.to_vec();
         let writer = tokio::spawn(async move {
             for chunk in input.chunks(piece) {
@@ -661,11 +785,27 @@ mod tests {
             }
             client.shutdown().await.unwrap();
         });
-        let mut guard = FramingGuard::new(server, LIMITS, ConnectionState::new());
+        let mut guard = FramingGuard::new(server, LIMITS, ConnectionState::new(), Fixed);
         let mut seen = Vec::new();
         guard.read_to_end(&mut seen).await.unwrap();
         writer.await.unwrap();
-        seen
+        drop(guard);
+        let mut answered = Vec::new();
+        answers.read_to_end(&mut answered).await.unwrap();
+        (seen, answered)
+    }
+
+    async fn through_guard(input: &[u8], piece: usize) -> Vec<u8> {
+        through_guard_answering(input, piece).await.0
+    }
+
+    /// Asserts that the guard hands hyper `input` up to `at`, then refuses the head there:
+    /// hyper reads no more, and the client gets floodgate's answer.
+    async fn refused_at(input: &[u8], piece: usize, at: usize, refusal: HeadRefusal) {
+        let (seen, answered) = through_guard_answering(input, piece).await;
+        let context = format!("{:?} in pieces of {piece}", String::from_utf8_lossy(input));
+        assert_eq!(seen, input[..at], "{context}");
+        assert_eq!(answered, format!("{refusal:?}").as_bytes(), "{context}");
     }
 
     #[test]
@@ -703,11 +843,16 @@ mod tests {
         }
         let ambiguous = b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
         for piece in [1, 2, 3] {
-            assert_eq!(
-                through_guard(ambiguous, piece).await[0],
-                b'@',
-                "pieces of {piece}"
-            );
+            refused_at(ambiguous, piece, 0, HeadRefusal::Ambiguous).await;
+        }
+    }
+
+    /// Answers a refused head with the refusal's name, for a test to read back.
+    struct Fixed;
+
+    impl AnswerRefusal for Fixed {
+        fn answer(&self, refusal: HeadRefusal) -> Bytes {
+            Bytes::from(format!("{refusal:?}"))
         }
     }
 
@@ -743,7 +888,7 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
                     }
                     client.shutdown().await.unwrap();
                 });
-                let mut guard = FramingGuard::new(server, LIMITS, ConnectionState::new());
+                let mut guard = FramingGuard::new(server, LIMITS, ConnectionState::new(), Fixed);
                 assert_eq!(
                     guard.protocol().await.unwrap(),
                     expected,
@@ -762,7 +907,7 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
     #[tokio::test]
     async fn an_idle_guard_holds_no_spare_room() {
         let (mut client, server) = tokio::io::duplex(1 << 16);
-        let mut guard = FramingGuard::new(server, LIMITS, ConnectionState::new());
+        let mut guard = FramingGuard::new(server, LIMITS, ConnectionState::new(), Fixed);
         let request = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
         client.write_all(request).await.unwrap();
         let mut seen = vec![0; request.len()];
@@ -801,10 +946,113 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
             &b"POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"[..],
             &b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n"[..],
         ] {
-            let seen = through_guard(head, 5).await;
-            assert_eq!(seen[0], b'@');
-            assert_eq!(&seen[1..], &head[1..]);
+            refused_at(head, 5, 0, HeadRefusal::Ambiguous).await;
         }
+    }
+
+    /// Heads hyper's parser refuses, or whose framing it does, are refused by the guard,
+    /// which answers them; the plain request line is read without the parser.
+    #[tokio::test]
+    async fn heads_hyper_refuses_are_answered_by_the_guard() {
+        let clean = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
+        for (bad, refusal) in [
+            (
+                &b"GET /a b HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+                HeadRefusal::Malformed,
+            ),
+            (b"GET  /a HTTP/1.1\r\nHost: x\r\n\r\n", HeadRefusal::Malformed),
+            (b"GET /a HTTP/1.1 \r\nHost: x\r\n\r\n", HeadRefusal::Malformed),
+            (b"GET /a HTTP/2.1\r\nHost: x\r\n\r\n", HeadRefusal::Malformed),
+            (
+                b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
+                HeadRefusal::Malformed,
+            ),
+            (b"GET /a HTTP/1.1\r\nBad Name: x\r\n\r\n", HeadRefusal::Malformed),
+            (
+                b"POST /a HTTP/1.1\r\nContent-Length: 1x\r\n\r\n",
+                HeadRefusal::Malformed,
+            ),
+            (
+                b"POST /a HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                HeadRefusal::Malformed,
+            ),
+            (
+                b"POST /a HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+                HeadRefusal::Malformed,
+            ),
+        ] {
+            let mut input = clean.to_vec();
+            input.extend_from_slice(bad);
+            for piece in [1, 4096] {
+                refused_at(&input, piece, clean.len(), refusal).await;
+            }
+        }
+        for plain in [
+            &b"GET /a?b=c%20d HTTP/1.0\r\n\r\n"[..],
+            b"get /a HTTP/1.1\r\n\r\n",
+            b"OPTIONS * HTTP/1.1\n\n",
+            b"GET http://x/a HTTP/1.1\r\nHost: x\r\n\r\n",
+        ] {
+            assert_eq!(through_guard(plain, 3).await, plain, "{plain:?}");
+        }
+    }
+
+    /// A head longer than hyper's buffer, or with more fields than it takes, is refused
+    /// as too large (431).
+    #[tokio::test]
+    async fn heads_over_the_limits_are_refused_as_too_large() {
+        let mut endless = b"GET / HTTP/1.1\r\nX-Big: ".to_vec();
+        endless.resize(LIMITS.bytes + 10, b'a');
+        refused_at(&endless, 4096, 0, HeadRefusal::TooLarge).await;
+        let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+        for _ in 0..=LIMITS.fields {
+            many.extend_from_slice(b"a:\r\n");
+        }
+        many.extend_from_slice(b"\r\n");
+        refused_at(&many, 4096, 0, HeadRefusal::TooLarge).await;
+    }
+
+    /// A refused head is answered only once the responses before it have gone out: while
+    /// a request is in flight, or hyper's writes are not flushed, hyper's read waits, and
+    /// the flush after the last response wakes it to the answer and the end of the stream.
+    #[tokio::test]
+    async fn a_refusal_waits_for_the_responses_before_it() {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (mut answers, mut client) = tokio::io::split(client);
+        let connection = ConnectionState::new();
+        let mut guard = FramingGuard::new(server, LIMITS, connection.clone(), Fixed);
+        let clean = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
+        client.write_all(clean).await.unwrap();
+        client.write_all(b"GET /a b HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut head = vec![0; clean.len()];
+        guard.read_exact(&mut head).await.unwrap();
+        let in_flight = connection.begin();
+        let mut more = [0; 64];
+        assert!(futures_util::poll!(std::pin::pin!(guard.read(&mut more))).is_pending());
+        guard.write_all(b"response").await.unwrap();
+        drop(in_flight);
+        struct Flag(std::sync::atomic::AtomicBool);
+        impl std::task::Wake for Flag {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let woken = Arc::new(Flag(false.into()));
+        let waker = Waker::from(woken.clone());
+        let mut buf = [0; 64];
+        let read =
+            Pin::new(&mut guard).poll_read(&mut Context::from_waker(&waker), &mut ReadBuf::new(&mut buf));
+        assert!(read.is_pending(), "written, not flushed");
+        guard.flush().await.unwrap();
+        assert!(
+            woken.0.load(std::sync::atomic::Ordering::SeqCst),
+            "the flush wakes the read"
+        );
+        assert_eq!(guard.read(&mut more).await.unwrap(), 0);
+        drop(guard);
+        let mut answered = Vec::new();
+        answers.read_to_end(&mut answered).await.unwrap();
+        assert_eq!(answered, b"responseMalformed");
     }
 
     #[tokio::test]
@@ -812,10 +1060,7 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         let mut input = b"POST /a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc".to_vec();
         let second = b"POST /b HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
         input.extend_from_slice(second);
-        let seen = through_guard(&input, 11).await;
-        let at = input.len() - second.len();
-        assert_eq!(seen[at], b'@');
-        assert_eq!(seen[..at], input[..at]);
+        refused_at(&input, 11, input.len() - second.len(), HeadRefusal::Ambiguous).await;
     }
 
     /// hyper ends a trailer line only at CR LF, and the trailers at an empty one: a bare LF
@@ -829,11 +1074,7 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         let at = input.len();
         input.extend_from_slice(SMUGGLED);
         for piece in [1, 7, 4096] {
-            assert_eq!(
-                through_guard(&input, piece).await[at],
-                b'@',
-                "in pieces of {piece}"
-            );
+            refused_at(&input, piece, at, HeadRefusal::Ambiguous).await;
         }
     }
 
@@ -877,7 +1118,7 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         let mut input = b"POST /a HTTP/1.1\r\nContent-Length: 03\r\nContent-Length: 3\r\n\r\nabc".to_vec();
         let at = input.len();
         input.extend_from_slice(SMUGGLED);
-        assert_eq!(through_guard(&input, 4096).await[at], b'@');
+        refused_at(&input, 4096, at, HeadRefusal::Ambiguous).await;
     }
 
     #[tokio::test]
@@ -899,8 +1140,7 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         ] {
             let mut input = first.to_vec();
             input.extend_from_slice(SMUGGLED);
-            let seen = through_guard(&input, 13).await;
-            assert_eq!(seen[first.len()], b'@', "{}", String::from_utf8_lossy(first));
+            refused_at(&input, 13, first.len(), HeadRefusal::Ambiguous).await;
         }
     }
 
@@ -913,14 +1153,14 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         input.extend_from_slice(b"\r\n");
         let first = input.len();
         input.extend_from_slice(SMUGGLED);
-        assert_eq!(through_guard(&input, 4096).await[first], b'@');
+        refused_at(&input, 4096, first, HeadRefusal::Ambiguous).await;
     }
 
     #[tokio::test]
     async fn a_started_tunnel_and_h2_turn_it_transparent() {
         let (mut client, server) = tokio::io::duplex(1 << 16);
         let connection = ConnectionState::new();
-        let mut guard = FramingGuard::new(server, LIMITS, connection.clone());
+        let mut guard = FramingGuard::new(server, LIMITS, connection.clone(), Fixed);
         let upgrade = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
         client.write_all(upgrade).await.unwrap();
         let mut head = vec![0; upgrade.len()];
@@ -1016,7 +1256,7 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         let both = b"POST / HTTP/1.1\nTransfer-Encoding: chunked\nContent-Length: 3\n\n";
         assert_eq!(
             scan_head(both, 100),
-            Scanned::Complete(both.len(), HeadVerdict::Ambiguous)
+            Scanned::Complete(both.len(), HeadVerdict::Refuse(HeadRefusal::Ambiguous))
         );
         let folded = b"POST / HTTP/1.1\r\nX: a\r\n b\r\n\r\n";
         assert_eq!(scan_head(folded, 100), Scanned::Unusual, "left to the parser");

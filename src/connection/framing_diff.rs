@@ -30,7 +30,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::ConnectionState;
-use super::framing::{FramingGuard, HeadLimits};
+use super::framing::{AnswerRefusal, FramingGuard, HeadLimits, HeadRefusal};
 use crate::server::{HTTP1_LIMITS, http1_builder};
 
 const LIMITS: HeadLimits = HTTP1_LIMITS;
@@ -586,7 +586,14 @@ impl Served {
     }
 }
 
-async fn serve<S>(io: S, max_buf_size: usize, read_bodies: bool) -> Vec<Served>
+/// What hyper serves of `io`, each request in flight on `connection` as floodgate's
+/// service keeps it, until its response is made.
+async fn serve<S>(
+    io: S,
+    connection: Arc<ConnectionState>,
+    max_buf_size: usize,
+    read_bodies: bool,
+) -> Vec<Served>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -594,7 +601,9 @@ where
     let seen = log.clone();
     let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
         let seen = seen.clone();
+        let in_flight = connection.begin();
         async move {
+            let _in_flight = in_flight;
             let (parts, body) = request.into_parts();
             let both_headers = parts.headers.contains_key(http::header::CONTENT_LENGTH)
                 && parts.headers.contains_key(http::header::TRANSFER_ENCODING);
@@ -624,26 +633,71 @@ where
     log.lock().unwrap().clone()
 }
 
-async fn run_case(bytes: &[u8], split: &[(usize, bool)], read_bodies: bool) -> (Vec<Served>, Vec<Served>) {
+/// The heads a guard refused, in order.
+#[derive(Default, Clone)]
+struct Refusals(Arc<Mutex<Vec<HeadRefusal>>>);
+
+impl AnswerRefusal for Refusals {
+    fn answer(&self, refusal: HeadRefusal) -> Bytes {
+        self.0.lock().unwrap().push(refusal);
+        Bytes::from_static(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+    }
+}
+
+/// What hyper serves straight, what it serves through a guard, and what that guard refused.
+struct Run {
+    straight: Vec<Served>,
+    guarded: Vec<Served>,
+    refused: Vec<HeadRefusal>,
+}
+
+async fn run_case(bytes: &[u8], split: &[(usize, bool)], read_bodies: bool) -> Run {
     // The reference reads heads of any size: how much of a head over the limit hyper takes
     // depends on how its reads fall, which the guard changes.
-    let straight = serve(Scripted::new(bytes, split), 1 << 20, read_bodies).await;
+    let straight = serve(
+        Scripted::new(bytes, split),
+        ConnectionState::new(),
+        1 << 20,
+        read_bodies,
+    )
+    .await;
+    let refusals = Refusals::default();
+    let connection = ConnectionState::new();
     let guarded = serve(
-        FramingGuard::new(Scripted::new(bytes, split), LIMITS, ConnectionState::new()),
+        FramingGuard::new(
+            Scripted::new(bytes, split),
+            LIMITS,
+            connection.clone(),
+            refusals.clone(),
+        ),
+        connection,
         LIMITS.bytes,
         read_bodies,
     )
     .await;
-    (straight, guarded)
+    let refused = refusals.0.lock().unwrap().clone();
+    Run {
+        straight,
+        guarded,
+        refused,
+    }
 }
 
 /// What is wrong with the guarded run, if anything.
-fn verdict(straight: &[Served], guarded: &[Served]) -> Option<String> {
+fn verdict(run: &Run) -> Option<String> {
+    let (straight, guarded) = (&run.straight, &run.guarded);
     if let Some(bad) = guarded.iter().find(|s| s.ambiguous()) {
         return Some(format!("served through the guard: {bad:?}"));
     }
     if guarded.len() > straight.len() {
         return Some("more requests served through the guard than straight".into());
+    }
+    // A head refused as malformed is one hyper refuses too: it serves none after it.
+    if run.refused.contains(&HeadRefusal::Malformed) && straight.len() != guarded.len() {
+        return Some(format!(
+            "the guard refused request {} as malformed; hyper served it",
+            guarded.len()
+        ));
     }
     for (i, (g, s)) in guarded.iter().zip(straight).enumerate() {
         let last = i + 1 == guarded.len();
@@ -701,14 +755,15 @@ fn the_guard_and_hyper_agree_on_random_connections() {
         let bytes = connection_bytes(&mut rng);
         let split = splits(&mut rng, bytes.len());
         let read_bodies = !rng.chance(20);
-        let (straight, guarded) = runtime.block_on(run_case(&bytes, &split, read_bodies));
+        let run = runtime.block_on(run_case(&bytes, &split, read_bodies));
+        let (straight, guarded) = (&run.straight, &run.guarded);
         if straight.iter().any(|s| s.path == CANARY_PATH) {
             reached += 1;
             if guarded.len() + 1 == straight.iter().position(|s| s.path == CANARY_PATH).unwrap() + 1 {
                 lossless += 1;
             }
         }
-        if let Some(problem) = verdict(&straight, &guarded) {
+        if let Some(problem) = verdict(&run) {
             eprintln!("case {case} (seed {seed}): {problem}");
             if bytes.len() < 4000 {
                 eprintln!("  input: {}", literal(&bytes));
@@ -730,9 +785,10 @@ fn the_guard_and_hyper_agree_on_random_connections() {
                     .collect::<Vec<_>>()
             };
             eprintln!(
-                "  straight: {:?}\n  guarded: {:?}",
-                short(&straight),
-                short(&guarded)
+                "  straight: {:?}\n  guarded: {:?}\n  refused: {:?}",
+                short(straight),
+                short(guarded),
+                run.refused
             );
             failures.push(case);
             if failures.len() >= 10 {
@@ -785,13 +841,8 @@ fn what_the_guard_stops_following_hyper_refuses() {
                     split.push((n, true));
                     at += n;
                 }
-                let (straight, guarded) = runtime.block_on(run_case(&bytes, &split, true));
-                assert_eq!(
-                    verdict(&straight, &guarded),
-                    None,
-                    "{} bytes, cut at {cut}",
-                    first.len()
-                );
+                let run = runtime.block_on(run_case(&bytes, &split, true));
+                assert_eq!(verdict(&run), None, "{} bytes, cut at {cut}", first.len());
             }
         }
     }

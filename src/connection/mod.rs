@@ -144,6 +144,11 @@ impl ConnectionState {
         self.relay.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
+    /// Whether a request is in flight.
+    pub(crate) fn carries_requests(&self) -> bool {
+        self.open.load(Ordering::Acquire) > 0
+    }
+
     /// A request starts; it is in flight until the token is dropped.
     pub(crate) fn begin(self: &Arc<Self>) -> InFlight {
         self.open.fetch_add(1, Ordering::AcqRel);

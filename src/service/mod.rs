@@ -20,9 +20,12 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
+use futures_util::FutureExt as _;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response, Uri};
+use http_body_util::{BodyExt as _, Collected};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
@@ -44,6 +47,7 @@ use crate::config::{
 };
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
+use crate::connection::framing::HeadRefusal;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError, UpstreamFailure};
 use crate::files::choice::Script;
 use crate::host::normalize_host;
@@ -93,11 +97,67 @@ impl Instance {
     }
 
     /// Counts and logs a request head from `peer` that hyper could not parse and answered
-    /// itself with `status` (its automatic `400`, which floodgate's framing guard also
-    /// provokes for ambiguous framing): no route, no ID, `-` for its method and path.
+    /// itself with `status` (its automatic `400`, without a body: a head the framing
+    /// guard reads as hyper does not, which the guard leaves to hyper): `-` for its method
+    /// and path.
     pub(crate) fn record_unparsed_head(&self, peer: &Peer, status: u16) {
-        let method = Method::from_bytes(b"-").expect("- is a token");
+        let mut record = self.unparsed_head_record(peer, RequestTrace::unrecorded());
+        record.status = status;
+        record.finish(0);
+    }
+
+    /// floodgate's answer to a request head from `peer` that the framing guard refused
+    /// before hyper read it, as the bytes of an HTTP/1.1 response that closes the
+    /// connection: the error's one-line body (or its `[server.errors]` page), the server's
+    /// response rules, HSTS and a new request ID, as every answer of floodgate's has. It is
+    /// counted and logged, with `-` for its method and path.
+    pub(crate) fn answer_unparsed_head(&self, peer: &Peer, refusal: HeadRefusal) -> Bytes {
+        let state = self.state.load();
         let trace = RequestTrace::unrecorded();
+        let request_id = state
+            .config
+            .server
+            .request_id
+            .as_ref()
+            .map(|name| request_id::decide(name, &http::HeaderMap::new(), false, &trace));
+        let mut record = self.unparsed_head_record(peer, trace);
+        record.request_id = request_id;
+        let error = match refusal {
+            HeadRefusal::Ambiguous => GatewayError::AmbiguousFraming("Content-Length with Transfer-Encoding"),
+            HeadRefusal::Malformed => GatewayError::MalformedRequest("a request head that cannot be parsed"),
+            HeadRefusal::TooLarge => GatewayError::HeadersTooLarge,
+        };
+        let mut response = own_answer::render(
+            error.into(),
+            &record,
+            http::Version::HTTP_11,
+            &state.config.server.errors,
+        );
+        apply_rules(&state.config.server.response_headers, response.headers_mut());
+        mark_own(
+            response.headers_mut(),
+            &state,
+            peer.tls,
+            record.request_id.as_ref(),
+        );
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        let (head, body) = response.into_parts();
+        let body = body
+            .collect()
+            .now_or_never()
+            .and_then(Result::ok)
+            .map(Collected::to_bytes)
+            .unwrap_or_default();
+        record.status = head.status.as_u16();
+        let message = http1_message(&head, &body);
+        record.finish(body.len() as u64);
+        message
+    }
+
+    fn unparsed_head_record(&self, peer: &Peer, trace: RequestTrace) -> AccessRecord {
+        let method = Method::from_bytes(b"-").expect("- is a token");
         let mut record = AccessRecord::new(
             self.metrics.clone(),
             Instant::now(),
@@ -107,9 +167,31 @@ impl Instance {
             self.no_route.clone(),
         );
         record.path = "-".to_owned();
-        record.status = status;
-        record.finish(0);
+        record
     }
+}
+
+/// A response floodgate writes itself, with its `Content-Length` and `Date`.
+fn http1_message(head: &http::response::Parts, body: &Bytes) -> Bytes {
+    let mut message = Vec::with_capacity(256 + body.len());
+    let status = head.status;
+    message.extend_from_slice(b"HTTP/1.1 ");
+    message.extend_from_slice(status.as_str().as_bytes());
+    message.push(b' ');
+    message.extend_from_slice(status.canonical_reason().unwrap_or("Error").as_bytes());
+    message.extend_from_slice(b"\r\n");
+    for (name, value) in &head.headers {
+        message.extend_from_slice(name.as_str().as_bytes());
+        message.extend_from_slice(b": ");
+        message.extend_from_slice(value.as_bytes());
+        message.extend_from_slice(b"\r\n");
+    }
+    message.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
+    message.extend_from_slice(b"date: ");
+    message.extend_from_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
+    message.extend_from_slice(b"\r\n\r\n");
+    message.extend_from_slice(body);
+    Bytes::from(message)
 }
 
 /// Answers one request from `peer`, whose connection is `socket` (held `in_flight` until
@@ -190,16 +272,12 @@ pub(crate) async fn handle(
     if let Some(accepted) = leftovers.compress {
         response = response_body::compress(response, accepted, &record.method);
     }
-    if peer.tls
-        && let Some(hsts) = state.config.server.tls.as_ref().and_then(|tls| tls.hsts.clone())
-    {
-        response
-            .headers_mut()
-            .insert(header::STRICT_TRANSPORT_SECURITY, hsts);
-    }
-    if let (Some(name), Some(id)) = (&state.config.server.request_id, &record.request_id) {
-        response.headers_mut().insert(name.clone(), id.clone());
-    }
+    mark_own(
+        response.headers_mut(),
+        &state,
+        peer.tls,
+        record.request_id.as_ref(),
+    );
     // Values that no other response repeats (the request ID, the room left) are marked
     // never to be indexed by HTTP/2's header compression, which then spells out their names
     // too unless the connection's table already has them: a connection's first response
@@ -211,6 +289,21 @@ pub(crate) async fn handle(
     }
     record.status = response.status().as_u16();
     Ok(response.map(|body| ResponseBody::new(body, record, in_flight)))
+}
+
+/// What every response gets last, whatever made it: HSTS over TLS, and the request ID.
+fn mark_own(
+    headers: &mut http::HeaderMap,
+    state: &GatewayState,
+    tls: bool,
+    request_id: Option<&HeaderValue>,
+) {
+    if tls && let Some(hsts) = state.config.server.tls.as_ref().and_then(|tls| tls.hsts.clone()) {
+        headers.insert(header::STRICT_TRANSPORT_SECURITY, hsts);
+    }
+    if let (Some(name), Some(id)) = (&state.config.server.request_id, request_id) {
+        headers.insert(name.clone(), id.clone());
+    }
 }
 
 /// What the inner handler leaves for the outer one besides the response: the rate-limit
