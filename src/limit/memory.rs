@@ -8,10 +8,12 @@
 //! A shard that reaches its share of `max_keys` first drops expired entries, then the
 //! entries whose state is closest to a fresh key's (a counter at 1, a full bucket: what
 //! costs least to forget), so a client spraying random keys cannot grow it without bound.
-//! It never drops a key with nothing left or a lock: a spray must not free an exhausted
-//! counter or a lock-out. When only such keys are left, the shard keeps no new key until
-//! one of them expires; new keys are then decided as fresh without being stored, and
-//! counted in `floodgate_store_keys_not_kept_total`.
+//! It never drops a key with less left than a request costs, or a lock: a spray must not
+//! free an exhausted counter or a lock-out. When only such keys are left, the shard keeps
+//! no new counter until one of them expires; new keys are then decided as fresh without
+//! being stored, and counted in `floodgate_store_keys_not_kept_total`. A new lock is kept
+//! beyond the share, by up to half of it, so that a spray of exhausted counters does not
+//! cost a client its lock-out, and lock-outs too stay bounded.
 
 use std::sync::Arc;
 
@@ -164,9 +166,12 @@ impl MemoryStore {
                 }
                 continue;
             }
-            if !shard.insert_new(slot, entry, now, evict_least_used) {
-                not_kept = true;
-            }
+            let kept = if only_if_absent {
+                shard.insert_new_beyond_share(slot, entry, now, evict_least_used)
+            } else {
+                shard.insert_new(slot, entry, now, evict_least_used)
+            };
+            not_kept |= !kept;
         }
         if not_kept {
             self.not_kept.inc();
@@ -204,21 +209,23 @@ impl MemoryStore {
         }
     }
 
-    /// Locks `key` for `ttl` microseconds, unless it is locked already.
+    /// Locks `key` for `ttl` microseconds, unless it is locked already; within the bound,
+    /// as a decision's lock (see the module docs).
     pub fn lock(&self, key: &str, ttl: u64) {
         let now = self.clock.now_micros();
         let slot = self.slot(key);
         let mut shard = self.keys.lock(slot);
-        let live = shard.get(slot).is_some_and(|entry| entry.expires_at > now);
-        if !live {
-            shard.insert(
-                slot,
-                Entry {
-                    state: None,
-                    expires_at: now + ttl,
-                    used: Used::ALL,
-                },
-            );
+        let lock = Entry {
+            state: None,
+            expires_at: now + ttl,
+            used: Used::ALL,
+        };
+        if let Some(existing) = shard.get_mut(slot) {
+            if existing.expires_at <= now {
+                *existing = lock;
+            }
+        } else if !shard.insert_new_beyond_share(slot, lock, now, evict_least_used) {
+            self.not_kept.inc();
         }
     }
 
@@ -392,6 +399,7 @@ mod tests {
             !admits(&store, &exhausted),
             "the exhausted counter is still there"
         );
+
         assert_eq!(
             store.decide(std::slice::from_ref(&locked))[0].outcome,
             Outcome::Locked
@@ -433,14 +441,69 @@ mod tests {
         assert!(!admits(&store, &fresh), "kept this time");
     }
 
+    /// A store a spray filled with exhausted counters keeps the counters its clients'
+    /// requests are refused by (those with less left than a request costs too), and the
+    /// lock-outs of the clients it knew, beyond its bound by up to half of it; lock-outs of
+    /// failures, taken outside a decision, are bounded as well.
+    #[test]
+    fn refusals_and_lock_outs_are_kept_past_a_full_store_and_stay_bounded() {
+        let clock = Arc::new(ManualClock::default());
+        let max_keys = 8 * SHARDS;
+        let not_kept = Counter::default();
+        let store = MemoryStore::new(clock.clone(), max_keys, not_kept.clone());
+        let mut locked = check("locked", fixed(1));
+        locked.lockout = Some(Lockout::on_refusal("locked:lock".into(), 100 * S));
+        assert!(admits(&store, &locked));
+        // Two units left, and each request costs four.
+        let mut costly = check("costly", fixed(10));
+        costly.cost = 4;
+        for _ in 0..2 {
+            assert!(admits(&store, &costly));
+        }
+        assert!(!admits(&store, &costly));
+        for i in 0..8 * max_keys {
+            store.decide(&[check(&format!("spray-{i}"), fixed(1))]);
+        }
+        assert!(not_kept.get() > 0, "the store is full");
+        assert!(!admits(&store, &costly), "still refused");
+        let refused = store.decide(std::slice::from_ref(&locked))[0];
+        assert_eq!(refused.outcome, Outcome::Rejected);
+        clock.advance(Duration::from_secs(10));
+        let later = store.decide(std::slice::from_ref(&locked))[0];
+        assert_eq!(later.outcome, Outcome::Locked, "the lock-out was kept");
+        assert_eq!(later.retry_after, Duration::from_secs(90));
+
+        // Failures' lock-outs sprayed over new keys.
+        for i in 0..8 * max_keys {
+            store.lock(&format!("failures-{i}:lock"), 100 * S);
+        }
+        assert!(
+            store.len() <= max_keys + max_keys / 2 + 2 * SHARDS,
+            "{} entries",
+            store.len()
+        );
+        assert!(
+            store
+                .peek("failures-0:lock", Some("failures-0:lock"))
+                .lock_left
+                .is_some()
+        );
+    }
+
     #[test]
     fn how_much_is_used_orders_what_is_forgotten() {
-        let used = |left, capacity| Used::of(left, capacity);
+        let used = |left, capacity| Used::of(left, capacity, 1);
         assert!(used(4, 5) < used(3, 5));
         assert!(used(1, 5) < Used::ALL);
         assert_eq!(used(0, 5), Used::ALL);
         assert!(used(1, u64::MAX) < Used::ALL, "something left is never ALL");
         assert_eq!(used(5, 5), used(10, 10), "a fresh key's state");
+        assert_eq!(
+            Used::of(3, 10, 4),
+            Used::ALL,
+            "too little left for the request's cost"
+        );
+        assert!(Used::of(4, 10, 4) < Used::ALL);
     }
 
     #[test]

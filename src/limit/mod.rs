@@ -174,7 +174,7 @@ pub(crate) fn decide_all<'a>(
                 key: &check.key,
                 state: evaluation.new_state,
                 ttl: evaluation.ttl,
-                used: Used::of(evaluation.remaining_after, check.algorithm.capacity()),
+                used: Used::of(evaluation.remaining_after, check.algorithm.capacity(), check.cost),
             });
             LimitDecision {
                 outcome: if evaluation.delay > 0 {
@@ -231,17 +231,18 @@ impl Peeked {
 
 /// How much of its limit a key's state has used, for a bounded store to forget first
 /// what is closest to a fresh key's state: from 0 (a fresh key's) up to [`Used::ALL`], a
-/// key with nothing left, which the next request would be refused (a lock counts as
-/// that too).
+/// key with less left than a request costs, which the next request would be refused (a
+/// lock counts as that too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Used(u16);
 
 impl Used {
     pub(crate) const ALL: Used = Used(u16::MAX);
 
-    /// A state with `left` requests of cost 1 left out of a fresh key's `capacity`.
-    pub(crate) fn of(left: u64, capacity: u64) -> Used {
-        if left == 0 || capacity == 0 {
+    /// A state with `left` units left out of a fresh key's `capacity`, for requests that
+    /// cost `cost` units each.
+    pub(crate) fn of(left: u64, capacity: u64, cost: u64) -> Used {
+        if left < cost.max(1) || capacity == 0 {
             return Used::ALL;
         }
         let spent = capacity.saturating_sub(left) as f64 / capacity as f64;

@@ -187,6 +187,28 @@ impl<V: Expiring> Shard<V> {
         true
     }
 
+    /// As [`insert_new`](Self::insert_new), for an entry worth more than any other the
+    /// shard may hold: when nothing can go, it is stored all the same while the shard
+    /// holds less than half as much again as its share. (A lock-out: a spray of keys that
+    /// filled the shard with entries that must be kept must not cost a client its
+    /// lock-out, nor may lock-outs grow the map without bound.)
+    pub(crate) fn insert_new_beyond_share(
+        &mut self,
+        identity: u128,
+        value: V,
+        now: u64,
+        evict: impl FnOnce(&mut IdentityMap<V>, usize) -> bool,
+    ) -> bool {
+        if self.entries.len() >= self.share
+            && !self.make_room(now, evict)
+            && self.entries.len() >= self.share + self.share / 2
+        {
+            return false;
+        }
+        self.entries.insert(identity, value);
+        true
+    }
+
     /// Makes room in a full shard: drops the expired entries, then, if it is still full,
     /// lets `evict` drop some of the rest. Returns false when nothing could go: the shard
     /// then keeps no new entry until the first of its entries expires.

@@ -195,10 +195,13 @@ fn single<'a>(
 }
 
 /// Values of `name` in a query string, percent- and `+`-decoded (so that `%61` and `a`
-/// are the same key, as they are to the app), under every name PHP reads as `name`.
+/// are the same key, as they are to the app), under every name PHP reads as `name`. A `;`
+/// separates parameters as `&` does, as some apps read it (Rails, Go before 1.17,
+/// Python's `parse_qs` before 3.10): `key=a;x=1` is `a` to them, and counted as `a`
+/// rather than as a new value of the client's choosing; `key=a;key=b` is given twice.
 fn query_values<'a>(query: Option<&'a str>, name: &'a str) -> impl Iterator<Item = Cow<'a, [u8]>> + 'a {
     let wanted = php_name(name.as_bytes());
-    query.unwrap_or("").split('&').filter_map(move |pair| {
+    query.unwrap_or("").split(['&', ';']).filter_map(move |pair| {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         (php_name(&form_decode(key, true)) == wanted).then(|| form_decode(value, true))
     })
@@ -344,6 +347,7 @@ mod tests {
         assert!(tuple(&api_key, &twice, None).is_err());
         let query = [KeyPart::Query("k".into())];
         assert!(tuple(&query, &HeaderMap::new(), Some("k=a&x=1&k=b")).is_err());
+        assert!(tuple(&query, &HeaderMap::new(), Some("k=a;k=b")).is_err());
         let cookie = [KeyPart::Cookie("s".into())];
         assert!(
             tuple(
@@ -366,6 +370,15 @@ mod tests {
         assert_eq!(plain, "va%20b");
         let missing = tuple(&query, &HeaderMap::new(), Some("keys=1")).unwrap();
         assert_eq!(missing, "i198.51.100.7");
+        // What follows a `;` is another parameter, not part of the value: a client cannot
+        // make its key new at each request where the app reads it as the same.
+        for query_string in ["key=a%20b;r=1", "r=2;key=a%20b", "key=a%20b;"] {
+            assert_eq!(
+                tuple(&query, &HeaderMap::new(), Some(query_string)).unwrap(),
+                plain,
+                "{query_string}"
+            );
+        }
     }
 
     #[test]
