@@ -230,24 +230,38 @@ impl<'a> MakeWriter<'a> for Stdout {
     }
 }
 
-/// `spec` with the `h2` target lowered to `error`, unless it names that target itself.
-fn with_quiet_h2(spec: &str) -> String {
-    let names_h2 = spec.split(',').any(|directive| {
-        let target = directive.split(['=', '[']).next().unwrap_or("").trim();
-        target == "h2" || target.starts_with("h2::")
-    });
-    if names_h2 || spec.trim().is_empty() {
-        spec.to_owned()
-    } else {
-        format!("{spec},h2=error")
+/// Libraries whose own warnings repeat what floodgate reports once (a client's HTTP/2
+/// errors; each failed connection to a Redis node, which floodgate's store logs at most
+/// every 30 s): lowered to `error` unless the filter names them.
+const QUIET_LIBRARIES: [&str; 2] = ["h2", "redis"];
+
+/// `spec` with each of [`QUIET_LIBRARIES`] lowered to `error`, unless it names that target
+/// itself.
+fn with_quiet_libraries(spec: &str) -> String {
+    if spec.trim().is_empty() {
+        return spec.to_owned();
     }
+    let mut quieted = spec.to_owned();
+    for library in QUIET_LIBRARIES {
+        let named = spec.split(',').any(|directive| {
+            let target = directive.split(['=', '[']).next().unwrap_or("").trim();
+            target == library
+                || target
+                    .strip_prefix(library)
+                    .is_some_and(|rest| rest.starts_with("::"))
+        });
+        if !named {
+            quieted.push_str(&format!(",{library}=error"));
+        }
+    }
+    quieted
 }
 
 /// Installs the global subscriber from the environment; [`flush_periodically`], run on the
 /// runtime, writes buffered access lines out.
 pub fn init() -> Result<(), String> {
     let spec = std::env::var("FLOODGATE_LOG").unwrap_or_else(|_| "info".to_owned());
-    let filter = EnvFilter::try_new(with_quiet_h2(&spec))
+    let filter = EnvFilter::try_new(with_quiet_libraries(&spec))
         .map_err(|e| format!("FLOODGATE_LOG={spec:?} is not a valid filter: {e}"))?;
     let format = std::env::var("FLOODGATE_LOG_FORMAT").unwrap_or_else(|_| "text".to_owned());
     // Colour only for a terminal: escape codes in a file, pipe or log collector would split
@@ -529,13 +543,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn h2_is_quiet_unless_named() {
-        assert_eq!(with_quiet_h2("info"), "info,h2=error");
-        assert_eq!(with_quiet_h2("warn,access=info"), "warn,access=info,h2=error");
-        assert_eq!(with_quiet_h2("debug,h2=debug"), "debug,h2=debug");
-        assert_eq!(with_quiet_h2("h2::proto=trace"), "h2::proto=trace");
-        assert_eq!(with_quiet_h2("h2c_thing=info"), "h2c_thing=info,h2=error");
-        assert!(EnvFilter::try_new(with_quiet_h2("info")).is_ok());
+    fn h2_and_redis_are_quiet_unless_named() {
+        assert_eq!(with_quiet_libraries("info"), "info,h2=error,redis=error");
+        assert_eq!(
+            with_quiet_libraries("warn,access=info"),
+            "warn,access=info,h2=error,redis=error"
+        );
+        assert_eq!(
+            with_quiet_libraries("debug,h2=debug"),
+            "debug,h2=debug,redis=error"
+        );
+        assert_eq!(
+            with_quiet_libraries("h2::proto=trace"),
+            "h2::proto=trace,redis=error"
+        );
+        assert_eq!(
+            with_quiet_libraries("redis::cluster=warn"),
+            "redis::cluster=warn,h2=error"
+        );
+        assert_eq!(
+            with_quiet_libraries("h2c_thing=info,redisish=info"),
+            "h2c_thing=info,redisish=info,h2=error,redis=error"
+        );
+        assert_eq!(with_quiet_libraries(""), "");
+        assert!(EnvFilter::try_new(with_quiet_libraries("info")).is_ok());
     }
 
     /// One line of each format, with `fields` written at `now`.

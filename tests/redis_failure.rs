@@ -296,6 +296,31 @@ async fn readyz_follows_redis_without_any_traffic() {
     eprintln!("paused: unready after {unready_after:?}, ready again after {ready_after:?}");
 }
 
+/// A Redis that answers `PING` but refuses every write (a read-only replica here; a full
+/// Redis under `noeviction` is the same) cannot decide: it is failing, with or without
+/// traffic, until it takes writes again, and the breaker does not close and open again
+/// at each probe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_refuses_writes_is_failing_until_it_takes_them() {
+    let redis = start_redis().await;
+    let upstream = Upstream::start().await;
+    let gw = gateway(&redis.url(), &upstream, "deny", 1_000_000).await;
+    let ready = || async { get(&gw.admin_url("/readyz")).await.0 == StatusCode::OK };
+    let master = crate::common::closed_port().to_string();
+    redis.cli(&["replicaof", "127.0.0.1", &master]);
+    wait_until(Duration::from_secs(2), || async { !ready().await }).await;
+    for round in 0..20 {
+        if round % 2 == 0 {
+            assert_eq!(status_of(&gw).await, StatusCode::SERVICE_UNAVAILABLE);
+        }
+        assert!(!ready().await, "ready again at round {round}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    redis.cli(&["replicaof", "no", "one"]);
+    wait_until(Duration::from_secs(2), ready).await;
+    assert_eq!(status_of(&gw).await, StatusCode::OK);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_shares_each_limit_between_the_live_instances() {
     let mut redis = start_redis().await;

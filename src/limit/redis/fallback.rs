@@ -135,6 +135,8 @@ pub(crate) struct ResilientRedis {
     next_lease: AtomicU64,
     /// This instance's id (the heartbeat's), the prefix of its lease ids.
     id: String,
+    /// The sorted set the instances announce themselves in.
+    instance_key: String,
     address: String,
 }
 
@@ -162,13 +164,26 @@ impl ResilientRedis {
             leases: Mutex::default(),
             next_lease: AtomicU64::new(0),
             id: instance_id(),
+            instance_key: format!("{prefix}:instances"),
             address: target.describe(),
         });
-        let instance_key = format!("{prefix}:instances");
         tokio::spawn(probe(Arc::downgrade(&store)));
-        tokio::spawn(heartbeat(Arc::downgrade(&store), instance_key, store.id.clone()));
+        tokio::spawn(heartbeat(Arc::downgrade(&store)));
         tokio::spawn(renew_leases(Arc::downgrade(&store)));
         Ok(store)
+    }
+
+    /// Announces this instance (a script that writes, as a decision does) and keeps the
+    /// live instance count it returns. Also the probe of whether Redis can decide: a
+    /// Redis that answers `PING` may refuse every write (full under `noeviction`, a
+    /// read-only replica).
+    async fn announce(&self) -> Result<(), StoreError> {
+        let count = self
+            .redis
+            .heartbeat(&self.instance_key, &self.id, HEARTBEAT_TTL)
+            .await?;
+        self.instances.store(count.max(1), Ordering::Relaxed);
+        Ok(())
     }
 
     /// Live gateway instances sharing this Redis, as last seen (at least 1).
@@ -378,11 +393,12 @@ async fn probe(store: Weak<ResilientRedis>) {
         every.tick().await;
         let Some(store) = store.upgrade() else { return };
         if store.breaker.is_open() {
-            if store.redis.recover().await.is_ok() && store.breaker.close() {
+            if store.redis.recover().await.is_ok() && store.announce().await.is_ok() && store.breaker.close()
+            {
                 tracing::info!(redis = %store.address, "redis answers again; deciding in redis");
             }
         } else if !store.answered.swap(false, Ordering::Relaxed) {
-            match store.redis.ping().await {
+            match store.announce().await {
                 Ok(()) => store.breaker.success(),
                 Err(error) => store.breaker_failure(&error),
             }
@@ -408,12 +424,10 @@ async fn renew_leases(store: Weak<ResilientRedis>) {
 }
 
 /// Announces this instance and reads the live instance count until the store is dropped.
-async fn heartbeat(store: Weak<ResilientRedis>, instance_key: String, id: String) {
+async fn heartbeat(store: Weak<ResilientRedis>) {
     loop {
         let Some(live) = store.upgrade() else { return };
-        if let Ok(count) = live.redis.heartbeat(&instance_key, &id, HEARTBEAT_TTL).await {
-            live.instances.store(count.max(1), Ordering::Relaxed);
-        }
+        let _ = live.announce().await;
         drop(live);
         tokio::time::sleep(HEARTBEAT_EVERY).await;
     }
