@@ -292,6 +292,7 @@ pub(crate) async fn handle(
 }
 
 /// What every response gets last, whatever made it: HSTS over TLS, and the request ID.
+#[inline(always)]
 fn mark_own(
     headers: &mut http::HeaderMap,
     state: &GatewayState,

@@ -20,6 +20,7 @@ const MAX_LEN: usize = 200;
 /// a value that no other response repeats would otherwise go into the connection's
 /// table at each response and push out the names and values that do repeat, which then
 /// have to be sent and stored again.
+#[inline(always)]
 pub(crate) fn decide(
     name: &HeaderName,
     headers: &HeaderMap,
