@@ -560,3 +560,47 @@ async fn an_http2_response_waiting_for_its_app_is_not_cut_by_send_timeout() {
         .to_bytes();
     assert_eq!(&body[..], b"firstsecond");
 }
+
+// ---- request bodies ------------------------------------------------------------------
+
+/// A client sending its body slowly holds no server slot: a capped upstream's body is read
+/// whole before the request takes one, so another client's request goes through at once,
+/// and the app sees the slow one only when its body is all there, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_sent_slowly_holds_no_server_slot() {
+    let app = Upstream::start().await;
+    let gw = gateway(&app, "", "max_requests = 1\nqueue = 0", None).await;
+    for (framing, body) in [
+        ("Content-Length: 100000\r\n", vec![b'x'; 100_000]),
+        (
+            "Transfer-Encoding: chunked\r\n",
+            b"5\r\nhello\r\n0\r\n\r\n".to_vec(),
+        ),
+    ] {
+        let before = app.requests();
+        let mut slow = TcpStream::connect(gw.addr).await.unwrap();
+        let head = format!("POST /upload HTTP/1.1\r\nHost: app\r\n{framing}Connection: close\r\n\r\n");
+        slow.write_all(head.as_bytes()).await.unwrap();
+        slow.write_all(&body[..3]).await.unwrap();
+        tokio::time::sleep(ms(300)).await;
+        let started = Instant::now();
+        let (status, _, _) = get(&gw.url("/fast")).await;
+        assert_eq!(status, StatusCode::OK, "{framing}: the slot was free");
+        assert!(started.elapsed() < ms(1000), "{:?}", started.elapsed());
+        assert_eq!(
+            app.requests(),
+            before + 1,
+            "{framing}: the slow request is not sent yet"
+        );
+        slow.write_all(&body[3..]).await.unwrap();
+        let mut answer = String::new();
+        slow.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+        let sent = if framing.starts_with("Content-Length") {
+            100_000
+        } else {
+            5
+        };
+        assert!(answer.contains(&format!("body-bytes: {sent}\n")), "{answer}");
+    }
+}
