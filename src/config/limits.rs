@@ -898,6 +898,13 @@ pub(super) fn key_part(text: &str) -> Result<KeyPart, String> {
         Some(("header", name)) => HeaderName::from_bytes(name.trim().as_bytes())
             .map(KeyPart::Header)
             .map_err(|_| expected()),
+        // What separates parameters (cookies) cannot be in a name: it would never match.
+        Some(("query", name)) if name.contains(['&', ';', '=']) => Err(format!(
+            "a query parameter's name cannot hold '&', ';' or '=', which separate parameters, got {text:?}"
+        )),
+        Some(("cookie", name)) if name.contains([';', '=']) => Err(format!(
+            "a cookie's name cannot hold ';' or '=', which separate cookies, got {text:?}"
+        )),
         Some(("query", name)) => Ok(KeyPart::Query(name.to_owned())),
         Some(("cookie", name)) => Ok(KeyPart::Cookie(name.to_owned())),
         Some(_) => Err(expected()),

@@ -409,6 +409,14 @@ fn limit_values_are_range_checked() {
             "limits.l.key[0]",
         ),
         (
+            "algorithm = \"token_bucket\"\nrate = 1\nkey = [\"client_ip\", \"query:us;er\"]",
+            "limits.l.key[1]",
+        ),
+        (
+            "algorithm = \"token_bucket\"\nrate = 1\nkey = [\"cookie:a=b\"]",
+            "limits.l.key[0]",
+        ),
+        (
             "algorithm = \"token_bucket\"\nrate = 1\nmode = \"dry\"",
             "limits.l.mode",
         ),

@@ -174,9 +174,7 @@ impl ResilientRedis {
     }
 
     /// Announces this instance (a script that writes, as a decision does) and keeps the
-    /// live instance count it returns. Also the probe of whether Redis can decide: a
-    /// Redis that answers `PING` may refuse every write (full under `noeviction`, a
-    /// read-only replica).
+    /// live instance count it returns.
     async fn announce(&self) -> Result<(), StoreError> {
         let count = self
             .redis
@@ -184,6 +182,19 @@ impl ResilientRedis {
             .await?;
         self.instances.store(count.max(1), Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether Redis can decide: on one server (or a Sentinel master), whether it takes
+    /// this instance's heartbeat, a write; a Redis that answers `PING` may refuse every
+    /// write (full under `noeviction`, a read-only replica). On a cluster, whose nodes
+    /// fail one by one while the breaker is one for all, a `PING`: the heartbeat's key
+    /// lives on one node, whose loss would keep the breaker open for every key.
+    async fn probe(&self) -> Result<(), StoreError> {
+        if self.redis.is_cluster() {
+            self.redis.ping().await
+        } else {
+            self.announce().await
+        }
     }
 
     /// Live gateway instances sharing this Redis, as last seen (at least 1).
@@ -393,12 +404,11 @@ async fn probe(store: Weak<ResilientRedis>) {
         every.tick().await;
         let Some(store) = store.upgrade() else { return };
         if store.breaker.is_open() {
-            if store.redis.recover().await.is_ok() && store.announce().await.is_ok() && store.breaker.close()
-            {
+            if store.redis.recover().await.is_ok() && store.probe().await.is_ok() && store.breaker.close() {
                 tracing::info!(redis = %store.address, "redis answers again; deciding in redis");
             }
         } else if !store.answered.swap(false, Ordering::Relaxed) {
-            match store.announce().await {
+            match store.probe().await {
                 Ok(()) => store.breaker.success(),
                 Err(error) => store.breaker_failure(&error),
             }

@@ -402,6 +402,11 @@ impl RedisStore {
         self.ping().await
     }
 
+    /// Whether this is a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.link.source.is_cluster()
+    }
+
     /// `PING`, within the decision deadline.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let mut connection = self.connection()?;
