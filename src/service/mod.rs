@@ -59,7 +59,6 @@ use crate::proxy::headers::{
     set_forwarding_headers, switches_as_asked,
 };
 use crate::proxy::request_body::RequestBody;
-use crate::proxy::spool::spool;
 use crate::trace::context::SpanId;
 use crate::trace::{RequestTrace, TRACESTATE};
 use crate::upstream::read_ahead::ReadAhead;
@@ -124,7 +123,9 @@ impl Instance {
         let mut record = self.unparsed_head_record(peer, trace);
         record.request_id = request_id;
         let error = match refusal {
-            HeadRefusal::Ambiguous => GatewayError::AmbiguousFraming("Content-Length with Transfer-Encoding"),
+            HeadRefusal::Ambiguous => {
+                GatewayError::AmbiguousFraming("Content-Length with Transfer-Encoding, or twice")
+            }
             HeadRefusal::Malformed => GatewayError::MalformedRequest("a request head that cannot be parsed"),
             HeadRefusal::TooLarge => GatewayError::HeadersTooLarge,
         };
@@ -756,14 +757,6 @@ async fn forward(
     if fastcgi.is_some() {
         // Boxed: the request path's future need not hold a body being read whole.
         (length, body) = Box::pin(site::with_length(parts, declared, body)).await?;
-    } else if upstream.config.max_requests > 0 && !body.is_end_stream() {
-        // A capped upstream's body is read whole before a slot is taken, as nginx's
-        // `proxy_request_buffering` does: a client sending it slowly would otherwise hold
-        // the slot, and the app's worker, for as long as it likes.
-        let spooled = Box::pin(spool(body))
-            .await
-            .map_err(|error| error.answer(error.to_string()))?;
-        body = RequestBody::spooled(spooled);
     }
     // The headers go as they are read (into PHP's parameters, or straight into the
     // request head); the map is rewritten first only where that cannot be done.
