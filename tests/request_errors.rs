@@ -280,6 +280,29 @@ async fn ambiguous_framing_is_a_400_and_never_forwarded() {
     gw.metric_becomes(REFUSED, 6.0, Duration::from_secs(2)).await;
 }
 
+/// Bytes the parser refuses before a head could end are answered at once: a TLS handshake
+/// sent to the plain port (which never sends a line end), a broken request line.
+#[tokio::test]
+async fn a_head_refused_before_it_ends_is_answered_at_once() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
+    for start in [
+        &b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"[..],
+        b"GET /a b HTTP/1.1\r\nHost: h\r\n",
+    ] {
+        let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+        stream.write_all(start).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(3), stream.read_to_end(&mut answer))
+            .await
+            .expect("answered and closed at once")
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{answer}");
+    }
+    assert_eq!(upstream.requests(), 0);
+}
+
 #[tokio::test]
 async fn oversized_header_block_is_a_431() {
     let upstream = Upstream::start().await;

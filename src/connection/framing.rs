@@ -271,6 +271,12 @@ impl<S, A> FramingGuard<S, A> {
             None => return false,
             Some(Protocol::Http1) => {}
         }
+        // A byte that cannot start a method is refused at once, as hyper's parser refuses
+        // it there whatever follows: a TLS handshake sent to the plain port, say, which
+        // has no line end to wait for.
+        if !is_token(pending[0]) {
+            return self.refuse(HeadRefusal::Malformed);
+        }
         // A head found incomplete is read again only once it may be whole: once the new
         // bytes, with the two before them (an empty line's CR LF may complete the LF
         // before them), end a line with an empty one. A head that came whole costs no
@@ -290,6 +296,13 @@ impl<S, A> FramingGuard<S, A> {
             }
             Scanned::Incomplete | Scanned::Unusual if pending.len() > self.limits.bytes => {
                 return self.refuse(HeadRefusal::TooLarge);
+            }
+            // An unusual head is parsed as far as it came: one the parser refuses already
+            // is refused now, not when (if ever) it ends.
+            Scanned::Unusual
+                if let HeadVerdict::Refuse(refusal) = parse_framing(pending, self.limits.fields) =>
+            {
+                return self.refuse(refusal);
             }
             Scanned::Incomplete | Scanned::Unusual => {
                 self.searched = pending.len();
@@ -1002,6 +1015,28 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         }
     }
 
+    /// A head the parser refuses before it ends is refused at once, not once it ends or the
+    /// client gives up: a TLS handshake sent to the plain port, a broken request line.
+    #[tokio::test]
+    async fn heads_refused_before_they_end_are_answered_at_once() {
+        for start in [
+            &b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"[..],
+            b"GET /a b HTTP/1.1\r\nHost: x\r\n",
+        ] {
+            let (client, server) = tokio::io::duplex(1 << 16);
+            let (mut answers, mut client) = tokio::io::split(client);
+            let mut guard = FramingGuard::new(server, LIMITS, ConnectionState::new(), Fixed);
+            client.write_all(start).await.unwrap();
+            let mut buf = [0; 64];
+            let read = tokio::time::timeout(std::time::Duration::from_secs(5), guard.read(&mut buf)).await;
+            assert_eq!(read.expect("answered at once").unwrap(), 0, "{start:?}");
+            drop(guard);
+            let mut answered = Vec::new();
+            answers.read_to_end(&mut answered).await.unwrap();
+            assert_eq!(answered, b"Malformed", "{start:?}");
+        }
+    }
+
     /// A head longer than hyper's buffer, or with more fields than it takes, is refused
     /// as too large (431).
     #[tokio::test]
@@ -1175,14 +1210,15 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         client.write_all(upgrade).await.unwrap();
         let mut head = vec![0; upgrade.len()];
         guard.read_exact(&mut head).await.unwrap();
-        // Tunnel bytes (a WebSocket frame), held as the start of a head until the tunnel
-        // is known to have started.
+        let upgrading = connection.begin();
+        // Tunnel bytes (a WebSocket frame), which cannot start a head, held while the
+        // upgrade is in flight, until the tunnel is known to have started.
         let frame = b"\x82\x03abc";
         client.write_all(frame).await.unwrap();
         let mut buf = [0u8; 64];
         let held = tokio::time::timeout(std::time::Duration::from_millis(50), guard.read(&mut buf)).await;
         assert!(held.is_err(), "a head is inspected before it passes");
-        connection.begin().start_tunnel(Box::pin(async {}));
+        upgrading.start_tunnel(Box::pin(async {}));
         client.shutdown().await.unwrap();
         let mut tunnelled = Vec::new();
         guard.read_to_end(&mut tunnelled).await.unwrap();
