@@ -32,6 +32,7 @@ fn check(client: usize) -> LimitCheck {
         algorithm,
         lockout: None,
         cost: 1,
+        keep_below: 0,
         shadow: false,
     }
 }

@@ -31,6 +31,7 @@ fn check(client: usize, algorithm: Algorithm) -> LimitCheck {
         algorithm,
         lockout: None,
         cost: 1,
+        keep_below: 0,
         shadow: false,
     }
 }

@@ -29,6 +29,7 @@ fn login(client_ip: &str) -> LimitCheck {
             60 * MINUTE,
         )),
         cost: 1,
+        keep_below: 0,
         shadow: false,
     }
 }
@@ -45,6 +46,7 @@ fn api(api_key: &str) -> LimitCheck {
         algorithm,
         lockout: None,
         cost: 1,
+        keep_below: 0,
         shadow: false,
     }
 }

@@ -202,6 +202,7 @@ async fn requests_queued_behind_a_hung_redis_wait_no_longer_than_their_deadline(
         },
         lockout: None,
         cost: 1,
+        keep_below: 0,
         shadow: false,
     };
     redis.pause();

@@ -85,6 +85,7 @@ fn check(name: &str, algorithm: Algorithm) -> LimitCheck {
         algorithm,
         lockout: None,
         cost: 1,
+        keep_below: 0,
         shadow: false,
     }
 }
@@ -270,6 +271,7 @@ async fn busy_and_one_off_clients_in_one_burst(store: Store) {
             algorithm,
             lockout: None,
             cost: 1,
+            keep_below: 0,
             shadow: false,
         }
     };
@@ -767,6 +769,7 @@ async fn run_and_alone(algorithm: Algorithm) -> Vec<LimitDecision> {
     let (redis, server) = redis_alone().await;
     let limit = |name: &str| LimitCheck {
         cost: 2,
+        keep_below: 0,
         ..check(name, algorithm)
     };
     let [run, a, b] = ["run", "alone-a", "alone-b"].map(limit);
@@ -903,6 +906,7 @@ async fn every_redis_key_has_a_ttl_and_fits_200_bytes() {
             algorithm,
             lockout: Some(Lockout::on_refusal(lock_key("fg", &tuple, &name), 60_000 * MS)),
             cost: 1,
+            keep_below: 0,
             shadow: false,
         };
         for _ in 0..3 {

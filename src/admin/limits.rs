@@ -136,7 +136,7 @@ pub(super) async fn answer(shared: &Instance, request: &Request<Incoming>) -> Re
         rate,
         algorithm,
     }
-    .check(prefix, KeyedTuple::of(prefix, &tuple, &limit.name), 1);
+    .check(prefix, KeyedTuple::of(prefix, &tuple, &limit.name), (1, 1));
     match *method {
         Method::GET => match state.store.peek(&check).await {
             Ok(peeked) => {

@@ -282,6 +282,7 @@ mod tests {
             algorithm,
             lockout: None,
             cost: 1,
+            keep_below: 0,
             shadow: false,
         }
     }
@@ -488,6 +489,30 @@ mod tests {
                 .lock_left
                 .is_some()
         );
+    }
+
+    /// A key one route of its limit is refused on (it costs more than is left) is kept by a
+    /// full store, even when a cheaper route of the same limit touched it last.
+    #[test]
+    fn a_key_the_costliest_route_is_refused_on_is_kept_whatever_came_last() {
+        let clock = Arc::new(ManualClock::default());
+        let max_keys = 8 * SHARDS;
+        let store = MemoryStore::new(clock.clone(), max_keys, Counter::default());
+        let mut costly = check("shared", fixed(10));
+        costly.cost = 4;
+        costly.keep_below = 4;
+        let mut cheap = check("shared", fixed(10));
+        cheap.keep_below = 4;
+        for _ in 0..2 {
+            assert!(admits(&store, &costly));
+        }
+        assert!(!admits(&store, &costly));
+        assert!(admits(&store, &cheap), "one unit of the two left");
+        for i in 0..8 * max_keys {
+            store.decide(&[check(&format!("spray-{i}"), fixed(1))]);
+        }
+        assert!(!admits(&store, &costly), "still refused: kept");
+        assert_eq!(store.decide(std::slice::from_ref(&cheap))[0].remaining, 0);
     }
 
     #[test]

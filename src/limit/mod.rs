@@ -40,6 +40,9 @@ pub struct LimitCheck {
     pub lockout: Option<Lockout>,
     /// Units this request consumes (route `cost`, at least 1).
     pub cost: u64,
+    /// The largest `cost` of the routes that apply this limit: a key with less left is
+    /// refused by one of them, and a bounded store does not forget it (`cost` when larger).
+    pub keep_below: u64,
     /// A shadow limit never refuses the request: its rejection does not stop the others,
     /// and it consumes only when the whole request is admitted and it admits too.
     pub shadow: bool,
@@ -174,7 +177,11 @@ pub(crate) fn decide_all<'a>(
                 key: &check.key,
                 state: evaluation.new_state,
                 ttl: evaluation.ttl,
-                used: Used::of(evaluation.remaining_after, check.algorithm.capacity(), check.cost),
+                used: Used::of(
+                    evaluation.remaining_after,
+                    check.algorithm.capacity(),
+                    check.cost.max(check.keep_below),
+                ),
             });
             LimitDecision {
                 outcome: if evaluation.delay > 0 {

@@ -27,6 +27,8 @@ use crate::metrics::{LimitOutcome, Metrics};
 pub(crate) struct RouteLimits {
     limits: Vec<Arc<LimitConfig>>,
     cost: u64,
+    /// For each limit, the largest `cost` of the routes that apply it.
+    keep_below: Vec<u64>,
     /// `RateLimit-Policy` for the route's enforced limits.
     policy: Option<HeaderValue>,
 }
@@ -82,7 +84,9 @@ fn refused_by(limit: &LimitConfig, retry_after: u64) -> Action {
 }
 
 impl RouteLimits {
-    pub(crate) fn new(limits: Vec<Arc<LimitConfig>>, cost: u64) -> Self {
+    /// `keep_below` has, for each of `limits`, the largest `cost` of the routes that
+    /// apply it.
+    pub(crate) fn new(limits: Vec<Arc<LimitConfig>>, cost: u64, keep_below: Vec<u64>) -> Self {
         let policy = policy_value(
             limits
                 .iter()
@@ -95,7 +99,12 @@ impl RouteLimits {
                     })
                 }),
         );
-        RouteLimits { limits, cost, policy }
+        RouteLimits {
+            limits,
+            cost,
+            keep_below,
+            policy,
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -116,7 +125,7 @@ impl RouteLimits {
         // Whether every limit applies as configured (no exemption, no override): then the
         // route's RateLimit-Policy, computed at load, describes the request.
         let mut as_configured = true;
-        for limit in &self.limits {
+        for (index, limit) in self.limits.iter().enumerate() {
             if limit.exempt.iter().any(|net| net.contains(&client_ip)) {
                 as_configured = false;
                 continue;
@@ -155,7 +164,11 @@ impl RouteLimits {
                 rate,
                 algorithm,
             };
-            planned.push(applied, applied.check(settings.prefix, tuple, self.cost));
+            let keep_below = self.keep_below.get(index).copied().unwrap_or(self.cost);
+            planned.push(
+                applied,
+                applied.check(settings.prefix, tuple, (self.cost, keep_below)),
+            );
         }
         // Concurrency limits take their slots first: one that has none free refuses the
         // request before anything is consumed; the slots taken go back if another limit
@@ -528,7 +541,12 @@ pub(crate) struct AppliedRate<'a> {
 impl<'a> AppliedRate<'a> {
     /// What the store is asked on key tuple `tuple`: its keys, its algorithm and
     /// lock-out, `cost`.
-    pub(crate) fn check(&self, prefix: &str, tuple: KeyedTuple, cost: u64) -> LimitCheck {
+    pub(crate) fn check(
+        &self,
+        prefix: &str,
+        tuple: KeyedTuple,
+        (cost, keep_below): (u64, u64),
+    ) -> LimitCheck {
         let name = &self.limit.name;
         let lockout = self.rate.lockout.map(|penalty| Lockout {
             key: lock_key(prefix, tuple.tuple(), name),
@@ -541,6 +559,7 @@ impl<'a> AppliedRate<'a> {
             algorithm: *self.algorithm,
             lockout,
             cost,
+            keep_below,
             shadow: self.limit.mode == Mode::Shadow,
         }
     }

@@ -128,6 +128,14 @@ impl GatewayState {
                 (name.as_str(), upstream)
             })
             .collect();
+        // Each limit's largest route cost: a key with less left is refused by that route.
+        let mut largest_cost: HashMap<&str, u64> = HashMap::new();
+        for route in &config.routes {
+            for limit in &route.limits {
+                let largest = largest_cost.entry(&limit.name).or_default();
+                *largest = (*largest).max(route.cost);
+            }
+        }
         let routes = config
             .routes
             .iter()
@@ -139,7 +147,15 @@ impl GatewayState {
                     RouteTarget::Respond(respond) => Target::Respond(respond.clone()),
                     RouteTarget::Files(site) => Target::Files(site.clone()),
                 },
-                limits: RouteLimits::new(route.limits.clone(), route.cost),
+                limits: RouteLimits::new(
+                    route.limits.clone(),
+                    route.cost,
+                    route
+                        .limits
+                        .iter()
+                        .map(|limit| largest_cost[&*limit.name])
+                        .collect(),
+                ),
                 request_rules: CombinedRules::of(&config.server.request_headers, &route.request_headers),
                 response_rules: CombinedRules::of(&config.server.response_headers, &route.response_headers)
                     .map(Arc::new),

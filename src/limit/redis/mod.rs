@@ -580,6 +580,7 @@ mod tests {
             algorithm: Algorithm::FixedWindow { limit: 1, window: 1 },
             lockout: None,
             cost: 1,
+            keep_below: 0,
             shadow: false,
         };
         let checks = [

@@ -169,6 +169,7 @@ mod tests {
             },
             lockout: None,
             cost: 1,
+            keep_below: 0,
             shadow: false,
         }
     }

@@ -436,6 +436,7 @@ mod tests {
                 starts_on_refusal: true,
             }),
             cost,
+            keep_below: 0,
             shadow: false,
         }
     }
