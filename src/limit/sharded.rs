@@ -180,11 +180,7 @@ impl<V: Expiring> Shard<V> {
         now: u64,
         evict: impl FnOnce(&mut IdentityMap<V>, usize) -> bool,
     ) -> bool {
-        if self.entries.len() >= self.share && !self.make_room(now, evict) {
-            return false;
-        }
-        self.entries.insert(identity, value);
-        true
+        self.insert_within(identity, value, now, evict, 0)
     }
 
     /// As [`insert_new`](Self::insert_new), for an entry worth more than any other the
@@ -199,9 +195,23 @@ impl<V: Expiring> Shard<V> {
         now: u64,
         evict: impl FnOnce(&mut IdentityMap<V>, usize) -> bool,
     ) -> bool {
+        let over = self.share / 2;
+        self.insert_within(identity, value, now, evict, over)
+    }
+
+    /// Stores a new entry if the shard makes room for it, or holds fewer than its share
+    /// and `over` more.
+    fn insert_within(
+        &mut self,
+        identity: u128,
+        value: V,
+        now: u64,
+        evict: impl FnOnce(&mut IdentityMap<V>, usize) -> bool,
+        over: usize,
+    ) -> bool {
         if self.entries.len() >= self.share
             && !self.make_room(now, evict)
-            && self.entries.len() >= self.share + self.share / 2
+            && self.entries.len() >= self.share + over
         {
             return false;
         }
