@@ -4,6 +4,7 @@
 //! given back when another slot refuses.
 
 use std::process::Command;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::config::GatewayToml;
@@ -12,10 +13,16 @@ use crate::common::{TestGateway, Upstream, send};
 use http::{Request, StatusCode};
 
 /// A free port whose cluster bus port (+10000) is free too; cluster ports must be ≤ 55535.
+/// Each call tries ports no other call of this process tried: two clusters starting at
+/// once would otherwise both find the same port free.
 fn cluster_port() -> u16 {
+    static TRIED: AtomicU16 = AtomicU16::new(0);
     let seed = std::process::id() as u16;
     (0..5000u16)
-        .map(|i| 20000 + (seed.wrapping_add(i.wrapping_mul(7919))) % 35000)
+        .map(|_| {
+            let i = TRIED.fetch_add(1, Ordering::Relaxed);
+            20000 + (seed.wrapping_add(i.wrapping_mul(7919))) % 35000
+        })
         .find(|&port| {
             std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
                 && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok()
@@ -187,4 +194,90 @@ async fn cluster_decisions_same_slot_and_across_slots() {
         keys.iter().any(|k| k.contains("{vkey-one}:per_key:fw")),
         "{keys:?}"
     );
+}
+
+/// The node that holds the instances' heartbeat key going down leaves the other nodes'
+/// keys decided in Redis: the breaker's probe on a cluster is a `PING`, which the live
+/// nodes answer, not the heartbeat, whose one node is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_heartbeats_node_leaves_the_other_keys_decided() {
+    let mut cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    for node in &cluster.nodes {
+        node.cli(&["config", "set", "cluster-require-full-coverage", "no"]);
+    }
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(
+        GatewayToml::new()
+            .redis(
+                &format!("redis://127.0.0.1:{}", cluster.nodes[0].port),
+                r#"cluster = true
+                timeout = "300ms"
+                on_error = "deny""#,
+            )
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "per_key",
+                r#"algorithm = "fixed_window"
+                limit = 1000
+                window = "1m"
+                key = ["header:x-api-key"]"#,
+            )
+            .route(
+                "app",
+                r#"upstream = "app"
+                limits = ["per_key"]"#,
+            ),
+    )
+    .await;
+    let heartbeat_slot = cluster.slot("floodgate:instances");
+    let started = Instant::now();
+    let holder = loop {
+        let holder = cluster
+            .nodes
+            .iter()
+            .position(|node| node.cli(&["cluster", "countkeysinslot", &heartbeat_slot]).trim() == "1");
+        if let Some(holder) = holder {
+            break holder;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no heartbeat in the cluster"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // A key whose slot a node other than the heartbeat's serves.
+    let serves = |index: usize, slot: u32| {
+        cluster.nodes[index]
+            .cli(&["cluster", "nodes"])
+            .lines()
+            .any(|line| line.contains("myself") && owns(line, slot))
+    };
+    let live = (0..1000)
+        .map(|i| format!("key-{i}"))
+        .find(|key| !serves(holder, cluster.slot(&format!("v{key}")).parse().unwrap()))
+        .expect("a key on another node");
+    assert_eq!(request(&gateway, &live).await.0, StatusCode::OK);
+
+    tokio::task::block_in_place(|| cluster.nodes[holder].kill());
+    // No traffic for a while: only the probe speaks to the cluster.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let started = Instant::now();
+    loop {
+        if request(&gateway, &live).await.0 == StatusCode::OK {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "a live node's key is refused: the breaker stays open"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether a `CLUSTER NODES` line's node serves `slot`.
+fn owns(line: &str, slot: u32) -> bool {
+    line.split(' ').skip(8).any(|range| match range.split_once('-') {
+        Some((from, to)) => (from.parse().unwrap_or(u32::MAX)..=to.parse().unwrap_or(0)).contains(&slot),
+        None => range.parse() == Ok(slot),
+    })
 }
