@@ -77,6 +77,11 @@ impl Cluster {
         Cluster { nodes }
     }
 
+    /// The URL of its first node, through which the gateway finds the others.
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.nodes[0].port)
+    }
+
     fn slot(&self, tag: &str) -> String {
         self.nodes[0].cli(&["cluster", "keyslot", tag]).trim().to_owned()
     }
@@ -87,6 +92,11 @@ impl Cluster {
             .flat_map(|n| n.cli(&["--scan"]).lines().map(str::to_owned).collect::<Vec<_>>())
             .collect()
     }
+}
+
+/// `[redis]` keys for deciding on the cluster within `timeout`, refusing when it fails.
+fn deciding(timeout: &str) -> String {
+    format!("cluster = true\ntimeout = \"{timeout}\"\non_error = \"deny\"")
 }
 
 async fn request(gateway: &TestGateway, api_key: &str) -> (StatusCode, String) {
@@ -110,12 +120,7 @@ async fn cluster_decisions_same_slot_and_across_slots() {
     let upstream = Upstream::start().await;
     let gateway = TestGateway::start(
         GatewayToml::new()
-            .redis(
-                &format!("redis://127.0.0.1:{}", cluster.nodes[0].port),
-                r#"cluster = true
-                timeout = "500ms"
-                on_error = "deny""#,
-            )
+            .redis(&cluster.url(), &deciding("500ms"))
             .upstream("app", &upstream.url(), "")
             .limit(
                 "wide",
@@ -208,12 +213,7 @@ async fn losing_the_heartbeats_node_leaves_the_other_keys_decided() {
     let upstream = Upstream::start().await;
     let gateway = TestGateway::start(
         GatewayToml::new()
-            .redis(
-                &format!("redis://127.0.0.1:{}", cluster.nodes[0].port),
-                r#"cluster = true
-                timeout = "300ms"
-                on_error = "deny""#,
-            )
+            .redis(&cluster.url(), &deciding("300ms"))
             .upstream("app", &upstream.url(), "")
             .limit(
                 "per_key",

@@ -328,7 +328,7 @@ const LAST_HTTP_DATE: u64 = 253_402_300_799;
 /// 5.6.7, `Sun, 06 Nov 1994 08:49:37 GMT`). Written here rather than through `httpdate`'s
 /// `Display`: the formatting machinery cost a file's response about 1,000 instructions,
 /// and `httpdate` panics on times before 1970.
-fn http_date(secs: u64) -> [u8; 29] {
+pub(crate) fn http_date(secs: u64) -> [u8; 29] {
     const DAYS: [&[u8; 3]; 7] = [b"Sun", b"Mon", b"Tue", b"Wed", b"Thu", b"Fri", b"Sat"];
     const MONTHS: [&[u8; 3]; 12] = [
         b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec",

@@ -190,7 +190,10 @@ fn http1_message(head: &http::response::Parts, body: &Bytes) -> Bytes {
     }
     message.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
     message.extend_from_slice(b"date: ");
-    message.extend_from_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    message.extend_from_slice(&crate::files::serve::http_date(now));
     message.extend_from_slice(b"\r\n\r\n");
     message.extend_from_slice(body);
     Bytes::from(message)
