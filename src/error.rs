@@ -71,6 +71,8 @@ pub(crate) enum GatewayError {
     NotAFileMethod,
     #[error("{0}")]
     SpoolFailed(String),
+    #[error("no place for a request body read whole came free within server.body_timeout")]
+    SpoolRoomFull,
     #[error("the client's address is denied by {0}")]
     Forbidden(&'static str),
     #[error("bad request path: {0}")]
@@ -136,7 +138,7 @@ impl GatewayError {
                 UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
                 UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout => StatusCode::SERVICE_UNAVAILABLE,
             },
-            GatewayError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::StoreUnavailable | GatewayError::SpoolRoomFull => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::ClientClosed => {
                 StatusCode::from_u16(CLIENT_CLOSED_REQUEST).expect("499 is a status code")
             }
@@ -150,7 +152,8 @@ impl GatewayError {
             GatewayError::AmbiguousFraming(_)
             | GatewayError::UnsupportedTransferCoding
             | GatewayError::BodyTimeout
-            | GatewayError::SpoolFailed(_) => true,
+            | GatewayError::SpoolFailed(_)
+            | GatewayError::SpoolRoomFull => true,
             GatewayError::NoRoute
             | GatewayError::NotFound
             | GatewayError::NoChallenge
@@ -177,14 +180,16 @@ impl GatewayError {
     }
 
     /// The `Retry-After` seconds of the answer, when it has one: a request shed by an
-    /// upstream's concurrency cap may be tried again at once.
+    /// upstream's concurrency cap, or by the room for bodies read whole, may be tried
+    /// again at once.
     pub(crate) fn retry_after(&self) -> Option<u64> {
         match self {
             GatewayError::Upstream {
                 kind: UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout,
                 ..
             }
-            | GatewayError::StoreUnavailable => Some(1),
+            | GatewayError::StoreUnavailable
+            | GatewayError::SpoolRoomFull => Some(1),
             _ => None,
         }
     }

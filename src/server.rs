@@ -33,6 +33,7 @@ use crate::connection::send_timeout::SendTimeout;
 use crate::connection::{ConnectionState, serve_until_idle};
 use crate::logging::LogThrottle;
 use crate::metrics::Metrics;
+use crate::proxy::spool::SpoolRoom;
 use crate::service::request_head::MAX_HEADER_BYTES;
 use crate::service::state::GatewayState;
 use crate::service::{Instance, handle};
@@ -65,6 +66,8 @@ pub struct Gateway {
     admin_listener: TcpListener,
     /// The worker threads; `None` for one worker, which is the thread that accepts.
     workers: Option<Workers>,
+    /// How many client connections may be open at once.
+    connection_cap: usize,
 }
 
 impl Gateway {
@@ -83,6 +86,10 @@ impl Gateway {
             )
         })?;
         let metrics = Arc::new(Metrics::new());
+        let connection_cap = connection_cap(
+            config.server.max_connections,
+            rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
+        );
         let state = GatewayState::new(config, &metrics)
             .map_err(|e| io::Error::other(format!("cannot set up the rate-limit store: {e}")))?;
         state.store.wait_ready(STORE_STARTUP_WAIT).await;
@@ -97,7 +104,9 @@ impl Gateway {
                     .as_ref()
                     .and_then(|listener| listener.local_addr().ok())
                     .map(|addr| addr.port()),
+                SpoolRoom::for_connections(connection_cap),
             )),
+            connection_cap,
             listener,
             tls_listener,
             admin_listener,
@@ -141,16 +150,14 @@ impl Gateway {
             tls_listener,
             admin_listener,
             workers,
+            connection_cap,
         } = self;
         let workers = workers.map(Arc::new);
         let connections = TaskTracker::new();
         let closing = CancellationToken::new();
         let admin = tokio::spawn(admin::serve(admin_listener, shared.clone()));
         let room = Arc::new(ConnectionRoom::new(
-            connection_cap(
-                shared.state.load().config.server.max_connections,
-                rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
-            ),
+            connection_cap,
             shared.metrics.client_connections().clone(),
         ));
 

@@ -1136,3 +1136,64 @@ async fn bytes_past_a_fastcgi_answer_answer_no_other_request() {
         assert_eq!((status, body.as_str()), (StatusCode::OK, "right"), "request {n}");
     }
 }
+
+/// Bodies read whole take their temporary files from one room, a quarter of
+/// `server.max_connections` (the open-files limit's share of clients), so that uploads,
+/// many to a connection over HTTP/2, cannot take every descriptor: a body that finds the
+/// room full waits for a place within `server.body_timeout` and is then a 503, nothing
+/// sent to PHP; a body that fits in memory needs no place; a place a client leaves is
+/// taken by the next body.
+#[tokio::test]
+async fn bodies_read_whole_share_a_bounded_room_of_temporary_files() {
+    use tokio::io::AsyncWriteExt;
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let route = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server("body_timeout = \"1s\"\nmax_connections = 8")
+            .table(
+                "upstreams.php",
+                &format!("url = \"{}\"\nmax_requests = 2", fpm.url()),
+            )
+            .route("site", &route),
+    )
+    .await;
+    // Two uploads past what memory keeps, going on a byte at a time: the room's two places.
+    let held = |addr| {
+        tokio::spawn(async move {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream
+                .write_all(b"POST /upload.php HTTP/1.1\r\nHost: a\r\nContent-Length: 10000000\r\n\r\n")
+                .await
+                .unwrap();
+            stream.write_all(&[b'h'; 100_000]).await.unwrap();
+            while stream.write_all(b"h").await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let holders = [held(gw.addr), held(gw.addr)];
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let upload = |size: usize| {
+        Request::post(gw.url("/upload.php"))
+            .body(Full::new(Bytes::from(vec![b'u'; size])))
+            .unwrap()
+    };
+    let asked = std::time::Instant::now();
+    let (status, _, body) = send(upload(200_000)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        asked.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        asked.elapsed()
+    );
+    let (status, _, body) = send(upload(10_000)).await;
+    let small = format!("10000 {:x}", md5_of(&[b'u'; 10_000]));
+    assert_eq!((status, body), (StatusCode::OK, small));
+    holders[0].abort();
+    let (status, _, body) = send(upload(200_000)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.starts_with("200000 "), "{body}");
+    holders[1].abort();
+}

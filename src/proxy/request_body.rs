@@ -27,6 +27,8 @@ pub(crate) enum RequestBodyError {
     Client(#[from] hyper::Error),
     #[error("the request body could not be kept in a temporary file: {0}")]
     Spool(#[from] std::io::Error),
+    #[error("no place for a request body read whole came free within server.body_timeout")]
+    NoRoom,
 }
 
 pin_project! {
@@ -55,6 +57,7 @@ impl RequestBodyError {
             RequestBodyError::TimedOut => GatewayError::BodyTimeout,
             RequestBodyError::Client(_) => GatewayError::BadRequestBody(detail),
             RequestBodyError::Spool(_) => GatewayError::SpoolFailed(detail),
+            RequestBodyError::NoRoom => GatewayError::SpoolRoomFull,
         }
     }
 }

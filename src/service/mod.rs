@@ -59,6 +59,7 @@ use crate::proxy::headers::{
     set_forwarding_headers, switches_as_asked,
 };
 use crate::proxy::request_body::RequestBody;
+use crate::proxy::spool::SpoolRoom;
 use crate::trace::context::SpanId;
 use crate::trace::{RequestTrace, TRACESTATE};
 use crate::upstream::read_ahead::ReadAhead;
@@ -82,17 +83,25 @@ pub struct Instance {
     no_route: Arc<str>,
     /// The HTTPS listener's port, for `redirect_http`.
     https_port: Option<u16>,
+    /// What request bodies read whole may hold at once.
+    spools: SpoolRoom,
 }
 
 impl Instance {
     /// `state` was built counting in `metrics`.
-    pub(crate) fn new(state: GatewayState, metrics: Arc<Metrics>, https_port: Option<u16>) -> Self {
+    pub(crate) fn new(
+        state: GatewayState,
+        metrics: Arc<Metrics>,
+        https_port: Option<u16>,
+        spools: SpoolRoom,
+    ) -> Self {
         Instance {
             state: ArcSwap::from_pointee(state),
             metrics,
             draining: AtomicBool::new(false),
             no_route: Arc::from(""),
             https_port,
+            spools,
         }
     }
 
@@ -562,7 +571,7 @@ async fn serve(
                 (request, body),
                 (forwarded, script),
                 &context,
-                &state.config.server,
+                (&state.config.server, &shared.spools),
                 client.connection,
                 (leftovers, &mut tries),
             )
@@ -717,7 +726,7 @@ async fn forward(
     (parts, body): (&mut Parts, Incoming),
     (path, script): (&str, Option<(&Php, Script)>),
     context: &ForwardingContext<'_>,
-    server: &ServerConfig,
+    (server, spools): (&ServerConfig, &SpoolRoom),
     connection: &InFlight,
     (leftovers, tries): (&mut Leftovers, &mut Tries<'_>),
 ) -> Result<Response<Payload>, OwnAnswer> {
@@ -759,7 +768,14 @@ async fn forward(
     let mut length = None;
     if fastcgi.is_some() {
         // Boxed: the request path's future need not hold a body being read whole.
-        (length, body) = Box::pin(site::with_length(parts, declared, body)).await?;
+        (length, body) = Box::pin(site::with_length(
+            parts,
+            declared,
+            body,
+            spools,
+            server.body_timeout,
+        ))
+        .await?;
     }
     // The headers go as they are read (into PHP's parameters, or straight into the
     // request head); the map is rewritten first only where that cannot be done.

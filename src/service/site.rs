@@ -2,6 +2,8 @@
 //! the path comes to, the file itself when it is not a script, and what PHP-FPM is told
 //! when it is (docs/php-fpm.md).
 
+use std::time::Duration;
+
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Response, Version};
@@ -18,7 +20,7 @@ use crate::path::decode_file_path;
 use crate::proxy::headers::AsForwarded;
 use crate::proxy::headers::ForwardingContext;
 use crate::proxy::request_body::RequestBody;
-use crate::proxy::spool::spool;
+use crate::proxy::spool::{SpoolRoom, spool};
 use crate::trace::RequestTrace;
 use crate::trace::context::{self, SpanId};
 use crate::upstream::FastCgiHead;
@@ -128,17 +130,20 @@ pub(super) fn fastcgi_head(
 /// whole first, before PHP-FPM is contacted, whatever its framing: PHP-FPM must be told
 /// the length of one of unknown length (chunked), and a client sending its body slowly
 /// would otherwise hold a PHP worker (and the server's `max_requests` slot) as long as
-/// it likes. PHP reads a request's body whole before the script runs in any case.
+/// it likes. PHP reads a request's body whole before the script runs in any case. A body
+/// that needs a temporary file waits up to `wait` for a place in `room`.
 pub(super) async fn with_length(
     parts: &Parts,
     declared: Option<u64>,
     body: RequestBody,
+    room: &SpoolRoom,
+    wait: Duration,
 ) -> Result<(Option<u64>, RequestBody), OwnAnswer> {
     if body.is_end_stream() {
         let framed = parts.version < Version::HTTP_2 && parts.headers.contains_key(header::TRANSFER_ENCODING);
         return Ok((declared.or(framed.then_some(0)), body));
     }
-    let spooled = spool(body)
+    let spooled = spool(body, room, wait)
         .await
         .map_err(|error| error.answer(error.to_string()))?;
     Ok((Some(spooled.len()), RequestBody::spooled(spooled)))
