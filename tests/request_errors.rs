@@ -311,7 +311,7 @@ async fn oversized_header_block_is_a_431() {
     let big = "a".repeat(70 * 1024);
     let answer = exchange(
         gw.addr,
-        format!("GET /big-head HTTP/1.1\r\nHost: h\r\nX-Big: {big}\r\n\r\n").as_bytes(),
+        format!("GET /big-head HTTP/1.1\r\nHost: h\r\nX-Big: {big}\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .await;
     assert_eq!(
@@ -319,10 +319,24 @@ async fn oversized_header_block_is_a_431() {
         "HTTP/1.1 431 Request Header Fields Too Large",
         "{answer}"
     );
+    assert_own_431(&answer);
+    // A head that does not end within the 64 KB read for one is refused by the framing
+    // guard, before hyper: the same answer, and the connection closed at once (the
+    // exchange ends well before its 5 s).
+    let mut endless = b"GET /endless HTTP/1.1\r\nHost: h\r\nX-Big: ".to_vec();
+    endless.resize(70 * 1024, b'e');
+    let asked = std::time::Instant::now();
+    let answer = exchange(gw.addr, &endless).await;
+    assert!(asked.elapsed() < Duration::from_secs(4), "{:?}", asked.elapsed());
+    assert_own_431(&answer);
+    assert!(
+        answer.to_ascii_lowercase().contains("\r\nconnection: close\r\n"),
+        "{answer}"
+    );
     assert_eq!(upstream.requests(), 0);
     gw.metric_becomes(
         r#"floodgate_requests_total{route="",status="431"}"#,
-        1.0,
+        2.0,
         Duration::from_secs(2),
     )
     .await;
@@ -336,6 +350,24 @@ async fn oversized_header_block_is_a_431() {
     .await;
     assert_eq!(status_line(&answer), "HTTP/1.1 200 OK");
     assert_eq!(upstream.requests(), 1);
+}
+
+/// floodgate's own 431: its one-line body, as plain text, with the request ID every
+/// answer carries.
+fn assert_own_431(answer: &str) {
+    assert_eq!(
+        status_line(answer),
+        "HTTP/1.1 431 Request Header Fields Too Large",
+        "{answer}"
+    );
+    assert!(
+        answer.ends_with("\r\n\r\nRequest Header Fields Too Large\n"),
+        "{answer}"
+    );
+    let lower = answer.to_ascii_lowercase();
+    for field in ["content-type: text/plain; charset=utf-8", "x-request-id: "] {
+        assert!(lower.contains(&format!("\r\n{field}")), "{field}: {answer}");
+    }
 }
 
 /// `count` fields of `size` bytes each as HTTP/1.1 writes them (`x-N: vvv` and CRLF).
