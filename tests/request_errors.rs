@@ -280,6 +280,53 @@ async fn ambiguous_framing_is_a_400_and_never_forwarded() {
     gw.metric_becomes(REFUSED, 6.0, Duration::from_secs(2)).await;
 }
 
+/// Request lines that look plain but that hyper's parser or its URI rules refuse (bytes
+/// a target may not hold, a method that is not a token) get floodgate's own 400 like
+/// every other refused head: its body and request ID, not hyper's bare answer. Nothing is
+/// forwarded.
+#[tokio::test]
+async fn heads_hyper_would_refuse_get_floodgates_own_400() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
+    for raw in [
+        &b"GET /<script>alert(1)</script> HTTP/1.1\r\nHost: h\r\n\r\n"[..],
+        b"GET /search?q=\"x\" HTTP/1.1\r\nHost: h\r\n\r\n",
+        b"GET /a`b HTTP/1.1\r\nHost: h\r\n\r\n",
+        b"GET /\xff\xfe HTTP/1.1\r\nHost: h\r\n\r\n",
+        b"GET /\x7f HTTP/1.1\r\nHost: h\r\n\r\n",
+        b"G(T / HTTP/1.1\r\nHost: h\r\n\r\n",
+    ] {
+        let answer = exchange(gw.addr, raw).await;
+        let shown = String::from_utf8_lossy(raw);
+        assert_eq!(
+            status_line(&answer),
+            "HTTP/1.1 400 Bad Request",
+            "{shown:?} -> {answer}"
+        );
+        assert!(answer.ends_with("\r\n\r\nBad Request\n"), "{shown:?} -> {answer}");
+        assert!(answer.contains("\r\nx-request-id: "), "{shown:?} -> {answer}");
+    }
+    assert_eq!(upstream.requests(), 0);
+    // What hyper takes goes on as before: a fragment, braces and a quote in the path,
+    // UTF-8, an absolute-form target, a tab in a value.
+    for raw in [
+        &b"GET /a#frag HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"[..],
+        b"GET /{\"json\"}|x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+        "GET /caf\u{e9} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n".as_bytes(),
+        b"GET http://h/abs HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: h\r\nX-A: a\tb\r\nConnection: close\r\n\r\n",
+    ] {
+        let answer = exchange(gw.addr, raw).await;
+        assert_eq!(
+            status_line(&answer),
+            "HTTP/1.1 200 OK",
+            "{:?} -> {answer}",
+            String::from_utf8_lossy(raw)
+        );
+    }
+    assert_eq!(upstream.requests(), 5);
+}
+
 /// Bytes the parser refuses before a head could end are answered at once: a TLS handshake
 /// sent to the plain port (which never sends a line end), a broken request line.
 #[tokio::test]
