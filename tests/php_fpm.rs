@@ -1197,3 +1197,83 @@ async fn bodies_read_whole_share_a_bounded_room_of_temporary_files() {
     assert!(body.starts_with("200000 "), "{body}");
     holders[1].abort();
 }
+
+/// Over HTTP/2 a body that finds no place is answered 503 at once, not kept waiting: a
+/// stream that is not read keeps what it was sent counted against the connection's
+/// window, and the connection's other uploads, the one holding the place among them,
+/// would stall until the waiting streams' `body_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_a_body_with_no_place_is_refused_at_once_not_left_to_stall_the_connection() {
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let fpm = PhpFpm::start(2);
+    site(&fpm);
+    let route = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server("body_timeout = \"3s\"\nmax_connections = 4")
+            .table(
+                "upstreams.php",
+                &format!("url = \"{}\"\nmax_requests = 2", fpm.url()),
+            )
+            .route("site", &route),
+    )
+    .await;
+    type UploadParts = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<Frame<Bytes>, std::convert::Infallible>> + Send>,
+    >;
+    type Upload = StreamBody<UploadParts>;
+    let stream = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake::<_, _, Upload>(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    // An upload of `count` 100 KB parts, 50 ms apart.
+    let upload = |mut sender: hyper::client::conn::http2::SendRequest<Upload>, count: usize| {
+        let parts = futures_util::stream::unfold(0, move |sent| async move {
+            if sent == count {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Some((
+                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(vec![b'p'; 100_000]))),
+                sent + 1,
+            ))
+        });
+        let request = Request::post(format!("http://{}/upload.php", gw.addr))
+            .body(StreamBody::new(Box::pin(parts) as UploadParts))
+            .unwrap();
+        tokio::spawn(async move {
+            let response = sender.send_request(request).await.unwrap();
+            let status = response.status();
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        })
+    };
+    let started = std::time::Instant::now();
+    let holder = upload(sender.clone(), 30);
+    // Past 64 KB: the holder has the room's one place.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let others = [upload(sender.clone(), 10), upload(sender.clone(), 10)];
+    for other in others {
+        let (status, body) = other.await.unwrap();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    }
+    let (status, body) = holder.await.unwrap();
+    assert_eq!(
+        (status, body.split(' ').next()),
+        (StatusCode::OK, Some("3000000")),
+        "{body}"
+    );
+    // About 1.5 s to send; stalled, it would end past the others' 3 s.
+    assert!(
+        started.elapsed() < Duration::from_millis(2700),
+        "the holder stalled until the others' body_timeout: {:?}",
+        started.elapsed()
+    );
+}
