@@ -71,8 +71,8 @@ pub(crate) enum GatewayError {
     NotAFileMethod,
     #[error("{0}")]
     SpoolFailed(String),
-    #[error("no place for a request body read whole came free within server.body_timeout")]
-    SpoolRoomFull,
+    #[error("no place came free for {0}: a quarter of server.max_connections, files requests hold open")]
+    RoomFull(&'static str),
     #[error("the client's address is denied by {0}")]
     Forbidden(&'static str),
     #[error("bad request path: {0}")]
@@ -138,7 +138,7 @@ impl GatewayError {
                 UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
                 UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout => StatusCode::SERVICE_UNAVAILABLE,
             },
-            GatewayError::StoreUnavailable | GatewayError::SpoolRoomFull => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::StoreUnavailable | GatewayError::RoomFull(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::ClientClosed => {
                 StatusCode::from_u16(CLIENT_CLOSED_REQUEST).expect("499 is a status code")
             }
@@ -153,7 +153,7 @@ impl GatewayError {
             | GatewayError::UnsupportedTransferCoding
             | GatewayError::BodyTimeout
             | GatewayError::SpoolFailed(_)
-            | GatewayError::SpoolRoomFull => true,
+            | GatewayError::RoomFull(_) => true,
             GatewayError::NoRoute
             | GatewayError::NotFound
             | GatewayError::NoChallenge
@@ -180,7 +180,7 @@ impl GatewayError {
     }
 
     /// The `Retry-After` seconds of the answer, when it has one: a request shed by an
-    /// upstream's concurrency cap, or by the room for bodies read whole, may be tried
+    /// upstream's concurrency cap, or for want of a place for an open file, may be tried
     /// again at once.
     pub(crate) fn retry_after(&self) -> Option<u64> {
         match self {
@@ -189,7 +189,7 @@ impl GatewayError {
                 ..
             }
             | GatewayError::StoreUnavailable
-            | GatewayError::SpoolRoomFull => Some(1),
+            | GatewayError::RoomFull(_) => Some(1),
             _ => None,
         }
     }

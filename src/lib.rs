@@ -52,6 +52,7 @@ mod outbound;
 pub mod path;
 mod proxy;
 pub mod reload;
+mod room;
 pub mod router;
 pub mod server;
 pub mod service;

@@ -33,7 +33,7 @@ use crate::connection::send_timeout::SendTimeout;
 use crate::connection::{ConnectionState, serve_until_idle};
 use crate::logging::LogThrottle;
 use crate::metrics::Metrics;
-use crate::proxy::spool::SpoolRoom;
+use crate::room::Room;
 use crate::service::request_head::MAX_HEADER_BYTES;
 use crate::service::state::GatewayState;
 use crate::service::{Instance, handle};
@@ -104,7 +104,7 @@ impl Gateway {
                     .as_ref()
                     .and_then(|listener| listener.local_addr().ok())
                     .map(|addr| addr.port()),
-                SpoolRoom::for_connections(connection_cap),
+                Room::for_connections(connection_cap),
             )),
             connection_cap,
             listener,

@@ -138,3 +138,51 @@ fn the_keys_of_a_site_go_where_they_apply() {
         ["routes[0].index"]
     );
 }
+
+/// A file too large to be read at once is held open while it streams, in one of the
+/// places a quarter of `server.max_connections` gives files requests hold: a client that
+/// never reads holds its place, not the process's descriptors, and a file that finds no
+/// place is a 503 with `Retry-After: 1`; small files, read when opened, need none; the
+/// place comes back when the client goes.
+#[tokio::test]
+async fn files_that_stream_take_a_place_and_give_it_back() {
+    use tokio::io::AsyncWriteExt as _;
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(site.path().join("big.bin"), vec![b'b'; 4 << 20]).unwrap();
+    std::fs::write(site.path().join("small.txt"), "small").unwrap();
+    let gw = TestGateway::start(
+        GatewayToml::new()
+            .server("max_connections = 4")
+            .route("site", &format!("root = \"{}\"", site.path().display())),
+    )
+    .await;
+    // The room's one place, held by a download nobody reads.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(gw.addr).await.unwrap();
+    stalled
+        .write_all(b"GET /big.bin HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+
+    let (status, headers, body) = get(&gw.url("/big.bin")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{} bytes", body.len());
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(get(&gw.url("/small.txt")).await.2, "small");
+
+    drop(stalled);
+    let started = std::time::Instant::now();
+    loop {
+        let (status, _, body) = get(&gw.url("/big.bin")).await;
+        if status == StatusCode::OK {
+            assert_eq!(body.len(), 4 << 20);
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(3),
+            "the place did not come back: {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -27,6 +27,8 @@ pub(crate) enum Choice {
     Nothing,
     /// A hidden path, or one outside the root: `404`, nothing else tried.
     Hidden,
+    /// A candidate could not be looked at for want of descriptors or memory: `503`.
+    Unavailable,
 }
 
 /// The choice for the decoded `path` under `root`, with the directory index `index`;
@@ -96,6 +98,7 @@ fn attempt(
     };
     match (found, script) {
         (Found::Forbidden, _) => Some(Choice::Hidden),
+        (Found::Unavailable, _) => Some(Choice::Unavailable),
         (Found::Script | Found::File(_), Some((name, path_info))) => Some(Choice::Run(Script {
             name: name.to_owned(),
             path_info: path_info.to_owned(),

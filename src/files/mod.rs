@@ -64,6 +64,8 @@ pub(crate) enum Found {
     /// A hidden path, or one that leads outside the root: never served, never tried
     /// further.
     Forbidden,
+    /// Not looked at: the process or the system is out of descriptors or memory.
+    Unavailable,
 }
 
 /// Whether the kernel refused `openat2` (before Linux 5.6, or a seccomp profile that does
@@ -155,6 +157,7 @@ impl Root {
                 Err(Errno::NOENT | Errno::NOTDIR | Errno::ACCESS | Errno::LOOP | Errno::NAMETOOLONG) => {
                     return Found::Nothing;
                 }
+                Err(Errno::MFILE | Errno::NFILE | Errno::NOMEM) => return Found::Unavailable,
                 Err(Errno::NOSYS | Errno::PERM) => NO_OPENAT2.store(true, Ordering::Relaxed),
                 // EXDEV (a step outside, or an absolute symlink), EAGAIN (a rename
                 // meanwhile), anything else: resolved below.
@@ -186,6 +189,7 @@ impl Root {
             .open(&real)
         {
             Ok(file) => Found::opened(file),
+            Err(error) if exhausted(&error) => Found::Unavailable,
             Err(_) => Found::Nothing,
         }
     }
@@ -200,6 +204,13 @@ impl Found {
             _ => Found::Nothing,
         }
     }
+}
+
+/// Whether `error` says the process or the system is out of descriptors or memory.
+fn exhausted(error: &std::io::Error) -> bool {
+    error.raw_os_error().is_some_and(|code| {
+        [Errno::MFILE, Errno::NFILE, Errno::NOMEM].contains(&Errno::from_raw_os_error(code))
+    })
 }
 
 /// `path` relative to the root (`.` for the root itself), unless it is [`hidden`].
@@ -220,6 +231,16 @@ pub(crate) fn hidden(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn running_out_of_descriptors_or_memory_is_not_absence() {
+        for code in [libc::EMFILE, libc::ENFILE, libc::ENOMEM] {
+            assert!(exhausted(&std::io::Error::from_raw_os_error(code)), "{code}");
+        }
+        for code in [libc::ENOENT, libc::EACCES, libc::ELOOP] {
+            assert!(!exhausted(&std::io::Error::from_raw_os_error(code)), "{code}");
+        }
+    }
 
     #[test]
     fn a_fifo_is_nothing_and_does_not_block() {

@@ -21,6 +21,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, Take};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::io::ReaderStream;
 
 use super::{Found, Opened, Root};
@@ -41,6 +42,9 @@ pub(crate) struct FileBody {
     /// `HEAD` and its `304`, whose bodies are empty (a part is never compressed). It
     /// decides, as a `Content-Length` would, whether a route compresses the response.
     file_length: u64,
+    /// The streamed file's place in the process's [`Room`](crate::room::Room), given back
+    /// when the file closes.
+    place: Option<OwnedSemaphorePermit>,
 }
 
 enum Content {
@@ -57,7 +61,19 @@ impl FileBody {
             content: Content::Streamed(ReaderStream::with_capacity(file.take(length), STREAM_CHUNK)),
             remaining: length,
             file_length: length,
+            place: None,
         }
+    }
+
+    /// Whether the body streams from a file held open (one read when opened is closed).
+    pub(crate) fn streams(&self) -> bool {
+        matches!(self.content, Content::Streamed(_))
+    }
+
+    /// This body, holding `place` while its file is open.
+    pub(crate) fn held_in(mut self, place: OwnedSemaphorePermit) -> Self {
+        self.place = Some(place);
+        self
     }
 
     fn empty() -> Self {
@@ -65,6 +81,7 @@ impl FileBody {
             content: Content::Read(None),
             remaining: 0,
             file_length: 0,
+            place: None,
         }
     }
 
@@ -92,6 +109,7 @@ impl FileBody {
             content: Content::Read(Some(Bytes::from(bytes))),
             remaining: length,
             file_length: length,
+            place: None,
         })
     }
 }
@@ -116,6 +134,7 @@ impl Body for FileBody {
             Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(error))),
             Poll::Ready(None) => {
                 self.content = Content::Read(None);
+                self.place = None;
                 if self.remaining > 0 {
                     // The file shrank under us: the length sent can no longer be kept.
                     return Poll::Ready(Some(Err(io::Error::from(io::ErrorKind::UnexpectedEof))));

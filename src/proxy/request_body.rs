@@ -27,7 +27,7 @@ pub(crate) enum RequestBodyError {
     Client(#[from] hyper::Error),
     #[error("the request body could not be kept in a temporary file: {0}")]
     Spool(#[from] std::io::Error),
-    #[error("no place for a request body read whole came free within server.body_timeout")]
+    #[error("no place came free for the request body's temporary file")]
     NoRoom,
 }
 
@@ -57,7 +57,7 @@ impl RequestBodyError {
             RequestBodyError::TimedOut => GatewayError::BodyTimeout,
             RequestBodyError::Client(_) => GatewayError::BadRequestBody(detail),
             RequestBodyError::Spool(_) => GatewayError::SpoolFailed(detail),
-            RequestBodyError::NoRoom => GatewayError::SpoolRoomFull,
+            RequestBodyError::NoRoom => GatewayError::RoomFull("a request body read whole"),
         }
     }
 }

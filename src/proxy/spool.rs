@@ -2,13 +2,11 @@
 //! its length first and whose workers a slow client must not hold (PHP-FPM): kept in
 //! memory up to 64 KB, in an anonymous temporary file beyond, so that memory does not
 //! grow with it. It is read before the upstream is contacted, so a slow client holds no
-//! PHP worker meanwhile. What the bodies being read whole hold at once, process-wide, is
-//! bounded by a [`SpoolRoom`]: clients uploading many bodies at once (HTTP/2 streams)
-//! take neither every descriptor nor unbounded memory.
+//! PHP worker meanwhile. The memory and the temporary file are taken from the process's
+//! [`Room`].
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -16,53 +14,14 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::request_body::RequestBodyError;
 use crate::files::serve::FileBody;
+use crate::room::Room;
 
 /// The most a body is kept in memory.
 const IN_MEMORY: usize = 64 * 1024;
-
-/// The most memory all bodies being read whole keep at once (a thousand full ones); past
-/// it, bodies go to temporary files from their first byte.
-const ALL_IN_MEMORY: usize = 1024 * IN_MEMORY;
-
-/// What the bodies read whole may hold at once: their temporary files and their memory.
-pub(crate) struct SpoolRoom {
-    files: Arc<Semaphore>,
-    memory: Arc<Semaphore>,
-}
-
-impl SpoolRoom {
-    /// Room for a temporary file per four client connections of `connections` (each file
-    /// is a descriptor, as each connection is), and [`ALL_IN_MEMORY`] bytes.
-    pub(crate) fn for_connections(connections: usize) -> SpoolRoom {
-        SpoolRoom::new((connections / 4).max(1), ALL_IN_MEMORY)
-    }
-
-    fn new(files: usize, memory: usize) -> SpoolRoom {
-        SpoolRoom {
-            files: Arc::new(Semaphore::new(files.min(Semaphore::MAX_PERMITS))),
-            memory: Arc::new(Semaphore::new(memory)),
-        }
-    }
-
-    /// `bytes` more of memory, if the room has them.
-    fn memory(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
-        let bytes = u32::try_from(bytes).ok()?;
-        self.memory.clone().try_acquire_many_owned(bytes).ok()
-    }
-
-    /// A temporary file's place, waited for up to `wait`.
-    async fn file(&self, wait: Duration) -> Result<OwnedSemaphorePermit, RequestBodyError> {
-        let place = tokio::time::timeout(wait, self.files.clone().acquire_owned());
-        match place.await {
-            Ok(place) => Ok(place.expect("the room is never closed")),
-            Err(_) => Err(RequestBodyError::NoRoom),
-        }
-    }
-}
 
 /// A body read whole, and its length.
 pub(crate) struct Spooled {
@@ -73,11 +32,8 @@ pub(crate) struct Spooled {
 enum Content {
     /// `None` once sent; the memory's place in the room goes with it.
     Memory(Option<(Bytes, Option<OwnedSemaphorePermit>)>),
-    /// The file's place in the room goes when the body is dropped (the file closes).
-    File {
-        body: FileBody,
-        _place: OwnedSemaphorePermit,
-    },
+    /// Holding the file's place in the room until it closes.
+    File(FileBody),
 }
 
 impl Spooled {
@@ -86,13 +42,9 @@ impl Spooled {
     }
 }
 
-/// Reads `body` to its end (its `server.max_body` and `server.body_timeout` apply) in the
-/// room `room` has, waiting up to `wait` for a temporary file's place.
-pub(crate) async fn spool<B>(
-    mut body: B,
-    room: &SpoolRoom,
-    wait: Duration,
-) -> Result<Spooled, RequestBodyError>
+/// Reads `body` to its end (its `server.max_body` and `server.body_timeout` apply) in
+/// `room`, waiting up to `wait` for a temporary file's place.
+pub(crate) async fn spool<B>(mut body: B, room: &Room, wait: Duration) -> Result<Spooled, RequestBodyError>
 where
     B: Body<Data = Bytes, Error = RequestBodyError> + Unpin,
 {
@@ -119,7 +71,7 @@ where
         let (file, _) = match &mut file {
             Some(file) => file,
             None => {
-                let place = room.file(wait).await?;
+                let place = room.file(wait).await.ok_or(RequestBodyError::NoRoom)?;
                 let created = tokio::task::spawn_blocking(tempfile::tempfile)
                     .await
                     .map_err(io::Error::other)??;
@@ -137,10 +89,7 @@ where
         Some((mut file, place)) => {
             file.flush().await?;
             file.rewind().await?;
-            Content::File {
-                body: FileBody::new(file, length),
-                _place: place,
-            }
+            Content::File(FileBody::new(file, length).held_in(place))
         }
     };
     Ok(Spooled { length, content })
@@ -162,14 +111,14 @@ impl Body for Spooled {
                     .filter(|b| !b.is_empty())
                     .map(|b| Ok(Frame::data(b))),
             ),
-            Content::File { body, .. } => Pin::new(body).poll_frame(cx),
+            Content::File(body) => Pin::new(body).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.content {
             Content::Memory(bytes) => bytes.as_ref().is_none_or(|(bytes, _)| bytes.is_empty()),
-            Content::File { body, .. } => body.is_end_stream(),
+            Content::File(body) => body.is_end_stream(),
         }
     }
 
@@ -196,72 +145,54 @@ mod tests {
     }
 
     const WAIT: Duration = Duration::from_millis(20);
+    /// More memory than the tests' bodies need.
+    const ALL: usize = 1 << 20;
 
     #[tokio::test]
     async fn a_small_body_stays_in_memory_and_gives_its_room_back_once_sent() {
-        let room = SpoolRoom::new(1, 100);
+        let room = Room::new(1, 100);
         let spooled = spool(body(&[b"hello", b" world"]), &room, WAIT).await.unwrap();
         assert_eq!(spooled.len(), 11);
         assert!(matches!(spooled.content, Content::Memory(_)));
-        assert_eq!(
-            (room.memory.available_permits(), room.files.available_permits()),
-            (89, 1)
-        );
+        assert_eq!(room.free(), (1, 89));
         assert_eq!(read(spooled).await, b"hello world");
-        assert_eq!(room.memory.available_permits(), 100);
+        assert_eq!(room.free(), (1, 100));
     }
 
     #[tokio::test]
     async fn a_large_body_goes_to_a_file_whose_place_is_held_until_it_is_dropped() {
-        let room = SpoolRoom::new(1, ALL_IN_MEMORY);
+        let room = Room::new(1, ALL);
         let part = vec![7u8; IN_MEMORY / 2 + 1];
         let spooled = spool(body(&[&part, &part, b"end"]), &room, WAIT).await.unwrap();
-        assert!(matches!(spooled.content, Content::File { .. }));
-        assert_eq!(room.files.available_permits(), 0);
-        assert_eq!(
-            room.memory.available_permits(),
-            ALL_IN_MEMORY,
-            "the memory went to the file"
-        );
+        assert!(matches!(spooled.content, Content::File(_)));
+        assert_eq!(room.free(), (0, ALL), "the memory went to the file");
         let expected = [part.as_slice(), &part, b"end"].concat();
         assert_eq!(read(spooled).await, expected);
-        assert_eq!(room.files.available_permits(), 1);
+        assert_eq!(room.free(), (1, ALL));
     }
 
     #[tokio::test]
     async fn a_body_memory_has_no_room_for_goes_to_a_file() {
-        let room = SpoolRoom::new(1, 10);
+        let room = Room::new(1, 10);
         let taken = room.memory(8).unwrap();
         let spooled = spool(body(&[b"abc", b"def"]), &room, WAIT).await.unwrap();
-        assert!(matches!(spooled.content, Content::File { .. }));
+        assert!(matches!(spooled.content, Content::File(_)));
         assert_eq!(read(spooled).await, b"abcdef");
         drop(taken);
-        assert_eq!(room.memory.available_permits(), 10);
+        assert_eq!(room.free(), (1, 10));
     }
 
     #[tokio::test]
     async fn with_no_file_place_free_a_large_body_waits_then_finds_no_room() {
-        let room = SpoolRoom::new(1, ALL_IN_MEMORY);
-        let held = room.file(WAIT).await.unwrap();
+        let room = Room::new(1, ALL);
+        let held = room.file_now().unwrap();
         let started = tokio::time::Instant::now();
         let large = vec![1u8; IN_MEMORY + 1];
         let refused = spool(body(&[&large]), &room, WAIT).await;
         assert!(matches!(refused, Err(RequestBodyError::NoRoom)));
         assert!(started.elapsed() >= WAIT);
-        assert_eq!(room.memory.available_permits(), ALL_IN_MEMORY);
+        assert_eq!(room.free(), (0, ALL));
         drop(held);
         assert!(spool(body(&[&large]), &room, WAIT).await.is_ok());
-    }
-
-    #[test]
-    fn a_file_place_for_every_four_connections() {
-        assert_eq!(SpoolRoom::for_connections(8).files.available_permits(), 2);
-        assert_eq!(SpoolRoom::for_connections(1).files.available_permits(), 1);
-        assert_eq!(
-            SpoolRoom::for_connections(Semaphore::MAX_PERMITS)
-                .files
-                .available_permits(),
-            Semaphore::MAX_PERMITS / 4
-        );
     }
 }

@@ -59,7 +59,7 @@ use crate::proxy::headers::{
     set_forwarding_headers, switches_as_asked,
 };
 use crate::proxy::request_body::RequestBody;
-use crate::proxy::spool::SpoolRoom;
+use crate::room::Room;
 use crate::trace::context::SpanId;
 use crate::trace::{RequestTrace, TRACESTATE};
 use crate::upstream::read_ahead::ReadAhead;
@@ -83,8 +83,8 @@ pub struct Instance {
     no_route: Arc<str>,
     /// The HTTPS listener's port, for `redirect_http`.
     https_port: Option<u16>,
-    /// What request bodies read whole may hold at once.
-    spools: SpoolRoom,
+    /// The open files and the memory requests may hold beyond their connections.
+    room: Room,
 }
 
 impl Instance {
@@ -93,7 +93,7 @@ impl Instance {
         state: GatewayState,
         metrics: Arc<Metrics>,
         https_port: Option<u16>,
-        spools: SpoolRoom,
+        room: Room,
     ) -> Self {
         Instance {
             state: ArcSwap::from_pointee(state),
@@ -101,7 +101,7 @@ impl Instance {
             draining: AtomicBool::new(false),
             no_route: Arc::from(""),
             https_port,
-            spools,
+            room,
         }
     }
 
@@ -501,7 +501,7 @@ async fn serve(
         }
         Target::Files(site) => {
             let forwarded = forwarded_path(route_config, path, &routed);
-            match Box::pin(site::prepare(site, (forwarded, path), request)).await {
+            match Box::pin(site::prepare(site, (forwarded, path), request, &shared.room)).await {
                 Err(answer) => answer,
                 Ok(_) => Err(GatewayError::NotFound.into()),
             }
@@ -514,14 +514,16 @@ async fn serve(
             let script = match &route_config.site {
                 None => None,
                 // Boxed: the request path's future need not hold a site's.
-                Some(site) => match Box::pin(site::prepare(site, (forwarded, path), request)).await {
-                    Err(answer) => break 'forwarded answer,
-                    Ok(site::Prepared::Run(script)) => site.php.as_ref().map(|php| (php, script)),
-                    Ok(site::Prepared::Unserved) if site.php.is_some() => {
-                        break 'forwarded Err(GatewayError::NotFound.into());
+                Some(site) => {
+                    match Box::pin(site::prepare(site, (forwarded, path), request, &shared.room)).await {
+                        Err(answer) => break 'forwarded answer,
+                        Ok(site::Prepared::Run(script)) => site.php.as_ref().map(|php| (php, script)),
+                        Ok(site::Prepared::Unserved) if site.php.is_some() => {
+                            break 'forwarded Err(GatewayError::NotFound.into());
+                        }
+                        Ok(site::Prepared::Unserved) => None,
                     }
-                    Ok(site::Prepared::Unserved) => None,
-                },
+                }
             };
             // The key that picks the server, with `balance = "hash"`: a key part the
             // request repeats makes the client's address the key.
@@ -571,7 +573,7 @@ async fn serve(
                 (request, body),
                 (forwarded, script),
                 &context,
-                (&state.config.server, &shared.spools),
+                (&state.config.server, &shared.room),
                 client.connection,
                 (leftovers, &mut tries),
             )
@@ -726,7 +728,7 @@ async fn forward(
     (parts, body): (&mut Parts, Incoming),
     (path, script): (&str, Option<(&Php, Script)>),
     context: &ForwardingContext<'_>,
-    (server, spools): (&ServerConfig, &SpoolRoom),
+    (server, room): (&ServerConfig, &Room),
     connection: &InFlight,
     (leftovers, tries): (&mut Leftovers, &mut Tries<'_>),
 ) -> Result<Response<Payload>, OwnAnswer> {
@@ -775,7 +777,7 @@ async fn forward(
             _ => server.body_timeout,
         };
         // Boxed: the request path's future need not hold a body being read whole.
-        (length, body) = Box::pin(site::with_length(parts, declared, body, spools, wait)).await?;
+        (length, body) = Box::pin(site::with_length(parts, declared, body, room, wait)).await?;
     }
     // The headers go as they are read (into PHP's parameters, or straight into the
     // request head); the map is rewritten first only where that cannot be done.

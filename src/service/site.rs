@@ -20,7 +20,8 @@ use crate::path::decode_file_path;
 use crate::proxy::headers::AsForwarded;
 use crate::proxy::headers::ForwardingContext;
 use crate::proxy::request_body::RequestBody;
-use crate::proxy::spool::{SpoolRoom, spool};
+use crate::proxy::spool::spool;
+use crate::room::Room;
 use crate::trace::RequestTrace;
 use crate::trace::context::{self, SpanId};
 use crate::upstream::FastCgiHead;
@@ -38,19 +39,22 @@ pub(super) enum Prepared {
 /// What `request` comes to on `site`, for its normalized `path` (after `strip_prefix`;
 /// `asked`, before it); in `Err`, the answer instead: the file, a `308` to the directory
 /// (named as the client asked for it), a `404` for a hidden path or one outside the root,
-/// a `400` for a path that names no file.
+/// a `400` for a path that names no file, a `503` when the file could not be held open
+/// (no place in `room`, or the process out of descriptors).
 pub(super) async fn prepare(
     site: &Site,
     (path, asked): (&str, &str),
     request: &Parts,
+    room: &Room,
 ) -> Result<Prepared, Result<Response<Payload>, OwnAnswer>> {
     let file_path = decode_file_path(path).map_err(|error| Err(GatewayError::BadPath(error).into()))?;
     let split_path = site.php.as_ref().map(|php| php.split_path.as_str());
     match choice::choose(&site.root, &file_path, &site.index, split_path) {
         Choice::Run(script) => Ok(Prepared::Run(script)),
         Choice::Nothing => Ok(Prepared::Unserved),
-        Choice::Serve(file_path, file) => Err(serve_file(site, &file_path, file, request)),
+        Choice::Serve(file_path, file) => Err(serve_file(site, &file_path, file, request, room)),
         Choice::Hidden => Err(Err(GatewayError::NotFound.into())),
+        Choice::Unavailable => Err(Err(GatewayError::RoomFull("a file to serve").into())),
         Choice::AddSlash(_) => {
             // Relative, the path the client asked for, with its query.
             let location = match request.uri.query() {
@@ -65,15 +69,27 @@ pub(super) async fn prepare(
     }
 }
 
-/// The answer to `request` with `file`, at `path` on `site`.
+/// The answer to `request` with `file`, at `path` on `site`: a file that streams (one too
+/// large to be read at once) is held open in a place in `room`, a `503` when none is free.
 fn serve_file(
     site: &Site,
     path: &str,
     file: Opened,
     request: &Parts,
+    room: &Room,
 ) -> Result<Response<Payload>, OwnAnswer> {
     match serve::serve(&site.root, path, file, &request.method, &request.headers) {
-        Ok(response) => Ok(response.map(|body| Payload::File(Box::new(body)))),
+        Ok(response) => {
+            let (head, body) = response.into_parts();
+            let body = match body.streams() {
+                false => body,
+                true => match room.file_now() {
+                    Some(place) => body.held_in(place),
+                    None => return Err(GatewayError::RoomFull("a file to serve").into()),
+                },
+            };
+            Ok(Response::from_parts(head, Payload::File(Box::new(body))))
+        }
         Err(status) if status == http::StatusCode::METHOD_NOT_ALLOWED => {
             Err(GatewayError::NotAFileMethod.into())
         }
@@ -136,7 +152,7 @@ pub(super) async fn with_length(
     parts: &Parts,
     declared: Option<u64>,
     body: RequestBody,
-    room: &SpoolRoom,
+    room: &Room,
     wait: Duration,
 ) -> Result<(Option<u64>, RequestBody), OwnAnswer> {
     if body.is_end_stream() {
