@@ -65,6 +65,21 @@ async fn gateway(fpm: &PhpFpm, upstream_keys: &str) -> TestGateway {
     site_gateway(fpm.site(), &format!("url = \"{}\"\n{upstream_keys}", fpm.url())).await
 }
 
+/// [`gateway`] with `server_keys` in `[server]`.
+async fn gateway_with(fpm: &PhpFpm, server_keys: &str, upstream_keys: &str) -> TestGateway {
+    let route = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
+    TestGateway::start(
+        GatewayToml::new()
+            .server(server_keys)
+            .table(
+                "upstreams.php",
+                &format!("url = \"{}\"\n{upstream_keys}", fpm.url()),
+            )
+            .route("site", &route),
+    )
+    .await
+}
+
 /// A gateway with one route to the site in `root`, run by `[upstreams.php]` with `upstream`
 /// (its servers and keys).
 async fn site_gateway(root: &std::path::Path, upstream: &str) -> TestGateway {
@@ -956,18 +971,10 @@ async fn a_body_sent_slowly_holds_no_php_worker() {
     use tokio::io::AsyncWriteExt;
     let fpm = PhpFpm::start(1);
     site(&fpm);
-    let route = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
-    let gw = TestGateway::start(
-        GatewayToml::new()
-            .server("body_timeout = \"1s\"")
-            .table(
-                "upstreams.php",
-                &format!(
-                    "url = \"{}\"\nmax_requests = 1\nqueue = 4\nqueue_timeout = \"1s\"",
-                    fpm.url()
-                ),
-            )
-            .route("site", &route),
+    let gw = gateway_with(
+        &fpm,
+        "body_timeout = \"1s\"",
+        "max_requests = 1\nqueue = 4\nqueue_timeout = \"1s\"",
     )
     .await;
     let mut slow = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
@@ -1148,15 +1155,10 @@ async fn bodies_read_whole_share_a_bounded_room_of_temporary_files() {
     use tokio::io::AsyncWriteExt;
     let fpm = PhpFpm::start(2);
     site(&fpm);
-    let route = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
-    let gw = TestGateway::start(
-        GatewayToml::new()
-            .server("body_timeout = \"1s\"\nmax_connections = 8")
-            .table(
-                "upstreams.php",
-                &format!("url = \"{}\"\nmax_requests = 2", fpm.url()),
-            )
-            .route("site", &route),
+    let gw = gateway_with(
+        &fpm,
+        "body_timeout = \"1s\"\nmax_connections = 8",
+        "max_requests = 2",
     )
     .await;
     // Two uploads past what memory keeps, going on a byte at a time: the room's two places.
@@ -1209,15 +1211,10 @@ async fn over_http2_a_body_with_no_place_is_refused_at_once_not_left_to_stall_th
     use hyper_util::rt::{TokioExecutor, TokioIo};
     let fpm = PhpFpm::start(2);
     site(&fpm);
-    let route = format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display());
-    let gw = TestGateway::start(
-        GatewayToml::new()
-            .server("body_timeout = \"3s\"\nmax_connections = 4")
-            .table(
-                "upstreams.php",
-                &format!("url = \"{}\"\nmax_requests = 2", fpm.url()),
-            )
-            .route("site", &route),
+    let gw = gateway_with(
+        &fpm,
+        "body_timeout = \"3s\"\nmax_connections = 4",
+        "max_requests = 2",
     )
     .await;
     type UploadParts = std::pin::Pin<
