@@ -71,8 +71,16 @@ pub(crate) enum GatewayError {
     NotAFileMethod,
     #[error("{0}")]
     SpoolFailed(String),
-    #[error("no place came free for {0}: a quarter of server.max_connections, files requests hold open")]
-    RoomFull(&'static str),
+    #[error(
+        "no place for the request body's temporary file: the places for bodies read whole (an eighth of server.max_connections) are all taken"
+    )]
+    NoBodyPlace,
+    #[error(
+        "no place to hold the file open while it streams: the places for files being served (an eighth of server.max_connections) are all taken"
+    )]
+    NoFilePlace,
+    #[error("the process or the system is out of file descriptors or memory")]
+    OutOfDescriptors,
     #[error("the client's address is denied by {0}")]
     Forbidden(&'static str),
     #[error("bad request path: {0}")]
@@ -138,7 +146,10 @@ impl GatewayError {
                 UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
                 UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout => StatusCode::SERVICE_UNAVAILABLE,
             },
-            GatewayError::StoreUnavailable | GatewayError::RoomFull(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::StoreUnavailable
+            | GatewayError::NoBodyPlace
+            | GatewayError::NoFilePlace
+            | GatewayError::OutOfDescriptors => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::ClientClosed => {
                 StatusCode::from_u16(CLIENT_CLOSED_REQUEST).expect("499 is a status code")
             }
@@ -146,14 +157,16 @@ impl GatewayError {
     }
 
     /// Whether the connection must close after this answer: the request's body was not
-    /// read to its end, or its framing cannot be trusted to find the next request.
+    /// read to its end, or its framing cannot be trusted to find the next request, or the
+    /// process is out of descriptors (a connection closed gives one back).
     pub(crate) fn closes_connection(&self) -> bool {
         match self {
             GatewayError::AmbiguousFraming(_)
             | GatewayError::UnsupportedTransferCoding
             | GatewayError::BodyTimeout
             | GatewayError::SpoolFailed(_)
-            | GatewayError::RoomFull(_) => true,
+            | GatewayError::NoBodyPlace
+            | GatewayError::OutOfDescriptors => true,
             GatewayError::NoRoute
             | GatewayError::NotFound
             | GatewayError::NoChallenge
@@ -169,14 +182,25 @@ impl GatewayError {
             | GatewayError::BodyTooLarge
             | GatewayError::Upstream { .. }
             | GatewayError::StoreUnavailable
+            | GatewayError::NoFilePlace
             | GatewayError::ClientClosed => false,
         }
     }
 
     /// Whether the failure is logged as a warning: floodgate's or the upstream's (a 5xx),
-    /// except a store failure, which the store reports once itself.
+    /// except a store failure, which the store reports once itself, and a place for an
+    /// open file not found or descriptors run out, which the room and the accept loop
+    /// report at most once a minute and a second (a flood would otherwise log a line a
+    /// request).
     pub(crate) fn warns(&self) -> bool {
-        self.status().is_server_error() && !matches!(self, GatewayError::StoreUnavailable)
+        self.status().is_server_error()
+            && !matches!(
+                self,
+                GatewayError::StoreUnavailable
+                    | GatewayError::NoBodyPlace
+                    | GatewayError::NoFilePlace
+                    | GatewayError::OutOfDescriptors
+            )
     }
 
     /// The `Retry-After` seconds of the answer, when it has one: a request shed by an
@@ -189,7 +213,9 @@ impl GatewayError {
                 ..
             }
             | GatewayError::StoreUnavailable
-            | GatewayError::RoomFull(_) => Some(1),
+            | GatewayError::NoBodyPlace
+            | GatewayError::NoFilePlace
+            | GatewayError::OutOfDescriptors => Some(1),
             _ => None,
         }
     }
@@ -227,6 +253,21 @@ mod tests {
     #[test]
     fn every_error_has_its_status() {
         assert_eq!(GatewayError::NoRoute.status(), StatusCode::NOT_FOUND);
+        for full in [
+            GatewayError::NoBodyPlace,
+            GatewayError::NoFilePlace,
+            GatewayError::OutOfDescriptors,
+        ] {
+            assert_eq!(
+                (full.status(), full.retry_after(), full.warns()),
+                (StatusCode::SERVICE_UNAVAILABLE, Some(1), false),
+                "{full}"
+            );
+        }
+        // Only a body left unread, or a process out of descriptors, closes the connection.
+        assert!(GatewayError::NoBodyPlace.closes_connection());
+        assert!(GatewayError::OutOfDescriptors.closes_connection());
+        assert!(!GatewayError::NoFilePlace.closes_connection());
         assert_eq!(GatewayError::Forbidden("x").status(), StatusCode::FORBIDDEN);
         assert_eq!(
             GatewayError::BadPath(PathError::AboveRoot).status(),

@@ -16,7 +16,8 @@
 //!
 //! Dependencies point one way: `server` and `upstream` ─► `workers`, `server` ─► `service` ─► (`upstream`, `proxy`, `router`,
 //! `limit`, `connection`, `config`), `config` ─► (`limit`, the leaves `path` and `host`), and `upstream` ─► `limit` (a
-//! forwarded request's slots, held while the app works on it). With `[server.tls.acme]`,
+//! forwarded request's slots, held while the app works on it); `server`, `service` and
+//! `proxy` ─► `room` (the files and memory requests hold, process-wide). With `[server.tls.acme]`,
 //! `service` (http-01) and `tls` (tls-alpn-01, the served certificate) ─► `acme`, which
 //! keeps its state through `limit::redis`'s connections and talks to the CA through
 //! `outbound`. [`limit`] is the limiter core

@@ -3,12 +3,15 @@
 //! bodies read whole. Each open file is a descriptor, as each client connection is:
 //! without a bound, clients asking for many at once (a hundred HTTP/2 streams to a
 //! connection, each a download its client does not read or an upload for PHP-FPM) take
-//! every descriptor the process has, and it can no longer accept a connection.
+//! every descriptor the process has, and it can no longer accept a connection. Bodies and
+//! served files have places of their own, so that a flood of one leaves the other be.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::logging::LogThrottle;
 
 /// The most memory all bodies being read whole keep at once (a thousand full ones of
 /// 64 KB).
@@ -16,22 +19,32 @@ const ALL_IN_MEMORY: usize = 1024 * 64 * 1024;
 
 /// Places for open files, and bytes of memory for bodies read whole.
 pub(crate) struct Room {
+    /// Temporary files of bodies read whole.
+    bodies: Arc<Semaphore>,
+    /// Files being served.
     files: Arc<Semaphore>,
     memory: Arc<Semaphore>,
+    /// Saying that places ran out.
+    warned: LogThrottle,
 }
 
 impl Room {
-    /// Room for an open file per four client connections of `connections`
-    /// (`server.max_connections`, half the open-file limit by default), and
+    /// Room for a body's temporary file and for a served file per eight client
+    /// connections of `connections` (`server.max_connections`, half the open-file limit
+    /// by default: the two kinds together hold a quarter of it at most), and
     /// [`ALL_IN_MEMORY`] bytes.
     pub(crate) fn for_connections(connections: usize) -> Room {
-        Room::new((connections / 4).max(1), ALL_IN_MEMORY)
+        let places = (connections / 8).max(1);
+        Room::new(places, places, ALL_IN_MEMORY)
     }
 
-    pub(crate) fn new(files: usize, memory: usize) -> Room {
+    pub(crate) fn new(bodies: usize, files: usize, memory: usize) -> Room {
+        let places = |count: usize| Arc::new(Semaphore::new(count.min(Semaphore::MAX_PERMITS)));
         Room {
-            files: Arc::new(Semaphore::new(files.min(Semaphore::MAX_PERMITS))),
-            memory: Arc::new(Semaphore::new(memory)),
+            bodies: places(bodies),
+            files: places(files),
+            memory: places(memory),
+            warned: LogThrottle::default(),
         }
     }
 
@@ -41,23 +54,40 @@ impl Room {
         self.memory.clone().try_acquire_many_owned(bytes).ok()
     }
 
-    /// An open file's place, if one is free now.
-    pub(crate) fn file_now(&self) -> Option<OwnedSemaphorePermit> {
-        self.files.clone().try_acquire_owned().ok()
+    /// A place for a body's temporary file, waited for up to `wait` (none: only if one is
+    /// free now).
+    pub(crate) async fn body_place(&self, wait: Duration) -> Option<OwnedSemaphorePermit> {
+        let place = match self.bodies.clone().try_acquire_owned() {
+            Ok(place) => Some(place),
+            Err(_) if wait.is_zero() => None,
+            Err(_) => {
+                let place = tokio::time::timeout(wait, self.bodies.clone().acquire_owned()).await;
+                place.ok().map(|place| place.expect("the room is never closed"))
+            }
+        };
+        self.warn_unless(place.is_some(), "request bodies read whole");
+        place
     }
 
-    /// An open file's place, waited for up to `wait`.
-    pub(crate) async fn file(&self, wait: Duration) -> Option<OwnedSemaphorePermit> {
-        let place = tokio::time::timeout(wait, self.files.clone().acquire_owned());
+    /// A place for a file to be served, if one is free now.
+    pub(crate) fn file_place(&self) -> Option<OwnedSemaphorePermit> {
+        let place = self.files.clone().try_acquire_owned().ok();
+        self.warn_unless(place.is_some(), "files being served");
         place
-            .await
-            .ok()
-            .map(|place| place.expect("the room is never closed"))
+    }
+
+    fn warn_unless(&self, found: bool, whose: &str) {
+        if !found && self.warned.ready() {
+            tracing::warn!(
+                "every place for {whose} is taken (an eighth of server.max_connections): requests that need one get 503 (logged once a minute at most)"
+            );
+        }
     }
 
     #[cfg(test)]
-    pub(crate) fn free(&self) -> (usize, usize) {
-        (self.files.available_permits(), self.memory.available_permits())
+    pub(crate) fn free(&self) -> (usize, usize, usize) {
+        let free = |places: &Semaphore| places.available_permits();
+        (free(&self.bodies), free(&self.files), free(&self.memory))
     }
 }
 
@@ -66,28 +96,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_file_place_for_every_four_connections() {
-        assert_eq!(Room::for_connections(8).free(), (2, ALL_IN_MEMORY));
-        assert_eq!(Room::for_connections(1).free().0, 1);
+    fn places_for_bodies_and_for_files_each_an_eighth_of_the_connections() {
+        assert_eq!(Room::for_connections(16).free(), (2, 2, ALL_IN_MEMORY));
+        assert_eq!(Room::for_connections(1).free(), (1, 1, ALL_IN_MEMORY));
+        let most = Semaphore::MAX_PERMITS / 8;
         assert_eq!(
-            Room::for_connections(Semaphore::MAX_PERMITS).free().0,
-            Semaphore::MAX_PERMITS / 4
+            Room::for_connections(Semaphore::MAX_PERMITS).free(),
+            (most, most, ALL_IN_MEMORY)
         );
     }
 
-    #[tokio::test]
-    async fn places_come_back_when_dropped_and_are_waited_for() {
-        let room = Room::new(1, 10);
-        let place = room.file_now().unwrap();
-        assert!(room.file_now().is_none());
-        assert!(room.file(Duration::from_millis(10)).await.is_none());
+    #[tokio::test(start_paused = true)]
+    async fn places_are_waited_for_and_come_back_when_dropped() {
+        let room = Room::new(1, 1, 10);
+        let body = room.body_place(Duration::ZERO).await.unwrap();
+        let file = room.file_place().unwrap();
+        assert!(room.file_place().is_none(), "a file has a place of its own kind");
+        assert!(room.body_place(Duration::ZERO).await.is_none());
+        let waited = tokio::time::Instant::now();
+        assert!(room.body_place(Duration::from_secs(5)).await.is_none());
+        assert_eq!(waited.elapsed(), Duration::from_secs(5));
         assert!(room.memory(11).is_none());
         let memory = room.memory(10).unwrap();
-        drop((place, memory));
-        assert_eq!(room.free(), (1, 10));
+        drop((body, file, memory));
+        assert_eq!(room.free(), (1, 1, 10));
+        let waiting = tokio::spawn(async move {
+            let held = room.body_place(Duration::ZERO).await.unwrap();
+            let next = tokio::spawn(async move { room.body_place(Duration::from_secs(5)).await.is_some() });
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            drop(held);
+            next.await.unwrap()
+        });
         assert!(
-            room.file(Duration::ZERO).await.is_some(),
-            "a free place is taken without waiting"
+            waiting.await.unwrap(),
+            "a place given back goes to the body waiting for one"
         );
     }
 }

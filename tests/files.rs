@@ -140,13 +140,13 @@ fn the_keys_of_a_site_go_where_they_apply() {
 }
 
 /// A file too large to be read at once is held open while it streams, in one of the
-/// places a quarter of `server.max_connections` gives files requests hold: a client that
+/// places an eighth of `server.max_connections` gives files being served: a client that
 /// never reads holds its place, not the process's descriptors, and a file that finds no
 /// place is a 503 with `Retry-After: 1`; small files, read when opened, need none; the
 /// place comes back when the client goes.
 #[tokio::test]
 async fn files_that_stream_take_a_place_and_give_it_back() {
-    use tokio::io::AsyncWriteExt as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let site = tempfile::tempdir().unwrap();
     std::fs::write(site.path().join("big.bin"), vec![b'b'; 4 << 20]).unwrap();
     std::fs::write(site.path().join("small.txt"), "small").unwrap();
@@ -164,7 +164,10 @@ async fn files_that_stream_take_a_place_and_give_it_back() {
         .write_all(b"GET /big.bin HTTP/1.1\r\nHost: h\r\n\r\n")
         .await
         .unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Its head come: the file is open, its place taken.
+    let mut head = [0u8; 12];
+    stalled.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
 
     let (status, headers, body) = get(&gw.url("/big.bin")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{} bytes", body.len());

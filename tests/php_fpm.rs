@@ -1144,7 +1144,7 @@ async fn bytes_past_a_fastcgi_answer_answer_no_other_request() {
     }
 }
 
-/// Bodies read whole take their temporary files from one room, a quarter of
+/// Bodies read whole take their temporary files from places, an eighth of
 /// `server.max_connections` (the open-files limit's share of clients), so that uploads,
 /// many to a connection over HTTP/2, cannot take every descriptor: a body that finds the
 /// room full waits for a place within `server.body_timeout` and is then a 503, nothing
@@ -1157,7 +1157,7 @@ async fn bodies_read_whole_share_a_bounded_room_of_temporary_files() {
     site(&fpm);
     let gw = gateway_with(
         &fpm,
-        "body_timeout = \"1s\"\nmax_connections = 8",
+        "body_timeout = \"1s\"\nmax_connections = 16",
         "max_requests = 2",
     )
     .await;

@@ -207,7 +207,7 @@ impl Found {
 }
 
 /// Whether `error` says the process or the system is out of descriptors or memory.
-fn exhausted(error: &std::io::Error) -> bool {
+pub(crate) fn exhausted(error: &std::io::Error) -> bool {
     error.raw_os_error().is_some_and(|code| {
         [Errno::MFILE, Errno::NFILE, Errno::NOMEM].contains(&Errno::from_raw_os_error(code))
     })

@@ -56,8 +56,11 @@ impl RequestBodyError {
             RequestBodyError::TooLarge => GatewayError::BodyTooLarge,
             RequestBodyError::TimedOut => GatewayError::BodyTimeout,
             RequestBodyError::Client(_) => GatewayError::BadRequestBody(detail),
+            RequestBodyError::Spool(error) if crate::files::exhausted(error) => {
+                GatewayError::OutOfDescriptors
+            }
             RequestBodyError::Spool(_) => GatewayError::SpoolFailed(detail),
-            RequestBodyError::NoRoom => GatewayError::RoomFull("a request body read whole"),
+            RequestBodyError::NoRoom => GatewayError::NoBodyPlace,
         }
     }
 }

@@ -71,7 +71,7 @@ where
         let (file, _) = match &mut file {
             Some(file) => file,
             None => {
-                let place = room.file(wait).await.ok_or(RequestBodyError::NoRoom)?;
+                let place = room.body_place(wait).await.ok_or(RequestBodyError::NoRoom)?;
                 let created = tokio::task::spawn_blocking(tempfile::tempfile)
                     .await
                     .map_err(io::Error::other)??;
@@ -150,48 +150,48 @@ mod tests {
 
     #[tokio::test]
     async fn a_small_body_stays_in_memory_and_gives_its_room_back_once_sent() {
-        let room = Room::new(1, 100);
+        let room = Room::new(1, 1, 100);
         let spooled = spool(body(&[b"hello", b" world"]), &room, WAIT).await.unwrap();
         assert_eq!(spooled.len(), 11);
         assert!(matches!(spooled.content, Content::Memory(_)));
-        assert_eq!(room.free(), (1, 89));
+        assert_eq!(room.free(), (1, 1, 89));
         assert_eq!(read(spooled).await, b"hello world");
-        assert_eq!(room.free(), (1, 100));
+        assert_eq!(room.free(), (1, 1, 100));
     }
 
     #[tokio::test]
     async fn a_large_body_goes_to_a_file_whose_place_is_held_until_it_is_dropped() {
-        let room = Room::new(1, ALL);
+        let room = Room::new(1, 1, ALL);
         let part = vec![7u8; IN_MEMORY / 2 + 1];
         let spooled = spool(body(&[&part, &part, b"end"]), &room, WAIT).await.unwrap();
         assert!(matches!(spooled.content, Content::File(_)));
-        assert_eq!(room.free(), (0, ALL), "the memory went to the file");
+        assert_eq!(room.free(), (0, 1, ALL), "the memory went to the file");
         let expected = [part.as_slice(), &part, b"end"].concat();
         assert_eq!(read(spooled).await, expected);
-        assert_eq!(room.free(), (1, ALL));
+        assert_eq!(room.free(), (1, 1, ALL));
     }
 
     #[tokio::test]
     async fn a_body_memory_has_no_room_for_goes_to_a_file() {
-        let room = Room::new(1, 10);
+        let room = Room::new(1, 1, 10);
         let taken = room.memory(8).unwrap();
         let spooled = spool(body(&[b"abc", b"def"]), &room, WAIT).await.unwrap();
         assert!(matches!(spooled.content, Content::File(_)));
         assert_eq!(read(spooled).await, b"abcdef");
         drop(taken);
-        assert_eq!(room.free(), (1, 10));
+        assert_eq!(room.free(), (1, 1, 10));
     }
 
     #[tokio::test]
     async fn with_no_file_place_free_a_large_body_waits_then_finds_no_room() {
-        let room = Room::new(1, ALL);
-        let held = room.file_now().unwrap();
+        let room = Room::new(1, 1, ALL);
+        let held = room.body_place(Duration::ZERO).await.unwrap();
         let started = tokio::time::Instant::now();
         let large = vec![1u8; IN_MEMORY + 1];
         let refused = spool(body(&[&large]), &room, WAIT).await;
         assert!(matches!(refused, Err(RequestBodyError::NoRoom)));
         assert!(started.elapsed() >= WAIT);
-        assert_eq!(room.free(), (0, ALL));
+        assert_eq!(room.free(), (0, 1, ALL));
         drop(held);
         assert!(spool(body(&[&large]), &room, WAIT).await.is_ok());
     }

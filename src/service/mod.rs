@@ -769,7 +769,7 @@ async fn forward(
     // headers are rewritten (`Transfer-Encoding` goes as hop-by-hop), whichever way they go.
     let mut length = None;
     if fastcgi.is_some() {
-        // A body waits for a place in the spool room only over HTTP/1: an HTTP/2 stream
+        // A body waits for a place in the room only over HTTP/1: an HTTP/2 stream
         // not read keeps what it was sent counted against its connection's window, which
         // would stall the connection's other uploads (the one holding a place among them).
         let wait = match parts.version {

@@ -54,7 +54,7 @@ pub(super) async fn prepare(
         Choice::Nothing => Ok(Prepared::Unserved),
         Choice::Serve(file_path, file) => Err(serve_file(site, &file_path, file, request, room)),
         Choice::Hidden => Err(Err(GatewayError::NotFound.into())),
-        Choice::Unavailable => Err(Err(GatewayError::RoomFull("a file to serve").into())),
+        Choice::Unavailable => Err(Err(GatewayError::OutOfDescriptors.into())),
         Choice::AddSlash(_) => {
             // Relative, the path the client asked for, with its query.
             let location = match request.uri.query() {
@@ -83,9 +83,9 @@ fn serve_file(
             let (head, body) = response.into_parts();
             let body = match body.streams() {
                 false => body,
-                true => match room.file_now() {
+                true => match room.file_place() {
                     Some(place) => body.held_in(place),
-                    None => return Err(GatewayError::RoomFull("a file to serve").into()),
+                    None => return Err(GatewayError::NoFilePlace.into()),
                 },
             };
             Ok(Response::from_parts(head, Payload::File(Box::new(body))))
