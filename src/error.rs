@@ -76,7 +76,7 @@ pub(crate) enum GatewayError {
     )]
     NoBodyPlace,
     #[error(
-        "no place to hold the file open while it streams: the places for files being served (an eighth of server.max_connections) are all taken"
+        "no room for the file being served: the places for files that stream (an eighth of server.max_connections), or the memory for files read whole, are all taken"
     )]
     NoFilePlace,
     #[error("the process or the system is out of file descriptors or memory")]

@@ -4,17 +4,19 @@
 //! without a bound, clients asking for many at once (a hundred HTTP/2 streams to a
 //! connection, each a download its client does not read or an upload for PHP-FPM) take
 //! every descriptor the process has, and it can no longer accept a connection. Bodies and
-//! served files have places of their own, so that a flood of one leaves the other be.
+//! served files have places of their own, so that a flood of one leaves the other be; the
+//! memory of bodies and of small files read whole (held until sent) is bounded together.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustix::io::Errno;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::logging::LogThrottle;
 
-/// The most memory all bodies being read whole keep at once (a thousand full ones of
-/// 64 KB).
+/// The most memory bodies being read whole and files read whole keep at once (a thousand
+/// of 64 KB).
 const ALL_IN_MEMORY: usize = 1024 * 64 * 1024;
 
 /// Places for open files, and bytes of memory for bodies read whole.
@@ -69,6 +71,16 @@ impl Room {
         place
     }
 
+    /// Memory for `bytes` of a file read when it was opened, if the room has them.
+    pub(crate) fn file_memory(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let memory = self.memory(bytes);
+        self.warn_unless(
+            memory.is_some(),
+            "the memory of files read whole (64 MB, with bodies read whole)",
+        );
+        memory
+    }
+
     /// A place for a file to be served, if one is free now.
     pub(crate) fn file_place(&self) -> Option<OwnedSemaphorePermit> {
         let place = self.files.clone().try_acquire_owned().ok();
@@ -91,9 +103,26 @@ impl Room {
     }
 }
 
+/// Whether `error` says the process or the system is out of descriptors or memory.
+pub(crate) fn exhausted(error: &std::io::Error) -> bool {
+    error.raw_os_error().is_some_and(|code| {
+        [Errno::MFILE, Errno::NFILE, Errno::NOMEM].contains(&Errno::from_raw_os_error(code))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn running_out_of_descriptors_or_memory_is_told_apart() {
+        for code in [libc::EMFILE, libc::ENFILE, libc::ENOMEM] {
+            assert!(exhausted(&std::io::Error::from_raw_os_error(code)), "{code}");
+        }
+        for code in [libc::ENOENT, libc::EACCES, libc::ELOOP] {
+            assert!(!exhausted(&std::io::Error::from_raw_os_error(code)), "{code}");
+        }
+    }
 
     #[test]
     fn places_for_bodies_and_for_files_each_an_eighth_of_the_connections() {

@@ -309,6 +309,11 @@ impl<S, A> FramingGuard<S, A> {
                 return false;
             }
         };
+        // Come whole in one read, yet past the limit (hyper would answer an overlong
+        // target itself).
+        if head_len > self.limits.bytes {
+            return self.refuse(HeadRefusal::TooLarge);
+        }
         match verdict {
             HeadVerdict::Framing(next) => {
                 self.cleared += head_len;

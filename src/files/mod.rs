@@ -189,7 +189,7 @@ impl Root {
             .open(&real)
         {
             Ok(file) => Found::opened(file),
-            Err(error) if exhausted(&error) => Found::Unavailable,
+            Err(error) if crate::room::exhausted(&error) => Found::Unavailable,
             Err(_) => Found::Nothing,
         }
     }
@@ -204,13 +204,6 @@ impl Found {
             _ => Found::Nothing,
         }
     }
-}
-
-/// Whether `error` says the process or the system is out of descriptors or memory.
-pub(crate) fn exhausted(error: &std::io::Error) -> bool {
-    error.raw_os_error().is_some_and(|code| {
-        [Errno::MFILE, Errno::NFILE, Errno::NOMEM].contains(&Errno::from_raw_os_error(code))
-    })
 }
 
 /// `path` relative to the root (`.` for the root itself), unless it is [`hidden`].
@@ -231,16 +224,6 @@ pub(crate) fn hidden(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn running_out_of_descriptors_or_memory_is_not_absence() {
-        for code in [libc::EMFILE, libc::ENFILE, libc::ENOMEM] {
-            assert!(exhausted(&std::io::Error::from_raw_os_error(code)), "{code}");
-        }
-        for code in [libc::ENOENT, libc::EACCES, libc::ELOOP] {
-            assert!(!exhausted(&std::io::Error::from_raw_os_error(code)), "{code}");
-        }
-    }
 
     #[test]
     fn a_fifo_is_nothing_and_does_not_block() {

@@ -42,8 +42,8 @@ pub(crate) struct FileBody {
     /// `HEAD` and its `304`, whose bodies are empty (a part is never compressed). It
     /// decides, as a `Content-Length` would, whether a route compresses the response.
     file_length: u64,
-    /// The streamed file's place in the process's [`Room`](crate::room::Room), given back
-    /// when the file closes.
+    /// The file's place in the process's [`Room`](crate::room::Room), or its bytes'
+    /// memory there, given back when the body ends.
     place: Option<OwnedSemaphorePermit>,
 }
 
@@ -70,7 +70,15 @@ impl FileBody {
         matches!(self.content, Content::Streamed(_))
     }
 
-    /// This body, holding `place` while its file is open.
+    /// The bytes of a file read when it was opened, held until they are sent.
+    pub(crate) fn read_bytes(&self) -> usize {
+        match &self.content {
+            Content::Read(bytes) => bytes.as_ref().map_or(0, Bytes::len),
+            Content::Streamed(_) => 0,
+        }
+    }
+
+    /// This body, holding `place` (its file's, or its bytes' memory) until it ends.
     pub(crate) fn held_in(mut self, place: OwnedSemaphorePermit) -> Self {
         self.place = Some(place);
         self
@@ -571,6 +579,31 @@ mod tests {
             shrunk.err().map(|error| error.kind()),
             Some(io::ErrorKind::UnexpectedEof)
         );
+    }
+
+    /// What a body holds in the room (its file's place, or its bytes' memory) is given
+    /// back when it ends, not before: a client that never reads keeps it.
+    #[tokio::test]
+    async fn what_a_body_holds_goes_back_when_it_ends() {
+        use http_body_util::BodyExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![b'f'; 200_000]).unwrap();
+        let room = std::sync::Arc::new(tokio::sync::Semaphore::new(300_000));
+        let small = FileBody::part(File::open(&path).unwrap(), 0, 10).unwrap();
+        let large = FileBody::part(File::open(&path).unwrap(), 0, 200_000).unwrap();
+        assert_eq!((small.streams(), small.read_bytes()), (false, 10));
+        assert_eq!((large.streams(), large.read_bytes()), (true, 0));
+        let mut small = small.held_in(room.clone().try_acquire_many_owned(10).unwrap());
+        let large = large.held_in(room.clone().try_acquire_owned().unwrap());
+        assert_eq!(room.available_permits(), 300_000 - 11);
+        let first = small.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap().len(), 10);
+        assert_eq!(room.available_permits(), 300_000 - 11, "held until the body ends");
+        assert!(small.frame().await.is_none());
+        assert_eq!(room.available_permits(), 300_000 - 1);
+        assert_eq!(large.collect().await.unwrap().to_bytes().len(), 200_000);
+        assert_eq!(room.available_permits(), 300_000);
     }
 
     fn with(pairs: &[(header::HeaderName, &'static str)]) -> HeaderMap {

@@ -56,9 +56,7 @@ impl RequestBodyError {
             RequestBodyError::TooLarge => GatewayError::BodyTooLarge,
             RequestBodyError::TimedOut => GatewayError::BodyTimeout,
             RequestBodyError::Client(_) => GatewayError::BadRequestBody(detail),
-            RequestBodyError::Spool(error) if crate::files::exhausted(error) => {
-                GatewayError::OutOfDescriptors
-            }
+            RequestBodyError::Spool(error) if crate::room::exhausted(error) => GatewayError::OutOfDescriptors,
             RequestBodyError::Spool(_) => GatewayError::SpoolFailed(detail),
             RequestBodyError::NoRoom => GatewayError::NoBodyPlace,
         }

@@ -70,7 +70,8 @@ pub(super) async fn prepare(
 }
 
 /// The answer to `request` with `file`, at `path` on `site`: a file that streams (one too
-/// large to be read at once) is held open in a place in `room`, a `503` when none is free.
+/// large to be read at once) is held open in a place in `room`, a file read at once holds
+/// its bytes in `room`'s memory until they are sent; a `503` when the room has neither.
 fn serve_file(
     site: &Site,
     path: &str,
@@ -81,12 +82,15 @@ fn serve_file(
     match serve::serve(&site.root, path, file, &request.method, &request.headers) {
         Ok(response) => {
             let (head, body) = response.into_parts();
-            let body = match body.streams() {
-                false => body,
-                true => match room.file_place() {
-                    Some(place) => body.held_in(place),
-                    None => return Err(GatewayError::NoFilePlace.into()),
-                },
+            let needed = match (body.streams(), body.read_bytes()) {
+                (true, _) => Some(room.file_place()),
+                (false, 0) => None,
+                (false, bytes) => Some(room.file_memory(bytes)),
+            };
+            let body = match needed {
+                None => body,
+                Some(Some(place)) => body.held_in(place),
+                Some(None) => return Err(GatewayError::NoFilePlace.into()),
             };
             Ok(Response::from_parts(head, Payload::File(Box::new(body))))
         }

@@ -433,10 +433,14 @@ impl Failed {
     }
 }
 
-/// A failure of the try (`Ok`), or of the client's request body (`Err`, answered as it
-/// is: no other server would do better).
+/// A failure of the try (`Ok`), or of the client's request body or of this process
+/// (`Err`, answered as it is: no other server would do better, and the server did not
+/// fail: out of descriptors, floodgate could not open a connection to any).
 fn classify(error: SendError) -> Result<(UpstreamFailure, Failed), GatewayError> {
     match &error {
+        SendError::Connect { source, .. } if crate::room::exhausted(source) => {
+            Err(GatewayError::OutOfDescriptors)
+        }
         SendError::Connect { .. } | SendError::ConnectTimeout(_) => {
             Ok((UpstreamFailure::Connect, Failed::of_server(&error)))
         }
@@ -451,6 +455,9 @@ fn classify(error: SendError) -> Result<(UpstreamFailure, Failed), GatewayError>
 fn classify_fastcgi(error: fastcgi::FastCgiError) -> Result<(UpstreamFailure, Failed), GatewayError> {
     use fastcgi::{ExchangeError, FastCgiError};
     match &error {
+        FastCgiError::Connect { source, .. } if crate::room::exhausted(source) => {
+            Err(GatewayError::OutOfDescriptors)
+        }
         FastCgiError::Connect { .. } | FastCgiError::ConnectTimeout(_) => {
             Ok((UpstreamFailure::Connect, Failed::of_server(&error)))
         }
@@ -935,5 +942,28 @@ mod tests {
         };
         let text = detail(&error);
         assert_eq!(text, format!("cannot connect to 127.0.0.1:9: {}", refused()));
+    }
+
+    #[test]
+    fn a_connect_floodgate_has_no_descriptor_for_is_not_the_servers_failure() {
+        let connect = |source| SendError::Connect {
+            address: "127.0.0.1:9".into(),
+            source,
+        };
+        let exhausted = classify(connect(std::io::Error::from_raw_os_error(libc::EMFILE)));
+        assert!(matches!(exhausted, Err(GatewayError::OutOfDescriptors)));
+        let refused = classify(connect(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert!(matches!(
+            refused,
+            Ok((
+                UpstreamFailure::Connect,
+                Failed {
+                    server_failed: true,
+                    ..
+                }
+            ))
+        ));
     }
 }
