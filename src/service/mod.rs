@@ -769,15 +769,20 @@ async fn forward(
     // headers are rewritten (`Transfer-Encoding` goes as hop-by-hop), whichever way they go.
     let mut length = None;
     if fastcgi.is_some() {
-        // A body waits for a place in the room only over HTTP/1: an HTTP/2 stream
-        // not read keeps what it was sent counted against its connection's window, which
-        // would stall the connection's other uploads (the one holding a place among them).
-        let wait = match parts.version {
-            http::Version::HTTP_2 => Duration::ZERO,
-            _ => server.body_timeout,
-        };
-        // Boxed: the request path's future need not hold a body being read whole.
-        (length, body) = Box::pin(site::with_length(parts, declared, body, room, wait)).await?;
+        if body.is_end_stream() {
+            length = site::length_without_body(parts, declared);
+        } else {
+            // A body waits for a place in the room only over HTTP/1: an HTTP/2 stream not
+            // read keeps what it was sent counted against its connection's window, which
+            // would stall the connection's other uploads (the one holding a place among
+            // them).
+            let wait = match parts.version {
+                http::Version::HTTP_2 => Duration::ZERO,
+                _ => server.body_timeout,
+            };
+            // Boxed: the request path's future need not hold a body being read whole.
+            (length, body) = Box::pin(site::read_whole(body, room, wait)).await?;
+        }
     }
     // The headers go as they are read (into PHP's parameters, or straight into the
     // request head); the map is rewritten first only where that cannot be done.

@@ -7,7 +7,6 @@ use std::time::Duration;
 use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::{Response, Version};
-use http_body::Body as _;
 
 use super::own_answer::OwnAnswer;
 use super::response_body::Payload;
@@ -145,24 +144,24 @@ pub(super) fn fastcgi_head(
     })
 }
 
-/// The length PHP-FPM is told of `body`, and the body to send: without a body, the
-/// declared length, `0` for a body-framed request, nothing without framing; a body is read
-/// whole first, before PHP-FPM is contacted, whatever its framing: PHP-FPM must be told
-/// the length of one of unknown length (chunked), and a client sending its body slowly
-/// would otherwise hold a PHP worker (and the server's `max_requests` slot) as long as
-/// it likes. PHP reads a request's body whole before the script runs in any case. A body
-/// that needs a temporary file waits up to `wait` for a place in `room`.
-pub(super) async fn with_length(
-    parts: &Parts,
-    declared: Option<u64>,
+/// The length PHP-FPM is told of a request without a body: the declared length, `0` for
+/// a body-framed request, nothing without framing.
+pub(super) fn length_without_body(parts: &Parts, declared: Option<u64>) -> Option<u64> {
+    let framed = parts.version < Version::HTTP_2 && parts.headers.contains_key(header::TRANSFER_ENCODING);
+    declared.or(framed.then_some(0))
+}
+
+/// `body` read whole, and its length for PHP-FPM: a body is read whole before PHP-FPM is
+/// contacted, whatever its framing, since PHP-FPM must be told the length of one of
+/// unknown length (chunked), and a client sending its body slowly would otherwise hold a
+/// PHP worker (and the server's `max_requests` slot) as long as it likes. PHP reads a
+/// request's body whole before the script runs in any case. A body that needs a
+/// temporary file waits up to `wait` for a place in `room`.
+pub(super) async fn read_whole(
     body: RequestBody,
     room: &Room,
     wait: Duration,
 ) -> Result<(Option<u64>, RequestBody), OwnAnswer> {
-    if body.is_end_stream() {
-        let framed = parts.version < Version::HTTP_2 && parts.headers.contains_key(header::TRANSFER_ENCODING);
-        return Ok((declared.or(framed.then_some(0)), body));
-    }
     let spooled = spool(body, room, wait)
         .await
         .map_err(|error| error.answer(error.to_string()))?;
