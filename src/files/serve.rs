@@ -22,6 +22,8 @@ use http::{Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, Take};
 use tokio::sync::OwnedSemaphorePermit;
+
+use crate::room::Room;
 use tokio_util::io::ReaderStream;
 
 use super::{Found, Opened, Root};
@@ -65,21 +67,20 @@ impl FileBody {
         }
     }
 
-    /// Whether the body streams from a file held open (one read when opened is closed).
-    pub(crate) fn streams(&self) -> bool {
-        matches!(self.content, Content::Streamed(_))
+    /// This body, holding what it keeps until it ends in `room`: its file's place while
+    /// it streams from the file held open, the memory of its bytes when the file was read
+    /// at once (and closed); `None` when the room has not that to give.
+    pub(crate) fn held_in(mut self, room: &Room) -> Option<Self> {
+        self.place = match &self.content {
+            Content::Streamed(_) => Some(room.file_place()?),
+            Content::Read(Some(bytes)) if !bytes.is_empty() => Some(room.file_memory(bytes.len())?),
+            Content::Read(_) => None,
+        };
+        Some(self)
     }
 
-    /// The bytes of a file read when it was opened, held until they are sent.
-    pub(crate) fn read_bytes(&self) -> usize {
-        match &self.content {
-            Content::Read(bytes) => bytes.as_ref().map_or(0, Bytes::len),
-            Content::Streamed(_) => 0,
-        }
-    }
-
-    /// This body, holding `place` (its file's, or its bytes' memory) until it ends.
-    pub(crate) fn held_in(mut self, place: OwnedSemaphorePermit) -> Self {
+    /// This body, holding `place` (its file's) until it ends.
+    pub(crate) fn holding(mut self, place: OwnedSemaphorePermit) -> Self {
         self.place = Some(place);
         self
     }
@@ -589,21 +590,31 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, vec![b'f'; 200_000]).unwrap();
-        let room = std::sync::Arc::new(tokio::sync::Semaphore::new(300_000));
+        let room = Room::new(1, 1, 300_000);
         let small = FileBody::part(File::open(&path).unwrap(), 0, 10).unwrap();
         let large = FileBody::part(File::open(&path).unwrap(), 0, 200_000).unwrap();
-        assert_eq!((small.streams(), small.read_bytes()), (false, 10));
-        assert_eq!((large.streams(), large.read_bytes()), (true, 0));
-        let mut small = small.held_in(room.clone().try_acquire_many_owned(10).unwrap());
-        let large = large.held_in(room.clone().try_acquire_owned().unwrap());
-        assert_eq!(room.available_permits(), 300_000 - 11);
+        let mut small = small.held_in(&room).unwrap();
+        assert_eq!(
+            room.free(),
+            (1, 1, 300_000 - 10),
+            "a file read at once holds its bytes"
+        );
+        let large = large.held_in(&room).unwrap();
+        assert_eq!(
+            room.free(),
+            (1, 0, 300_000 - 10),
+            "a file that streams holds a place"
+        );
+        let empty = FileBody::empty().held_in(&room).unwrap();
+        assert_eq!(room.free(), (1, 0, 300_000 - 10), "an empty body holds nothing");
+        drop(empty);
         let first = small.frame().await.unwrap().unwrap();
         assert_eq!(first.into_data().unwrap().len(), 10);
-        assert_eq!(room.available_permits(), 300_000 - 11, "held until the body ends");
+        assert_eq!(room.free(), (1, 0, 300_000 - 10), "held until the body ends");
         assert!(small.frame().await.is_none());
-        assert_eq!(room.available_permits(), 300_000 - 1);
+        assert_eq!(room.free(), (1, 0, 300_000));
         assert_eq!(large.collect().await.unwrap().to_bytes().len(), 200_000);
-        assert_eq!(room.available_permits(), 300_000);
+        assert_eq!(room.free(), (1, 1, 300_000));
     }
 
     fn with(pairs: &[(header::HeaderName, &'static str)]) -> HeaderMap {

@@ -89,7 +89,7 @@ where
         Some((mut file, place)) => {
             file.flush().await?;
             file.rewind().await?;
-            Content::File(FileBody::new(file, length).held_in(place))
+            Content::File(FileBody::new(file, length).holding(place))
         }
     };
     Ok(Spooled { length, content })

@@ -81,16 +81,7 @@ fn serve_file(
     match serve::serve(&site.root, path, file, &request.method, &request.headers) {
         Ok(response) => {
             let (head, body) = response.into_parts();
-            let needed = match (body.streams(), body.read_bytes()) {
-                (true, _) => Some(room.file_place()),
-                (false, 0) => None,
-                (false, bytes) => Some(room.file_memory(bytes)),
-            };
-            let body = match needed {
-                None => body,
-                Some(Some(place)) => body.held_in(place),
-                Some(None) => return Err(GatewayError::NoFilePlace.into()),
-            };
+            let body = body.held_in(room).ok_or(GatewayError::NoFilePlace)?;
             Ok(Response::from_parts(head, Payload::File(Box::new(body))))
         }
         Err(status) if status == http::StatusCode::METHOD_NOT_ALLOWED => {
