@@ -81,6 +81,10 @@ pub(crate) enum GatewayError {
     NoFilePlace,
     #[error("the process or the system is out of file descriptors or memory")]
     OutOfDescriptors,
+    #[error(
+        "no place for a connection to an upstream server: as many are open as server.max_connections allows, none idle"
+    )]
+    NoUpstreamPlace,
     #[error("the client's address is denied by {0}")]
     Forbidden(&'static str),
     #[error("bad request path: {0}")]
@@ -149,6 +153,7 @@ impl GatewayError {
             GatewayError::StoreUnavailable
             | GatewayError::NoBodyPlace
             | GatewayError::NoFilePlace
+            | GatewayError::NoUpstreamPlace
             | GatewayError::OutOfDescriptors => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::ClientClosed => {
                 StatusCode::from_u16(CLIENT_CLOSED_REQUEST).expect("499 is a status code")
@@ -183,6 +188,7 @@ impl GatewayError {
             | GatewayError::Upstream { .. }
             | GatewayError::StoreUnavailable
             | GatewayError::NoFilePlace
+            | GatewayError::NoUpstreamPlace
             | GatewayError::ClientClosed => false,
         }
     }
@@ -199,6 +205,7 @@ impl GatewayError {
                 GatewayError::StoreUnavailable
                     | GatewayError::NoBodyPlace
                     | GatewayError::NoFilePlace
+                    | GatewayError::NoUpstreamPlace
                     | GatewayError::OutOfDescriptors
             )
     }
@@ -215,6 +222,7 @@ impl GatewayError {
             | GatewayError::StoreUnavailable
             | GatewayError::NoBodyPlace
             | GatewayError::NoFilePlace
+            | GatewayError::NoUpstreamPlace
             | GatewayError::OutOfDescriptors => Some(1),
             _ => None,
         }
@@ -256,6 +264,7 @@ mod tests {
         for full in [
             GatewayError::NoBodyPlace,
             GatewayError::NoFilePlace,
+            GatewayError::NoUpstreamPlace,
             GatewayError::OutOfDescriptors,
         ] {
             assert_eq!(
@@ -268,6 +277,7 @@ mod tests {
         assert!(GatewayError::NoBodyPlace.closes_connection());
         assert!(GatewayError::OutOfDescriptors.closes_connection());
         assert!(!GatewayError::NoFilePlace.closes_connection());
+        assert!(!GatewayError::NoUpstreamPlace.closes_connection());
         assert_eq!(GatewayError::Forbidden("x").status(), StatusCode::FORBIDDEN);
         assert_eq!(
             GatewayError::BadPath(PathError::AboveRoot).status(),

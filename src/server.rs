@@ -37,6 +37,7 @@ use crate::room::Room;
 use crate::service::request_head::MAX_HEADER_BYTES;
 use crate::service::state::GatewayState;
 use crate::service::{Instance, handle};
+use crate::upstream::places::ConnectionPlaces;
 use crate::workers::Workers;
 
 /// What the protocols' own parsers accept at most, above the service's limit on header
@@ -90,7 +91,7 @@ impl Gateway {
             config.server.max_connections,
             rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
         );
-        let state = GatewayState::new(config, &metrics)
+        let state = GatewayState::new(config, &metrics, ConnectionPlaces::new(connection_cap))
             .map_err(|e| io::Error::other(format!("cannot set up the rate-limit store: {e}")))?;
         state.store.wait_ready(STORE_STARTUP_WAIT).await;
         if let Some(acme) = &state.acme {

@@ -259,3 +259,88 @@ async fn a_request_does_not_wait_behind_an_upload_the_upstream_answered_early() 
     upload.write_all(b"67890").await.unwrap();
     upstream.abort();
 }
+
+/// `count` requests for `path` at once on one HTTP/2 connection: their statuses and
+/// `Retry-After` values, and how long the last took.
+async fn at_once_over_http2(
+    gateway: &TestGateway,
+    path: &str,
+    count: usize,
+) -> (Vec<(u16, String)>, Duration) {
+    let client = crate::common::h2c_client();
+    let started = std::time::Instant::now();
+    let requests = (0..count).map(|_| {
+        let sent = client.request(Request::get(gateway.url(path)).body(Full::default()).unwrap());
+        async move {
+            let response = sent.await.expect("h2c request");
+            let retry = response
+                .headers()
+                .get("retry-after")
+                .map_or(String::new(), |value| value.to_str().unwrap().to_owned());
+            let status = response.status().as_u16();
+            response.into_body().collect().await.unwrap();
+            (status, retry)
+        }
+    });
+    let answers = futures_util::future::join_all(requests).await;
+    (answers, started.elapsed())
+}
+
+/// One HTTP/2 connection carries many requests at once, each wanting an upstream
+/// connection of its own: together the requests of every client hold at most
+/// `server.max_connections` of them, so that a few clients cannot take every descriptor.
+/// The others wait for a place; past the upstream's `connect_timeout` they are a `503`
+/// with `Retry-After: 1`, nothing sent upstream.
+#[tokio::test]
+async fn streams_at_once_hold_at_most_max_connections_upstream_connections() {
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::proxy_to(&upstream, "max_connections = 4", "connect_timeout = \"5s\"").await;
+    // Twelve of 300 ms each: four at a time, each waiting for a place when it has none.
+    let (answers, took) = at_once_over_http2(&gateway, "/busy?ms=300", 12).await;
+    assert!(answers.iter().all(|(status, _)| *status == 200), "{answers:?}");
+    assert_eq!(upstream.most_in_flight(), 4);
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+
+    // Past the connect timeout, a request still without a place is refused.
+    let gateway =
+        TestGateway::proxy_to(&upstream, "max_connections = 4", "connect_timeout = \"300ms\"").await;
+    let requests = upstream.requests();
+    let (answers, _) = at_once_over_http2(&gateway, "/busy?ms=1500", 8).await;
+    let refused: Vec<_> = answers.iter().filter(|(status, _)| *status == 503).collect();
+    assert_eq!(refused.len(), 4, "{answers:?}");
+    assert!(refused.iter().all(|(_, retry)| retry == "1"), "{answers:?}");
+    assert_eq!(upstream.requests() - requests, 4);
+}
+
+/// Connections idle to one server give their places up to a connection another server
+/// needs: the places are not held hostage by what the last burst left open.
+#[tokio::test]
+async fn a_connection_idle_to_one_server_gives_its_place_to_another_server() {
+    let (first, second) = (Upstream::start().await, Upstream::start().await);
+    let gateway = TestGateway::start(
+        GatewayToml::new()
+            .server("max_connections = 2")
+            .upstream("first", &first.url(), "connect_timeout = \"3s\"")
+            .upstream("second", &second.url(), "connect_timeout = \"3s\"")
+            .route("first", "path_prefix = \"/first\"\nupstream = \"first\"")
+            .route("second", "path_prefix = \"/second\"\nupstream = \"second\""),
+    )
+    .await;
+    // Both places taken by connections to the first, idle once answered.
+    let (answers, _) = at_once_over_http2(&gateway, "/first/busy?ms=200", 2).await;
+    assert_eq!(answers, [(200, String::new()), (200, String::new())]);
+    assert_eq!(first.connections(), 2);
+
+    let started = std::time::Instant::now();
+    let (status, _, _) = get(&gateway.url("/second/")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    // The first still has a connection to reuse.
+    let (status, _, _) = get(&gateway.url("/first/")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(first.connections(), 2);
+}

@@ -20,6 +20,7 @@ use crate::router::Router;
 use crate::tls::Handshakes;
 use crate::trace::Tracer;
 use crate::upstream::Upstream;
+use crate::upstream::places::ConnectionPlaces;
 
 /// One loaded configuration, ready to serve.
 pub(crate) struct GatewayState {
@@ -44,6 +45,8 @@ pub(crate) struct GatewayState {
     pub(crate) acme: Option<Arc<Acme>>,
     /// `[tracing]`: kept across reloads that do not change it.
     pub(crate) tracer: Option<Arc<Tracer>>,
+    /// The places of upstream connections, the same for every configuration.
+    connection_places: Arc<ConnectionPlaces>,
 }
 
 impl GatewayState {
@@ -96,10 +99,14 @@ pub(crate) enum Target {
 }
 
 impl GatewayState {
-    /// Builds the runtime for `config`; must run inside the runtime (the Redis store
-    /// connects in the background).
-    pub(crate) fn new(config: Config, metrics: &Metrics) -> Result<Self, StoreError> {
-        GatewayState::build(config, None, metrics)
+    /// Builds the runtime for `config`, its upstream connections in `places`; must run
+    /// inside the runtime (the Redis store connects in the background).
+    pub(crate) fn new(
+        config: Config,
+        metrics: &Metrics,
+        places: Arc<ConnectionPlaces>,
+    ) -> Result<Self, StoreError> {
+        GatewayState::build(config, places, None, metrics)
     }
 
     /// Builds the runtime for a reloaded `config`, keeping what did not change: the store
@@ -110,10 +117,20 @@ impl GatewayState {
         previous: &GatewayState,
         metrics: &Metrics,
     ) -> Result<Self, StoreError> {
-        GatewayState::build(config, Some(previous), metrics)
+        GatewayState::build(
+            config,
+            previous.connection_places.clone(),
+            Some(previous),
+            metrics,
+        )
     }
 
-    fn build(config: Config, previous: Option<&GatewayState>, metrics: &Metrics) -> Result<Self, StoreError> {
+    fn build(
+        config: Config,
+        connection_places: Arc<ConnectionPlaces>,
+        previous: Option<&GatewayState>,
+        metrics: &Metrics,
+    ) -> Result<Self, StoreError> {
         // An upstream whose definition did not change is kept: its connections, health,
         // requests in flight and queue.
         let upstreams: HashMap<&str, Arc<Upstream>> = config
@@ -123,7 +140,12 @@ impl GatewayState {
                 let previous = previous.and_then(|p| p.upstream(name));
                 let upstream = match previous {
                     Some(kept) if *kept.config == **config => kept,
-                    replaced => Arc::new(Upstream::new(config.clone(), metrics, replaced.as_deref())),
+                    replaced => Arc::new(Upstream::new(
+                        config.clone(),
+                        metrics,
+                        &connection_places,
+                        replaced.as_deref(),
+                    )),
                 };
                 (name.as_str(), upstream)
             })
@@ -266,6 +288,7 @@ impl GatewayState {
             tls,
             acme,
             tracer,
+            connection_places,
         })
     }
 }

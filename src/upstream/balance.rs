@@ -193,6 +193,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::upstream::places::ConnectionPlaces;
     use crate::upstream::pool::Pool;
     use crate::upstream::server::Transport;
 
@@ -202,7 +203,12 @@ mod tests {
             .enumerate()
             .map(|(i, &weight)| {
                 let label = format!("10.0.0.{i}:80");
-                let pool = Pool::new(label.clone(), Duration::from_secs(1), None);
+                let pool = Pool::new(
+                    label.clone(),
+                    Duration::from_secs(1),
+                    None,
+                    &ConnectionPlaces::new(8),
+                );
                 let series =
                     crate::metrics::Metrics::new().upstream_server(&"u".into(), &label.as_str().into());
                 Server::new(label.into(), weight, Transport::Http(pool), series, None)

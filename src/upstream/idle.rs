@@ -22,6 +22,8 @@ use thread_local::ThreadLocal;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
+use super::places::{CloseIdle, Place};
+
 /// A connection to a server: its stream, what was read on it and not yet used, and the
 /// timer for the response head of the request on it. The timer is moved to each
 /// request's deadline: moving a timer costs next to nothing, where one made per request
@@ -37,6 +39,8 @@ pub(crate) struct Connection<S> {
     /// connection): its thread would fire it, and polling it once that runtime has shut
     /// down panics; the next request here gets a timer of its own.
     timer_elsewhere: bool,
+    /// Given back when the connection closes.
+    _place: Place,
 }
 
 impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
@@ -108,14 +112,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Connection<S> {
 }
 
 impl<S: AsyncRead + Unpin> Connection<S> {
-    /// `stream`, its timer set for `deadline`.
-    pub(super) fn new(stream: S, deadline: tokio::time::Instant) -> Self {
+    /// `stream`, in `place`, its timer set for `deadline`.
+    pub(super) fn new(stream: S, place: Place, deadline: tokio::time::Instant) -> Self {
         Connection {
             stream,
             read: BytesMut::new(),
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
             home: None,
             timer_elsewhere: false,
+            _place: place,
         }
     }
 
@@ -207,6 +212,19 @@ impl<C: Send> IdlePool<C> {
                 return found;
             }
         }
+    }
+}
+
+impl<C: Send> CloseIdle for IdlePool<C> {
+    fn close_idle(&self) -> bool {
+        self.lists.iter().any(|list| {
+            let mut list = lock(list);
+            let idle = !list.connections.is_empty();
+            if idle {
+                list.connections.remove(0);
+            }
+            idle
+        })
     }
 }
 
@@ -389,7 +407,7 @@ mod tests {
         let pool = socket_pool();
         runtime().block_on(async {
             let (ours, _server) = tokio::net::UnixStream::pair().unwrap();
-            pool.check_in(Connection::new(ours, later()));
+            pool.check_in(Connection::new(ours, Place::uncounted(), later()));
             let other = pool.clone();
             std::thread::spawn(move || {
                 runtime().block_on(async {
@@ -451,7 +469,7 @@ mod tests {
         let pool = socket_pool();
         let home = runtime();
         let (ours, _server) = home.block_on(async { tokio::net::UnixStream::pair().unwrap() });
-        home.block_on(async { pool.check_in(Connection::new(ours, later())) });
+        home.block_on(async { pool.check_in(Connection::new(ours, Place::uncounted(), later())) });
         let other = pool.clone();
         std::thread::spawn(move || {
             let borrower = runtime();

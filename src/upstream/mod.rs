@@ -30,6 +30,7 @@ mod h1;
 mod health;
 mod idle;
 pub(crate) mod names;
+pub(crate) mod places;
 pub(crate) mod pool;
 pub(crate) mod read_ahead;
 mod sending;
@@ -69,6 +70,7 @@ use balance::Balancer;
 use exchange::ExchangeError;
 pub(crate) use fastcgi::FastCgiHead;
 pub(crate) use h1::HttpHead;
+use places::ConnectionPlaces;
 use pool::{Pool, SendError};
 use server::{Server, Transport};
 pub(crate) use tunnel::tunnel;
@@ -134,7 +136,13 @@ impl Upstream {
     /// The runtime of `config`, counting in `metrics`; must run inside the runtime when
     /// the upstream has active health checks. `previous` is the generation it replaces
     /// in a reload, whose requests may still be in flight.
-    pub(crate) fn new(config: Arc<UpstreamConfig>, metrics: &Metrics, previous: Option<&Upstream>) -> Self {
+    /// Its connections take their places in `places`.
+    pub(crate) fn new(
+        config: Arc<UpstreamConfig>,
+        metrics: &Metrics,
+        places: &Arc<ConnectionPlaces>,
+        previous: Option<&Upstream>,
+    ) -> Self {
         let name: Arc<str> = Arc::from(config.name.as_str());
         let single = config.servers.len() == 1;
         let client_tls = config.tls.as_ref().map(client_tls);
@@ -151,6 +159,7 @@ impl Upstream {
                         },
                         config.connect_timeout,
                         (config.max_requests > 0).then_some(config.max_requests as usize),
+                        places,
                     )),
                     (ServerAddress::Tcp(authority), None) => {
                         let tls = client_tls.as_ref().map(|connector| pool::Tls {
@@ -163,7 +172,7 @@ impl Upstream {
                                 .or_else(|| server_name(authority))
                                 .expect("an https server has a name to check"),
                         });
-                        Transport::Http(Pool::new(label.to_string(), config.connect_timeout, tls))
+                        Transport::Http(Pool::new(label.to_string(), config.connect_timeout, tls, places))
                     }
                     (ServerAddress::Unix(_), None) => {
                         unreachable!("only fastcgi:// servers are unix sockets")
@@ -441,6 +450,7 @@ fn classify(error: SendError) -> Result<(UpstreamFailure, Failed), GatewayError>
         SendError::Connect { source, .. } if crate::room::exhausted(source) => {
             Err(GatewayError::OutOfDescriptors)
         }
+        SendError::NoPlace => Err(GatewayError::NoUpstreamPlace),
         SendError::Connect { .. } | SendError::ConnectTimeout(_) => {
             Ok((UpstreamFailure::Connect, Failed::of_server(&error)))
         }
@@ -458,6 +468,7 @@ fn classify_fastcgi(error: fastcgi::FastCgiError) -> Result<(UpstreamFailure, Fa
         FastCgiError::Connect { source, .. } if crate::room::exhausted(source) => {
             Err(GatewayError::OutOfDescriptors)
         }
+        FastCgiError::NoPlace => Err(GatewayError::NoUpstreamPlace),
         FastCgiError::Connect { .. } | FastCgiError::ConnectTimeout(_) => {
             Ok((UpstreamFailure::Connect, Failed::of_server(&error)))
         }
@@ -952,6 +963,15 @@ mod tests {
         };
         let exhausted = classify(connect(std::io::Error::from_raw_os_error(libc::EMFILE)));
         assert!(matches!(exhausted, Err(GatewayError::OutOfDescriptors)));
+        // Nor one that found no place free (`server.max_connections`), whatever it speaks.
+        assert!(matches!(
+            classify(SendError::NoPlace),
+            Err(GatewayError::NoUpstreamPlace)
+        ));
+        assert!(matches!(
+            classify_fastcgi(fastcgi::FastCgiError::NoPlace),
+            Err(GatewayError::NoUpstreamPlace)
+        ));
         let refused = classify(connect(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
         )));

@@ -18,7 +18,7 @@
 
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -37,6 +37,7 @@ use super::detach::Exchanging;
 use super::exchange::{Exchange, ExchangeError};
 use super::h1::HttpHead;
 use super::idle::IdlePool;
+use super::places::{CloseIdle, ConnectionPlaces, Place};
 use crate::proxy::request_body::RequestBody;
 use crate::trace::context::SpanId;
 
@@ -58,6 +59,8 @@ pub(crate) enum SendError {
     Exchange(#[from] ExchangeError),
     #[error("no response headers in time")]
     Timeout,
+    #[error("no place for a connection to an upstream server")]
+    NoPlace,
 }
 
 /// TLS to a server: the client configuration and the name its certificate must have.
@@ -82,18 +85,35 @@ pub(crate) struct Endpoint {
     connect_timeout: Duration,
     tls: Option<Tls>,
     idle: Arc<IdlePool<Connection>>,
+    places: Arc<ConnectionPlaces>,
 }
 
 impl Endpoint {
+    /// Keeps `connection` for the next request, unless a new connection waits for a place
+    /// (then it closes, giving its place up).
     pub(super) fn check_in(&self, connection: Connection) {
-        self.idle.check_in(connection);
+        if !self.places.wanted() {
+            self.idle.check_in(connection);
+        }
     }
 
-    /// A new connection, its TLS handshake included, within `connect_timeout`, its timer
-    /// set for `deadline`.
+    /// A new connection in a place of its own, the wait for the place and the TLS
+    /// handshake included, within `connect_timeout`, its timer set for `deadline`.
     async fn connect(&self, deadline: tokio::time::Instant) -> Result<Connection, SendError> {
-        match tokio::time::timeout(self.connect_timeout, self.open()).await {
-            Ok(Ok(stream)) => Ok(Connection::new(stream, deadline)),
+        let (place, until) =
+            (self.places.take_within(self.connect_timeout).await).ok_or(SendError::NoPlace)?;
+        self.open_in(place, until, deadline).await
+    }
+
+    /// A new connection in `place`, opened before `until`, its timer set for `deadline`.
+    async fn open_in(
+        &self,
+        place: Place,
+        until: tokio::time::Instant,
+        deadline: tokio::time::Instant,
+    ) -> Result<Connection, SendError> {
+        match tokio::time::timeout_at(until, self.open()).await {
+            Ok(Ok(stream)) => Ok(Connection::new(stream, place, deadline)),
             Ok(Err(error)) => Err(error),
             Err(_) => Err(SendError::ConnectTimeout(self.address.clone())),
         }
@@ -130,9 +150,15 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// A pool for `address` (`host:port`), over TLS with `tls`.
-    pub(crate) fn new(address: String, connect_timeout: Duration, tls: Option<Tls>) -> Self {
-        Pool::with_idle_timeout(address, connect_timeout, tls, IDLE_TIMEOUT)
+    /// A pool for `address` (`host:port`), over TLS with `tls`, its connections in
+    /// `places`.
+    pub(crate) fn new(
+        address: String,
+        connect_timeout: Duration,
+        tls: Option<Tls>,
+        places: &Arc<ConnectionPlaces>,
+    ) -> Self {
+        Pool::with_idle_timeout(address, connect_timeout, tls, places, IDLE_TIMEOUT)
     }
 
     /// A pool that keeps idle connections for `idle_timeout` (tests: a short one).
@@ -140,14 +166,18 @@ impl Pool {
         address: String,
         connect_timeout: Duration,
         tls: Option<Tls>,
+        places: &Arc<ConnectionPlaces>,
         idle_timeout: Duration,
     ) -> Self {
+        let idle = Arc::new(IdlePool::new(idle_timeout, MAX_IDLE));
+        places.share_idle(Arc::downgrade(&idle) as Weak<dyn CloseIdle>);
         Pool {
             endpoint: Arc::new(Endpoint {
                 address,
                 connect_timeout,
                 tls,
-                idle: Arc::new(IdlePool::new(idle_timeout, MAX_IDLE)),
+                idle,
+                places: places.clone(),
             }),
         }
     }
@@ -156,7 +186,11 @@ impl Pool {
     /// (closed when the check ends).
     pub(crate) async fn check(&self, target: &str) -> Option<StatusCode> {
         let deadline = tokio::time::Instant::now() + self.endpoint.connect_timeout;
-        let connection = self.endpoint.connect(deadline).await.ok()?;
+        let connection = self
+            .endpoint
+            .open_in(Place::uncounted(), deadline, deadline)
+            .await
+            .ok()?;
         let mut head = HttpHead::writer(&Method::GET, &[target], 3);
         head.header(&HOST, &HeaderValue::from_str(&self.endpoint.address).ok()?);
         head.header(&CONNECTION, &HeaderValue::from_static("close"));
@@ -311,8 +345,8 @@ mod tests {
     fn a_connection_and_its_exchange_stay_small() {
         let connection = std::mem::size_of::<Connection>();
         let exchange = std::mem::size_of::<Exchange>();
-        assert!(connection <= 96, "a connection is {connection} bytes");
-        assert!(exchange <= 416, "an exchange is {exchange} bytes");
+        assert!(connection <= 104, "a connection is {connection} bytes");
+        assert!(exchange <= 424, "an exchange is {exchange} bytes");
     }
 
     /// A server that answers before it has read the request and closes at once (a reset):
@@ -324,6 +358,7 @@ mod tests {
             listener.local_addr().unwrap().to_string(),
             Duration::from_secs(1),
             None,
+            &ConnectionPlaces::new(8),
         );
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
         let (connection, accepted) = tokio::join!(pool.endpoint.connect(deadline), listener.accept());
@@ -416,7 +451,7 @@ mod tests {
                 .unwrap();
         });
 
-        let pool = Pool::new(address, Duration::from_secs(1), None);
+        let pool = Pool::new(address, Duration::from_secs(1), None, &ConnectionPlaces::new(8));
         let response = send(&pool).await;
         let body = response.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, "first");
@@ -482,7 +517,13 @@ mod tests {
     async fn idle_connections_close_at_the_limit_whether_or_not_the_pool_is_asked() {
         let (address, open) = counting_upstream().await;
         let limit = Duration::from_millis(300);
-        let pool = Pool::with_idle_timeout(address, Duration::from_secs(1), None, limit);
+        let pool = Pool::with_idle_timeout(
+            address,
+            Duration::from_secs(1),
+            None,
+            &ConnectionPlaces::new(8),
+            limit,
+        );
         // Three at once: three connections, all idle afterwards.
         futures_util::future::join_all((0..3).map(|_| ok(&pool))).await;
         assert_eq!(open.load(Ordering::SeqCst), 3);

@@ -231,9 +231,15 @@ impl HealthState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upstream::places::ConnectionPlaces;
 
     fn server(passive: Option<(u32, Duration)>) -> Server {
-        let pool = Pool::new("127.0.0.1:9".into(), Duration::from_secs(1), None);
+        let pool = Pool::new(
+            "127.0.0.1:9".into(),
+            Duration::from_secs(1),
+            None,
+            &ConnectionPlaces::new(8),
+        );
         Server::new(
             "127.0.0.1:9".into(),
             1,

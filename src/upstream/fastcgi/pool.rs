@@ -11,8 +11,8 @@
 use std::future::poll_fn;
 use std::io;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,7 @@ use crate::proxy::request_body::RequestBody;
 use crate::upstream::attempt::{TimedOut, Try, Unsent, attempt};
 use crate::upstream::detach::Exchanging;
 use crate::upstream::idle::IdlePool;
+use crate::upstream::places::{CloseIdle, ConnectionPlaces, Place};
 
 /// How long an idle connection (and the PHP-FPM worker it holds) is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -61,6 +62,8 @@ pub(crate) enum FastCgiError {
     ConnectTimeout(String),
     #[error("no response headers in time")]
     Timeout,
+    #[error("no place for a connection to an upstream server")]
+    NoPlace,
     #[error(transparent)]
     Exchange(#[from] ExchangeError),
 }
@@ -70,14 +73,17 @@ pub(crate) struct Endpoint {
     address: Address,
     connect_timeout: Duration,
     idle: Arc<IdlePool<Connection>>,
+    places: Arc<ConnectionPlaces>,
     /// When stderr was last logged, in milliseconds since `started`.
     stderr_logged: AtomicU64,
     started: Instant,
 }
 
 impl Endpoint {
+    /// Keeps `connection` for the next request, unless something it was sent is unread,
+    /// or a new connection waits for a place (then it closes, giving its place up).
     pub(super) fn check_in(&self, connection: Connection) {
-        if connection.read.is_empty() {
+        if connection.read.is_empty() && !self.places.wanted() {
             self.idle.check_in(connection);
         }
     }
@@ -101,10 +107,23 @@ impl Endpoint {
         tracing::warn!(target: "fastcgi", server = %self.address, stderr = %line, "PHP wrote to stderr");
     }
 
-    /// A new connection, its timer set for `deadline`.
+    /// A new connection in a place of its own, the wait for the place included, within
+    /// `connect_timeout`, its timer set for `deadline`.
     async fn connect(&self, deadline: tokio::time::Instant) -> Result<Connection, FastCgiError> {
+        let (place, until) =
+            (self.places.take_within(self.connect_timeout).await).ok_or(FastCgiError::NoPlace)?;
+        self.open_in(place, until, deadline).await
+    }
+
+    /// A new connection in `place`, opened before `until`, its timer set for `deadline`.
+    async fn open_in(
+        &self,
+        place: Place,
+        until: tokio::time::Instant,
+        deadline: tokio::time::Instant,
+    ) -> Result<Connection, FastCgiError> {
         let opened = match &self.address {
-            Address::Tcp(address) => tokio::time::timeout(self.connect_timeout, TcpStream::connect(address))
+            Address::Tcp(address) => tokio::time::timeout_at(until, TcpStream::connect(address))
                 .await
                 .map(|stream| {
                     stream.map(|stream| {
@@ -112,12 +131,12 @@ impl Endpoint {
                         Either::Left(stream)
                     })
                 }),
-            Address::Unix(path) => tokio::time::timeout(self.connect_timeout, UnixStream::connect(path))
+            Address::Unix(path) => tokio::time::timeout_at(until, UnixStream::connect(path))
                 .await
                 .map(|stream| stream.map(Either::Right)),
         };
         match opened {
-            Ok(Ok(stream)) => Ok(Connection::new(stream, deadline)),
+            Ok(Ok(stream)) => Ok(Connection::new(stream, place, deadline)),
             Ok(Err(source)) => Err(FastCgiError::Connect {
                 address: self.address.to_string(),
                 source,
@@ -134,13 +153,21 @@ pub(crate) struct Pool {
 
 impl Pool {
     /// A pool for `address` that keeps at most `max_idle` idle connections (the server's
-    /// cap; `None`: no cap).
-    pub(crate) fn new(address: Address, connect_timeout: Duration, max_idle: Option<usize>) -> Self {
+    /// cap; `None`: no cap), its connections in `places`.
+    pub(crate) fn new(
+        address: Address,
+        connect_timeout: Duration,
+        max_idle: Option<usize>,
+        places: &Arc<ConnectionPlaces>,
+    ) -> Self {
+        let idle = Arc::new(IdlePool::new(IDLE_TIMEOUT, max_idle.unwrap_or(MAX_IDLE_UNCAPPED)));
+        places.share_idle(Arc::downgrade(&idle) as Weak<dyn CloseIdle>);
         Pool {
             endpoint: Arc::new(Endpoint {
                 address,
                 connect_timeout,
-                idle: Arc::new(IdlePool::new(IDLE_TIMEOUT, max_idle.unwrap_or(MAX_IDLE_UNCAPPED))),
+                idle,
+                places: places.clone(),
                 stderr_logged: AtomicU64::new(0),
                 started: Instant::now(),
             }),
@@ -151,7 +178,11 @@ impl Pool {
     /// `ping.path`, a status page, or a script) on a connection of its own.
     pub(crate) async fn check(&self, path: &str) -> Option<http::StatusCode> {
         let deadline = tokio::time::Instant::now() + self.endpoint.connect_timeout;
-        let connection = self.endpoint.connect(deadline).await.ok()?;
+        let connection = self
+            .endpoint
+            .open_in(Place::uncounted(), deadline, deadline)
+            .await
+            .ok()?;
         let head = super::params::check_head(path);
         let mut exchange = Exchange::new(
             connection,

@@ -1,0 +1,222 @@
+//! How many connections to upstream servers may be open at once, process-wide: as many as
+//! client connections (`server.max_connections`). A client connection over HTTP/1.1 uses
+//! one at a time; one over HTTP/2 may carry a hundred requests at once, each wanting a
+//! connection of its own, and without a bound a few such clients take every descriptor
+//! the process has (it can then accept no connection, open no file). A connection holds
+//! its place while it is open, idle ones included; one that finds no place free first
+//! closes a connection idle to any server, and otherwise waits for a place within its
+//! connect timeout.
+//!
+//! Health checks open their connections outside the count: a flood of requests must not
+//! make a healthy server look down.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::logging::LogThrottle;
+
+/// A pool of idle connections that can give one up for a connection elsewhere.
+pub(super) trait CloseIdle: Send + Sync {
+    /// Closes the pool's longest idle connection; false when none is idle.
+    fn close_idle(&self) -> bool;
+}
+
+/// The places for connections to upstream servers.
+pub(crate) struct ConnectionPlaces {
+    places: Arc<Semaphore>,
+    /// The idle connections of every server, which a connection with no place free may
+    /// close.
+    idle: Mutex<Vec<Weak<dyn CloseIdle>>>,
+    /// Connections waiting for a place: while one does, a connection done with its
+    /// request closes instead of waiting idle.
+    waiting: AtomicUsize,
+    /// Saying that places ran out.
+    warned: LogThrottle,
+}
+
+/// A connection's place, given back when the connection closes. The places themselves
+/// rather than a permit of theirs: it is part of every connection, which moves with each
+/// request, and a permit is twice its size.
+pub(crate) struct Place(Option<Arc<Semaphore>>);
+
+impl Place {
+    /// For a connection not counted (a health check's).
+    pub(super) fn uncounted() -> Place {
+        Place(None)
+    }
+
+    fn of(permit: OwnedSemaphorePermit) -> Place {
+        let places = permit.semaphore().clone();
+        permit.forget();
+        Place(Some(places))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Some(places) = &self.0 {
+            places.add_permits(1);
+        }
+    }
+}
+
+impl ConnectionPlaces {
+    /// Places for `count` connections.
+    pub(crate) fn new(count: usize) -> Arc<ConnectionPlaces> {
+        Arc::new(ConnectionPlaces {
+            places: Arc::new(Semaphore::new(count.clamp(1, Semaphore::MAX_PERMITS))),
+            idle: Mutex::default(),
+            waiting: AtomicUsize::new(0),
+            warned: LogThrottle::default(),
+        })
+    }
+
+    /// Lets a connection with no place free close one of `pool`'s idle connections.
+    pub(super) fn share_idle(&self, pool: Weak<dyn CloseIdle>) {
+        let mut pools = self.lock_idle();
+        pools.retain(|pool| pool.strong_count() > 0);
+        pools.push(pool);
+    }
+
+    /// A place for a new connection within `timeout` ([`take`](Self::take)), and when
+    /// that time is up (the connection must be open by then).
+    pub(super) async fn take_within(&self, timeout: Duration) -> Option<(Place, Instant)> {
+        let until = Instant::now() + timeout;
+        Some((self.take(until).await?, until))
+    }
+
+    /// A place for a new connection: a free one, or one an idle connection gives up, or
+    /// else the first given back before `until` (`None` past it).
+    pub(super) async fn take(&self, until: Instant) -> Option<Place> {
+        if let Some(place) = self.free() {
+            return Some(place);
+        }
+        // Counted first: a connection that becomes idle from here on is closed for it.
+        let _waiting = Waiting::on(&self.waiting);
+        while self.close_an_idle_connection() {
+            if let Some(place) = self.free() {
+                return Some(place);
+            }
+        }
+        let waited = tokio::time::timeout_at(until, self.places.clone().acquire_owned()).await;
+        let place = waited
+            .ok()
+            .map(|place| Place::of(place.expect("the places are never closed")));
+        if place.is_none() && self.warned.ready() {
+            tracing::warn!(
+                "every place for a connection to an upstream server is taken (as many as server.max_connections): requests that need a new one get 503 (logged once a minute at most)"
+            );
+        }
+        place
+    }
+
+    /// Whether a new connection waits for a place: then one done with its request is
+    /// closed rather than kept idle.
+    pub(super) fn wanted(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst) > 0
+    }
+
+    fn free(&self) -> Option<Place> {
+        let place = self.places.clone().try_acquire_owned().ok()?;
+        Some(Place::of(place))
+    }
+
+    /// Closes an idle connection to some server; false when none is idle.
+    fn close_an_idle_connection(&self) -> bool {
+        let pools: Vec<_> = self.lock_idle().iter().filter_map(Weak::upgrade).collect();
+        pools.iter().any(|pool| pool.close_idle())
+    }
+
+    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Weak<dyn CloseIdle>>> {
+        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    #[cfg(test)]
+    pub(crate) fn free_places(&self) -> usize {
+        self.places.available_permits()
+    }
+}
+
+/// One connection counted as waiting for a place while this lives (its request may be
+/// dropped while it waits).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn on(waiting: &'a AtomicUsize) -> Self {
+        waiting.fetch_add(1, Ordering::SeqCst);
+        Waiting(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pool with `idle` connections, each holding a place.
+    struct Idle(Mutex<Vec<Place>>, AtomicUsize);
+
+    impl CloseIdle for Idle {
+        fn close_idle(&self) -> bool {
+            let closed = self.0.lock().unwrap().pop().is_some();
+            if closed {
+                self.1.fetch_add(1, Ordering::Relaxed);
+            }
+            closed
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_takes_an_idle_ones_place_else_waits_until_its_deadline() {
+        let places = ConnectionPlaces::new(2);
+        let soon = || Instant::now() + Duration::from_secs(1);
+        let idle = Arc::new(Idle(Mutex::new(vec![]), AtomicUsize::new(0)));
+        places.share_idle(Arc::downgrade(&idle) as Weak<dyn CloseIdle>);
+        let first = places.take(soon()).await.expect("a free place");
+        let kept_idle = places.take(soon()).await.expect("a free place");
+        idle.0.lock().unwrap().push(kept_idle);
+        assert_eq!(places.free_places(), 0);
+
+        // None free: the idle connection is closed for it.
+        let second = places.take(soon()).await.expect("the idle connection's place");
+        assert_eq!(idle.1.load(Ordering::Relaxed), 1);
+
+        // None free, none idle: waits until its deadline, then has none.
+        let started = Instant::now();
+        assert!(places.take(soon()).await.is_none());
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+
+        // A place given back while one waits is the waiter's; meanwhile connections done
+        // with their requests are told to close rather than wait idle.
+        assert!(!places.wanted());
+        let waiting = tokio::spawn({
+            let places = places.clone();
+            async move {
+                places
+                    .take(Instant::now() + Duration::from_secs(5))
+                    .await
+                    .is_some()
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(places.wanted());
+        drop(first);
+        assert!(waiting.await.unwrap());
+        assert!(!places.wanted());
+        drop(second);
+        assert_eq!(
+            places.free_places(),
+            2,
+            "every place back once its connection closed"
+        );
+    }
+}
