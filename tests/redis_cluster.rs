@@ -86,6 +86,15 @@ impl Cluster {
         self.nodes[0].cli(&["cluster", "keyslot", tag]).trim().to_owned()
     }
 
+    /// Whether node `index` serves the slot of `x-api-key` value `key`.
+    fn serves(&self, index: usize, key: &str) -> bool {
+        let slot: u32 = self.slot(&format!("v{key}")).parse().unwrap();
+        self.nodes[index]
+            .cli(&["cluster", "nodes"])
+            .lines()
+            .any(|line| line.contains("myself") && owns(line, slot))
+    }
+
     fn keys(&self) -> Vec<String> {
         self.nodes
             .iter()
@@ -97,6 +106,34 @@ impl Cluster {
 /// `[redis]` keys for deciding on the cluster within `timeout`, refusing when it fails.
 fn deciding(timeout: &str) -> String {
     format!("cluster = true\ntimeout = \"{timeout}\"\non_error = \"deny\"")
+}
+
+/// A gateway deciding on `cluster` (which serves what it can when a node is lost) a
+/// fixed window of 1000 a minute per `x-api-key`, refusing when Redis fails.
+async fn per_key_gateway(cluster: &Cluster) -> (Upstream, TestGateway) {
+    for node in &cluster.nodes {
+        node.cli(&["config", "set", "cluster-require-full-coverage", "no"]);
+    }
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(
+        GatewayToml::new()
+            .redis(&cluster.url(), &deciding("300ms"))
+            .upstream("app", &upstream.url(), "")
+            .limit(
+                "per_key",
+                r#"algorithm = "fixed_window"
+                limit = 1000
+                window = "1m"
+                key = ["header:x-api-key"]"#,
+            )
+            .route(
+                "app",
+                r#"upstream = "app"
+                limits = ["per_key"]"#,
+            ),
+    )
+    .await;
+    (upstream, gateway)
 }
 
 async fn request(gateway: &TestGateway, api_key: &str) -> (StatusCode, String) {
@@ -207,28 +244,7 @@ async fn cluster_decisions_same_slot_and_across_slots() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_heartbeats_node_leaves_the_other_keys_decided() {
     let mut cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
-    for node in &cluster.nodes {
-        node.cli(&["config", "set", "cluster-require-full-coverage", "no"]);
-    }
-    let upstream = Upstream::start().await;
-    let gateway = TestGateway::start(
-        GatewayToml::new()
-            .redis(&cluster.url(), &deciding("300ms"))
-            .upstream("app", &upstream.url(), "")
-            .limit(
-                "per_key",
-                r#"algorithm = "fixed_window"
-                limit = 1000
-                window = "1m"
-                key = ["header:x-api-key"]"#,
-            )
-            .route(
-                "app",
-                r#"upstream = "app"
-                limits = ["per_key"]"#,
-            ),
-    )
-    .await;
+    let (_upstream, gateway) = per_key_gateway(&cluster).await;
     let heartbeat_slot = cluster.slot("floodgate:instances");
     let started = Instant::now();
     let holder = loop {
@@ -246,15 +262,9 @@ async fn losing_the_heartbeats_node_leaves_the_other_keys_decided() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // A key whose slot a node other than the heartbeat's serves.
-    let serves = |index: usize, slot: u32| {
-        cluster.nodes[index]
-            .cli(&["cluster", "nodes"])
-            .lines()
-            .any(|line| line.contains("myself") && owns(line, slot))
-    };
     let live = (0..1000)
         .map(|i| format!("key-{i}"))
-        .find(|key| !serves(holder, cluster.slot(&format!("v{key}")).parse().unwrap()))
+        .find(|key| !cluster.serves(holder, key))
         .expect("a key on another node");
     assert_eq!(request(&gateway, &live).await.0, StatusCode::OK);
 
@@ -280,4 +290,42 @@ fn owns(line: &str, slot: u32) -> bool {
         Some((from, to)) => (from.parse().unwrap_or(u32::MAX)..=to.parse().unwrap_or(0)).contains(&slot),
         None => range.parse() == Ok(slot),
     })
+}
+
+/// A node going down sends only its own keys to `on_error` (here `deny`: `503`): every
+/// request for a key another node serves is still decided in Redis, counted exactly, while
+/// the lost node's keys fail. One breaker for the whole cluster opened on the lost node's
+/// failures and refused the live nodes' keys with them until a `PING` closed it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_node_sends_only_its_own_keys_to_on_error() {
+    let mut cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    let (_upstream, gateway) = per_key_gateway(&cluster).await;
+    let key_on = |index: usize| {
+        (0..1000)
+            .map(|i| format!("key-{i}"))
+            .find(|key| cluster.serves(index, key))
+            .expect("a key on the node")
+    };
+    let (lost, live) = (key_on(1), key_on(2));
+    assert_eq!(request(&gateway, &lost).await.0, StatusCode::OK);
+    assert_eq!(request(&gateway, &live).await.0, StatusCode::OK);
+    // The gateway reads which node serves which slot every second.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    tokio::task::block_in_place(|| cluster.nodes[1].kill());
+    for round in 0..5 {
+        // Enough failures in a row to open a breaker.
+        for _ in 0..3 {
+            assert_eq!(
+                request(&gateway, &lost).await.0,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "round {round}: a lost node's key"
+            );
+        }
+        let (status, ratelimit) = request(&gateway, &live).await;
+        assert_eq!(status, StatusCode::OK, "round {round}: a live node's key");
+        // Decided in Redis, one more each time: the first request, then one a round.
+        let counted = format!("\"per_key\";r={};", 998 - round);
+        assert!(ratelimit.starts_with(&counted), "round {round}: {ratelimit}");
+    }
 }

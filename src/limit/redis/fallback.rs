@@ -8,78 +8,28 @@
 //! divided by the live instance count ([`ResilientRedis::share`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
+use super::breakers::{Breaker, Breakers, Chosen};
 use super::{RedisStore, RedisTarget, StoreError};
 use crate::limit::algorithm::Algorithm;
 use crate::limit::store::OnError;
 use crate::limit::{Decisions, LimitCheck, Peeked};
 
-/// Consecutive failures that open the breaker.
-const FAILURES_TO_OPEN: u32 = 3;
 /// How often the store probes Redis: an open breaker to see it recover, a closed one when
-/// no decision was answered since the last probe (with [`FAILURES_TO_OPEN`], an outage is
-/// seen within a second without any traffic).
+/// no decision was answered since the last probe (with three failures to open a breaker,
+/// an outage is seen within a second without any traffic).
 const PROBE_EVERY: Duration = Duration::from_millis(250);
 /// How often this instance announces itself, and how long an announcement lives.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 const HEARTBEAT_TTL: Duration = Duration::from_secs(5);
 /// How often held concurrency leases are renewed (a lease lasts at least 3 s).
 const LEASE_RENEWAL: Duration = Duration::from_secs(1);
-
-/// Counts consecutive failures; open means "do not ask Redis".
-#[derive(Debug, Default)]
-pub(crate) struct Breaker {
-    failures: AtomicU32,
-    open: AtomicBool,
-    /// `floodgate_store_breaker_open`.
-    gauge: Gauge,
-}
-
-impl Breaker {
-    pub(crate) fn is_open(&self) -> bool {
-        self.open.load(Ordering::Acquire)
-    }
-
-    /// Records a failure; returns true when this failure opened the breaker.
-    pub(crate) fn failure(&self) -> bool {
-        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        let opened = failures >= FAILURES_TO_OPEN && !self.open.swap(true, Ordering::AcqRel);
-        if opened {
-            self.gauge.set(1);
-        }
-        opened
-    }
-
-    pub(crate) fn success(&self) {
-        self.failures.store(0, Ordering::Release);
-    }
-
-    /// Closes the breaker; returns true when it was open.
-    pub(crate) fn close(&self) -> bool {
-        self.failures.store(0, Ordering::Release);
-        let closed = self.open.swap(false, Ordering::AcqRel);
-        if closed {
-            self.gauge.set(0);
-        }
-        closed
-    }
-}
-
-impl Drop for Breaker {
-    /// A store replaced (a reload without `[redis]`, or with another Redis) leaves no
-    /// open breaker behind in the metrics.
-    fn drop(&mut self) {
-        if self.is_open() {
-            self.gauge.set(0);
-        }
-    }
-}
 
 /// An operation on the store, for the one rule of what its failure means
 /// ([`ResilientRedis::failed`]); those whose failure `on_error` decides carry it.
@@ -121,7 +71,7 @@ pub(crate) enum Recovery {
 /// The Redis store with its breaker, heartbeat and leases.
 pub(crate) struct ResilientRedis {
     redis: RedisStore,
-    breaker: Breaker,
+    breakers: Breakers,
     /// `floodgate_store_errors_total{store="redis"}`.
     errors: Counter,
     /// Live instances last seen in Redis (at least 1).
@@ -150,14 +100,10 @@ impl ResilientRedis {
         errors: Counter,
         breaker_open: Gauge,
     ) -> Result<Arc<Self>, StoreError> {
-        breaker_open.set(0);
+        let redis = RedisStore::start(target, timeout)?;
         let store = Arc::new(ResilientRedis {
-            redis: RedisStore::start(target, timeout)?,
-            breaker: Breaker {
-                failures: AtomicU32::new(0),
-                open: AtomicBool::new(false),
-                gauge: breaker_open,
-            },
+            breakers: Breakers::new(redis.is_cluster(), breaker_open),
+            redis,
             errors,
             instances: AtomicU64::new(1),
             answered: AtomicBool::new(false),
@@ -186,14 +132,34 @@ impl ResilientRedis {
 
     /// Whether Redis can decide: on one server (or a Sentinel master), whether it takes
     /// this instance's heartbeat, a write; a Redis that answers `PING` may refuse every
-    /// write (full under `noeviction`, a read-only replica). On a cluster, whose nodes
-    /// fail one by one while the breaker is one for all, a `PING`: the heartbeat's key
-    /// lives on one node, whose loss would keep the breaker open for every key.
+    /// write (full under `noeviction`, a read-only replica). On a cluster, a `PING` to any
+    /// node, for the slots no known node serves: the heartbeat's key lives on one node,
+    /// whose loss would keep that breaker open for every such key.
     async fn probe(&self) -> Result<(), StoreError> {
         if self.redis.is_cluster() {
             self.redis.ping().await
         } else {
             self.announce().await
+        }
+    }
+
+    /// On a cluster: whether each node whose breaker is open (every node, with `all`)
+    /// answers a `PING`, in parallel; a node that answers has its breaker closed, and with
+    /// `all` one that does not is counted as failing.
+    async fn probe_nodes(&self, all: bool) {
+        let nodes = self.breakers.nodes(all);
+        let answers =
+            futures_util::future::join_all(nodes.iter().map(|(address, _)| self.redis.ping_node(address)))
+                .await;
+        for ((address, breaker), answer) in nodes.iter().zip(answers) {
+            match answer {
+                Ok(()) if self.breakers.close(breaker) => {
+                    tracing::info!(redis = %self.address, node = %address, "the redis cluster node answers again; deciding its keys in redis");
+                }
+                Ok(()) => self.breakers.success(breaker),
+                Err(error) if all => self.breaker_failure(Some(address), breaker, &error),
+                Err(_) => {}
+            }
         }
     }
 
@@ -204,7 +170,10 @@ impl ResilientRedis {
 
     /// Decides in Redis, unless the breaker is open.
     pub(crate) async fn decide(&self, checks: &[LimitCheck]) -> Result<Decisions, StoreError> {
-        let decided = self.through_breaker(self.redis.decide(checks)).await;
+        let breakers = self
+            .breakers
+            .for_keys(checks.iter().map(|check| check.key.as_str()));
+        let decided = self.through_breaker(breakers, self.redis.decide(checks)).await;
         if decided.is_ok() && !self.answered.load(Ordering::Relaxed) {
             self.answered.store(true, Ordering::Relaxed);
         }
@@ -233,13 +202,21 @@ impl ResilientRedis {
         }
     }
 
-    /// Feeds the breaker with a failure (of an operation, or of a probe).
-    fn breaker_failure(&self, error: &StoreError) {
-        if self.breaker.failure() {
-            tracing::warn!(
+    /// Feeds `breaker` (of the cluster node at `node`) with a failure (of an operation,
+    /// or of a probe).
+    fn breaker_failure(&self, node: Option<&str>, breaker: &Breaker, error: &StoreError) {
+        if !self.breakers.failure(breaker) {
+            return;
+        }
+        match node {
+            Some(node) => tracing::warn!(
+                redis = %self.address, %node, %error,
+                "a redis cluster node is failing; deciding its keys by on_error until it answers again"
+            ),
+            None => tracing::warn!(
                 redis = %self.address, %error,
                 "redis is failing; deciding by on_error until it answers again"
-            );
+            ),
         }
     }
 
@@ -265,27 +242,36 @@ impl ResilientRedis {
         key: &str,
         lock: Option<&str>,
     ) -> Result<Peeked, StoreError> {
-        self.through_breaker(self.redis.peek(algorithm, key, lock)).await
+        self.through_breaker(
+            self.breakers.for_keys([key]),
+            self.redis.peek(algorithm, key, lock),
+        )
+        .await
     }
 
     /// Starts lock-out `key` for `ttl` µs in Redis, unless it runs or the breaker is open.
     pub(crate) async fn lock(&self, key: &str, ttl: u64) -> Result<(), StoreError> {
-        self.through_breaker(self.redis.lock(key, ttl)).await
+        self.through_breaker(self.breakers.for_keys([key]), self.redis.lock(key, ttl))
+            .await
     }
 
-    /// Runs `call` unless the breaker is open, and feeds the breaker with what became of
-    /// it: the one guard every operation on Redis goes through.
+    /// Runs `call` unless one of `breakers` (those of the nodes its keys live on) is open,
+    /// and feeds them with what became of it: the one guard every operation on Redis goes
+    /// through. A call across slots that fails is a failure of each of its nodes.
     async fn through_breaker<T>(
         &self,
+        breakers: Chosen,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        if self.breaker.is_open() {
+        if breakers.iter().any(|(_, breaker)| breaker.is_open()) {
             return Err(StoreError::BreakerOpen);
         }
         let result = call.await;
-        match &result {
-            Ok(_) => self.breaker.success(),
-            Err(error) => self.breaker_failure(error),
+        for (node, breaker) in &breakers {
+            match &result {
+                Ok(_) => self.breakers.success(breaker),
+                Err(error) => self.breaker_failure(node.as_deref(), breaker, error),
+            }
         }
         result
     }
@@ -293,7 +279,11 @@ impl ResilientRedis {
     /// Gives back what an admitted request consumed from `check`, unless the breaker is
     /// open.
     pub(crate) async fn refund(&self, check: &LimitCheck) -> Result<(), StoreError> {
-        self.through_breaker(self.redis.refund(check)).await
+        self.through_breaker(
+            self.breakers.for_keys([check.key.as_str()]),
+            self.redis.refund(check),
+        )
+        .await
     }
 
     /// Takes a concurrency slot of `key` (one of `limit`) as a lease of `lease` that this
@@ -307,7 +297,7 @@ impl ResilientRedis {
     ) -> Result<Option<String>, StoreError> {
         let id = format!("{}:{}", self.id, self.next_lease.fetch_add(1, Ordering::Relaxed));
         let taken = self
-            .through_breaker(async {
+            .through_breaker(self.breakers.for_keys([key]), async {
                 // Registered first, so that a renewal never misses a lease being taken.
                 self.lock_leases().insert(id.clone(), (key.to_owned(), lease));
                 self.redis.acquire(key, &id, limit, lease).await
@@ -329,7 +319,10 @@ impl ResilientRedis {
         let store = self.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let released = store.through_breaker(store.redis.release(&key, &id)).await;
+                let breakers = store.breakers.for_keys([key.as_str()]);
+                let released = store
+                    .through_breaker(breakers, store.redis.release(&key, &id))
+                    .await;
                 if let Err(error) = released {
                     store.failed(Operation::Release, &error);
                 }
@@ -339,12 +332,15 @@ impl ResilientRedis {
 
     /// Reads how many concurrency slots of `key` are taken, unless the breaker is open.
     pub(crate) async fn leases(&self, key: &str) -> Result<u64, StoreError> {
-        self.through_breaker(self.redis.leases(key)).await
+        self.through_breaker(self.breakers.for_keys([key]), self.redis.leases(key))
+            .await
     }
 
     /// Resets `key` and lifts its lock-out, unless the breaker is open.
     pub(crate) async fn clear(&self, key: &str, lock: Option<&str>) -> Result<(), StoreError> {
-        self.through_breaker(self.redis.clear(key, lock)).await
+        let keys = std::iter::once(key).chain(lock);
+        self.through_breaker(self.breakers.for_keys(keys), self.redis.clear(key, lock))
+            .await
     }
 
     fn lock_leases(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Duration)>> {
@@ -353,9 +349,9 @@ impl ResilientRedis {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Whether decisions can currently go to Redis.
+    /// Whether decisions can currently go to Redis (on a cluster, to some node).
     pub(crate) fn usable(&self) -> bool {
-        self.redis.connected() && !self.breaker.is_open()
+        self.redis.connected() && !self.breakers.all_open()
     }
 }
 
@@ -403,14 +399,22 @@ async fn probe(store: Weak<ResilientRedis>) {
     loop {
         every.tick().await;
         let Some(store) = store.upgrade() else { return };
-        if store.breaker.is_open() {
-            if store.redis.recover().await.is_ok() && store.probe().await.is_ok() && store.breaker.close() {
+        let unanswered = !store.answered.swap(false, Ordering::Relaxed);
+        if store.redis.is_cluster() {
+            store.probe_nodes(unanswered).await;
+        }
+        let whole = store.breakers.whole();
+        if whole.is_open() {
+            if store.redis.recover().await.is_ok()
+                && store.probe().await.is_ok()
+                && store.breakers.close(whole)
+            {
                 tracing::info!(redis = %store.address, "redis answers again; deciding in redis");
             }
-        } else if !store.answered.swap(false, Ordering::Relaxed) {
+        } else if unanswered {
             match store.probe().await {
-                Ok(()) => store.breaker.success(),
-                Err(error) => store.breaker_failure(&error),
+                Ok(()) => store.breakers.success(whole),
+                Err(error) => store.breaker_failure(None, whole, &error),
             }
         }
     }
@@ -433,11 +437,17 @@ async fn renew_leases(store: Weak<ResilientRedis>) {
     }
 }
 
-/// Announces this instance and reads the live instance count until the store is dropped.
+/// Announces this instance and reads the live instance count (and on a cluster, which
+/// node serves which slot) until the store is dropped.
 async fn heartbeat(store: Weak<ResilientRedis>) {
     loop {
         let Some(live) = store.upgrade() else { return };
         let _ = live.announce().await;
+        if live.redis.is_cluster()
+            && let Ok(ranges) = live.redis.slot_ranges().await
+        {
+            live.breakers.learn(&ranges);
+        }
         drop(live);
         tokio::time::sleep(HEARTBEAT_EVERY).await;
     }
@@ -446,31 +456,6 @@ async fn heartbeat(store: Weak<ResilientRedis>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn breaker_opens_after_consecutive_failures_only() {
-        let breaker = Breaker::default();
-        assert!(!breaker.failure());
-        breaker.success();
-        assert!(!breaker.failure());
-        assert!(!breaker.failure());
-        assert_eq!(breaker.gauge.get(), 0);
-        assert!(breaker.failure(), "the third consecutive failure opens it");
-        assert!(breaker.is_open());
-        assert_eq!(breaker.gauge.get(), 1);
-        assert!(!breaker.failure(), "it opens once");
-        assert!(breaker.close());
-        assert!(!breaker.is_open());
-        assert_eq!(breaker.gauge.get(), 0);
-        // A store dropped with its breaker open leaves none open in the metrics.
-        let gauge = breaker.gauge.clone();
-        for _ in 0..FAILURES_TO_OPEN {
-            breaker.failure();
-        }
-        assert_eq!(gauge.get(), 1);
-        drop(breaker);
-        assert_eq!(gauge.get(), 0);
-    }
 
     #[test]
     fn limits_are_shared_out_between_instances() {

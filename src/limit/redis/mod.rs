@@ -19,9 +19,11 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, Script, ServerErrorKind};
 
 mod batch;
+mod breakers;
 pub(crate) mod connection;
 pub(crate) mod fallback;
 pub(crate) mod refusals;
@@ -414,6 +416,31 @@ impl RedisStore {
             .await
     }
 
+    /// On a cluster, its slot ranges (`CLUSTER SLOTS`): the first and last slot of each, and
+    /// the `host:port` of the master serving it.
+    pub async fn slot_ranges(&self) -> Result<Vec<(u16, u16, String)>, StoreError> {
+        let mut connection = self.connection()?;
+        let ranges: Vec<Vec<redis::Value>> = self
+            .within_deadline(redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut connection))
+            .await?;
+        Ok(ranges.iter().filter_map(|range| slot_range(range)).collect())
+    }
+
+    /// A `PING` to the cluster node at `address` (`host:port`).
+    pub async fn ping_node(&self, address: &str) -> Result<(), StoreError> {
+        let Connection::Cluster(mut connection) = self.connection()? else {
+            return self.ping().await;
+        };
+        let (host, port) = address.rsplit_once(':').unwrap_or((address, ""));
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port: port.parse().unwrap_or_default(),
+        });
+        self.within_deadline(connection.route_command(redis::cmd("PING"), routing))
+            .await
+            .map(drop)
+    }
+
     /// Announces instance `id` in the `key` set for `ttl`; returns the live instance count.
     pub async fn heartbeat(&self, key: &str, id: &str, ttl: Duration) -> Result<u64, StoreError> {
         let mut connection = self.connection()?;
@@ -528,6 +555,27 @@ fn slot_groups(checks: &[LimitCheck]) -> Vec<Vec<usize>> {
         groups.entry(tag).or_default().push(i);
     }
     order.into_iter().filter_map(|tag| groups.remove(tag)).collect()
+}
+
+/// One range of `CLUSTER SLOTS`: `[first, last, [host, port, id, ...], replicas...]`.
+fn slot_range(range: &[redis::Value]) -> Option<(u16, u16, String)> {
+    use redis::{FromRedisValue, Value};
+    let [first, last, master, ..] = range else {
+        return None;
+    };
+    let Value::Array(master) = master else {
+        return None;
+    };
+    let [host, port, ..] = &master[..] else {
+        return None;
+    };
+    let host = String::from_redis_value(host.clone()).ok()?;
+    let port = u16::from_redis_value(port.clone()).ok()?;
+    Some((
+        u16::from_redis_value(first.clone()).ok()?,
+        u16::from_redis_value(last.clone()).ok()?,
+        format!("{host}:{port}"),
+    ))
 }
 
 /// The part of `key` Redis Cluster hashes: between the first `{` and the next `}`.
