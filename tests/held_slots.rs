@@ -560,3 +560,46 @@ async fn an_http2_response_waiting_for_its_app_is_not_cut_by_send_timeout() {
         .to_bytes();
     assert_eq!(&body[..], b"firstsecond");
 }
+
+/// Under `max_requests` a request body is read whole before a server is asked, as nginx
+/// buffers request bodies (and as PHP-FPM's always are): a client that trickles its upload
+/// holds no slot meanwhile, and the app gets the whole body at once, its length declared.
+#[tokio::test]
+async fn under_max_requests_a_trickling_upload_holds_no_slot() {
+    let app = Upstream::start().await;
+    let gw = gateway(&app, "", "max_requests = 1\nqueue_timeout = \"300ms\"", None).await;
+    let mut slow = TcpStream::connect(gw.addr).await.unwrap();
+    slow.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\na\r\n0123456789\r\n",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(ms(200)).await;
+    // Another request meanwhile takes the one slot at once.
+    let (status, _, seen) = get(&gw.url("/other")).await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert_eq!(
+        app.targets(),
+        ["/other"],
+        "the upload reached the app before its body was whole"
+    );
+
+    slow.write_all(b"a\r\nabcdefghij\r\n0\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        while !String::from_utf8_lossy(&answer).contains("body-bytes: 20") {
+            let mut buffer = [0; 4096];
+            let n = slow.read(&mut buffer).await.unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
+            answer.extend_from_slice(&buffer[..n]);
+        }
+    })
+    .await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(read.is_ok(), "{answer}");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains("content-length: 20\n"),
+        "the length, declared: {answer}"
+    );
+}

@@ -1164,3 +1164,28 @@ fn a_lockout_shorter_than_its_window_is_warned_about() {
     assert!(warned(&limit("fixed_window", "15m")).is_empty());
     assert!(warned(&limit("sliding_window", "1h")).is_empty());
 }
+
+#[test]
+fn an_unlimited_body_read_whole_is_warned_about() {
+    let upstream = |keys: &str| {
+        format!(
+            "[upstreams.app]\nurl = \"http://127.0.0.1:8080\"\n{keys}\n\n\
+             [[routes]]\nname = \"app\"\nupstream = \"app\"\npath_prefix = \"/\"\n"
+        )
+    };
+    let warned = |text: &str| {
+        let warnings = parse(text).unwrap().warnings();
+        warnings
+            .iter()
+            .any(|w| w.starts_with("server.max_body: unlimited"))
+    };
+    assert!(warned(&upstream("max_requests = 4")));
+    assert!(
+        !warned(&upstream("")),
+        "bodies stream to an upstream without a cap"
+    );
+    assert!(!warned(&format!(
+        "[server]\nmax_body = \"8MB\"\n\n{}",
+        upstream("max_requests = 4")
+    )));
+}

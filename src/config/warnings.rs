@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::{Config, PathMatch, RouteConfig, RouteTarget};
+use super::{Config, PathMatch, RouteConfig, RouteTarget, UpstreamConfig};
 use crate::limit::Algorithm;
 
 /// Words in a route's name or path that make it look like a login.
@@ -30,11 +30,14 @@ pub(super) fn warnings(config: &Config) -> Vec<String> {
                 )
             }),
     );
-    if config.server.max_body.is_none() && config.upstreams.values().any(|u| u.fastcgi.is_some()) {
+    let reads_bodies_whole =
+        |upstream: &UpstreamConfig| upstream.fastcgi.is_some() || upstream.max_requests > 0;
+    if config.server.max_body.is_none() && config.upstreams.values().any(|u| reads_bodies_whole(u)) {
         warnings.push(
-            "server.max_body: unlimited, while a chunked request body for PHP-FPM is read whole \
-             to a temporary file first: a client can fill the disk; set it (nginx's \
-             client_max_body_size is 1m unless set)"
+            "server.max_body: unlimited, while a request body for PHP-FPM or for an upstream \
+             with max_requests is read whole (past 64 KB to a temporary file) before it is \
+             sent: a client can fill the disk; set it (nginx's client_max_body_size is 1m \
+             unless set)"
                 .to_owned(),
         );
     }

@@ -768,21 +768,24 @@ async fn forward(
     // The length PHP-FPM is told, of the body as the client framed it: found before the
     // headers are rewritten (`Transfer-Encoding` goes as hop-by-hop), whichever way they go.
     let mut length = None;
-    if fastcgi.is_some() {
-        if body.is_end_stream() {
-            length = site::length_without_body(parts, declared);
-        } else {
-            // A body waits for a place in the room only over HTTP/1: an HTTP/2 stream not
-            // read keeps what it was sent counted against its connection's window, which
-            // would stall the connection's other uploads (the one holding a place among
-            // them).
-            let wait = match parts.version {
-                http::Version::HTTP_2 => Duration::ZERO,
-                _ => server.body_timeout,
-            };
-            // Boxed: the request path's future need not hold a body being read whole.
-            (length, body) = Box::pin(site::read_whole(body, room, wait)).await?;
-        }
+    if fastcgi.is_some() && body.is_end_stream() {
+        length = site::length_without_body(parts, declared);
+    }
+    // A body is read whole before a server is asked when it would otherwise hold a slot
+    // while it comes: PHP-FPM's always (it must be told the length), an HTTP server's
+    // under `max_requests` (as nginx buffers request bodies), so that a client sending
+    // slowly holds neither a worker of the app nor a slot of the cap.
+    let read_first = fastcgi.is_some() || (upstream.config.max_requests > 0 && upgrade.is_none());
+    if read_first && !body.is_end_stream() {
+        // A body waits for a place in the room only over HTTP/1: an HTTP/2 stream not
+        // read keeps what it was sent counted against its connection's window, which
+        // would stall the connection's other uploads (the one holding a place among them).
+        let wait = match parts.version {
+            http::Version::HTTP_2 => Duration::ZERO,
+            _ => server.body_timeout,
+        };
+        // Boxed: the request path's future need not hold a body being read whole.
+        (length, body) = Box::pin(site::read_whole(body, room, wait)).await?;
     }
     // The headers go as they are read (into PHP's parameters, or straight into the
     // request head); the map is rewritten first only where that cannot be done.
