@@ -344,3 +344,54 @@ async fn a_connection_idle_to_one_server_gives_its_place_to_another_server() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(first.connections(), 2);
 }
+
+/// The wait for a place is not the server's slowness: an upstream whose `timeout` is
+/// shorter than the wait is still asked once a place frees, its `timeout` counted from
+/// then, and no server is counted as failing.
+#[tokio::test]
+async fn waiting_for_a_place_does_not_count_against_the_servers_timeout() {
+    let (first, second) = (Upstream::start().await, Upstream::start().await);
+    let gateway = TestGateway::start(
+        GatewayToml::new()
+            .server("max_connections = 2")
+            .upstream("first", &first.url(), "")
+            .upstream(
+                "second",
+                &second.url(),
+                "timeout = \"300ms\"\nconnect_timeout = \"3s\"",
+            )
+            .route("first", "path_prefix = \"/first\"\nupstream = \"first\"")
+            .route("second", "path_prefix = \"/second\"\nupstream = \"second\""),
+    )
+    .await;
+    // Both places held for a second by the first's requests.
+    let holding = tokio::spawn({
+        let url = gateway.url("/first/busy?ms=1000");
+        async move {
+            let client = crate::common::h2c_client();
+            let sent = (0..2).map(|_| client.request(Request::get(&url).body(Full::default()).unwrap()));
+            futures_util::future::join_all(sent).await
+        }
+    });
+    crate::common::until("both places taken", Duration::from_secs(2), || {
+        first.connections() == 2
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let (status, _, seen) = get(&gateway.url("/second/")).await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        gateway
+            .metric("floodgate_upstream_errors_total{upstream=\"second\",kind=\"timeout\"}")
+            .await,
+        0.0
+    );
+    for answer in holding.await.unwrap() {
+        assert_eq!(answer.unwrap().status(), StatusCode::OK);
+    }
+}

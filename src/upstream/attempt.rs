@@ -77,7 +77,7 @@ where
             // Nothing sent: the body goes on to another try, whatever the method.
             Err(error) => {
                 return Err(Unsent {
-                    error: error.unwrap_or_else(E::timed_out),
+                    error,
                     body: Some(body),
                 });
             }

@@ -46,12 +46,13 @@ pub(crate) struct Connection<S> {
 impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
     /// The most recently used pooled connection the server has not closed, its timer
     /// moved to `deadline` (with `true`: reused), or else a new one from `connect`
-    /// (`false`); `Err(None)` when none could be made before `deadline`.
+    /// (`false`), which keeps to the deadline itself (the wait for a place to connect in
+    /// is not the server's, and does not count against it).
     pub(super) async fn take_or_connect<F, E>(
         &self,
         deadline: tokio::time::Instant,
         connect: impl FnOnce() -> F,
-    ) -> Result<(Connection<S>, bool), Option<E>>
+    ) -> Result<(Connection<S>, bool), E>
     where
         F: Future<Output = Result<Connection<S>, E>>,
     {
@@ -67,11 +68,7 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
         }
         // Boxed: a connect (with TLS, a few KB) is rare beside a pooled connection, and
         // would otherwise be nested in every request's future.
-        match Box::pin(tokio::time::timeout_at(deadline, connect())).await {
-            Ok(Ok(connection)) => Ok((connection, false)),
-            Ok(Err(error)) => Err(Some(error)),
-            Err(_elapsed) => Err(None),
-        }
+        Ok((Box::pin(connect()).await?, false))
     }
 }
 

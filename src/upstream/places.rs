@@ -82,11 +82,18 @@ impl ConnectionPlaces {
         pools.push(pool);
     }
 
-    /// A place for a new connection within `timeout` ([`take`](Self::take)), and when
-    /// that time is up (the connection must be open by then).
-    pub(super) async fn take_within(&self, timeout: Duration) -> Option<(Place, Instant)> {
-        let until = Instant::now() + timeout;
-        Some((self.take(until).await?, until))
+    /// A place for a new connection within `timeout` ([`take`](Self::take)), when that
+    /// time is up (the connection must be open by then), and `deadline` (the try's, for
+    /// its response) moved on by the time waited: the try's time starts once it has a
+    /// place, since a wait for one is floodgate's, not the server's.
+    pub(super) async fn take_within(
+        &self,
+        timeout: Duration,
+        deadline: Instant,
+    ) -> Option<(Place, Instant, Instant)> {
+        let asked = Instant::now();
+        let place = self.take(asked + timeout).await?;
+        Some((place, asked + timeout, deadline + asked.elapsed()))
     }
 
     /// A place for a new connection: a free one, or one an idle connection gives up, or

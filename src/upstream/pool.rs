@@ -98,11 +98,16 @@ impl Endpoint {
     }
 
     /// A new connection in a place of its own, the wait for the place and the TLS
-    /// handshake included, within `connect_timeout`, its timer set for `deadline`.
+    /// handshake included, within `connect_timeout`, its timer set for `deadline` (moved
+    /// on by the wait for the place); past that deadline, [`SendError::Timeout`].
     async fn connect(&self, deadline: tokio::time::Instant) -> Result<Connection, SendError> {
-        let (place, until) =
-            (self.places.take_within(self.connect_timeout).await).ok_or(SendError::NoPlace)?;
-        self.open_in(place, until, deadline).await
+        let (place, until, deadline) = (self.places)
+            .take_within(self.connect_timeout, deadline)
+            .await
+            .ok_or(SendError::NoPlace)?;
+        tokio::time::timeout_at(deadline, self.open_in(place, until, deadline))
+            .await
+            .unwrap_or(Err(SendError::Timeout))
     }
 
     /// A new connection in `place`, opened before `until`, its timer set for `deadline`.

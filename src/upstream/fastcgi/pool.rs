@@ -108,11 +108,16 @@ impl Endpoint {
     }
 
     /// A new connection in a place of its own, the wait for the place included, within
-    /// `connect_timeout`, its timer set for `deadline`.
+    /// `connect_timeout`, its timer set for `deadline` (moved on by the wait for the
+    /// place); past that deadline, [`FastCgiError::Timeout`].
     async fn connect(&self, deadline: tokio::time::Instant) -> Result<Connection, FastCgiError> {
-        let (place, until) =
-            (self.places.take_within(self.connect_timeout).await).ok_or(FastCgiError::NoPlace)?;
-        self.open_in(place, until, deadline).await
+        let (place, until, deadline) = (self.places)
+            .take_within(self.connect_timeout, deadline)
+            .await
+            .ok_or(FastCgiError::NoPlace)?;
+        tokio::time::timeout_at(deadline, self.open_in(place, until, deadline))
+            .await
+            .unwrap_or(Err(FastCgiError::Timeout))
     }
 
     /// A new connection in `place`, opened before `until`, its timer set for `deadline`.
