@@ -87,11 +87,10 @@ impl Gateway {
             )
         })?;
         let metrics = Arc::new(Metrics::new());
-        let connection_cap = connection_cap(
-            config.server.max_connections,
-            rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
-        );
-        let state = GatewayState::new(config, &metrics, ConnectionPlaces::new(connection_cap))
+        let open_files = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        let connection_cap = connection_cap(config.server.max_connections, open_files);
+        let upstream_places = ConnectionPlaces::new(upstream_connections(connection_cap, open_files));
+        let state = GatewayState::new(config, &metrics, upstream_places)
             .map_err(|e| io::Error::other(format!("cannot set up the rate-limit store: {e}")))?;
         state.store.wait_ready(STORE_STARTUP_WAIT).await;
         if let Some(acme) = &state.acme {
@@ -306,6 +305,26 @@ fn connection_cap(configured: Option<usize>, open_files: Option<u64>) -> usize {
                 .clamp(1, Semaphore::MAX_PERMITS)
         })
     })
+}
+
+/// Descriptors left for what is neither a client's, an upstream's nor a request's file:
+/// listeners, the admin listener's clients, Redis, health checks, the runtime's own.
+const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// How many connections to upstream servers may be open at once: one per client
+/// connection of `connection_cap`, but no more than the `open_files` limit leaves once
+/// the clients, the room's files ([`Room::for_connections`]) and [`RESERVED_DESCRIPTORS`]
+/// have theirs; never fewer than half as many as client connections (a `max_connections`
+/// set near the limit would otherwise leave the upstreams a handful).
+fn upstream_connections(connection_cap: usize, open_files: Option<u64>) -> usize {
+    let Some(files) = open_files else {
+        return connection_cap;
+    };
+    let clients = connection_cap as u64;
+    let room = 2 * (clients / 8).max(1);
+    let left = files.saturating_sub(clients + room + RESERVED_DESCRIPTORS);
+    let places = left.max(clients / 2).min(clients);
+    usize::try_from(places).unwrap_or(connection_cap).max(1)
 }
 
 /// Room for client connections on the proxy listeners (`server.max_connections`): while
@@ -649,6 +668,18 @@ mod tests {
         assert_eq!(connection_cap(None, Some(1)), 1);
         assert_eq!(connection_cap(None, None), Semaphore::MAX_PERMITS);
         assert_eq!(connection_cap(None, Some(u64::MAX)), Semaphore::MAX_PERMITS);
+    }
+
+    #[test]
+    fn upstream_connections_take_what_clients_and_files_leave_of_the_open_files() {
+        // Half of 1024 to clients, 128 to the room's files, 64 kept: 320 left.
+        assert_eq!(upstream_connections(512, Some(1024)), 320);
+        // Plenty of descriptors: one per client connection.
+        assert_eq!(upstream_connections(300, Some(1 << 20)), 300);
+        // Clients allowed nearly every descriptor: still half as many as them.
+        assert_eq!(upstream_connections(1000, Some(1024)), 500);
+        assert_eq!(upstream_connections(1, Some(4)), 1);
+        assert_eq!(upstream_connections(64, None), 64);
     }
 
     #[test]
