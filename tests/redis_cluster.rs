@@ -109,7 +109,8 @@ fn deciding(timeout: &str) -> String {
 }
 
 /// A gateway deciding on `cluster` (which serves what it can when a node is lost) a
-/// fixed window of 1000 a minute per `x-api-key`, refusing when Redis fails.
+/// fixed window of 1000 a minute per `x-api-key`, refusing when Redis fails; under
+/// `/both`, also one per `x-tenant` (a decision across two slots).
 async fn per_key_gateway(cluster: &Cluster) -> (Upstream, TestGateway) {
     for node in &cluster.nodes {
         node.cli(&["config", "set", "cluster-require-full-coverage", "no"]);
@@ -126,6 +127,19 @@ async fn per_key_gateway(cluster: &Cluster) -> (Upstream, TestGateway) {
                 window = "1m"
                 key = ["header:x-api-key"]"#,
             )
+            .limit(
+                "per_tenant",
+                r#"algorithm = "fixed_window"
+                limit = 1000
+                window = "1m"
+                key = ["header:x-tenant"]"#,
+            )
+            .route(
+                "both",
+                r#"path_prefix = "/both"
+                upstream = "app"
+                limits = ["per_key", "per_tenant"]"#,
+            )
             .route(
                 "app",
                 r#"upstream = "app"
@@ -134,6 +148,16 @@ async fn per_key_gateway(cluster: &Cluster) -> (Upstream, TestGateway) {
     )
     .await;
     (upstream, gateway)
+}
+
+/// The status of a request under `/both` for `api_key` and `tenant`.
+async fn request_both(gateway: &TestGateway, api_key: &str, tenant: &str) -> StatusCode {
+    let request = Request::get(gateway.url("/both"))
+        .header("x-api-key", api_key)
+        .header("x-tenant", tenant)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    send(request).await.0
 }
 
 async fn request(gateway: &TestGateway, api_key: &str) -> (StatusCode, String) {
@@ -313,6 +337,21 @@ async fn a_lost_node_sends_only_its_own_keys_to_on_error() {
     tokio::time::sleep(Duration::from_millis(1200)).await;
 
     tokio::task::block_in_place(|| cluster.nodes[1].kill());
+    // Decisions across the lost node's slot and a live one's fail for the lost node only
+    // (opening its breaker), not for the live node, which goes on deciding its keys.
+    for _ in 0..3 {
+        assert_eq!(
+            request_both(&gateway, &lost, &live).await,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "across a lost node's slot"
+        );
+    }
+    let (status, _) = request(&gateway, &live).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a live node's key after decisions across slots"
+    );
     for round in 0..5 {
         // Enough failures in a row to open a breaker.
         for _ in 0..3 {
@@ -324,8 +363,9 @@ async fn a_lost_node_sends_only_its_own_keys_to_on_error() {
         }
         let (status, ratelimit) = request(&gateway, &live).await;
         assert_eq!(status, StatusCode::OK, "round {round}: a live node's key");
-        // Decided in Redis, one more each time: the first request, then one a round.
-        let counted = format!("\"per_key\";r={};", 998 - round);
+        // Decided in Redis, one more each time: the first requests, then one a round
+        // (the decisions across slots consumed nothing).
+        let counted = format!("\"per_key\";r={};", 997 - round);
         assert!(ratelimit.starts_with(&counted), "round {round}: {ratelimit}");
     }
 }

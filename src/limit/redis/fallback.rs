@@ -257,7 +257,8 @@ impl ResilientRedis {
 
     /// Runs `call` unless one of `breakers` (those of the nodes its keys live on) is open,
     /// and feeds them with what became of it: the one guard every operation on Redis goes
-    /// through. A call across slots that fails is a failure of each of its nodes.
+    /// through. A call across slots that fails is a failure of the nodes whose slots'
+    /// calls failed, and an answer from the others.
     async fn through_breaker<T>(
         &self,
         breakers: Chosen,
@@ -267,10 +268,20 @@ impl ResilientRedis {
             return Err(StoreError::BreakerOpen);
         }
         let result = call.await;
+        // A call across slots says which of its slots' calls failed.
+        let failed = match &result {
+            Err(StoreError::InSlots { failed, .. }) => {
+                Some(self.breakers.for_keys(failed.iter().map(String::as_str)))
+            }
+            _ => None,
+        };
         for (node, breaker) in &breakers {
+            let failed_here = failed.as_ref().map_or(result.is_err(), |failed| {
+                failed.iter().any(|(_, known)| Arc::ptr_eq(known, breaker))
+            });
             match &result {
-                Ok(_) => self.breakers.success(breaker),
-                Err(error) => self.breaker_failure(node.as_deref(), breaker, error),
+                Err(error) if failed_here => self.breaker_failure(node.as_deref(), breaker, error),
+                _ => self.breakers.success(breaker),
             }
         }
         result

@@ -58,6 +58,13 @@ pub enum StoreError {
     NotConnected,
     #[error("redis is failing; not asked during the breaker's cool-down")]
     BreakerOpen,
+    /// On a cluster, a decision across slots some of whose calls failed: the failure of
+    /// the nodes serving `failed` (a key of each slot whose call failed), not of the others.
+    #[error("{error} (in the slots of {failed:?})")]
+    InSlots {
+        failed: Vec<String>,
+        error: Box<StoreError>,
+    },
     #[error("redis answered {got} bytes for {checks} checks")]
     Malformed { got: usize, checks: usize },
     #[error(
@@ -229,6 +236,7 @@ impl RedisStore {
         let answers = futures_util::future::join_all(calls).await;
         let mut decisions = vec![None; checks.len()];
         let mut failure = None;
+        let mut failed = Vec::new();
         for (group, answer) in groups.iter().zip(answers) {
             match answer {
                 Ok(decided) => {
@@ -236,7 +244,10 @@ impl RedisStore {
                         decisions[i] = Some(decision);
                     }
                 }
-                Err(error) => failure = Some(error),
+                Err(error) => {
+                    failed.push(checks[group[0]].key.clone());
+                    failure = Some(error);
+                }
             }
         }
         let refused = checks
@@ -259,7 +270,10 @@ impl RedisStore {
             }
         }
         if let Some(error) = failure {
-            return Err(error);
+            return Err(StoreError::InSlots {
+                failed,
+                error: Box::new(error),
+            });
         }
         Ok(decisions
             .into_iter()
