@@ -230,19 +230,21 @@ impl<'a> MakeWriter<'a> for Stdout {
     }
 }
 
-/// Libraries whose own warnings repeat what floodgate reports once (a client's HTTP/2
-/// errors; each failed connection to a Redis node, which floodgate's store logs at most
-/// every 30 s): lowered to `error` unless the filter names them.
-const QUIET_LIBRARIES: [&str; 2] = ["h2", "redis"];
+/// Libraries whose own logs repeat what floodgate reports once, and the level they are
+/// lowered to unless the filter names them: a client's HTTP/2 errors (warnings); each
+/// failed connection to a Redis node and each failed recovery of a cluster client, which
+/// logs errors several times a second while a cluster's seed node is down (floodgate's
+/// store says when Redis or a node fails and when it answers again, and that it cannot
+/// connect at most every 30 s).
+const QUIET_LIBRARIES: [(&str, &str); 2] = [("h2", "error"), ("redis", "off")];
 
-/// `spec` with each of [`QUIET_LIBRARIES`] lowered to `error`, unless it names that target
-/// itself.
+/// `spec` with each of [`QUIET_LIBRARIES`] lowered, unless it names that target itself.
 fn with_quiet_libraries(spec: &str) -> String {
     if spec.trim().is_empty() {
         return spec.to_owned();
     }
     let mut quieted = spec.to_owned();
-    for library in QUIET_LIBRARIES {
+    for (library, level) in QUIET_LIBRARIES {
         let named = spec.split(',').any(|directive| {
             let target = directive.split(['=', '[']).next().unwrap_or("").trim();
             target == library
@@ -251,7 +253,7 @@ fn with_quiet_libraries(spec: &str) -> String {
                     .is_some_and(|rest| rest.starts_with("::"))
         });
         if !named {
-            quieted.push_str(&format!(",{library}=error"));
+            quieted.push_str(&format!(",{library}={level}"));
         }
     }
     quieted
@@ -544,18 +546,15 @@ mod tests {
 
     #[test]
     fn h2_and_redis_are_quiet_unless_named() {
-        assert_eq!(with_quiet_libraries("info"), "info,h2=error,redis=error");
+        assert_eq!(with_quiet_libraries("info"), "info,h2=error,redis=off");
         assert_eq!(
             with_quiet_libraries("warn,access=info"),
-            "warn,access=info,h2=error,redis=error"
+            "warn,access=info,h2=error,redis=off"
         );
-        assert_eq!(
-            with_quiet_libraries("debug,h2=debug"),
-            "debug,h2=debug,redis=error"
-        );
+        assert_eq!(with_quiet_libraries("debug,h2=debug"), "debug,h2=debug,redis=off");
         assert_eq!(
             with_quiet_libraries("h2::proto=trace"),
-            "h2::proto=trace,redis=error"
+            "h2::proto=trace,redis=off"
         );
         assert_eq!(
             with_quiet_libraries("redis::cluster=warn"),
@@ -563,7 +562,7 @@ mod tests {
         );
         assert_eq!(
             with_quiet_libraries("h2c_thing=info,redisish=info"),
-            "h2c_thing=info,redisish=info,h2=error,redis=error"
+            "h2c_thing=info,redisish=info,h2=error,redis=off"
         );
         assert_eq!(with_quiet_libraries(""), "");
         assert!(EnvFilter::try_new(with_quiet_libraries("info")).is_ok());

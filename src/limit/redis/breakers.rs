@@ -55,10 +55,21 @@ impl Breaker {
 /// A cluster's master nodes, each with its breaker, and which serves each slot.
 #[derive(Default)]
 struct Nodes {
-    /// `host:port` of each node, and its breaker.
-    nodes: Vec<(String, Arc<Breaker>)>,
+    nodes: Vec<Node>,
     /// Per slot, the index of its node in `nodes` ([`UNKNOWN`]: none known).
     owner: Vec<u16>,
+}
+
+/// One master node of a cluster.
+#[derive(Clone)]
+pub(crate) struct Node {
+    /// `host:port`.
+    pub(crate) address: String,
+    pub(crate) breaker: Arc<Breaker>,
+    /// A key of a slot it serves, which probes it as a decision reaches it: routed by the
+    /// client's own map of the slots (a node the slots moved away from is still asked
+    /// until the client learns they moved), and refused while the node cannot serve it.
+    pub(crate) probe: String,
 }
 
 /// The breakers of one Redis store, and `floodgate_store_breaker_open` (1 while any is
@@ -101,7 +112,7 @@ impl Breakers {
         for key in keys {
             let owner = nodes.owner.get(slot(key)).copied().unwrap_or(UNKNOWN);
             let (address, breaker) = match nodes.nodes.get(usize::from(owner)) {
-                Some((address, breaker)) => (Some(address), breaker),
+                Some(node) => (Some(&node.address), &node.breaker),
                 None => (None, &self.whole),
             };
             if !chosen.iter().any(|(_, known)| Arc::ptr_eq(known, breaker)) {
@@ -120,7 +131,7 @@ impl Breakers {
     }
 
     /// The cluster's nodes whose breaker is open, or, with `all`, every node.
-    pub(crate) fn nodes(&self, all: bool) -> Vec<(String, Arc<Breaker>)> {
+    pub(crate) fn nodes(&self, all: bool) -> Vec<Node> {
         let Some(nodes) = &self.nodes else {
             return Vec::new();
         };
@@ -128,7 +139,7 @@ impl Breakers {
             .load()
             .nodes
             .iter()
-            .filter(|(_, breaker)| all || breaker.is_open())
+            .filter(|node| all || node.breaker.is_open())
             .cloned()
             .collect()
     }
@@ -165,7 +176,7 @@ impl Breakers {
                 if nodes.nodes.is_empty() {
                     self.whole.is_open()
                 } else {
-                    nodes.nodes.iter().all(|(_, breaker)| breaker.is_open())
+                    nodes.nodes.iter().all(|node| node.breaker.is_open())
                 }
             }
         }
@@ -183,27 +194,45 @@ impl Breakers {
             nodes: Vec::new(),
             owner: vec![UNKNOWN; SLOTS],
         };
+        // Each node's first range, for a probe key when it needs a new one.
+        let mut first_ranges = Vec::new();
         for (first, last, address) in ranges {
-            let index = match nodes.nodes.iter().position(|(known, _)| known == address) {
+            let range = usize::from(*first)..=usize::from(*last).min(SLOTS - 1);
+            let index = match nodes.nodes.iter().position(|node| node.address == *address) {
                 Some(index) => index,
                 None => {
-                    let kept = old.nodes.iter().find(|(known, _)| known == address);
-                    let breaker = kept.map_or_else(Arc::default, |(_, breaker)| breaker.clone());
-                    nodes.nodes.push((address.clone(), breaker));
+                    let kept = old.nodes.iter().find(|node| node.address == *address);
+                    nodes.nodes.push(Node {
+                        address: address.clone(),
+                        breaker: kept.map_or_else(Arc::default, |node| node.breaker.clone()),
+                        probe: kept.map(|node| node.probe.clone()).unwrap_or_default(),
+                    });
+                    first_ranges.push(range.clone());
                     nodes.nodes.len() - 1
                 }
             };
             let Ok(index) = u16::try_from(index) else {
                 continue;
             };
-            let range = usize::from(*first)..=usize::from(*last).min(SLOTS - 1);
             if let Some(owners) = nodes.owner.get_mut(range) {
                 owners.fill(index);
             }
         }
-        for (address, breaker) in &old.nodes {
-            if !nodes.nodes.iter().any(|(known, _)| known == address) {
-                self.close(breaker);
+        // A probe key stays while its node still serves its slot.
+        for (index, (node, range)) in nodes.nodes.iter_mut().zip(first_ranges).enumerate() {
+            let serves = |key: &str| {
+                nodes
+                    .owner
+                    .get(slot(key))
+                    .is_some_and(|&owner| usize::from(owner) == index)
+            };
+            if node.probe.is_empty() || !serves(&node.probe) {
+                node.probe = probe_key(&range);
+            }
+        }
+        for node in &old.nodes {
+            if !nodes.nodes.iter().any(|known| known.address == node.address) {
+                self.close(&node.breaker);
             }
         }
         current.store(Arc::new(nodes));
@@ -218,6 +247,14 @@ impl Drop for Breakers {
             self.gauge.set(0);
         }
     }
+}
+
+/// A key whose slot is in `range` (`floodgate:probe:N`, the first such N).
+fn probe_key(range: &std::ops::RangeInclusive<usize>) -> String {
+    (0u32..)
+        .map(|n| format!("floodgate:probe:{n}"))
+        .find(|key| range.contains(&slot(key)))
+        .expect("every slot has keys")
 }
 
 /// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, modulo 16384.
@@ -300,12 +337,15 @@ mod tests {
         assert!(!breakers.all_open(), "one node still answers");
         assert_eq!(breakers.gauge.get(), 1);
         assert_eq!(breakers.nodes(false).len(), 1);
-        assert_eq!(breakers.nodes(true).len(), 2);
+        let nodes = breakers.nodes(true);
+        assert_eq!(nodes.len(), 2);
+        // Each probed on a key of its own slots.
+        assert!(slot(&nodes[0].probe) < 8192 && slot(&nodes[1].probe) >= 8192);
 
         // The slots move: `a` serves half as much, still open; `b` goes, `c` comes.
         breakers.learn(&[(0, 4095, "a:1".into()), (4096, 16383, "c:3".into())]);
         assert!(breakers.for_keys([first.as_str()])[0].1.is_open() || slot(&first) >= 4096);
-        assert!(Arc::ptr_eq(&breakers.nodes(false)[0].1, &a[0].1));
+        assert!(Arc::ptr_eq(&breakers.nodes(false)[0].breaker, &a[0].1));
         // `a` gone too: its open breaker goes with it, and the gauge falls.
         breakers.learn(&[(0, 16383, "c:3".into())]);
         assert_eq!(breakers.gauge.get(), 0);

@@ -144,20 +144,21 @@ impl ResilientRedis {
     }
 
     /// On a cluster: whether each node whose breaker is open (every node, with `all`)
-    /// answers a `PING`, in parallel; a node that answers has its breaker closed, and with
-    /// `all` one that does not is counted as failing.
+    /// serves a key of its slots, in parallel (a read routed as decisions are: a node that
+    /// answers `PING` may not be serving yet, or the client may still send its slots to
+    /// a node they moved from); a node that does has its breaker closed, and with `all`
+    /// one that does not is counted as failing.
     async fn probe_nodes(&self, all: bool) {
         let nodes = self.breakers.nodes(all);
         let answers =
-            futures_util::future::join_all(nodes.iter().map(|(address, _)| self.redis.ping_node(address)))
-                .await;
-        for ((address, breaker), answer) in nodes.iter().zip(answers) {
+            futures_util::future::join_all(nodes.iter().map(|node| self.redis.probe_key(&node.probe))).await;
+        for (node, answer) in nodes.iter().zip(answers) {
             match answer {
-                Ok(()) if self.breakers.close(breaker) => {
-                    tracing::info!(redis = %self.address, node = %address, "the redis cluster node answers again; deciding its keys in redis");
+                Ok(()) if self.breakers.close(&node.breaker) => {
+                    tracing::info!(redis = %self.address, node = %node.address, "the redis cluster node answers again; deciding its keys in redis");
                 }
-                Ok(()) => self.breakers.success(breaker),
-                Err(error) if all => self.breaker_failure(Some(address), breaker, &error),
+                Ok(()) => self.breakers.success(&node.breaker),
+                Err(error) if all => self.breaker_failure(Some(&node.address), &node.breaker, &error),
                 Err(_) => {}
             }
         }
@@ -440,11 +441,15 @@ async fn renew_leases(store: Weak<ResilientRedis>) {
         for (id, (key, lease)) in live.lock_leases().iter() {
             by_key.entry((key.clone(), *lease)).or_default().push(id.clone());
         }
-        for ((key, lease), ids) in by_key {
-            if let Err(error) = live.redis.renew(&key, &ids, lease).await {
+        // All at once: one after another, keys on a node that hangs would each take
+        // `redis.timeout`, and the leases on the other nodes would expire meanwhile.
+        let redis = &live.redis;
+        let renewals = by_key.iter().map(|((key, lease), ids)| async move {
+            if let Err(error) = redis.renew(key, ids, *lease).await {
                 tracing::debug!(%error, key, "concurrency leases could not be renewed");
             }
-        }
+        });
+        futures_util::future::join_all(renewals).await;
     }
 }
 

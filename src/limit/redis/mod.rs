@@ -19,7 +19,6 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, Script, ServerErrorKind};
 
 mod batch;
@@ -440,17 +439,10 @@ impl RedisStore {
         Ok(ranges.iter().filter_map(|range| slot_range(range)).collect())
     }
 
-    /// A `PING` to the cluster node at `address` (`host:port`).
-    pub async fn ping_node(&self, address: &str) -> Result<(), StoreError> {
-        let Connection::Cluster(mut connection) = self.connection()? else {
-            return self.ping().await;
-        };
-        let (host, port) = address.rsplit_once(':').unwrap_or((address, ""));
-        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-            host: host.to_owned(),
-            port: port.parse().unwrap_or_default(),
-        });
-        self.within_deadline(connection.route_command(redis::cmd("PING"), routing))
+    /// Whether `key` can be read (`EXISTS`), where the connection sends it.
+    pub async fn probe_key(&self, key: &str) -> Result<(), StoreError> {
+        let mut connection = self.connection()?;
+        self.within_deadline(redis::cmd("EXISTS").arg(key).query_async::<u64>(&mut connection))
             .await
             .map(drop)
     }
