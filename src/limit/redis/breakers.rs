@@ -28,6 +28,9 @@ const UNKNOWN: u16 = u16::MAX;
 pub(crate) struct Breaker {
     failures: AtomicU32,
     open: AtomicBool,
+    /// Its node left the cluster: calls still in flight through it open it no more (it
+    /// would stay open, probed by no one, in the metrics).
+    retired: AtomicBool,
 }
 
 impl Breaker {
@@ -38,7 +41,9 @@ impl Breaker {
     /// Records a failure; returns true when this failure opened the breaker.
     fn failure(&self) -> bool {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        failures >= FAILURES_TO_OPEN && !self.open.swap(true, Ordering::AcqRel)
+        failures >= FAILURES_TO_OPEN
+            && !self.retired.load(Ordering::Acquire)
+            && !self.open.swap(true, Ordering::AcqRel)
     }
 
     fn success(&self) {
@@ -232,6 +237,7 @@ impl Breakers {
         }
         for node in &old.nodes {
             if !nodes.nodes.iter().any(|known| known.address == node.address) {
+                node.breaker.retired.store(true, Ordering::Release);
                 self.close(&node.breaker);
             }
         }
@@ -346,8 +352,13 @@ mod tests {
         breakers.learn(&[(0, 4095, "a:1".into()), (4096, 16383, "c:3".into())]);
         assert!(breakers.for_keys([first.as_str()])[0].1.is_open() || slot(&first) >= 4096);
         assert!(Arc::ptr_eq(&breakers.nodes(false)[0].breaker, &a[0].1));
-        // `a` gone too: its open breaker goes with it, and the gauge falls.
+        // `a` gone too: its open breaker goes with it, and the gauge falls; calls still in
+        // flight through it do not open it again.
         breakers.learn(&[(0, 16383, "c:3".into())]);
+        assert_eq!(breakers.gauge.get(), 0);
+        for _ in 0..3 {
+            assert!(!breakers.failure(&a[0].1));
+        }
         assert_eq!(breakers.gauge.get(), 0);
         assert!(!breakers.for_keys([first.as_str()])[0].1.is_open());
     }
