@@ -82,7 +82,7 @@ pub(crate) enum GatewayError {
     #[error("the process or the system is out of file descriptors or memory")]
     OutOfDescriptors,
     #[error(
-        "no place for a connection to an upstream server: as many are open as server.max_connections allows, none idle"
+        "no place for a connection to an upstream server: as many are open as server.max_connections and the open-file limit allow, none idle"
     )]
     NoUpstreamPlace,
     #[error("the client's address is denied by {0}")]

@@ -363,8 +363,7 @@ async fn a_lost_node_sends_only_its_own_keys_to_on_error() {
         }
         let (status, ratelimit) = request(&gateway, &live).await;
         assert_eq!(status, StatusCode::OK, "round {round}: a live node's key");
-        // Decided in Redis, one more each time: the first requests, then one a round
-        // (the decisions across slots consumed nothing).
+        // Decided in Redis, one more each time: the first two requests, then one a round.
         let counted = format!("\"per_key\";r={};", 997 - round);
         assert!(ratelimit.starts_with(&counted), "round {round}: {ratelimit}");
     }

@@ -1,5 +1,6 @@
-//! How many connections to upstream servers may be open at once, process-wide: as many as
-//! client connections (`server.max_connections`). A client connection over HTTP/1.1 uses
+//! How many connections to upstream servers may be open at once, process-wide: one per
+//! client connection (`server.max_connections`), fewer when the open-file limit is short
+//! (`server::upstream_connections`). A client connection over HTTP/1.1 uses
 //! one at a time; one over HTTP/2 may carry a hundred requests at once, each wanting a
 //! connection of its own, and without a bound a few such clients take every descriptor
 //! the process has (it can then accept no connection, open no file). A connection holds
@@ -21,7 +22,8 @@ use crate::logging::LogThrottle;
 
 /// A pool of idle connections that can give one up for a connection elsewhere.
 pub(super) trait CloseIdle: Send + Sync {
-    /// Closes the pool's longest idle connection; false when none is idle.
+    /// Closes one of the pool's idle connections (the longest idle of a thread's); false
+    /// when none is idle.
     fn close_idle(&self) -> bool;
 }
 
@@ -115,7 +117,7 @@ impl ConnectionPlaces {
             .map(|place| Place::of(place.expect("the places are never closed")));
         if place.is_none() && self.warned.ready() {
             tracing::warn!(
-                "every place for a connection to an upstream server is taken (as many as server.max_connections): requests that need a new one get 503 (logged once a minute at most)"
+                "every place for a connection to an upstream server is taken (one per server.max_connections, fewer under a short open-file limit): requests that need a new one get 503 (logged once a minute at most)"
             );
         }
         place

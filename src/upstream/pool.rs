@@ -94,6 +94,10 @@ impl Endpoint {
     pub(super) fn check_in(&self, connection: Connection) {
         if !self.places.wanted() {
             self.idle.check_in(connection);
+            // One that began to wait meanwhile may have looked for idle ones already.
+            if self.places.wanted() {
+                self.idle.close_idle();
+            }
         }
     }
 

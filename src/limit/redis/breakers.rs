@@ -10,7 +10,7 @@
 //! the whole cluster, which the probe's `PING` to any node feeds.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use arc_swap::ArcSwap;
 use prometheus_client::metrics::gauge::Gauge;
@@ -84,8 +84,6 @@ pub(crate) struct Breakers {
     whole: Arc<Breaker>,
     /// On a cluster: its nodes as last read.
     nodes: Option<ArcSwap<Nodes>>,
-    /// How many are open.
-    open: AtomicUsize,
     gauge: Gauge,
 }
 
@@ -100,7 +98,6 @@ impl Breakers {
         Breakers {
             whole: Arc::default(),
             nodes: cluster.then(|| ArcSwap::from_pointee(Nodes::default())),
-            open: AtomicUsize::new(0),
             gauge,
         }
     }
@@ -152,8 +149,8 @@ impl Breakers {
     /// Records a failure; returns true when this failure opened the breaker.
     pub(crate) fn failure(&self, breaker: &Breaker) -> bool {
         let opened = breaker.failure();
-        if opened && self.open.fetch_add(1, Ordering::AcqRel) == 0 {
-            self.gauge.set(1);
+        if opened {
+            self.show();
         }
         opened
     }
@@ -165,10 +162,25 @@ impl Breakers {
     /// Closes `breaker`; returns true when it was open.
     pub(crate) fn close(&self, breaker: &Breaker) -> bool {
         let closed = breaker.close();
-        if closed && self.open.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.gauge.set(0);
+        if closed {
+            self.show();
         }
         closed
+    }
+
+    /// Sets the gauge from the breakers as they are (1 while any in use is open): counted
+    /// again at each change rather than kept as a count, which a node's breaker retired
+    /// while a call through it failed would leave wrong.
+    fn show(&self) {
+        self.gauge.set(i64::from(self.any_open()));
+    }
+
+    fn any_open(&self) -> bool {
+        self.whole.is_open()
+            || self
+                .nodes
+                .as_ref()
+                .is_some_and(|nodes| nodes.load().nodes.iter().any(|node| node.breaker.is_open()))
     }
 
     /// Whether no call can go to Redis: the one breaker is open, or on a cluster every
@@ -191,7 +203,9 @@ impl Breakers {
     /// `host:port` of its master) as the cluster's nodes now. A node still there keeps its
     /// breaker; a node gone takes its breaker with it, closed.
     pub(crate) fn learn(&self, ranges: &[(u16, u16, String)]) {
-        let Some(current) = &self.nodes else {
+        // No ranges at all is a node that knows no cluster (restarted without its
+        // configuration), not a cluster without nodes.
+        let Some(current) = self.nodes.as_ref().filter(|_| !ranges.is_empty()) else {
             return;
         };
         let old = current.load_full();
@@ -238,10 +252,11 @@ impl Breakers {
         for node in &old.nodes {
             if !nodes.nodes.iter().any(|known| known.address == node.address) {
                 node.breaker.retired.store(true, Ordering::Release);
-                self.close(&node.breaker);
+                node.breaker.close();
             }
         }
         current.store(Arc::new(nodes));
+        self.show();
     }
 }
 
@@ -249,18 +264,19 @@ impl Drop for Breakers {
     /// A store replaced (a reload without `[redis]`, or with another Redis) leaves no
     /// open breaker behind in the metrics.
     fn drop(&mut self) {
-        if self.open.load(Ordering::Acquire) > 0 {
+        if self.any_open() {
             self.gauge.set(0);
         }
     }
 }
 
-/// A key whose slot is in `range` (`floodgate:probe:N`, the first such N).
+/// A key whose slot is in `range` (`floodgate:probe:N`, the first such N: every slot has
+/// one below 160,000).
 fn probe_key(range: &std::ops::RangeInclusive<usize>) -> String {
-    (0u32..)
+    (0u32..1 << 20)
         .map(|n| format!("floodgate:probe:{n}"))
         .find(|key| range.contains(&slot(key)))
-        .expect("every slot has keys")
+        .unwrap_or_default()
 }
 
 /// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, modulo 16384.
@@ -360,6 +376,9 @@ mod tests {
             assert!(!breakers.failure(&a[0].1));
         }
         assert_eq!(breakers.gauge.get(), 0);
+        // A reading with no ranges (a node that knows no cluster) changes nothing.
+        breakers.learn(&[]);
+        assert_eq!(breakers.nodes(true).len(), 1);
         assert!(!breakers.for_keys([first.as_str()])[0].1.is_open());
     }
 }

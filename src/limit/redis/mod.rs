@@ -19,6 +19,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, Script, ServerErrorKind};
 
 mod batch;
@@ -59,7 +60,7 @@ pub enum StoreError {
     BreakerOpen,
     /// On a cluster, a decision across slots some of whose calls failed: the failure of
     /// the nodes serving `failed` (a key of each slot whose call failed), not of the others.
-    #[error("{error} (in the slots of {failed:?})")]
+    #[error("{error}")]
     InSlots {
         failed: Vec<String>,
         error: Box<StoreError>,
@@ -422,11 +423,22 @@ impl RedisStore {
         self.link.source.is_cluster()
     }
 
-    /// `PING`, within the decision deadline.
+    /// `PING`, within the decision deadline; on a cluster, to one node, whichever (the
+    /// cluster client sends a plain `PING` to every master and fails when one does not
+    /// answer).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut connection = self.connection()?;
-        self.within_deadline(redis::cmd("PING").query_async::<()>(&mut connection))
-            .await
+        match self.connection()? {
+            Connection::Cluster(mut connection) => {
+                let anyone = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+                self.within_deadline(connection.route_command(redis::cmd("PING"), anyone))
+                    .await
+                    .map(drop)
+            }
+            mut connection => {
+                self.within_deadline(redis::cmd("PING").query_async::<()>(&mut connection))
+                    .await
+            }
+        }
     }
 
     /// On a cluster, its slot ranges (`CLUSTER SLOTS`): the first and last slot of each, and
@@ -577,11 +589,10 @@ fn slot_range(range: &[redis::Value]) -> Option<(u16, u16, String)> {
     };
     let host = String::from_redis_value(host.clone()).ok()?;
     let port = u16::from_redis_value(port.clone()).ok()?;
-    Some((
-        u16::from_redis_value(first.clone()).ok()?,
-        u16::from_redis_value(last.clone()).ok()?,
-        format!("{host}:{port}"),
-    ))
+    let first = u16::from_redis_value(first.clone()).ok()?;
+    let last = u16::from_redis_value(last.clone()).ok()?;
+    // Slots are 0 to 16383.
+    (first <= last && last < 16384).then(|| (first, last, format!("{host}:{port}")))
 }
 
 /// The part of `key` Redis Cluster hashes: between the first `{` and the next `}`.

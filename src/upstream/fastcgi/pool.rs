@@ -85,6 +85,10 @@ impl Endpoint {
     pub(super) fn check_in(&self, connection: Connection) {
         if connection.read.is_empty() && !self.places.wanted() {
             self.idle.check_in(connection);
+            // One that began to wait meanwhile may have looked for idle ones already.
+            if self.places.wanted() {
+                self.idle.close_idle();
+            }
         }
     }
 
