@@ -36,8 +36,13 @@ impl Room {
     /// by default: the two kinds together hold a quarter of it at most), and
     /// [`ALL_IN_MEMORY`] bytes.
     pub(crate) fn for_connections(connections: usize) -> Room {
-        let places = (connections / 8).max(1);
+        let places = Room::places_of_a_kind(connections);
         Room::new(places, places, ALL_IN_MEMORY)
+    }
+
+    /// The places of each kind (bodies, files) for `connections` client connections.
+    pub(crate) fn places_of_a_kind(connections: usize) -> usize {
+        (connections / 8).max(1)
     }
 
     pub(crate) fn new(bodies: usize, files: usize, memory: usize) -> Room {

@@ -321,7 +321,7 @@ fn upstream_connections(connection_cap: usize, open_files: Option<u64>) -> usize
         return connection_cap;
     };
     let clients = connection_cap as u64;
-    let room = 2 * (clients / 8).max(1);
+    let room = 2 * Room::places_of_a_kind(connection_cap) as u64;
     let left = files.saturating_sub(clients + room + RESERVED_DESCRIPTORS);
     let places = left.max(clients / 2).min(clients);
     usize::try_from(places).unwrap_or(connection_cap).max(1)

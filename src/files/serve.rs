@@ -22,13 +22,12 @@ use http::{Method, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, Take};
 use tokio::sync::OwnedSemaphorePermit;
-
-use crate::room::Room;
 use tokio_util::io::ReaderStream;
 
 use super::{Found, Opened, Root};
 use crate::civil_time::{CivilTime, two_digits};
 use crate::compression::{Accepted, Coding, vary_on_encoding};
+use crate::room::Room;
 
 /// Files up to this size are read whole when opened; larger ones stream.
 const READ_AT_ONCE: u64 = 64 * 1024;

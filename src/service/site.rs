@@ -142,12 +142,10 @@ pub(super) fn length_without_body(parts: &Parts, declared: Option<u64>) -> Optio
     declared.or(framed.then_some(0))
 }
 
-/// `body` read whole, and its length for PHP-FPM: a body is read whole before PHP-FPM is
-/// contacted, whatever its framing, since PHP-FPM must be told the length of one of
-/// unknown length (chunked), and a client sending its body slowly would otherwise hold a
-/// PHP worker (and the server's `max_requests` slot) as long as it likes. PHP reads a
-/// request's body whole before the script runs in any case. A body that needs a
-/// temporary file waits up to `wait` for a place in `room`.
+/// `body` read whole, and its length (which PHP-FPM must be told, also of a chunked
+/// body): read before PHP-FPM, or an HTTP server under `max_requests`, is contacted, so
+/// that a client sending its body slowly holds no worker and no slot meanwhile. A body
+/// that needs a temporary file waits up to `wait` for a place in `room`.
 pub(super) async fn read_whole(
     body: RequestBody,
     room: &Room,

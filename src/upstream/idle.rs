@@ -22,7 +22,7 @@ use thread_local::ThreadLocal;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
-use super::places::{CloseIdle, Place};
+use super::places::{CloseIdle, ConnectionPlaces, Place};
 
 /// A connection to a server: its stream, what was read on it and not yet used, and the
 /// timer for the response head of the request on it. The timer is moved to each
@@ -238,6 +238,19 @@ fn take_usable<C>(list: &Mutex<IdleList<C>>, usable: &mut impl FnMut(&mut C) -> 
 }
 
 impl<S: Send + 'static> IdlePool<Connection<S>> {
+    /// Keeps `connection` for the next request, unless a new connection waits for a place
+    /// among `places` (then it closes, giving its place up).
+    pub(super) fn check_in_among(self: &Arc<Self>, places: &ConnectionPlaces, connection: Connection<S>) {
+        if places.wanted() {
+            return;
+        }
+        self.check_in(connection);
+        // One that began to wait meanwhile may have looked for idle ones already.
+        if places.wanted() {
+            self.close_idle();
+        }
+    }
+
     /// Keeps `connection` for the next request, with those of the thread it was made on
     /// (closed if that thread's list is gone).
     pub(super) fn check_in(self: &Arc<Self>, mut connection: Connection<S>) {

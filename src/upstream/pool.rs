@@ -92,13 +92,7 @@ impl Endpoint {
     /// Keeps `connection` for the next request, unless a new connection waits for a place
     /// (then it closes, giving its place up).
     pub(super) fn check_in(&self, connection: Connection) {
-        if !self.places.wanted() {
-            self.idle.check_in(connection);
-            // One that began to wait meanwhile may have looked for idle ones already.
-            if self.places.wanted() {
-                self.idle.close_idle();
-            }
-        }
+        self.idle.check_in_among(&self.places, connection);
     }
 
     /// A new connection in a place of its own, the wait for the place and the TLS

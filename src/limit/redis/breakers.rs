@@ -26,6 +26,8 @@ const UNKNOWN: u16 = u16::MAX;
 /// Counts consecutive failures; open means "do not ask Redis".
 #[derive(Debug, Default)]
 pub(crate) struct Breaker {
+    /// The cluster node's `host:port` (none: the whole store's).
+    node: Option<String>,
     failures: AtomicU32,
     open: AtomicBool,
     /// Its node left the cluster: calls still in flight through it open it no more (it
@@ -34,6 +36,18 @@ pub(crate) struct Breaker {
 }
 
 impl Breaker {
+    fn of_node(address: &str) -> Breaker {
+        Breaker {
+            node: Some(address.to_owned()),
+            ..Breaker::default()
+        }
+    }
+
+    /// The cluster node's `host:port`, for a node's breaker.
+    pub(crate) fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
     pub(crate) fn is_open(&self) -> bool {
         self.open.load(Ordering::Acquire)
     }
@@ -68,13 +82,18 @@ struct Nodes {
 /// One master node of a cluster.
 #[derive(Clone)]
 pub(crate) struct Node {
-    /// `host:port`.
-    pub(crate) address: String,
+    /// Its breaker, which knows its `host:port`.
     pub(crate) breaker: Arc<Breaker>,
     /// A key of a slot it serves, which probes it as a decision reaches it: routed by the
     /// client's own map of the slots (a node the slots moved away from is still asked
     /// until the client learns they moved), and refused while the node cannot serve it.
     pub(crate) probe: String,
+}
+
+impl Node {
+    fn serves_at(&self, address: &str) -> bool {
+        self.breaker.node() == Some(address)
+    }
 }
 
 /// The breakers of one Redis store, and `floodgate_store_breaker_open` (1 while any is
@@ -89,7 +108,7 @@ pub(crate) struct Breakers {
 
 /// The breakers one call goes through: one, or on a cluster those of each node its keys
 /// live on.
-pub(crate) type Chosen = SmallVec<[(Option<String>, Arc<Breaker>); 1]>;
+pub(crate) type Chosen = SmallVec<[Arc<Breaker>; 1]>;
 
 impl Breakers {
     /// One breaker, or (`cluster`) one per node; `gauge` is 1 while any is open.
@@ -102,27 +121,25 @@ impl Breakers {
         }
     }
 
-    /// The breaker of a call on `keys` (of the whole store, or of each node they live on),
-    /// with the node's address.
+    /// The breakers of a call on `keys`: the whole store's, or each node's they live on.
     pub(crate) fn for_keys<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> Chosen {
-        let whole = || (None, self.whole.clone());
         let Some(nodes) = &self.nodes else {
-            return SmallVec::from_elem(whole(), 1);
+            return SmallVec::from_elem(self.whole.clone(), 1);
         };
         let nodes = nodes.load();
         let mut chosen = Chosen::new();
         for key in keys {
             let owner = nodes.owner.get(slot(key)).copied().unwrap_or(UNKNOWN);
-            let (address, breaker) = match nodes.nodes.get(usize::from(owner)) {
-                Some(node) => (Some(&node.address), &node.breaker),
-                None => (None, &self.whole),
-            };
-            if !chosen.iter().any(|(_, known)| Arc::ptr_eq(known, breaker)) {
-                chosen.push((address.cloned(), breaker.clone()));
+            let breaker = nodes
+                .nodes
+                .get(usize::from(owner))
+                .map_or(&self.whole, |node| &node.breaker);
+            if !chosen.iter().any(|known| Arc::ptr_eq(known, breaker)) {
+                chosen.push(breaker.clone());
             }
         }
         if chosen.is_empty() {
-            chosen.push(whole());
+            chosen.push(self.whole.clone());
         }
         chosen
     }
@@ -217,13 +234,15 @@ impl Breakers {
         let mut first_ranges = Vec::new();
         for (first, last, address) in ranges {
             let range = usize::from(*first)..=usize::from(*last).min(SLOTS - 1);
-            let index = match nodes.nodes.iter().position(|node| node.address == *address) {
+            let index = match nodes.nodes.iter().position(|node| node.serves_at(address)) {
                 Some(index) => index,
                 None => {
-                    let kept = old.nodes.iter().find(|node| node.address == *address);
+                    let kept = old.nodes.iter().find(|node| node.serves_at(address));
                     nodes.nodes.push(Node {
-                        address: address.clone(),
-                        breaker: kept.map_or_else(Arc::default, |node| node.breaker.clone()),
+                        breaker: kept.map_or_else(
+                            || Arc::new(Breaker::of_node(address)),
+                            |node| node.breaker.clone(),
+                        ),
                         probe: kept.map(|node| node.probe.clone()).unwrap_or_default(),
                     });
                     first_ranges.push(range.clone());
@@ -250,7 +269,11 @@ impl Breakers {
             }
         }
         for node in &old.nodes {
-            if !nodes.nodes.iter().any(|known| known.address == node.address) {
+            if !nodes
+                .nodes
+                .iter()
+                .any(|known| Arc::ptr_eq(&known.breaker, &node.breaker))
+            {
                 node.breaker.retired.store(true, Ordering::Release);
                 node.breaker.close();
             }
@@ -339,12 +362,12 @@ mod tests {
         };
         let (first, second) = (key_on(0), key_on(1));
         // Before the nodes are known: the whole cluster's breaker.
-        assert!(breakers.for_keys([first.as_str()])[0].0.is_none());
+        assert!(breakers.for_keys([first.as_str()])[0].node().is_none());
         breakers.learn(&[(0, 8191, "a:1".into()), (8192, 16383, "b:2".into())]);
         let a = breakers.for_keys([first.as_str()]);
         let b = breakers.for_keys([second.as_str()]);
-        assert_eq!(a[0].0.as_deref(), Some("a:1"));
-        assert_eq!(b[0].0.as_deref(), Some("b:2"));
+        assert_eq!(a[0].node(), Some("a:1"));
+        assert_eq!(b[0].node(), Some("b:2"));
         assert_eq!(
             breakers
                 .for_keys([first.as_str(), second.as_str(), first.as_str()])
@@ -353,9 +376,9 @@ mod tests {
         );
 
         for _ in 0..3 {
-            breakers.failure(&a[0].1);
+            breakers.failure(&a[0]);
         }
-        assert!(a[0].1.is_open() && !b[0].1.is_open());
+        assert!(a[0].is_open() && !b[0].is_open());
         assert!(!breakers.all_open(), "one node still answers");
         assert_eq!(breakers.gauge.get(), 1);
         assert_eq!(breakers.nodes(false).len(), 1);
@@ -366,19 +389,19 @@ mod tests {
 
         // The slots move: `a` serves half as much, still open; `b` goes, `c` comes.
         breakers.learn(&[(0, 4095, "a:1".into()), (4096, 16383, "c:3".into())]);
-        assert!(breakers.for_keys([first.as_str()])[0].1.is_open() || slot(&first) >= 4096);
-        assert!(Arc::ptr_eq(&breakers.nodes(false)[0].breaker, &a[0].1));
+        assert!(breakers.for_keys([first.as_str()])[0].is_open() || slot(&first) >= 4096);
+        assert!(Arc::ptr_eq(&breakers.nodes(false)[0].breaker, &a[0]));
         // `a` gone too: its open breaker goes with it, and the gauge falls; calls still in
         // flight through it do not open it again.
         breakers.learn(&[(0, 16383, "c:3".into())]);
         assert_eq!(breakers.gauge.get(), 0);
         for _ in 0..3 {
-            assert!(!breakers.failure(&a[0].1));
+            assert!(!breakers.failure(&a[0]));
         }
         assert_eq!(breakers.gauge.get(), 0);
         // A reading with no ranges (a node that knows no cluster) changes nothing.
         breakers.learn(&[]);
         assert_eq!(breakers.nodes(true).len(), 1);
-        assert!(!breakers.for_keys([first.as_str()])[0].1.is_open());
+        assert!(!breakers.for_keys([first.as_str()])[0].is_open());
     }
 }

@@ -155,10 +155,11 @@ impl ResilientRedis {
         for (node, answer) in nodes.iter().zip(answers) {
             match answer {
                 Ok(()) if self.breakers.close(&node.breaker) => {
-                    tracing::info!(redis = %self.address, node = %node.address, "the redis cluster node answers again; deciding its keys in redis");
+                    let node = node.breaker.node().unwrap_or_default();
+                    tracing::info!(redis = %self.address, %node, "the redis cluster node answers again; deciding its keys in redis");
                 }
                 Ok(()) => self.breakers.success(&node.breaker),
-                Err(error) if all => self.breaker_failure(Some(&node.address), &node.breaker, &error),
+                Err(error) if all => self.breaker_failure(&node.breaker, &error),
                 Err(_) => {}
             }
         }
@@ -203,13 +204,12 @@ impl ResilientRedis {
         }
     }
 
-    /// Feeds `breaker` (of the cluster node at `node`) with a failure (of an operation,
-    /// or of a probe).
-    fn breaker_failure(&self, node: Option<&str>, breaker: &Breaker, error: &StoreError) {
+    /// Feeds `breaker` with a failure (of an operation, or of a probe).
+    fn breaker_failure(&self, breaker: &Breaker, error: &StoreError) {
         if !self.breakers.failure(breaker) {
             return;
         }
-        match node {
+        match breaker.node() {
             Some(node) => tracing::warn!(
                 redis = %self.address, %node, %error,
                 "a redis cluster node is failing; deciding its keys by on_error until it answers again"
@@ -265,7 +265,7 @@ impl ResilientRedis {
         breakers: Chosen,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        if breakers.iter().any(|(_, breaker)| breaker.is_open()) {
+        if breakers.iter().any(|breaker| breaker.is_open()) {
             return Err(StoreError::BreakerOpen);
         }
         let result = call.await;
@@ -276,12 +276,12 @@ impl ResilientRedis {
             }
             _ => None,
         };
-        for (node, breaker) in &breakers {
+        for breaker in &breakers {
             let failed_here = failed.as_ref().map_or(result.is_err(), |failed| {
-                failed.iter().any(|(_, known)| Arc::ptr_eq(known, breaker))
+                failed.iter().any(|known| Arc::ptr_eq(known, breaker))
             });
             match &result {
-                Err(error) if failed_here => self.breaker_failure(node.as_deref(), breaker, error),
+                Err(error) if failed_here => self.breaker_failure(breaker, error),
                 _ => self.breakers.success(breaker),
             }
         }
@@ -426,7 +426,7 @@ async fn probe(store: Weak<ResilientRedis>) {
         } else if unanswered {
             match store.probe().await {
                 Ok(()) => store.breakers.success(whole),
-                Err(error) => store.breaker_failure(None, whole, &error),
+                Err(error) => store.breaker_failure(whole, &error),
             }
         }
     }

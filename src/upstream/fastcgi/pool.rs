@@ -83,12 +83,8 @@ impl Endpoint {
     /// Keeps `connection` for the next request, unless something it was sent is unread,
     /// or a new connection waits for a place (then it closes, giving its place up).
     pub(super) fn check_in(&self, connection: Connection) {
-        if connection.read.is_empty() && !self.places.wanted() {
-            self.idle.check_in(connection);
-            // One that began to wait meanwhile may have looked for idle ones already.
-            if self.places.wanted() {
-                self.idle.close_idle();
-            }
+        if connection.read.is_empty() {
+            self.idle.check_in_among(&self.places, connection);
         }
     }
 
