@@ -47,12 +47,11 @@ async fn a_third_request_in_flight_is_refused_at_once_and_slots_come_back() {
         upstream.requests() == 2
     })
     .await;
-    let started = Instant::now();
     let (status, headers, _) = get(&gw.url("/third")).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert!(
-        started.elapsed() < Duration::from_millis(300),
-        "refused only after waiting"
+        holding.iter().all(|request| !request.is_finished()),
+        "refused only after waiting for a slot"
     );
     assert_eq!(headers["retry-after"], "1");
     assert!(!headers.contains_key("ratelimit") && !headers.contains_key("ratelimit-policy"));

@@ -152,8 +152,9 @@ async fn an_attempt_whose_client_hangs_up_counts_as_a_failure() {
         let abandoned = tokio::time::timeout(std::time::Duration::from_millis(150), get(&url)).await;
         assert!(abandoned.is_err(), "answered before the client hung up");
     }
-    // Both reached the app; the second took the last of the room and started the lock-out.
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Both reached the app; the second took the last of the room and started the lock-out
+    // when its 401 came, about 250 ms from now (1.5 s leaves a loaded machine room).
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     assert_eq!(upstream.requests(), 2);
     assert_eq!(
         get(&gw.url("/status?code=200")).await.0,
@@ -259,7 +260,9 @@ async fn a_hang_up_before_the_app_was_reached_gives_the_unit_back() {
     )
     .await;
     assert!(abandoned.is_err(), "answered before the client hung up");
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // The unit comes back once the gateway has seen the hang-up (at once, but on a loaded
+    // machine a moment later).
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
     let (status, headers, _) = get(&gw.url("/status?code=200")).await;
     assert_eq!(status, StatusCode::OK, "{headers:?}");
     assert!(

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::common::config::{GatewayToml, write_config};
 use crate::common::tls::TestCa;
-use crate::common::{TestGateway, Upstream, closed_port, get, raw_request};
+use crate::common::{TestGateway, Upstream, closed_port, get, raw_request, until};
 use floodgate::Config;
 use http::StatusCode;
 
@@ -159,8 +159,12 @@ async fn every_status_floodgate_answers_itself_has_its_page_and_the_servers_rule
     assert_answer(&get_answer(&gw, "/closed").await, 503, "closed");
 
     // The cap's queue is full while one request works.
+    let forwarded = upstream.requests();
     let busy = tokio::spawn(get(gw.url("/capped/slow?ms=1000").leak()));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until("the slow request holds the cap", Duration::from_secs(5), || {
+        upstream.requests() == forwarded + 1
+    })
+    .await;
     let answer = get_answer(&gw, "/capped/x").await;
     assert_answer(&answer, 503, "page 503\n");
     assert!(split(&answer).1.contains("\r\nretry-after: 1"), "{answer}");

@@ -826,6 +826,7 @@ async fn stderr_is_logged_once_a_second_at_most() {
             &format!("upstream = \"php\"\nroot = \"{}\"", fpm.site().display()),
         );
     let gateway = common::process::FloodgateProcess::start(config, &[]);
+    let started = std::time::Instant::now();
     for _ in 0..3 {
         let (status, _, body) = get(&gateway.url("/cgi.php?do=stderr")).await;
         assert_eq!((status, body.as_str()), (StatusCode::OK, "done\n"));
@@ -837,14 +838,20 @@ async fn stderr_is_logged_once_a_second_at_most() {
         .expect("a stderr line in the log");
     assert!(line.contains("WARN") && line.contains("fastcgi"), "{line}");
     assert!(line.contains("secret-from-stderr"), "{line}");
-    // The three requests came within a second: one line.
+    // One line a second at most: the three requests took well under a second unless the
+    // machine was loaded.
+    let seconds = started.elapsed().as_secs() as usize;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let logged = gateway
         .stdout_lines()
         .into_iter()
         .filter(|line| line.contains("PHP wrote to stderr"))
         .count();
-    assert_eq!(logged, 1, "{:?}", gateway.stdout_lines());
+    assert!(
+        (1..=1 + seconds).contains(&logged),
+        "{logged} lines in {seconds} s: {:?}",
+        gateway.stdout_lines()
+    );
 }
 
 /// Every `HTTP_*` parameter PHP got, sorted, one `NAME=value` line each.

@@ -276,7 +276,7 @@ async fn sigterm_drains_in_flight_requests_then_exits_0() {
 
     // Not ready from the signal on, while the slow request is still in flight.
     let mut readyz = StatusCode::OK;
-    while readyz == StatusCode::OK && signalled.elapsed() < Duration::from_millis(500) {
+    while readyz == StatusCode::OK && signalled.elapsed() < Duration::from_millis(1200) {
         readyz = get(&gateway.admin_url("/readyz")).await.0;
     }
     assert_eq!(readyz, StatusCode::SERVICE_UNAVAILABLE);

@@ -269,12 +269,13 @@ async fn a_lock_out_in_redis_binds_every_gateway() {
     assert_eq!(upstream.requests(), 1);
 }
 
-/// `GET path` that must finish quickly although the store fails.
+/// `GET path` that must finish quickly although the store fails (well before the 1.5 s
+/// that a paused Redis would hold it).
 async fn timed_get(gw: &TestGateway, path: &str) -> (StatusCode, HeaderMap, String) {
     let started = Instant::now();
     let response = get(&gw.url(path)).await;
     let took = started.elapsed();
-    assert!(took < Duration::from_millis(400), "{path} took {took:?}");
+    assert!(took < Duration::from_millis(1000), "{path} took {took:?}");
     response
 }
 

@@ -118,8 +118,9 @@ async fn a_hung_redis_costs_the_timeout_until_the_breaker_opens_then_nothing() {
 /// Pauses Redis (SIGSTOP) and sends ten requests to `path`: each gets `status`
 /// (`on_error = "allow"` forwards them). Until the breaker opens (3 failures, the
 /// background probe's among them), a request waits at most the 300 ms deadline; after
-/// that Redis is not asked at all: a few milliseconds of debug-build HTTP (60 ms leaves
-/// room for a loaded CI machine).
+/// that Redis is not asked at all: a few milliseconds of debug-build HTTP (the bounds leave
+/// room for a loaded CI machine: under the deadline, or twice it for a request that waits
+/// for it).
 async fn ten_requests_while_redis_hangs(
     redis: &RedisServer,
     gw: &TestGateway,
@@ -138,10 +139,10 @@ async fn ten_requests_while_redis_hangs(
         latencies.push(started.elapsed());
     }
     for latency in &latencies[..3] {
-        assert!(*latency < Duration::from_millis(450), "{latencies:?}");
+        assert!(*latency < Duration::from_millis(600), "{latencies:?}");
     }
     for latency in &latencies[3..] {
-        assert!(*latency < Duration::from_millis(60), "{latencies:?}");
+        assert!(*latency < Duration::from_millis(200), "{latencies:?}");
     }
 }
 
@@ -329,11 +330,10 @@ async fn local_shares_each_limit_between_the_live_instances() {
     let a = gateway(&redis.url(), &upstream, "local", 4).await;
     let b = gateway(&redis.url(), &upstream, "local", 4).await;
     // Both instances announce themselves; then each needs one more heartbeat to see two.
-    wait_until(Duration::from_secs(3), || async {
-        redis.cli(&["zcard", "floodgate:instances"]).trim() == "2"
+    wait_until(Duration::from_secs(5), || async {
+        [&a, &b].iter().all(|gateway| gateway.shared.instances() == 2)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1300)).await;
 
     tokio::task::block_in_place(|| redis.kill());
     let mut statuses = Vec::new();

@@ -202,11 +202,13 @@ async fn the_file_is_watched_through_rename_over_edits() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let after = s
-        .gateway
-        .metric(r#"floodgate_config_reloads_total{result="ok"}"#)
+    // Counted a moment after the new configuration is in service, and only once.
+    let reloads = r#"floodgate_config_reloads_total{result="ok"}"#;
+    s.gateway
+        .metric_becomes(reloads, before + 1.0, Duration::from_secs(3))
         .await;
-    assert_eq!(after - before, 1.0);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(s.gateway.metric(reloads).await, before + 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

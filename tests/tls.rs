@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::common::config::{GatewayToml, write_config};
 use crate::common::stub::{ListeningStub, StubUpstream};
 use crate::common::tls::{NOT_AFTER, TestCa, connect, presented, unverified_client};
-use crate::common::{TestGateway, Upstream, get, header_lines};
+use crate::common::{TestGateway, Upstream, get, header_lines, until};
 use bytes::Bytes;
 use floodgate::Config;
 use floodgate::reload::{Reloader, watch_file};
@@ -569,20 +569,17 @@ async fn active_checks_of_an_https_upstream_speak_tls() {
         ),
     );
     let gw = TestGateway::start_config(Config::load(&path).unwrap()).await;
-    // Several check rounds: two failures in a row would have taken it out.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Several check rounds, each over TLS (a check in the clear never gets a TLS server to
+    // answer); two failures in a row would have taken the server out.
+    until("four checks answered", Duration::from_secs(5), || {
+        checks.load(Ordering::SeqCst) >= 4
+    })
+    .await;
     let up = format!(
         "floodgate_upstream_server_up{{upstream=\"app\",server=\"localhost:{}\"}}",
         addr.port()
     );
     assert_eq!(gw.metric(&up).await, 1.0);
-    // Checks every 50 ms for 400 ms, each over TLS (a check in the clear never gets a
-    // TLS server to answer).
-    assert!(
-        checks.load(Ordering::SeqCst) >= 4,
-        "{} checks answered",
-        checks.load(Ordering::SeqCst)
-    );
     assert_eq!(get(&gw.url("/")).await.0, StatusCode::OK);
 }
 

@@ -105,6 +105,11 @@ impl Instance {
         }
     }
 
+    /// Live gateway instances sharing the store's limits, as last seen (1 without Redis).
+    pub fn instances(&self) -> u64 {
+        self.state.load().store.instances()
+    }
+
     /// Counts and logs a request head from `peer` that hyper could not parse and answered
     /// itself with `status` (its automatic `400`, without a body: a head the framing
     /// guard reads as hyper does not, which the guard leaves to hyper): `-` for its method

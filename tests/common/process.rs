@@ -98,6 +98,8 @@ pub(crate) struct FloodgateProcess {
     stderr: Lines,
     /// Set while standard output is not read ([`FloodgateProcess::hold_stdout`]).
     stdout_held: Arc<std::sync::atomic::AtomicBool>,
+    /// The threads reading standard output and error, which end with the pipes.
+    readers: [JoinHandle<()>; 2],
 }
 
 type Lines = Arc<Mutex<Vec<String>>>;
@@ -117,8 +119,8 @@ impl FloodgateProcess {
             .spawn()
             .expect("spawn floodgate");
         let stdout_held = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stdout = collect_lines(child.stdout.take().expect("piped"), stdout_held.clone());
-        let stderr = collect_lines(child.stderr.take().expect("piped"), Arc::default());
+        let (stdout, stdout_reader) = collect_lines(child.stdout.take().expect("piped"), stdout_held.clone());
+        let (stderr, stderr_reader) = collect_lines(child.stderr.take().expect("piped"), Arc::default());
 
         let deadline = Instant::now() + START_TIMEOUT;
         let line = loop {
@@ -158,6 +160,7 @@ impl FloodgateProcess {
             stdout,
             stderr,
             stdout_held,
+            readers: [stdout_reader, stderr_reader],
         }
     }
 
@@ -223,8 +226,15 @@ impl FloodgateProcess {
     }
 
     /// Waits up to `timeout` for the process to exit.
+    /// Waits for the gateway to exit, then (a few seconds at most) for its last lines to be
+    /// read, so that what it wrote before exiting is in the lines.
     pub(crate) fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        wait_timeout(&mut self.child, timeout)
+        let status = wait_timeout(&mut self.child, timeout)?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.readers.iter().any(|reader| !reader.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Some(status)
     }
 
     /// A `Key:   value` field of `/proc/PID/status`, in kB for the memory fields.
@@ -263,11 +273,15 @@ impl Drop for StdoutHeld<'_> {
     }
 }
 
-/// The lines of `pipe` as they come, read only while `held` is not set.
-fn collect_lines(pipe: impl Read + Send + 'static, held: Arc<std::sync::atomic::AtomicBool>) -> Lines {
+/// The lines of `pipe` as they come, read only while `held` is not set, and the thread
+/// reading them (it ends with the pipe).
+fn collect_lines(
+    pipe: impl Read + Send + 'static,
+    held: Arc<std::sync::atomic::AtomicBool>,
+) -> (Lines, JoinHandle<()>) {
     let lines = Lines::default();
     let sink = lines.clone();
-    std::thread::spawn(move || {
+    let reader = std::thread::spawn(move || {
         let mut reader = BufReader::new(pipe);
         loop {
             while held.load(std::sync::atomic::Ordering::SeqCst) {
@@ -283,7 +297,7 @@ fn collect_lines(pipe: impl Read + Send + 'static, held: Arc<std::sync::atomic::
             }
         }
     });
-    lines
+    (lines, reader)
 }
 
 /// The value of `name` in a text (`name=value`) or JSON (`"name":"value"`) log line.
