@@ -289,8 +289,9 @@ async fn at_once_over_http2(
 /// One HTTP/2 connection carries many requests at once, each wanting an upstream
 /// connection of its own: together the requests of every client hold at most
 /// `server.max_connections` of them, so that a few clients cannot take every descriptor.
-/// The others wait for a place; past the upstream's `connect_timeout` they are a `503`
-/// with `Retry-After: 1`, nothing sent upstream.
+/// The others wait for a place, or for a connection to their server that another request
+/// is done with; past the upstream's `connect_timeout` they are a `503` with
+/// `Retry-After: 1`, nothing sent upstream.
 #[tokio::test]
 async fn streams_at_once_hold_at_most_max_connections_upstream_connections() {
     let upstream = Upstream::start().await;
@@ -300,6 +301,9 @@ async fn streams_at_once_hold_at_most_max_connections_upstream_connections() {
     assert!(answers.iter().all(|(status, _)| *status == 200), "{answers:?}");
     assert_eq!(upstream.most_in_flight(), 4);
     assert!(took >= Duration::from_millis(900), "{took:?}");
+    // A connection done with its request goes to one waiting for the same server, not
+    // closed for a new one to open in its place.
+    assert_eq!(upstream.connections(), 4);
 
     // Past the connect timeout, a request still without a place is refused.
     let gateway =

@@ -3,7 +3,6 @@
 //! connection the server had closed meanwhile gives the request to another connection
 //! when that is safe: none of it was written, or it is idempotent without a body.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -11,7 +10,7 @@ use tokio::io::AsyncRead;
 use tokio::time::Instant;
 
 use super::detach::{self, Exchanging};
-use super::idle::{Connection, IdlePool};
+use super::idle::{Connection, IdlePool, Open, Opener, PoolError};
 use crate::proxy::request_body::RequestBody;
 use crate::trace::context::SpanId;
 
@@ -40,25 +39,20 @@ pub(crate) struct Unsent<E> {
     pub(crate) body: Option<RequestBody>,
 }
 
-/// A pool's error for a try whose deadline passed.
-pub(super) trait TimedOut {
-    fn timed_out() -> Self;
-}
-
-/// Sends the request of `plan` on a connection from `idle` or from `connect`, in the
+/// Sends the request of `plan` on a connection from `idle` or from `opener`, in the
 /// exchange `exchange` makes, and waits for the response head until the plan's deadline
 /// (the connection's timer, which the exchange may move on while the body goes out).
-pub(super) async fn attempt<S, X, E, F, K>(
+pub(super) async fn attempt<S, X, E, O, K>(
     idle: &IdlePool<Connection<S>>,
-    connect: impl Fn() -> F,
+    opener: Opener<'_, O>,
     exchange: impl Fn(Connection<S>, RequestBody) -> Box<X>,
     plan: Try<'_, K>,
 ) -> Result<(Box<X>, X::Head), Unsent<E>>
 where
     S: AsyncRead + Unpin + Send,
     X: Exchanging,
-    E: From<X::Error> + TimedOut,
-    F: Future<Output = Result<Connection<S>, E>>,
+    E: From<X::Error> + PoolError,
+    O: Open<S, E>,
     K: Send + 'static,
 {
     let Try {
@@ -72,7 +66,7 @@ where
         ..
     } = plan;
     loop {
-        let (connection, reused) = match idle.take_or_connect(deadline, &connect).await {
+        let (connection, reused) = match idle.take_or_connect(deadline, &opener).await {
             Ok(taken) => taken,
             // Nothing sent: the body goes on to another try, whatever the method.
             Err(error) => {

@@ -22,7 +22,40 @@ use thread_local::ThreadLocal;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
-use super::places::{CloseIdle, ConnectionPlaces, Place};
+use super::places::{CloseIdle, ConnectionPlaces, Opening, Place, Returns};
+
+/// How a request with no idle connection to its server gets one: a place among `places`
+/// within `timeout` (the server's connect timeout), then `open` with the place, when
+/// the timeout is up (the connection must be open by then) and the try's deadline.
+pub(super) struct Opener<'a, O> {
+    pub(super) places: &'a ConnectionPlaces,
+    pub(super) timeout: Duration,
+    pub(super) open: O,
+}
+
+/// Opens a connection to a server in a place: given the place, when the connect timeout
+/// is up and the try's deadline.
+pub(super) trait Open<S, E>:
+    Fn(Place, tokio::time::Instant, tokio::time::Instant) -> Self::Opened
+{
+    type Opened: Future<Output = Result<Connection<S>, E>>;
+}
+
+impl<S, E, O, F> Open<S, E> for O
+where
+    O: Fn(Place, tokio::time::Instant, tokio::time::Instant) -> F,
+    F: Future<Output = Result<Connection<S>, E>>,
+{
+    type Opened = F;
+}
+
+/// The errors a try gets from its pool rather than from its server.
+pub(super) trait PoolError {
+    /// No place for a new connection within the connect timeout.
+    fn no_place() -> Self;
+    /// The try's deadline passed.
+    fn timed_out() -> Self;
+}
 
 /// A connection to a server: its stream, what was read on it and not yet used, and the
 /// timer for the response head of the request on it. The timer is moved to each
@@ -45,30 +78,61 @@ pub(crate) struct Connection<S> {
 
 impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
     /// The most recently used pooled connection the server has not closed, its timer
-    /// moved to `deadline` (with `true`: reused), or else a new one from `connect`
-    /// (`false`), which keeps to the deadline itself (the wait for a place to connect in
-    /// is not the server's, and does not count against it).
-    pub(super) async fn take_or_connect<F, E>(
+    /// moved to `deadline` (with `true`: reused), or else a new one from `opener`
+    /// (`false`).
+    pub(super) async fn take_or_connect<E: PoolError>(
         &self,
         deadline: tokio::time::Instant,
-        connect: impl FnOnce() -> F,
-    ) -> Result<(Connection<S>, bool), E>
-    where
-        F: Future<Output = Result<Connection<S>, E>>,
-    {
-        if let Some((mut connection, home)) = self.checkout(|connection| !connection.closed_while_idle()) {
-            if home.is_none() && !connection.timer_elsewhere {
-                connection.deadline.as_mut().reset(deadline);
-            } else {
-                connection.deadline = Box::pin(tokio::time::sleep_until(deadline));
-                connection.timer_elsewhere = false;
-            }
-            connection.home = home;
+        opener: &Opener<'_, impl Open<S, E>>,
+    ) -> Result<(Connection<S>, bool), E> {
+        if let Some(connection) = self.checkout_open(deadline) {
             return Ok((connection, true));
         }
         // Boxed: a connect (with TLS, a few KB) is rare beside a pooled connection, and
         // would otherwise be nested in every request's future.
-        Ok((Box::pin(connect()).await?, false))
+        Box::pin(self.connect(deadline, opener)).await
+    }
+
+    /// A new connection in a place of its own, or one to the server that another request
+    /// gave back while this one waited for a place. The wait is floodgate's, not the
+    /// server's: the try's `deadline` moves on by it, and the connection must be open within
+    /// the connect timeout of the request's asking.
+    async fn connect<E: PoolError>(
+        &self,
+        deadline: tokio::time::Instant,
+        opener: &Opener<'_, impl Open<S, E>>,
+    ) -> Result<(Connection<S>, bool), E> {
+        let asked = tokio::time::Instant::now();
+        let until = asked + opener.timeout;
+        loop {
+            match opener.places.take(until, &self.returns).await {
+                None => return Err(E::no_place()),
+                Some(Opening::Place(place)) => {
+                    let deadline = deadline + asked.elapsed();
+                    let opened = tokio::time::timeout_at(deadline, (opener.open)(place, until, deadline));
+                    return Ok((opened.await.unwrap_or(Err(E::timed_out()))?, false));
+                }
+                Some(Opening::Returned) => {
+                    if let Some(connection) = self.checkout_open(deadline + asked.elapsed()) {
+                        return Ok((connection, true));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The most recently used pooled connection the server has not closed, its timer
+    /// moved to `deadline`.
+    fn checkout_open(&self, deadline: tokio::time::Instant) -> Option<Connection<S>> {
+        let (mut connection, home) = self.checkout(|connection| !connection.closed_while_idle())?;
+        if home.is_none() && !connection.timer_elsewhere {
+            connection.deadline.as_mut().reset(deadline);
+        } else {
+            connection.deadline = Box::pin(tokio::time::sleep_until(deadline));
+            connection.timer_elsewhere = false;
+        }
+        connection.home = home;
+        Some(connection)
     }
 }
 
@@ -164,6 +228,8 @@ pub(super) struct IdlePool<C: Send> {
     /// threads' lists that found none looks again when this moved meanwhile (one may
     /// have come back to a list already searched).
     refilled: AtomicU64,
+    /// Requests to the server waiting for a place, to which connections come back.
+    returns: Returns,
 }
 
 impl<C: Send> IdlePool<C> {
@@ -173,6 +239,7 @@ impl<C: Send> IdlePool<C> {
             max,
             lists: ThreadLocal::new(),
             refilled: AtomicU64::new(0),
+            returns: Returns::default(),
         }
     }
 
@@ -238,15 +305,18 @@ fn take_usable<C>(list: &Mutex<IdleList<C>>, usable: &mut impl FnMut(&mut C) -> 
 }
 
 impl<S: Send + 'static> IdlePool<Connection<S>> {
-    /// Keeps `connection` for the next request, unless a new connection waits for a place
-    /// among `places` (then it closes, giving its place up).
+    /// Keeps `connection` for the next request: for one to the same server waiting for a
+    /// place among `places` if there is one; otherwise it closes, giving its place up, when
+    /// a request to another server waits for one.
     pub(super) fn check_in_among(self: &Arc<Self>, places: &ConnectionPlaces, connection: Connection<S>) {
-        if places.wanted() {
+        if places.wanted() && !self.returns.awaited() {
             return;
         }
         self.check_in(connection);
         // One that began to wait meanwhile may have looked for idle ones already.
-        if places.wanted() {
+        if self.returns.awaited() {
+            self.returns.hand_over();
+        } else if places.wanted() {
             self.close_idle();
         }
     }
@@ -346,9 +416,32 @@ mod tests {
     }
 
     /// A connect that fails: the connections in these tests are pooled ones.
-    async fn no_connect() -> Result<Connection<tokio::net::UnixStream>, ()> {
+    async fn no_connect(
+        _: Place,
+        _: tokio::time::Instant,
+        _: tokio::time::Instant,
+    ) -> Result<Connection<tokio::net::UnixStream>, ()> {
         Err(())
     }
+
+    impl PoolError for () {
+        fn no_place() -> Self {}
+
+        fn timed_out() -> Self {}
+    }
+
+    /// Opens nothing ([`no_connect`]), in places of its own.
+    fn no_opener(
+        places: &ConnectionPlaces,
+    ) -> Opener<'_, fn(Place, tokio::time::Instant, tokio::time::Instant) -> NoConnect> {
+        Opener {
+            places,
+            timeout: Duration::ZERO,
+            open: |place, until, deadline| Box::pin(no_connect(place, until, deadline)),
+        }
+    }
+
+    type NoConnect = Pin<Box<dyn Future<Output = Result<Connection<tokio::net::UnixStream>, ()>> + Send>>;
 
     fn check_in(pool: &Arc<IdlePool<i32>>, connection: i32) {
         pool.keep(pool.list(), connection);
@@ -421,7 +514,10 @@ mod tests {
             let other = pool.clone();
             std::thread::spawn(move || {
                 runtime().block_on(async {
-                    let (connection, reused) = other.take_or_connect(later(), no_connect).await.unwrap();
+                    let (connection, reused) = other
+                        .take_or_connect(later(), &no_opener(&ConnectionPlaces::new(1)))
+                        .await
+                        .unwrap();
                     assert!(reused);
                     other.check_in(connection);
                     // Back in the first thread's list, not in this one's.
@@ -484,7 +580,10 @@ mod tests {
         std::thread::spawn(move || {
             let borrower = runtime();
             borrower.block_on(async {
-                let (connection, reused) = other.take_or_connect(later(), no_connect).await.unwrap();
+                let (connection, reused) = other
+                    .take_or_connect(later(), &no_opener(&ConnectionPlaces::new(1)))
+                    .await
+                    .unwrap();
                 assert!(reused);
                 other.check_in(connection);
             });
@@ -493,7 +592,10 @@ mod tests {
         .unwrap();
         let fired = home.block_on(async {
             let soon = tokio::time::Instant::now() + Duration::from_millis(20);
-            let (mut connection, reused) = pool.take_or_connect(soon, no_connect).await.unwrap();
+            let (mut connection, reused) = pool
+                .take_or_connect(soon, &no_opener(&ConnectionPlaces::new(1)))
+                .await
+                .unwrap();
             assert!(reused);
             tokio::spawn(async move { connection.deadline.as_mut().await }).await
         });

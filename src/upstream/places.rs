@@ -5,17 +5,18 @@
 //! connection of its own, and without a bound a few such clients take every descriptor
 //! the process has (it can then accept no connection, open no file). A connection holds
 //! its place while it is open, idle ones included; one that finds no place free first
-//! closes a connection idle to any server, and otherwise waits for a place within its
-//! connect timeout.
+//! closes a connection idle to any server, and otherwise waits within its connect timeout
+//! for a place, or for a connection to its server that another request is done with
+//! (which goes to it rather than closing, so that a saturated gateway reuses its
+//! connections instead of opening one per request).
 //!
 //! Health checks open their connections outside the count: a flood of requests must not
 //! make a healthy server look down.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::logging::LogThrottle;
@@ -25,6 +26,35 @@ pub(super) trait CloseIdle: Send + Sync {
     /// Closes one of the pool's idle connections (the longest idle of a thread's); false
     /// when none is idle.
     fn close_idle(&self) -> bool;
+}
+
+/// A server's requests waiting for a place: a connection to that server done with its
+/// request goes to them rather than closing.
+#[derive(Default)]
+pub(super) struct Returns {
+    waiting: AtomicUsize,
+    returned: Notify,
+}
+
+impl Returns {
+    /// Whether a request to the server waits for a place.
+    pub(super) fn awaited(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst) > 0
+    }
+
+    /// Tells the first waiting request that a connection to its server is idle.
+    pub(super) fn hand_over(&self) {
+        self.returned.notify_one();
+    }
+}
+
+/// What a request with no idle connection to its server gets.
+pub(super) enum Opening {
+    /// A place to open a connection in.
+    Place(Place),
+    /// Word that a connection to its server came back idle meanwhile (another request
+    /// may take it first).
+    Returned,
 }
 
 /// The places for connections to upstream servers.
@@ -84,43 +114,35 @@ impl ConnectionPlaces {
         pools.push(pool);
     }
 
-    /// A place for a new connection within `timeout` ([`take`](Self::take)), when that
-    /// time is up (the connection must be open by then), and `deadline` (the try's, for
-    /// its response) moved on by the time waited: the try's time starts once it has a
-    /// place, since a wait for one is floodgate's, not the server's.
-    pub(super) async fn take_within(
-        &self,
-        timeout: Duration,
-        deadline: Instant,
-    ) -> Option<(Place, Instant, Instant)> {
-        let asked = Instant::now();
-        let place = self.take(asked + timeout).await?;
-        Some((place, asked + timeout, deadline + asked.elapsed()))
-    }
-
-    /// A place for a new connection: a free one, or one an idle connection gives up, or
-    /// else the first given back before `until` (`None` past it).
-    pub(super) async fn take(&self, until: Instant) -> Option<Place> {
+    /// A place for a new connection to the server of `returns`: a free one, or one an
+    /// idle connection gives up, or else the first given back before `until` (`None` past
+    /// it), unless a connection to that server comes back idle first.
+    pub(super) async fn take(&self, until: Instant, returns: &Returns) -> Option<Opening> {
         if let Some(place) = self.free() {
-            return Some(place);
+            return Some(Opening::Place(place));
         }
-        // Counted first: a connection that becomes idle from here on is closed for it.
-        let _waiting = Waiting::on(&self.waiting);
+        // Counted first: a connection that becomes idle from here on comes to this
+        // request if it is to the same server, and closes for it otherwise.
+        let _waiting = (Waiting::on(&self.waiting), Waiting::on(&returns.waiting));
         while self.close_an_idle_connection() {
             if let Some(place) = self.free() {
-                return Some(place);
+                return Some(Opening::Place(place));
             }
         }
-        let waited = tokio::time::timeout_at(until, self.places.clone().acquire_owned()).await;
-        let place = waited
-            .ok()
-            .map(|place| Place::of(place.expect("the places are never closed")));
+        let acquired = tokio::time::timeout_at(until, self.places.clone().acquire_owned());
+        let place = tokio::select! {
+            biased;
+            () = returns.returned.notified() => return Some(Opening::Returned),
+            acquired = acquired => acquired
+                .ok()
+                .map(|place| Place::of(place.expect("the places are never closed"))),
+        };
         if place.is_none() && self.warned.ready() {
             tracing::warn!(
                 "every place for a connection to an upstream server is taken (one per server.max_connections, fewer under a short open-file limit): requests that need a new one get 503 (logged once a minute at most)"
             );
         }
-        place
+        place.map(Opening::Place)
     }
 
     /// Whether a new connection waits for a place: then one done with its request is
@@ -170,6 +192,15 @@ impl Drop for Waiting<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    /// A place among `places` before `until`, for a server no connection comes back to.
+    async fn take(places: &ConnectionPlaces, until: Instant) -> Option<Place> {
+        match places.take(until, &Returns::default()).await? {
+            Opening::Place(place) => Some(place),
+            Opening::Returned => unreachable!("nothing is handed over"),
+        }
+    }
 
     /// A pool with `idle` connections, each holding a place.
     struct Idle(Mutex<Vec<Place>>, AtomicUsize);
@@ -190,18 +221,18 @@ mod tests {
         let soon = || Instant::now() + Duration::from_secs(1);
         let idle = Arc::new(Idle(Mutex::new(vec![]), AtomicUsize::new(0)));
         places.share_idle(Arc::downgrade(&idle) as Weak<dyn CloseIdle>);
-        let first = places.take(soon()).await.expect("a free place");
-        let kept_idle = places.take(soon()).await.expect("a free place");
+        let first = take(&places, soon()).await.expect("a free place");
+        let kept_idle = take(&places, soon()).await.expect("a free place");
         idle.0.lock().unwrap().push(kept_idle);
         assert_eq!(places.free_places(), 0);
 
         // None free: the idle connection is closed for it.
-        let second = places.take(soon()).await.expect("the idle connection's place");
+        let second = take(&places, soon()).await.expect("the idle connection's place");
         assert_eq!(idle.1.load(Ordering::Relaxed), 1);
 
         // None free, none idle: waits until its deadline, then has none.
         let started = Instant::now();
-        assert!(places.take(soon()).await.is_none());
+        assert!(take(&places, soon()).await.is_none());
         assert_eq!(started.elapsed(), Duration::from_secs(1));
 
         // A place given back while one waits is the waiter's; meanwhile connections done
@@ -210,8 +241,7 @@ mod tests {
         let waiting = tokio::spawn({
             let places = places.clone();
             async move {
-                places
-                    .take(Instant::now() + Duration::from_secs(5))
+                take(&places, Instant::now() + Duration::from_secs(5))
                     .await
                     .is_some()
             }
@@ -227,5 +257,29 @@ mod tests {
             2,
             "every place back once its connection closed"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_given_back_to_the_same_server_goes_to_its_waiting_request() {
+        let places = ConnectionPlaces::new(1);
+        let held = take(&places, Instant::now()).await.expect("a free place");
+        let returns = Arc::new(Returns::default());
+        assert!(!returns.awaited());
+        let waiting = tokio::spawn({
+            let (places, returns) = (places.clone(), returns.clone());
+            async move {
+                let until = Instant::now() + Duration::from_secs(5);
+                matches!(places.take(until, &returns).await, Some(Opening::Returned))
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(returns.awaited() && places.wanted());
+        returns.hand_over();
+        assert!(
+            waiting.await.unwrap(),
+            "told of the connection, not given a place"
+        );
+        assert!(!returns.awaited() && !places.wanted());
+        drop(held);
     }
 }

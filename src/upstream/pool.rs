@@ -32,11 +32,11 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_util::either::Either;
 
-use super::attempt::{TimedOut, Try, Unsent, attempt};
+use super::attempt::{Try, Unsent, attempt};
 use super::detach::Exchanging;
 use super::exchange::{Exchange, ExchangeError};
 use super::h1::HttpHead;
-use super::idle::IdlePool;
+use super::idle::{IdlePool, Opener, PoolError};
 use super::places::{CloseIdle, ConnectionPlaces, Place};
 use crate::proxy::request_body::RequestBody;
 use crate::trace::context::SpanId;
@@ -93,19 +93,6 @@ impl Endpoint {
     /// (then it closes, giving its place up).
     pub(super) fn check_in(&self, connection: Connection) {
         self.idle.check_in_among(&self.places, connection);
-    }
-
-    /// A new connection in a place of its own, the wait for the place and the TLS
-    /// handshake included, within `connect_timeout`, its timer set for `deadline` (moved
-    /// on by the wait for the place); past that deadline, [`SendError::Timeout`].
-    async fn connect(&self, deadline: tokio::time::Instant) -> Result<Connection, SendError> {
-        let (place, until, deadline) = (self.places)
-            .take_within(self.connect_timeout, deadline)
-            .await
-            .ok_or(SendError::NoPlace)?;
-        tokio::time::timeout_at(deadline, self.open_in(place, until, deadline))
-            .await
-            .unwrap_or(Err(SendError::Timeout))
     }
 
     /// A new connection in `place`, opened before `until`, its timer set for `deadline`.
@@ -229,10 +216,14 @@ impl Pool {
         plan: Try<'_, K>,
     ) -> Result<Response<UpstreamBody>, Unsent<SendError>> {
         let endpoint = &self.endpoint;
-        let (span, deadline) = (plan.span, plan.deadline);
+        let span = plan.span;
         let (exchange, response) = attempt(
             &endpoint.idle,
-            || endpoint.connect(deadline),
+            Opener {
+                places: &endpoint.places,
+                timeout: endpoint.connect_timeout,
+                open: |place, until, deadline| endpoint.open_in(place, until, deadline),
+            },
             |connection, body| Box::new(Exchange::new(connection, endpoint.clone(), (head, span), body)),
             plan,
         )
@@ -241,7 +232,11 @@ impl Pool {
     }
 }
 
-impl TimedOut for SendError {
+impl PoolError for SendError {
+    fn no_place() -> Self {
+        SendError::NoPlace
+    }
+
     fn timed_out() -> Self {
         SendError::Timeout
     }
@@ -364,7 +359,10 @@ mod tests {
             &ConnectionPlaces::new(8),
         );
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        let (connection, accepted) = tokio::join!(pool.endpoint.connect(deadline), listener.accept());
+        let (connection, accepted) = tokio::join!(
+            pool.endpoint.open_in(Place::uncounted(), deadline, deadline),
+            listener.accept()
+        );
         let (mut server, _) = accepted.unwrap();
         tokio::io::AsyncWriteExt::write_all(
             &mut server,

@@ -23,9 +23,9 @@ use tokio_util::either::Either;
 use super::exchange::{Exchange, ExchangeError};
 use super::{FastCgiBody, FastCgiHead};
 use crate::proxy::request_body::RequestBody;
-use crate::upstream::attempt::{TimedOut, Try, Unsent, attempt};
+use crate::upstream::attempt::{Try, Unsent, attempt};
 use crate::upstream::detach::Exchanging;
-use crate::upstream::idle::IdlePool;
+use crate::upstream::idle::{IdlePool, Opener, PoolError};
 use crate::upstream::places::{CloseIdle, ConnectionPlaces, Place};
 
 /// How long an idle connection (and the PHP-FPM worker it holds) is kept.
@@ -105,19 +105,6 @@ impl Endpoint {
         let line = String::from_utf8_lossy(text);
         let line = line.lines().next().unwrap_or_default();
         tracing::warn!(target: "fastcgi", server = %self.address, stderr = %line, "PHP wrote to stderr");
-    }
-
-    /// A new connection in a place of its own, the wait for the place included, within
-    /// `connect_timeout`, its timer set for `deadline` (moved on by the wait for the
-    /// place); past that deadline, [`FastCgiError::Timeout`].
-    async fn connect(&self, deadline: tokio::time::Instant) -> Result<Connection, FastCgiError> {
-        let (place, until, deadline) = (self.places)
-            .take_within(self.connect_timeout, deadline)
-            .await
-            .ok_or(FastCgiError::NoPlace)?;
-        tokio::time::timeout_at(deadline, self.open_in(place, until, deadline))
-            .await
-            .unwrap_or(Err(FastCgiError::Timeout))
     }
 
     /// A new connection in `place`, opened before `until`, its timer set for `deadline`.
@@ -214,10 +201,14 @@ impl Pool {
         plan: Try<'_, K>,
     ) -> Result<Response<FastCgiBody>, Unsent<FastCgiError>> {
         let endpoint = &self.endpoint;
-        let (span, deadline) = (plan.span, plan.deadline);
+        let span = plan.span;
         let (exchange, (status, headers)) = attempt(
             &endpoint.idle,
-            || endpoint.connect(deadline),
+            Opener {
+                places: &endpoint.places,
+                timeout: endpoint.connect_timeout,
+                open: |place, until, deadline| endpoint.open_in(place, until, deadline),
+            },
             |connection, body| {
                 Box::new(Exchange::new(
                     connection,
@@ -236,7 +227,11 @@ impl Pool {
     }
 }
 
-impl TimedOut for FastCgiError {
+impl PoolError for FastCgiError {
+    fn no_place() -> Self {
+        FastCgiError::NoPlace
+    }
+
     fn timed_out() -> Self {
         FastCgiError::Timeout
     }
