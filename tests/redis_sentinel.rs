@@ -125,7 +125,13 @@ async fn floodgate_follows_a_sentinel_failover() {
             ),
     )
     .await;
-    assert_eq!(get(&gateway.url("/before")).await.0, StatusCode::OK);
+    // The gateway waits a second at most for its first connection (through the sentinel,
+    // then to the master) before it serves; on a loaded machine it may come later.
+    let connected = Instant::now();
+    while get(&gateway.url("/before")).await.0 != StatusCode::OK {
+        assert!(connected.elapsed() < Duration::from_secs(10), "never connected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         master.cli(&["--scan"]).contains("floodgate:"),
         "decided on the master"

@@ -505,7 +505,7 @@ async fn a_dead_or_silent_collector_never_delays_a_request_and_drops_are_counted
     // A request that waited for an export would wait for a connection or its timeout;
     // noise on a busy machine stays far below that.
     assert!(
-        slowest < baseline + Duration::from_millis(250),
+        slowest < baseline + Duration::from_secs(1),
         "slowest traced request {slowest:?}, untraced {baseline:?}"
     );
     // The failed exports' spans are counted, within a batch's delay.
@@ -531,7 +531,7 @@ async fn a_dead_or_silent_collector_never_delays_a_request_and_drops_are_counted
     let traced = TestGateway::start(toml).await;
     let slowest = slowest_of(&traced, 1500).await;
     assert!(
-        slowest < baseline + Duration::from_millis(250),
+        slowest < baseline + Duration::from_secs(1),
         "slowest request with a silent collector {slowest:?}, untraced {baseline:?}"
     );
     // 3000 spans (the last request's server span perhaps still on its way): one batch of
