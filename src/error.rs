@@ -30,11 +30,15 @@ pub(crate) enum UpstreamFailure {
     NoServer,
     /// The TLS handshake with the server failed (its certificate, say).
     Tls,
+    /// No place for a new connection within `connect_timeout`: as many connections to
+    /// upstream servers are open as `server.max_connections` and the open-file limit
+    /// allow, none idle. Floodgate's, not the server's.
+    NoPlace,
 }
 
 impl UpstreamFailure {
     /// Every kind, each at the index of its discriminant.
-    pub(crate) const ALL: [UpstreamFailure; 7] = [
+    pub(crate) const ALL: [UpstreamFailure; 8] = [
         UpstreamFailure::Connect,
         UpstreamFailure::Timeout,
         UpstreamFailure::Reset,
@@ -42,6 +46,7 @@ impl UpstreamFailure {
         UpstreamFailure::QueueTimeout,
         UpstreamFailure::NoServer,
         UpstreamFailure::Tls,
+        UpstreamFailure::NoPlace,
     ];
 
     /// The `kind` label of `floodgate_upstream_errors_total`.
@@ -54,6 +59,7 @@ impl UpstreamFailure {
             UpstreamFailure::QueueTimeout => "queue_timeout",
             UpstreamFailure::NoServer => "no_server",
             UpstreamFailure::Tls => "tls",
+            UpstreamFailure::NoPlace => "no_place",
         }
     }
 }
@@ -81,10 +87,6 @@ pub(crate) enum GatewayError {
     NoFilePlace,
     #[error("the process or the system is out of file descriptors or memory")]
     OutOfDescriptors,
-    #[error(
-        "no place for a connection to an upstream server: as many are open as server.max_connections and the open-file limit allow, none idle"
-    )]
-    NoUpstreamPlace,
     #[error("the client's address is denied by {0}")]
     Forbidden(&'static str),
     #[error("bad request path: {0}")]
@@ -148,12 +150,13 @@ impl GatewayError {
                 | UpstreamFailure::NoServer
                 | UpstreamFailure::Tls => StatusCode::BAD_GATEWAY,
                 UpstreamFailure::Timeout => StatusCode::GATEWAY_TIMEOUT,
-                UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout => StatusCode::SERVICE_UNAVAILABLE,
+                UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout | UpstreamFailure::NoPlace => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
             },
             GatewayError::StoreUnavailable
             | GatewayError::NoBodyPlace
             | GatewayError::NoFilePlace
-            | GatewayError::NoUpstreamPlace
             | GatewayError::OutOfDescriptors => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::ClientClosed => {
                 StatusCode::from_u16(CLIENT_CLOSED_REQUEST).expect("499 is a status code")
@@ -188,16 +191,15 @@ impl GatewayError {
             | GatewayError::Upstream { .. }
             | GatewayError::StoreUnavailable
             | GatewayError::NoFilePlace
-            | GatewayError::NoUpstreamPlace
             | GatewayError::ClientClosed => false,
         }
     }
 
     /// Whether the failure is logged as a warning: floodgate's or the upstream's (a 5xx),
     /// except a store failure, which the store reports once itself, and a place for an
-    /// open file not found or descriptors run out, which the room and the accept loop
-    /// report at most once a minute and a second (a flood would otherwise log a line a
-    /// request).
+    /// open file or an upstream connection not found or descriptors run out, which the
+    /// room, the places and the accept loop report at most once a minute and a second (a
+    /// flood would otherwise log a line a request).
     pub(crate) fn warns(&self) -> bool {
         self.status().is_server_error()
             && !matches!(
@@ -205,24 +207,26 @@ impl GatewayError {
                 GatewayError::StoreUnavailable
                     | GatewayError::NoBodyPlace
                     | GatewayError::NoFilePlace
-                    | GatewayError::NoUpstreamPlace
                     | GatewayError::OutOfDescriptors
+                    | GatewayError::Upstream {
+                        kind: UpstreamFailure::NoPlace,
+                        ..
+                    }
             )
     }
 
     /// The `Retry-After` seconds of the answer, when it has one: a request shed by an
-    /// upstream's concurrency cap, or for want of a place for an open file, may be tried
-    /// again at once.
+    /// upstream's concurrency cap, or for want of a place for an open file or an upstream
+    /// connection, may be tried again at once.
     pub(crate) fn retry_after(&self) -> Option<u64> {
         match self {
             GatewayError::Upstream {
-                kind: UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout,
+                kind: UpstreamFailure::QueueFull | UpstreamFailure::QueueTimeout | UpstreamFailure::NoPlace,
                 ..
             }
             | GatewayError::StoreUnavailable
             | GatewayError::NoBodyPlace
             | GatewayError::NoFilePlace
-            | GatewayError::NoUpstreamPlace
             | GatewayError::OutOfDescriptors => Some(1),
             _ => None,
         }
@@ -264,7 +268,7 @@ mod tests {
         for full in [
             GatewayError::NoBodyPlace,
             GatewayError::NoFilePlace,
-            GatewayError::NoUpstreamPlace,
+            upstream(UpstreamFailure::NoPlace),
             GatewayError::OutOfDescriptors,
         ] {
             assert_eq!(
@@ -277,7 +281,7 @@ mod tests {
         assert!(GatewayError::NoBodyPlace.closes_connection());
         assert!(GatewayError::OutOfDescriptors.closes_connection());
         assert!(!GatewayError::NoFilePlace.closes_connection());
-        assert!(!GatewayError::NoUpstreamPlace.closes_connection());
+        assert!(!upstream(UpstreamFailure::NoPlace).closes_connection());
         assert_eq!(GatewayError::Forbidden("x").status(), StatusCode::FORBIDDEN);
         assert_eq!(
             GatewayError::BadPath(PathError::AboveRoot).status(),

@@ -314,6 +314,9 @@ async fn streams_at_once_hold_at_most_max_connections_upstream_connections() {
     assert_eq!(refused.len(), 4, "{answers:?}");
     assert!(refused.iter().all(|(_, retry)| retry == "1"), "{answers:?}");
     assert_eq!(upstream.requests() - requests, 4);
+    // Counted by upstream, as the requests a full queue sheds are.
+    let no_place = "floodgate_upstream_errors_total{upstream=\"app\",kind=\"no_place\"}";
+    assert_eq!(gateway.metric(no_place).await, 4.0);
 }
 
 /// Connections idle to one server give their places up to a connection another server

@@ -450,7 +450,7 @@ fn classify(error: SendError) -> Result<(UpstreamFailure, Failed), GatewayError>
         SendError::Connect { source, .. } if crate::room::exhausted(source) => {
             Err(GatewayError::OutOfDescriptors)
         }
-        SendError::NoPlace => Err(GatewayError::NoUpstreamPlace),
+        SendError::NoPlace => Ok(no_place(&error)),
         SendError::Connect { .. } | SendError::ConnectTimeout(_) => {
             Ok((UpstreamFailure::Connect, Failed::of_server(&error)))
         }
@@ -468,7 +468,7 @@ fn classify_fastcgi(error: fastcgi::FastCgiError) -> Result<(UpstreamFailure, Fa
         FastCgiError::Connect { source, .. } if crate::room::exhausted(source) => {
             Err(GatewayError::OutOfDescriptors)
         }
-        FastCgiError::NoPlace => Err(GatewayError::NoUpstreamPlace),
+        FastCgiError::NoPlace => Ok(no_place(&error)),
         FastCgiError::Connect { .. } | FastCgiError::ConnectTimeout(_) => {
             Ok((UpstreamFailure::Connect, Failed::of_server(&error)))
         }
@@ -484,6 +484,17 @@ fn classify_fastcgi(error: fastcgi::FastCgiError) -> Result<(UpstreamFailure, Fa
         )),
         FastCgiError::Exchange(_) => Ok((UpstreamFailure::Reset, Failed::of_server(&error))),
     }
+}
+
+/// No place for a new connection: floodgate's failure, not the server's.
+fn no_place(error: &dyn std::error::Error) -> (UpstreamFailure, Failed) {
+    (
+        UpstreamFailure::NoPlace,
+        Failed {
+            text: detail(error),
+            server_failed: false,
+        },
+    )
 }
 
 fn timed_out() -> (UpstreamFailure, Failed) {
@@ -966,11 +977,23 @@ mod tests {
         // Nor one that found no place free (`server.max_connections`), whatever it speaks.
         assert!(matches!(
             classify(SendError::NoPlace),
-            Err(GatewayError::NoUpstreamPlace)
+            Ok((
+                UpstreamFailure::NoPlace,
+                Failed {
+                    server_failed: false,
+                    ..
+                }
+            ))
         ));
         assert!(matches!(
             classify_fastcgi(fastcgi::FastCgiError::NoPlace),
-            Err(GatewayError::NoUpstreamPlace)
+            Ok((
+                UpstreamFailure::NoPlace,
+                Failed {
+                    server_failed: false,
+                    ..
+                }
+            ))
         ));
         let refused = classify(connect(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
