@@ -369,3 +369,51 @@ async fn a_lost_node_sends_only_its_own_keys_to_on_error() {
         assert!(ratelimit.starts_with(&counted), "round {round}: {ratelimit}");
     }
 }
+
+/// A node that comes back (restarted with its cluster configuration, after the others
+/// marked it failed) is asked again: its keys are decided in Redis from then on, and its
+/// breaker closes once and stays closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_is_asked_again_once_it_serves_its_slots() {
+    let mut cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    let (_upstream, gateway) = per_key_gateway(&cluster).await;
+    let lost = (0..1000)
+        .map(|i| format!("key-{i}"))
+        .find(|key| cluster.serves(1, key))
+        .expect("a key on the node");
+    assert_eq!(request(&gateway, &lost).await.0, StatusCode::OK);
+    // The slot map, read every second (see above).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let open = "floodgate_store_breaker_open{store=\"redis\"}";
+
+    tokio::task::block_in_place(|| cluster.nodes[1].kill());
+    while gateway.metric(open).await != 1.0 {
+        assert_eq!(request(&gateway, &lost).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // Down long enough for the others to mark it failed: back, it must rejoin before it
+    // serves its slots again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::task::block_in_place(|| cluster.nodes[1].restart());
+    let restarted = Instant::now();
+    let (mut closings, mut was_open, mut served) = (0, true, None::<Instant>);
+    // Watched until two seconds after its key was first decided again.
+    while served.is_none_or(|at| at.elapsed() < Duration::from_secs(2)) {
+        assert!(
+            restarted.elapsed() < Duration::from_secs(20),
+            "the restarted node's key was never decided again"
+        );
+        let now_open = gateway.metric(open).await == 1.0;
+        closings += usize::from(was_open && !now_open);
+        was_open = now_open;
+        let (status, _) = request(&gateway, &lost).await;
+        match (status, served) {
+            (StatusCode::OK, None) => served = Some(Instant::now()),
+            (StatusCode::OK, Some(_)) => {}
+            (status, Some(at)) => panic!("{status} {:?} after the key was decided again", at.elapsed()),
+            (_, None) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(closings, 1, "the breaker closed once, and stayed closed");
+    assert!(!was_open);
+}
