@@ -402,3 +402,53 @@ async fn waiting_for_a_place_does_not_count_against_the_servers_timeout() {
         assert_eq!(answer.unwrap().status(), StatusCode::OK);
     }
 }
+
+/// A steady flood to one server does not shut requests for another out of the places: a
+/// connection done with its request goes to a request for its own server only while no
+/// request for another server waits; otherwise it closes, and its place goes to the first
+/// request in line, whatever its server.
+#[tokio::test]
+async fn a_steady_flood_to_one_server_leaves_another_its_turn() {
+    let (flooded, other) = (Upstream::start().await, Upstream::start().await);
+    let gateway = TestGateway::start(
+        GatewayToml::new()
+            .server("max_connections = 2")
+            .upstream("flooded", &flooded.url(), "connect_timeout = \"10s\"")
+            .upstream("other", &other.url(), "connect_timeout = \"2s\"")
+            .route("flooded", "path_prefix = \"/flooded\"\nupstream = \"flooded\"")
+            .route("other", "path_prefix = \"/other\"\nupstream = \"other\""),
+    )
+    .await;
+    let client = crate::common::h2c_client();
+    // Six streams to the flooded server at all times for 4 s, 200 ms each: four wait for
+    // a place at any moment.
+    let flood_until = std::time::Instant::now() + Duration::from_secs(4);
+    let flood: Vec<_> = (0..6)
+        .map(|_| {
+            let (client, url) = (client.clone(), gateway.url("/flooded/busy?ms=200"));
+            tokio::spawn(async move {
+                while std::time::Instant::now() < flood_until {
+                    let request = Request::get(&url).body(Full::default()).unwrap();
+                    let response = client.request(request).await.expect("h2c request");
+                    assert_eq!(response.status(), StatusCode::OK);
+                    response.into_body().collect().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    let request = Request::get(gateway.url("/other/"))
+        .body(Full::default())
+        .unwrap();
+    let response = client.request(request).await.expect("h2c request");
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "the other server's request after {:?}",
+        started.elapsed()
+    );
+    for flooding in flood {
+        flooding.await.unwrap();
+    }
+}

@@ -58,7 +58,7 @@ where
     let Try {
         mut body,
         repeatable,
-        deadline,
+        mut deadline,
         timeout,
         keep,
         detach,
@@ -76,6 +76,9 @@ where
                 });
             }
         };
+        // Moved on by a wait for a place or a connection, which is not the server's: a
+        // resend on another connection keeps to it.
+        deadline = connection.deadline.deadline();
         if let Some(reached) = reached {
             reached.store(true, Ordering::Release);
         }

@@ -105,7 +105,7 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
         let asked = tokio::time::Instant::now();
         let until = asked + opener.timeout;
         loop {
-            match opener.places.take(until, &self.returns).await {
+            match opener.places.take(until, &self.returns, self).await {
                 None => return Err(E::no_place()),
                 Some(Opening::Place(place)) => {
                     let deadline = deadline + asked.elapsed();
@@ -115,6 +115,10 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
                 Some(Opening::Returned) => {
                     if let Some(connection) = self.checkout_open(deadline + asked.elapsed()) {
                         return Ok((connection, true));
+                    }
+                    // Another request took it first.
+                    if tokio::time::Instant::now() >= until {
+                        return Err(E::no_place());
                     }
                 }
             }
@@ -280,6 +284,10 @@ impl<C: Send> IdlePool<C> {
 }
 
 impl<C: Send> CloseIdle for IdlePool<C> {
+    fn has_idle(&self) -> bool {
+        self.lists.iter().any(|list| !lock(list).connections.is_empty())
+    }
+
     fn close_idle(&self) -> bool {
         self.lists.iter().any(|list| {
             let mut list = lock(list);
@@ -305,16 +313,16 @@ fn take_usable<C>(list: &Mutex<IdleList<C>>, usable: &mut impl FnMut(&mut C) -> 
 }
 
 impl<S: Send + 'static> IdlePool<Connection<S>> {
-    /// Keeps `connection` for the next request: for one to the same server waiting for a
-    /// place among `places` if there is one; otherwise it closes, giving its place up, when
-    /// a request to another server waits for one.
+    /// Keeps `connection` for the next request, and for a request to the same server
+    /// waiting for a place among `places` when [it goes to one](ConnectionPlaces::hands_over);
+    /// otherwise, while a request waits for a place, it closes, giving its place up.
     pub(super) fn check_in_among(self: &Arc<Self>, places: &ConnectionPlaces, connection: Connection<S>) {
-        if places.wanted() && !self.returns.awaited() {
+        if places.wanted() && !places.hands_over(&self.returns) {
             return;
         }
         self.check_in(connection);
         // One that began to wait meanwhile may have looked for idle ones already.
-        if self.returns.awaited() {
+        if places.hands_over(&self.returns) {
             self.returns.hand_over();
         } else if places.wanted() {
             self.close_idle();

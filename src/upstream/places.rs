@@ -5,10 +5,12 @@
 //! connection of its own, and without a bound a few such clients take every descriptor
 //! the process has (it can then accept no connection, open no file). A connection holds
 //! its place while it is open, idle ones included; one that finds no place free first
-//! closes a connection idle to any server, and otherwise waits within its connect timeout
-//! for a place, or for a connection to its server that another request is done with
-//! (which goes to it rather than closing, so that a saturated gateway reuses its
-//! connections instead of opening one per request).
+//! closes a connection idle to another server, and otherwise waits within its connect
+//! timeout for a place, or for a connection to its server that another request is done
+//! with: while only requests for that server wait, such a connection goes to them rather
+//! than closing (a gateway saturated by one server's requests reuses its connections
+//! instead of opening one per request); while requests for other servers wait too, it
+//! closes, and its place goes to the first request in line, whatever its server.
 //!
 //! Health checks open their connections outside the count: a flood of requests must not
 //! make a healthy server look down.
@@ -26,6 +28,9 @@ pub(super) trait CloseIdle: Send + Sync {
     /// Closes one of the pool's idle connections (the longest idle of a thread's); false
     /// when none is idle.
     fn close_idle(&self) -> bool;
+
+    /// Whether one of the pool's connections is idle.
+    fn has_idle(&self) -> bool;
 }
 
 /// A server's requests waiting for a place: a connection to that server done with its
@@ -37,11 +42,6 @@ pub(super) struct Returns {
 }
 
 impl Returns {
-    /// Whether a request to the server waits for a place.
-    pub(super) fn awaited(&self) -> bool {
-        self.waiting.load(Ordering::SeqCst) > 0
-    }
-
     /// Tells the first waiting request that a connection to its server is idle.
     pub(super) fn hand_over(&self) {
         self.returned.notify_one();
@@ -114,17 +114,30 @@ impl ConnectionPlaces {
         pools.push(pool);
     }
 
-    /// A place for a new connection to the server of `returns`: a free one, or one an
-    /// idle connection gives up, or else the first given back before `until` (`None` past
-    /// it), unless a connection to that server comes back idle first.
-    pub(super) async fn take(&self, until: Instant, returns: &Returns) -> Option<Opening> {
+    /// A place for a new connection to the server of `returns` and `own` (its idle
+    /// connections): a free one, or one a connection idle to another server gives up, or
+    /// else the first given back before `until` (`None` past it), unless a connection to
+    /// that server is idle or comes back idle first.
+    pub(super) async fn take(
+        &self,
+        until: Instant,
+        returns: &Returns,
+        own: &dyn CloseIdle,
+    ) -> Option<Opening> {
         if let Some(place) = self.free() {
             return Some(Opening::Place(place));
         }
-        // Counted first: a connection that becomes idle from here on comes to this
-        // request if it is to the same server, and closes for it otherwise.
+        // Counted and listening first: a connection to this server that becomes idle from
+        // here on wakes this request (a notification that finds nobody listening is kept
+        // for one request only), and one to another server closes for it.
         let _waiting = (Waiting::on(&self.waiting), Waiting::on(&returns.waiting));
-        while self.close_an_idle_connection() {
+        let returned = returns.returned.notified();
+        tokio::pin!(returned);
+        returned.as_mut().enable();
+        if own.has_idle() {
+            return Some(Opening::Returned);
+        }
+        while self.close_an_idle_connection(own) {
             if let Some(place) = self.free() {
                 return Some(Opening::Place(place));
             }
@@ -132,7 +145,7 @@ impl ConnectionPlaces {
         let acquired = tokio::time::timeout_at(until, self.places.clone().acquire_owned());
         let place = tokio::select! {
             biased;
-            () = returns.returned.notified() => return Some(Opening::Returned),
+            () = &mut returned => return Some(Opening::Returned),
             acquired = acquired => acquired
                 .ok()
                 .map(|place| Place::of(place.expect("the places are never closed"))),
@@ -146,9 +159,18 @@ impl ConnectionPlaces {
     }
 
     /// Whether a new connection waits for a place: then one done with its request is
-    /// closed rather than kept idle.
+    /// closed rather than kept idle, unless it [goes to one](Self::hands_over).
     pub(super) fn wanted(&self) -> bool {
         self.waiting.load(Ordering::SeqCst) > 0
+    }
+
+    /// Whether a connection to the server of `returns` done with its request goes to a
+    /// request waiting for a place: when every request waiting is for that server (with
+    /// others waiting too it closes, so that a flood of requests for one server cannot
+    /// keep the places from the others).
+    pub(super) fn hands_over(&self, returns: &Returns) -> bool {
+        let for_server = returns.waiting.load(Ordering::SeqCst);
+        for_server > 0 && for_server >= self.waiting.load(Ordering::SeqCst)
     }
 
     fn free(&self) -> Option<Place> {
@@ -156,10 +178,14 @@ impl ConnectionPlaces {
         Some(Place::of(place))
     }
 
-    /// Closes an idle connection to some server; false when none is idle.
-    fn close_an_idle_connection(&self) -> bool {
+    /// Closes a connection idle to a server other than `own`'s; false when none is idle.
+    fn close_an_idle_connection(&self, own: &dyn CloseIdle) -> bool {
+        let own = std::ptr::from_ref(own).cast::<()>();
         let pools: Vec<_> = self.lock_idle().iter().filter_map(Weak::upgrade).collect();
-        pools.iter().any(|pool| pool.close_idle())
+        pools
+            .iter()
+            .filter(|pool| !std::ptr::eq(Arc::as_ptr(pool).cast::<()>(), own))
+            .any(|pool| pool.close_idle())
     }
 
     fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Weak<dyn CloseIdle>>> {
@@ -194,9 +220,22 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A pool with no idle connection.
+    struct NoIdle;
+
+    impl CloseIdle for NoIdle {
+        fn close_idle(&self) -> bool {
+            false
+        }
+
+        fn has_idle(&self) -> bool {
+            false
+        }
+    }
+
     /// A place among `places` before `until`, for a server no connection comes back to.
     async fn take(places: &ConnectionPlaces, until: Instant) -> Option<Place> {
-        match places.take(until, &Returns::default()).await? {
+        match places.take(until, &Returns::default(), &NoIdle).await? {
             Opening::Place(place) => Some(place),
             Opening::Returned => unreachable!("nothing is handed over"),
         }
@@ -206,6 +245,10 @@ mod tests {
     struct Idle(Mutex<Vec<Place>>, AtomicUsize);
 
     impl CloseIdle for Idle {
+        fn has_idle(&self) -> bool {
+            !self.0.lock().unwrap().is_empty()
+        }
+
         fn close_idle(&self) -> bool {
             let closed = self.0.lock().unwrap().pop().is_some();
             if closed {
@@ -264,22 +307,36 @@ mod tests {
         let places = ConnectionPlaces::new(1);
         let held = take(&places, Instant::now()).await.expect("a free place");
         let returns = Arc::new(Returns::default());
-        assert!(!returns.awaited());
-        let waiting = tokio::spawn({
-            let (places, returns) = (places.clone(), returns.clone());
-            async move {
+        let wait_for = |returns: Arc<Returns>| {
+            let places = places.clone();
+            tokio::spawn(async move {
                 let until = Instant::now() + Duration::from_secs(5);
-                matches!(places.take(until, &returns).await, Some(Opening::Returned))
-            }
-        });
+                matches!(
+                    places.take(until, &returns, &NoIdle).await,
+                    Some(Opening::Returned)
+                )
+            })
+        };
+        assert!(!places.hands_over(&returns));
+        let waiting = wait_for(returns.clone());
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(returns.awaited() && places.wanted());
+        assert!(places.hands_over(&returns) && places.wanted());
         returns.hand_over();
         assert!(
             waiting.await.unwrap(),
             "told of the connection, not given a place"
         );
-        assert!(!returns.awaited() && !places.wanted());
+        assert!(!places.hands_over(&returns) && !places.wanted());
+
+        // With a request for another server waiting too, a connection is not handed
+        // over: it closes, and its place goes to the first in line.
+        let waiting = wait_for(returns.clone());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let other = wait_for(Arc::new(Returns::default()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!places.hands_over(&returns) && places.wanted());
         drop(held);
+        assert!(!waiting.await.unwrap(), "the first in line got the place");
+        other.abort();
     }
 }
