@@ -10,6 +10,7 @@
 //! another thread's rather than connect while one is idle, and gives it back to that
 //! thread's list after its request.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,9 +21,10 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BytesMut};
 use thread_local::ThreadLocal;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
-use super::places::{CloseIdle, ConnectionPlaces, Opening, Place, Returns};
+use super::places::{CloseIdle, ConnectionPlaces, Place, Waiting};
 
 /// How a request with no idle connection to its server gets one: a place among `places`
 /// within `timeout` (the server's connect timeout), then `open` with the place, when
@@ -94,9 +96,9 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
     }
 
     /// A new connection in a place of its own, or one to the server that another request
-    /// gave back while this one waited for a place. The wait is floodgate's, not the
-    /// server's: the try's `deadline` moves on by it, and the connection must be open within
-    /// the connect timeout of the request's asking.
+    /// handed over while this one waited for a place (`true`). The wait is floodgate's,
+    /// not the server's: the try's `deadline` moves on by it, and the connection must be
+    /// open within the connect timeout of the request's asking.
     async fn connect<E: PoolError>(
         &self,
         deadline: tokio::time::Instant,
@@ -104,24 +106,51 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
     ) -> Result<(Connection<S>, bool), E> {
         let asked = tokio::time::Instant::now();
         let until = asked + opener.timeout;
-        loop {
-            match opener.places.take(until, &self.returns, self).await {
-                None => return Err(E::no_place()),
-                Some(Opening::Place(place)) => {
-                    let deadline = deadline + asked.elapsed();
-                    let opened = tokio::time::timeout_at(deadline, (opener.open)(place, until, deadline));
-                    return Ok((opened.await.unwrap_or(Err(E::timed_out()))?, false));
-                }
-                Some(Opening::Returned) => {
-                    if let Some(connection) = self.checkout_open(deadline + asked.elapsed()) {
-                        return Ok((connection, true));
-                    }
-                    // Another request took it first.
-                    if tokio::time::Instant::now() >= until {
-                        return Err(E::no_place());
-                    }
-                }
+        let place = match opener.places.free() {
+            Some(place) => place,
+            None => match self
+                .wait_for_place(opener.places, until, || deadline + asked.elapsed())
+                .await
+            {
+                Waited::Place(place) => place,
+                Waited::Connection(connection) => return Ok((connection, true)),
+                Waited::Nothing => return Err(E::no_place()),
+            },
+        };
+        let deadline = deadline + asked.elapsed();
+        let opened = tokio::time::timeout_at(deadline, (opener.open)(place, until, deadline));
+        Ok((opened.await.unwrap_or(Err(E::timed_out()))?, false))
+    }
+
+    /// Waits, counted among the requests waiting for a place, until `until` at most: for
+    /// a connection to this server handed over (or one already idle again), a place a
+    /// connection idle to another server gives up, or a place given back. A connection
+    /// gets its timer set for `deadline()`.
+    async fn wait_for_place(
+        &self,
+        places: &ConnectionPlaces,
+        until: tokio::time::Instant,
+        deadline: impl Fn() -> tokio::time::Instant,
+    ) -> Waited<S> {
+        let mut waiter = self.returns.wait(places);
+        // One that came back idle before this request was counted.
+        if let Some(connection) = self.checkout_open(deadline()) {
+            return Waited::Connection(connection);
+        }
+        while places.close_an_idle_connection(self) {
+            if let Some(place) = places.free() {
+                return Waited::Place(place);
             }
+        }
+        tokio::select! {
+            biased;
+            Ok(mut connection) = &mut waiter.receiver => {
+                // Its timer was another request's, perhaps on another thread's runtime.
+                connection.deadline = Box::pin(tokio::time::sleep_until(deadline()));
+                connection.timer_elsewhere = false;
+                Waited::Connection(connection)
+            }
+            place = places.given_back(until) => place.map_or(Waited::Nothing, Waited::Place),
         }
     }
 
@@ -201,6 +230,100 @@ impl<S: AsyncRead + Unpin> Connection<S> {
     }
 }
 
+/// What a request waiting for a place got.
+enum Waited<S> {
+    Place(Place),
+    Connection(Connection<S>),
+    /// Nothing in time.
+    Nothing,
+}
+
+/// A server's requests waiting for a place, first come first served: a connection to the
+/// server done with its request goes straight to the first of them while only requests
+/// for this server wait; with requests for others waiting it closes instead, so that a
+/// flood of requests for one server cannot keep the places from the others'.
+pub(super) struct Returns<C> {
+    waiters: Mutex<Waiters<C>>,
+}
+
+struct Waiters<C> {
+    next: u64,
+    queue: VecDeque<(u64, oneshot::Sender<C>)>,
+    /// Taken from the queue (given a connection, or passed over) and still counted
+    /// among all the requests waiting for a place, for a moment.
+    taken: usize,
+}
+
+impl<C> Default for Returns<C> {
+    fn default() -> Self {
+        Returns {
+            waiters: Mutex::new(Waiters {
+                next: 0,
+                queue: VecDeque::new(),
+                taken: 0,
+            }),
+        }
+    }
+}
+
+impl<C> Returns<C> {
+    /// Counts a request as waiting for a place among `places`, and for a connection to
+    /// this server, while the waiter lives.
+    pub(super) fn wait<'a>(&'a self, places: &'a ConnectionPlaces) -> Waiter<'a, C> {
+        // Counted among all first, and uncounted last: every request in the queue is
+        // counted among all.
+        let counted = places.count_waiting();
+        let (sender, receiver) = oneshot::channel();
+        let mut waiters = lock(&self.waiters);
+        let id = waiters.next;
+        waiters.next += 1;
+        waiters.queue.push_back((id, sender));
+        Waiter {
+            returns: self,
+            id,
+            receiver,
+            _counted: counted,
+        }
+    }
+
+    /// Gives `connection` to the first request waiting for it, if every request waiting
+    /// for a place among `places` is for this server; back when none takes it.
+    pub(super) fn give(&self, places: &ConnectionPlaces, mut connection: C) -> Result<(), C> {
+        let mut waiters = lock(&self.waiters);
+        // Counted under the lock, which a request of this server needs to leave the queue.
+        while !waiters.queue.is_empty() && waiters.queue.len() + waiters.taken >= places.waiting() {
+            let (_, sender) = waiters.queue.pop_front().expect("not empty");
+            waiters.taken += 1;
+            match sender.send(connection) {
+                Ok(()) => return Ok(()),
+                // It stopped waiting.
+                Err(back) => connection = back,
+            }
+        }
+        Err(connection)
+    }
+}
+
+/// A request waiting for a place and for a connection to its server.
+pub(super) struct Waiter<'a, C> {
+    returns: &'a Returns<C>,
+    id: u64,
+    pub(super) receiver: oneshot::Receiver<C>,
+    _counted: Waiting<'a>,
+}
+
+impl<C> Drop for Waiter<'_, C> {
+    fn drop(&mut self) {
+        // Out of the queue before it is uncounted among all (`_counted` drops after this).
+        let mut waiters = lock(&self.returns.waiters);
+        let queued = waiters.queue.len();
+        waiters.queue.retain(|(id, _)| *id != self.id);
+        if waiters.queue.len() == queued {
+            waiters.taken -= 1;
+        }
+    }
+}
+
 struct Idle<C> {
     connection: C,
     since: Instant,
@@ -218,8 +341,8 @@ type SharedList<C> = Arc<Mutex<IdleList<C>>>;
 /// Where a connection another thread made goes back to.
 type Home<C> = Weak<Mutex<IdleList<C>>>;
 
-fn lock<C>(list: &Mutex<IdleList<C>>) -> MutexGuard<'_, IdleList<C>> {
-    list.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Idle connections of type `C`, each kept at most `timeout`, at most `max` of them on
@@ -232,8 +355,8 @@ pub(super) struct IdlePool<C: Send> {
     /// threads' lists that found none looks again when this moved meanwhile (one may
     /// have come back to a list already searched).
     refilled: AtomicU64,
-    /// Requests to the server waiting for a place, to which connections come back.
-    returns: Returns,
+    /// Requests to the server waiting for a place, to which connections are handed over.
+    returns: Returns<C>,
 }
 
 impl<C: Send> IdlePool<C> {
@@ -284,10 +407,6 @@ impl<C: Send> IdlePool<C> {
 }
 
 impl<C: Send> CloseIdle for IdlePool<C> {
-    fn has_idle(&self) -> bool {
-        self.lists.iter().any(|list| !lock(list).connections.is_empty())
-    }
-
     fn close_idle(&self) -> bool {
         self.lists.iter().any(|list| {
             let mut list = lock(list);
@@ -313,20 +432,34 @@ fn take_usable<C>(list: &Mutex<IdleList<C>>, usable: &mut impl FnMut(&mut C) -> 
 }
 
 impl<S: Send + 'static> IdlePool<Connection<S>> {
-    /// Keeps `connection` for the next request, and for a request to the same server
-    /// waiting for a place among `places` when [it goes to one](ConnectionPlaces::hands_over);
-    /// otherwise, while a request waits for a place, it closes, giving its place up.
+    /// Keeps `connection` for the next request, unless a request waits for a place among
+    /// `places`: then it goes straight to the first request for this server if only such
+    /// requests wait, and otherwise closes, its place going to the first in line.
     pub(super) fn check_in_among(self: &Arc<Self>, places: &ConnectionPlaces, connection: Connection<S>) {
-        if places.wanted() && !places.hands_over(&self.returns) {
+        if places.wanted() {
+            // Closed (dropped) when not given.
+            let _ = self.returns.give(places, self.leaving(connection, None));
             return;
         }
         self.check_in(connection);
         // One that began to wait meanwhile may have looked for idle ones already.
-        if places.hands_over(&self.returns) {
-            self.returns.hand_over();
-        } else if places.wanted() {
-            self.close_idle();
+        if places.wanted()
+            && let Some((connection, home)) = self.checkout(|_| true)
+        {
+            let _ = self.returns.give(places, self.leaving(connection, home));
         }
+    }
+
+    /// `connection` (taken from `home`, another thread's list, if not this thread's),
+    /// leaving this thread for a request that may be served by another: it goes back to
+    /// the list of the thread whose runtime its socket is registered with.
+    fn leaving(&self, mut connection: Connection<S>, home: Option<Home<Connection<S>>>) -> Connection<S> {
+        connection.home = connection
+            .home
+            .take()
+            .or(home)
+            .or_else(|| Some(Arc::downgrade(self.list())));
+        connection
     }
 
     /// Keeps `connection` for the next request, with those of the thread it was made on
@@ -634,5 +767,34 @@ mod tests {
             *connection != 0
         });
         assert_eq!(found, Some((7, true)));
+    }
+
+    #[tokio::test]
+    async fn a_connection_goes_to_the_first_request_waiting_for_its_server_while_only_they_wait() {
+        let places = ConnectionPlaces::new(1);
+        let returns = Returns::<i32>::default();
+        // Nobody waits: kept by the pool.
+        assert_eq!(returns.give(&places, 1), Err(1));
+
+        // First come, first served; one that stopped waiting is passed over.
+        let mut first = returns.wait(&places);
+        let gone = returns.wait(&places);
+        let mut third = returns.wait(&places);
+        drop(gone);
+        assert_eq!(returns.give(&places, 1), Ok(()));
+        assert_eq!(returns.give(&places, 2), Ok(()));
+        assert_eq!((&mut first.receiver).await, Ok(1));
+        assert_eq!((&mut third.receiver).await, Ok(2));
+        drop((first, third));
+        assert_eq!(places.waiting(), 0, "uncounted once done waiting");
+
+        // With a request for another server waiting too, none is given: the connection
+        // closes and its place goes to the first in line.
+        let waiting = returns.wait(&places);
+        let other = Returns::<i32>::default();
+        let _other_waiting = other.wait(&places);
+        assert_eq!(returns.give(&places, 3), Err(3));
+        drop(waiting);
+        assert_eq!(other.give(&places, 4), Ok(()));
     }
 }

@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::logging::LogThrottle;
@@ -28,33 +28,6 @@ pub(super) trait CloseIdle: Send + Sync {
     /// Closes one of the pool's idle connections (the longest idle of a thread's); false
     /// when none is idle.
     fn close_idle(&self) -> bool;
-
-    /// Whether one of the pool's connections is idle.
-    fn has_idle(&self) -> bool;
-}
-
-/// A server's requests waiting for a place: a connection to that server done with its
-/// request goes to them rather than closing.
-#[derive(Default)]
-pub(super) struct Returns {
-    waiting: AtomicUsize,
-    returned: Notify,
-}
-
-impl Returns {
-    /// Tells the first waiting request that a connection to its server is idle.
-    pub(super) fn hand_over(&self) {
-        self.returned.notify_one();
-    }
-}
-
-/// What a request with no idle connection to its server gets.
-pub(super) enum Opening {
-    /// A place to open a connection in.
-    Place(Place),
-    /// Word that a connection to its server came back idle meanwhile (another request
-    /// may take it first).
-    Returned,
 }
 
 /// The places for connections to upstream servers.
@@ -63,8 +36,8 @@ pub(crate) struct ConnectionPlaces {
     /// The idle connections of every server, which a connection with no place free may
     /// close.
     idle: Mutex<Vec<Weak<dyn CloseIdle>>>,
-    /// Connections waiting for a place: while one does, a connection done with its
-    /// request closes instead of waiting idle.
+    /// Requests waiting for a place: while one does, a connection done with its request
+    /// goes to one for its server or closes, instead of waiting idle.
     waiting: AtomicUsize,
     /// Saying that places ran out.
     warned: LogThrottle,
@@ -114,72 +87,46 @@ impl ConnectionPlaces {
         pools.push(pool);
     }
 
-    /// A place for a new connection to the server of `returns` and `own` (its idle
-    /// connections): a free one, or one a connection idle to another server gives up, or
-    /// else the first given back before `until` (`None` past it), unless a connection to
-    /// that server is idle or comes back idle first.
-    pub(super) async fn take(
-        &self,
-        until: Instant,
-        returns: &Returns,
-        own: &dyn CloseIdle,
-    ) -> Option<Opening> {
-        if let Some(place) = self.free() {
-            return Some(Opening::Place(place));
-        }
-        // Counted and listening first: a connection to this server that becomes idle from
-        // here on wakes this request (a notification that finds nobody listening is kept
-        // for one request only), and one to another server closes for it.
-        let _waiting = (Waiting::on(&self.waiting), Waiting::on(&returns.waiting));
-        let returned = returns.returned.notified();
-        tokio::pin!(returned);
-        returned.as_mut().enable();
-        if own.has_idle() {
-            return Some(Opening::Returned);
-        }
-        while self.close_an_idle_connection(own) {
-            if let Some(place) = self.free() {
-                return Some(Opening::Place(place));
-            }
-        }
-        let acquired = tokio::time::timeout_at(until, self.places.clone().acquire_owned());
-        let place = tokio::select! {
-            biased;
-            () = &mut returned => return Some(Opening::Returned),
-            acquired = acquired => acquired
-                .ok()
-                .map(|place| Place::of(place.expect("the places are never closed"))),
-        };
+    /// A free place, if there is one.
+    pub(super) fn free(&self) -> Option<Place> {
+        let place = self.places.clone().try_acquire_owned().ok()?;
+        Some(Place::of(place))
+    }
+
+    /// Counts a request as waiting for a place while the guard lives: meanwhile a
+    /// connection done with its request closes rather than wait idle, unless it goes to a
+    /// request for its own server (`idle::Returns`).
+    pub(super) fn count_waiting(&self) -> Waiting<'_> {
+        Waiting::on(&self.waiting)
+    }
+
+    /// Requests waiting for a place.
+    pub(super) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// The first place given back before `until` (`None` past it).
+    pub(super) async fn given_back(&self, until: Instant) -> Option<Place> {
+        let acquired = tokio::time::timeout_at(until, self.places.clone().acquire_owned()).await;
+        let place = acquired
+            .ok()
+            .map(|place| Place::of(place.expect("the places are never closed")));
         if place.is_none() && self.warned.ready() {
             tracing::warn!(
                 "every place for a connection to an upstream server is taken (one per server.max_connections, fewer under a short open-file limit): requests that need a new one get 503 (logged once a minute at most)"
             );
         }
-        place.map(Opening::Place)
+        place
     }
 
     /// Whether a new connection waits for a place: then one done with its request is
-    /// closed rather than kept idle, unless it [goes to one](Self::hands_over).
+    /// closed rather than kept idle, unless it goes to a request for its own server.
     pub(super) fn wanted(&self) -> bool {
-        self.waiting.load(Ordering::SeqCst) > 0
-    }
-
-    /// Whether a connection to the server of `returns` done with its request goes to a
-    /// request waiting for a place: when every request waiting is for that server (with
-    /// others waiting too it closes, so that a flood of requests for one server cannot
-    /// keep the places from the others).
-    pub(super) fn hands_over(&self, returns: &Returns) -> bool {
-        let for_server = returns.waiting.load(Ordering::SeqCst);
-        for_server > 0 && for_server >= self.waiting.load(Ordering::SeqCst)
-    }
-
-    fn free(&self) -> Option<Place> {
-        let place = self.places.clone().try_acquire_owned().ok()?;
-        Some(Place::of(place))
+        self.waiting() > 0
     }
 
     /// Closes a connection idle to a server other than `own`'s; false when none is idle.
-    fn close_an_idle_connection(&self, own: &dyn CloseIdle) -> bool {
+    pub(super) fn close_an_idle_connection(&self, own: &dyn CloseIdle) -> bool {
         let own = std::ptr::from_ref(own).cast::<()>();
         let pools: Vec<_> = self.lock_idle().iter().filter_map(Weak::upgrade).collect();
         pools
@@ -200,7 +147,7 @@ impl ConnectionPlaces {
 
 /// One connection counted as waiting for a place while this lives (its request may be
 /// dropped while it waits).
-struct Waiting<'a>(&'a AtomicUsize);
+pub(super) struct Waiting<'a>(&'a AtomicUsize);
 
 impl<'a> Waiting<'a> {
     fn on(waiting: &'a AtomicUsize) -> Self {
@@ -220,35 +167,26 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// A pool with no idle connection.
-    struct NoIdle;
-
-    impl CloseIdle for NoIdle {
-        fn close_idle(&self) -> bool {
-            false
+    /// A place among `places` before `until`, as a request for a new connection takes
+    /// one (`idle::IdlePool::connect`, less the connections handed over): a free one, or
+    /// one an idle connection gives up, or the first given back.
+    async fn take(places: &ConnectionPlaces, until: Instant, own: &dyn CloseIdle) -> Option<Place> {
+        if let Some(place) = places.free() {
+            return Some(place);
         }
-
-        fn has_idle(&self) -> bool {
-            false
+        let _waiting = places.count_waiting();
+        while places.close_an_idle_connection(own) {
+            if let Some(place) = places.free() {
+                return Some(place);
+            }
         }
-    }
-
-    /// A place among `places` before `until`, for a server no connection comes back to.
-    async fn take(places: &ConnectionPlaces, until: Instant) -> Option<Place> {
-        match places.take(until, &Returns::default(), &NoIdle).await? {
-            Opening::Place(place) => Some(place),
-            Opening::Returned => unreachable!("nothing is handed over"),
-        }
+        places.given_back(until).await
     }
 
     /// A pool with `idle` connections, each holding a place.
     struct Idle(Mutex<Vec<Place>>, AtomicUsize);
 
     impl CloseIdle for Idle {
-        fn has_idle(&self) -> bool {
-            !self.0.lock().unwrap().is_empty()
-        }
-
         fn close_idle(&self) -> bool {
             let closed = self.0.lock().unwrap().pop().is_some();
             if closed {
@@ -264,19 +202,29 @@ mod tests {
         let soon = || Instant::now() + Duration::from_secs(1);
         let idle = Arc::new(Idle(Mutex::new(vec![]), AtomicUsize::new(0)));
         places.share_idle(Arc::downgrade(&idle) as Weak<dyn CloseIdle>);
-        let first = take(&places, soon()).await.expect("a free place");
-        let kept_idle = take(&places, soon()).await.expect("a free place");
+        // The pool of the server the requests below want a connection to.
+        let own = Idle(Mutex::new(vec![]), AtomicUsize::new(0));
+        let first = take(&places, soon(), &own).await.expect("a free place");
+        let kept_idle = take(&places, soon(), &own).await.expect("a free place");
         idle.0.lock().unwrap().push(kept_idle);
         assert_eq!(places.free_places(), 0);
 
         // None free: the idle connection is closed for it.
-        let second = take(&places, soon()).await.expect("the idle connection's place");
+        let second = take(&places, soon(), &own)
+            .await
+            .expect("the idle connection's place");
         assert_eq!(idle.1.load(Ordering::Relaxed), 1);
 
         // None free, none idle: waits until its deadline, then has none.
         let started = Instant::now();
-        assert!(take(&places, soon()).await.is_none());
+        assert!(take(&places, soon(), &own).await.is_none());
         assert_eq!(started.elapsed(), Duration::from_secs(1));
+
+        // A request does not close a connection idle to its own server for a place.
+        idle.0.lock().unwrap().push(second);
+        assert!(take(&places, soon(), &*idle).await.is_none());
+        assert_eq!(idle.1.load(Ordering::Relaxed), 1);
+        let second = idle.0.lock().unwrap().pop().expect("still idle");
 
         // A place given back while one waits is the waiter's; meanwhile connections done
         // with their requests are told to close rather than wait idle.
@@ -284,7 +232,8 @@ mod tests {
         let waiting = tokio::spawn({
             let places = places.clone();
             async move {
-                take(&places, Instant::now() + Duration::from_secs(5))
+                let own = Idle(Mutex::new(vec![]), AtomicUsize::new(0));
+                take(&places, Instant::now() + Duration::from_secs(5), &own)
                     .await
                     .is_some()
             }
@@ -300,43 +249,5 @@ mod tests {
             2,
             "every place back once its connection closed"
         );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_connection_given_back_to_the_same_server_goes_to_its_waiting_request() {
-        let places = ConnectionPlaces::new(1);
-        let held = take(&places, Instant::now()).await.expect("a free place");
-        let returns = Arc::new(Returns::default());
-        let wait_for = |returns: Arc<Returns>| {
-            let places = places.clone();
-            tokio::spawn(async move {
-                let until = Instant::now() + Duration::from_secs(5);
-                matches!(
-                    places.take(until, &returns, &NoIdle).await,
-                    Some(Opening::Returned)
-                )
-            })
-        };
-        assert!(!places.hands_over(&returns));
-        let waiting = wait_for(returns.clone());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(places.hands_over(&returns) && places.wanted());
-        returns.hand_over();
-        assert!(
-            waiting.await.unwrap(),
-            "told of the connection, not given a place"
-        );
-        assert!(!places.hands_over(&returns) && !places.wanted());
-
-        // With a request for another server waiting too, a connection is not handed
-        // over: it closes, and its place goes to the first in line.
-        let waiting = wait_for(returns.clone());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let other = wait_for(Arc::new(Returns::default()));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!places.hands_over(&returns) && places.wanted());
-        drop(held);
-        assert!(!waiting.await.unwrap(), "the first in line got the place");
-        other.abort();
     }
 }

@@ -89,8 +89,8 @@ pub(crate) struct Endpoint {
 }
 
 impl Endpoint {
-    /// Keeps `connection` for the next request, unless a new connection waits for a place
-    /// (then it closes, giving its place up).
+    /// Keeps `connection` for the next request, unless a request waits for a place (then
+    /// it goes to one for this server, or closes: `IdlePool::check_in_among`).
     pub(super) fn check_in(&self, connection: Connection) {
         self.idle.check_in_among(&self.places, connection);
     }

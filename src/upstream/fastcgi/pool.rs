@@ -81,7 +81,8 @@ pub(crate) struct Endpoint {
 
 impl Endpoint {
     /// Keeps `connection` for the next request, unless something it was sent is unread,
-    /// or a new connection waits for a place (then it closes, giving its place up).
+    /// or a request waits for a place (then it goes to one for this server, or closes:
+    /// `IdlePool::check_in_among`).
     pub(super) fn check_in(&self, connection: Connection) {
         if connection.read.is_empty() {
             self.idle.check_in_among(&self.places, connection);
