@@ -24,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
-use super::places::{CloseIdle, ConnectionPlaces, Place, Waiting};
+use super::places::{CloseIdle, ConnectionPlaces, Place};
 
 /// How a request with no idle connection to its server gets one: a place among `places`
 /// within `timeout` (the server's connect timeout), then `open` with the place, when
@@ -137,25 +137,28 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
         if let Some(connection) = self.checkout_open(deadline()) {
             return Waited::Connection(connection);
         }
-        while places.close_an_idle_connection(self) {
-            if let Some(place) = places.free() {
-                return Waited::Place(place);
+        let mut place = None;
+        while place.is_none() && places.close_an_idle_connection(self) {
+            place = places.free();
+        }
+        if place.is_none() {
+            tokio::select! {
+                biased;
+                Ok(connection) = &mut waiter.receiver => return Waited::Connection(handed(connection, deadline())),
+                given_back = places.given_back(until) => place = given_back,
             }
         }
-        tokio::select! {
-            biased;
-            Ok(mut connection) = &mut waiter.receiver => {
-                // Its timer was another request's, perhaps on another thread's runtime.
-                connection.deadline = Box::pin(tokio::time::sleep_until(deadline()));
-                connection.timer_elsewhere = false;
-                Waited::Connection(connection)
-            }
-            place = places.given_back(until) => place.map_or(Waited::Nothing, Waited::Place),
+        // One handed over meanwhile rather than a new one (its place goes back).
+        match (waiter.receiver.try_recv(), place) {
+            (Ok(connection), _) => Waited::Connection(handed(connection, deadline())),
+            (Err(_), Some(place)) => Waited::Place(place),
+            (Err(_), None) => Waited::Nothing,
         }
     }
 
     /// The most recently used pooled connection the server has not closed, its timer
     /// moved to `deadline`.
+    #[inline(always)]
     fn checkout_open(&self, deadline: tokio::time::Instant) -> Option<Connection<S>> {
         let (mut connection, home) = self.checkout(|connection| !connection.closed_while_idle())?;
         if home.is_none() && !connection.timer_elsewhere {
@@ -230,6 +233,14 @@ impl<S: AsyncRead + Unpin> Connection<S> {
     }
 }
 
+/// `connection`, handed over by another request, its timer set for `deadline` (it was
+/// another request's, perhaps on another thread's runtime).
+fn handed<S>(mut connection: Connection<S>, deadline: tokio::time::Instant) -> Connection<S> {
+    connection.deadline = Box::pin(tokio::time::sleep_until(deadline));
+    connection.timer_elsewhere = false;
+    connection
+}
+
 /// What a request waiting for a place got.
 enum Waited<S> {
     Place(Place),
@@ -248,10 +259,8 @@ pub(super) struct Returns<C> {
 
 struct Waiters<C> {
     next: u64,
+    /// In the order they came, so by id.
     queue: VecDeque<(u64, oneshot::Sender<C>)>,
-    /// Taken from the queue (given a connection, or passed over) and still counted
-    /// among all the requests waiting for a place, for a moment.
-    taken: usize,
 }
 
 impl<C> Default for Returns<C> {
@@ -260,7 +269,6 @@ impl<C> Default for Returns<C> {
             waiters: Mutex::new(Waiters {
                 next: 0,
                 queue: VecDeque::new(),
-                taken: 0,
             }),
         }
     }
@@ -268,11 +276,11 @@ impl<C> Default for Returns<C> {
 
 impl<C> Returns<C> {
     /// Counts a request as waiting for a place among `places`, and for a connection to
-    /// this server, while the waiter lives.
+    /// this server, until it is given one or the waiter is dropped.
     pub(super) fn wait<'a>(&'a self, places: &'a ConnectionPlaces) -> Waiter<'a, C> {
-        // Counted among all first, and uncounted last: every request in the queue is
-        // counted among all.
-        let counted = places.count_waiting();
+        // Counted among all first, and out of the queue before it is uncounted: every
+        // request in the queue is counted among all.
+        places.began_waiting();
         let (sender, receiver) = oneshot::channel();
         let mut waiters = lock(&self.waiters);
         let id = waiters.next;
@@ -280,9 +288,9 @@ impl<C> Returns<C> {
         waiters.queue.push_back((id, sender));
         Waiter {
             returns: self,
+            places,
             id,
             receiver,
-            _counted: counted,
         }
     }
 
@@ -291,9 +299,10 @@ impl<C> Returns<C> {
     pub(super) fn give(&self, places: &ConnectionPlaces, mut connection: C) -> Result<(), C> {
         let mut waiters = lock(&self.waiters);
         // Counted under the lock, which a request of this server needs to leave the queue.
-        while !waiters.queue.is_empty() && waiters.queue.len() + waiters.taken >= places.waiting() {
+        while !waiters.queue.is_empty() && waiters.queue.len() >= places.waiting() {
             let (_, sender) = waiters.queue.pop_front().expect("not empty");
-            waiters.taken += 1;
+            // Uncounted at once: it waits no more (its request may take a moment to run).
+            places.stopped_waiting();
             match sender.send(connection) {
                 Ok(()) => return Ok(()),
                 // It stopped waiting.
@@ -307,19 +316,18 @@ impl<C> Returns<C> {
 /// A request waiting for a place and for a connection to its server.
 pub(super) struct Waiter<'a, C> {
     returns: &'a Returns<C>,
+    places: &'a ConnectionPlaces,
     id: u64,
     pub(super) receiver: oneshot::Receiver<C>,
-    _counted: Waiting<'a>,
 }
 
 impl<C> Drop for Waiter<'_, C> {
     fn drop(&mut self) {
-        // Out of the queue before it is uncounted among all (`_counted` drops after this).
         let mut waiters = lock(&self.returns.waiters);
-        let queued = waiters.queue.len();
-        waiters.queue.retain(|(id, _)| *id != self.id);
-        if waiters.queue.len() == queued {
-            waiters.taken -= 1;
+        // Still queued unless given a connection (and uncounted then).
+        if let Ok(at) = waiters.queue.binary_search_by_key(&self.id, |(id, _)| *id) {
+            waiters.queue.remove(at);
+            self.places.stopped_waiting();
         }
     }
 }
@@ -431,7 +439,7 @@ fn take_usable<C>(list: &Mutex<IdleList<C>>, usable: &mut impl FnMut(&mut C) -> 
     None
 }
 
-impl<S: Send + 'static> IdlePool<Connection<S>> {
+impl<S: AsyncRead + Unpin + Send + 'static> IdlePool<Connection<S>> {
     /// Keeps `connection` for the next request, unless a request waits for a place among
     /// `places`: then it goes straight to the first request for this server if only such
     /// requests wait, and otherwise closes, its place going to the first in line.
@@ -444,7 +452,7 @@ impl<S: Send + 'static> IdlePool<Connection<S>> {
         self.check_in(connection);
         // One that began to wait meanwhile may have looked for idle ones already.
         if places.wanted()
-            && let Some((connection, home)) = self.checkout(|_| true)
+            && let Some((connection, home)) = self.checkout(|connection| !connection.closed_while_idle())
         {
             let _ = self.returns.give(places, self.leaving(connection, home));
         }
@@ -782,6 +790,7 @@ mod tests {
         let mut third = returns.wait(&places);
         drop(gone);
         assert_eq!(returns.give(&places, 1), Ok(()));
+        assert_eq!(places.waiting(), 1, "one given a connection waits no more");
         assert_eq!(returns.give(&places, 2), Ok(()));
         assert_eq!((&mut first.receiver).await, Ok(1));
         assert_eq!((&mut third.receiver).await, Ok(2));

@@ -93,11 +93,17 @@ impl ConnectionPlaces {
         Some(Place::of(place))
     }
 
-    /// Counts a request as waiting for a place while the guard lives: meanwhile a
-    /// connection done with its request closes rather than wait idle, unless it goes to a
-    /// request for its own server (`idle::Returns`).
-    pub(super) fn count_waiting(&self) -> Waiting<'_> {
-        Waiting::on(&self.waiting)
+    /// Counts a request as waiting for a place until [`stopped_waiting`](Self::stopped_waiting):
+    /// meanwhile a connection done with its request closes rather than wait idle, unless
+    /// it goes to a request for its own server (`idle::Returns`, which keeps the count
+    /// for the requests waiting in its queues, their requests' futures may be dropped).
+    pub(super) fn began_waiting(&self) {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Counts a request out of those waiting for a place.
+    pub(super) fn stopped_waiting(&self) {
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Requests waiting for a place.
@@ -145,23 +151,6 @@ impl ConnectionPlaces {
     }
 }
 
-/// One connection counted as waiting for a place while this lives (its request may be
-/// dropped while it waits).
-pub(super) struct Waiting<'a>(&'a AtomicUsize);
-
-impl<'a> Waiting<'a> {
-    fn on(waiting: &'a AtomicUsize) -> Self {
-        waiting.fetch_add(1, Ordering::SeqCst);
-        Waiting(waiting)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,13 +163,16 @@ mod tests {
         if let Some(place) = places.free() {
             return Some(place);
         }
-        let _waiting = places.count_waiting();
-        while places.close_an_idle_connection(own) {
-            if let Some(place) = places.free() {
-                return Some(place);
-            }
+        places.began_waiting();
+        let mut place = None;
+        while place.is_none() && places.close_an_idle_connection(own) {
+            place = places.free();
         }
-        places.given_back(until).await
+        if place.is_none() {
+            place = places.given_back(until).await;
+        }
+        places.stopped_waiting();
+        place
     }
 
     /// A pool with `idle` connections, each holding a place.
