@@ -135,6 +135,10 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
         let mut waiter = self.returns.wait(places);
         // One that came back idle before this request was counted.
         if let Some(connection) = self.checkout_open(deadline()) {
+            // One handed over meanwhile goes to the next request waiting, if any.
+            if let Some(spare) = waiter.leave() {
+                let _ = self.returns.give(places, spare);
+            }
             return Waited::Connection(connection);
         }
         let mut place = None;
@@ -149,10 +153,13 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
             }
         }
         // One handed over meanwhile rather than a new one (its place goes back).
-        match (waiter.receiver.try_recv(), place) {
-            (Ok(connection), _) => Waited::Connection(handed(connection, deadline())),
-            (Err(_), Some(place)) => Waited::Place(place),
-            (Err(_), None) => Waited::Nothing,
+        match (waiter.leave(), place) {
+            (Some(connection), _) => Waited::Connection(handed(connection, deadline())),
+            (None, Some(place)) => Waited::Place(place),
+            (None, None) => {
+                places.ran_out();
+                Waited::Nothing
+            }
         }
     }
 
@@ -278,11 +285,11 @@ impl<C> Returns<C> {
     /// Counts a request as waiting for a place among `places`, and for a connection to
     /// this server, until it is given one or the waiter is dropped.
     pub(super) fn wait<'a>(&'a self, places: &'a ConnectionPlaces) -> Waiter<'a, C> {
-        // Counted among all first, and out of the queue before it is uncounted: every
-        // request in the queue is counted among all.
-        places.began_waiting();
         let (sender, receiver) = oneshot::channel();
         let mut waiters = lock(&self.waiters);
+        // Counted among all before it is queued, and out of the queue before it is
+        // uncounted: every request in the queue is counted among all.
+        places.began_waiting();
         let id = waiters.next;
         waiters.next += 1;
         waiters.queue.push_back((id, sender));
@@ -305,7 +312,8 @@ impl<C> Returns<C> {
             places.stopped_waiting();
             match sender.send(connection) {
                 Ok(()) => return Ok(()),
-                // It stopped waiting.
+                // Never while its waiter lives (it leaves the queue before the receiver
+                // goes), but should it: the next one.
                 Err(back) => connection = back,
             }
         }
@@ -321,14 +329,25 @@ pub(super) struct Waiter<'a, C> {
     pub(super) receiver: oneshot::Receiver<C>,
 }
 
-impl<C> Drop for Waiter<'_, C> {
-    fn drop(&mut self) {
+impl<C> Waiter<'_, C> {
+    /// Out of the queue (and uncounted), unless given a connection: then the connection,
+    /// given under the lock this takes, so in the receiver once the lock is had.
+    pub(super) fn leave(&mut self) -> Option<C> {
         let mut waiters = lock(&self.returns.waiters);
-        // Still queued unless given a connection (and uncounted then).
         if let Ok(at) = waiters.queue.binary_search_by_key(&self.id, |(id, _)| *id) {
             waiters.queue.remove(at);
             self.places.stopped_waiting();
+            return None;
         }
+        drop(waiters);
+        self.receiver.try_recv().ok()
+    }
+}
+
+impl<C> Drop for Waiter<'_, C> {
+    fn drop(&mut self) {
+        // A connection given and not taken closes with the receiver.
+        self.leave();
     }
 }
 
@@ -784,7 +803,7 @@ mod tests {
         // Nobody waits: kept by the pool.
         assert_eq!(returns.give(&places, 1), Err(1));
 
-        // First come, first served; one that stopped waiting is passed over.
+        // First come, first served; one that stopped waiting is out of the queue.
         let mut first = returns.wait(&places);
         let gone = returns.wait(&places);
         let mut third = returns.wait(&places);

@@ -114,15 +114,18 @@ impl ConnectionPlaces {
     /// The first place given back before `until` (`None` past it).
     pub(super) async fn given_back(&self, until: Instant) -> Option<Place> {
         let acquired = tokio::time::timeout_at(until, self.places.clone().acquire_owned()).await;
-        let place = acquired
+        acquired
             .ok()
-            .map(|place| Place::of(place.expect("the places are never closed")));
-        if place.is_none() && self.warned.ready() {
+            .map(|place| Place::of(place.expect("the places are never closed")))
+    }
+
+    /// Says (once a minute at most) that a request found no place in time.
+    pub(super) fn ran_out(&self) {
+        if self.warned.ready() {
             tracing::warn!(
                 "every place for a connection to an upstream server is taken (one per server.max_connections, fewer under a short open-file limit): requests that need a new one get 503 (logged once a minute at most)"
             );
         }
-        place
     }
 
     /// Whether a new connection waits for a place: then one done with its request is
