@@ -9,6 +9,11 @@
 //! each of its wake-ups from a second thread (`crate::workers`). A thread with none takes
 //! another thread's rather than connect while one is idle, and gives it back to that
 //! thread's list after its request.
+//!
+//! The pool also holds its server's requests waiting for a place among the process's
+//! connection places (`places`), first come first served: while only they wait, a
+//! connection done with its request is handed straight to the first of them
+//! ([`Returns`]); otherwise it closes and its place goes to the first in line.
 
 use std::collections::VecDeque;
 use std::future::Future;

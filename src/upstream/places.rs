@@ -33,8 +33,8 @@ pub(super) trait CloseIdle: Send + Sync {
 /// The places for connections to upstream servers.
 pub(crate) struct ConnectionPlaces {
     places: Arc<Semaphore>,
-    /// The idle connections of every server, which a connection with no place free may
-    /// close.
+    /// The idle connections of every server, which a request for another server with no
+    /// place free may close.
     idle: Mutex<Vec<Weak<dyn CloseIdle>>>,
     /// Requests waiting for a place: while one does, a connection done with its request
     /// goes to one for its server or closes, instead of waiting idle.
@@ -95,8 +95,8 @@ impl ConnectionPlaces {
 
     /// Counts a request as waiting for a place until [`stopped_waiting`](Self::stopped_waiting):
     /// meanwhile a connection done with its request closes rather than wait idle, unless
-    /// it goes to a request for its own server (`idle::Returns`, which keeps the count
-    /// for the requests waiting in its queues, their requests' futures may be dropped).
+    /// it goes to a request for its own server. `idle::Returns` keeps the count for the
+    /// requests in its queues, whose futures may be dropped at any point.
     pub(super) fn began_waiting(&self) {
         self.waiting.fetch_add(1, Ordering::SeqCst);
     }
