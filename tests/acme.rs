@@ -267,6 +267,19 @@ async fn http01_certificate_before_routing_deny_and_redirect_kept_on_disk_and_re
     let mut gateway = gateway;
     gateway.shutdown().await.unwrap();
     drop(gateway);
+    // Its listeners close as its aborted tasks are dropped, a moment later on a busy
+    // machine: the new gateway binds the same ports once they are free.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while [http, tls]
+        .iter()
+        .any(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_err())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the stopped gateway's ports stay taken"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let gateway = TestGateway::start_config(Config::load(&path).unwrap()).await;
     let again = client
         .certificate(gateway.tls.unwrap(), "a.test", Duration::from_secs(5))
