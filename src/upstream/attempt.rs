@@ -44,7 +44,7 @@ pub(crate) struct Unsent<E> {
 /// (the connection's timer, which the exchange may move on while the body goes out).
 pub(super) async fn attempt<S, X, E, O, K>(
     idle: &IdlePool<Connection<S>>,
-    opener: Opener<'_, O>,
+    opener: Opener<O>,
     exchange: impl Fn(Connection<S>, RequestBody) -> Box<X>,
     plan: Try<'_, K>,
 ) -> Result<(Box<X>, X::Head), Unsent<E>>

@@ -31,11 +31,11 @@ use tokio::time::Sleep;
 
 use super::places::{CloseIdle, ConnectionPlaces, Place};
 
-/// How a request with no idle connection to its server gets one: a place among `places`
-/// within `timeout` (the server's connect timeout), then `open` with the place, when
-/// the timeout is up (the connection must be open by then) and the try's deadline.
-pub(super) struct Opener<'a, O> {
-    pub(super) places: &'a ConnectionPlaces,
+/// How a request with no idle connection to its server gets one: a place among the
+/// pool's places within `timeout` (the server's connect timeout), then `open` with the
+/// place, when the timeout is up (the connection must be open by then) and the try's
+/// deadline.
+pub(super) struct Opener<O> {
     pub(super) timeout: Duration,
     pub(super) open: O,
 }
@@ -90,7 +90,7 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
     pub(super) async fn take_or_connect<E: PoolError>(
         &self,
         deadline: tokio::time::Instant,
-        opener: &Opener<'_, impl Open<S, E>>,
+        opener: &Opener<impl Open<S, E>>,
     ) -> Result<(Connection<S>, bool), E> {
         if let Some(connection) = self.checkout_open(deadline) {
             return Ok((connection, true));
@@ -107,16 +107,13 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
     async fn connect<E: PoolError>(
         &self,
         deadline: tokio::time::Instant,
-        opener: &Opener<'_, impl Open<S, E>>,
+        opener: &Opener<impl Open<S, E>>,
     ) -> Result<(Connection<S>, bool), E> {
         let asked = tokio::time::Instant::now();
         let until = asked + opener.timeout;
-        let place = match opener.places.free() {
+        let place = match self.places.free() {
             Some(place) => place,
-            None => match self
-                .wait_for_place(opener.places, until, || deadline + asked.elapsed())
-                .await
-            {
+            None => match self.wait_for_place(until, || deadline + asked.elapsed()).await {
                 Waited::Place(place) => place,
                 Waited::Connection(connection) => return Ok((connection, true)),
                 Waited::Nothing => return Err(E::no_place()),
@@ -133,10 +130,10 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
     /// gets its timer set for `deadline()`.
     async fn wait_for_place(
         &self,
-        places: &ConnectionPlaces,
         until: tokio::time::Instant,
         deadline: impl Fn() -> tokio::time::Instant,
     ) -> Waited<S> {
+        let places = &*self.places;
         let mut waiter = self.returns.wait(places);
         // One that came back idle before this request was counted.
         if let Some(connection) = self.checkout_open(deadline()) {
@@ -382,6 +379,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(super) struct IdlePool<C: Send> {
     timeout: Duration,
     max: usize,
+    /// The places the server's connections hold, shared with every other server's pool
+    /// (`server.max_connections`).
+    places: Arc<ConnectionPlaces>,
     lists: ThreadLocal<SharedList<C>>,
     /// How many times a list that was empty got a connection: a search of the other
     /// threads' lists that found none looks again when this moved meanwhile (one may
@@ -391,17 +391,24 @@ pub(super) struct IdlePool<C: Send> {
     returns: Returns<C>,
 }
 
-impl<C: Send> IdlePool<C> {
-    pub(super) fn new(timeout: Duration, max: usize) -> Self {
-        IdlePool {
+impl<C: Send + 'static> IdlePool<C> {
+    /// A pool whose connections hold places among `places`, which may ask it to close an
+    /// idle one for a request to another server.
+    pub(super) fn new(timeout: Duration, max: usize, places: &Arc<ConnectionPlaces>) -> Arc<Self> {
+        let pool = Arc::new(IdlePool {
             timeout,
             max,
+            places: places.clone(),
             lists: ThreadLocal::new(),
             refilled: AtomicU64::new(0),
             returns: Returns::default(),
-        }
+        });
+        places.share_idle(Arc::downgrade(&pool) as Weak<dyn CloseIdle>);
+        pool
     }
+}
 
+impl<C: Send> IdlePool<C> {
     /// This thread's idle connections.
     fn list(&self) -> &SharedList<C> {
         self.lists.get_or(|| {
@@ -464,16 +471,17 @@ fn take_usable<C>(list: &Mutex<IdleList<C>>, usable: &mut impl FnMut(&mut C) -> 
 }
 
 impl<S: AsyncRead + Unpin + Send + 'static> IdlePool<Connection<S>> {
-    /// Keeps `connection` for the next request, unless a request waits for a place among
-    /// `places`: then it goes straight to the first request for this server if only such
-    /// requests wait, and otherwise closes, its place going to the first in line.
-    pub(super) fn check_in_among(self: &Arc<Self>, places: &ConnectionPlaces, connection: Connection<S>) {
+    /// Keeps `connection` for the next request, unless a request waits for a place: then
+    /// it goes straight to the first request for this server if only such requests wait,
+    /// and otherwise closes, its place going to the first in line.
+    pub(super) fn check_in(self: &Arc<Self>, connection: Connection<S>) {
+        let places = &*self.places;
         if places.wanted() {
             // Closed (dropped) when not given.
             let _ = self.returns.give(places, self.leaving(connection, None));
             return;
         }
-        self.check_in(connection);
+        self.keep_on_home_thread(connection);
         // One that began to wait meanwhile may have looked for idle ones already.
         if places.wanted()
             && let Some((connection, home)) = self.checkout(|connection| !connection.closed_while_idle())
@@ -496,7 +504,7 @@ impl<S: AsyncRead + Unpin + Send + 'static> IdlePool<Connection<S>> {
 
     /// Keeps `connection` for the next request, with those of the thread it was made on
     /// (closed if that thread's list is gone).
-    pub(super) fn check_in(self: &Arc<Self>, mut connection: Connection<S>) {
+    fn keep_on_home_thread(self: &Arc<Self>, mut connection: Connection<S>) {
         match connection.home.take() {
             None => self.keep(self.list(), connection),
             Some(home) => {
@@ -574,7 +582,7 @@ mod tests {
     type SocketPool = IdlePool<Connection<tokio::net::UnixStream>>;
 
     fn socket_pool() -> Arc<SocketPool> {
-        Arc::new(IdlePool::new(Duration::from_secs(60), 4))
+        IdlePool::new(Duration::from_secs(60), 4, &ConnectionPlaces::new(8))
     }
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -603,12 +611,9 @@ mod tests {
         fn timed_out() -> Self {}
     }
 
-    /// Opens nothing ([`no_connect`]), in places of its own.
-    fn no_opener(
-        places: &ConnectionPlaces,
-    ) -> Opener<'_, fn(Place, tokio::time::Instant, tokio::time::Instant) -> NoConnect> {
+    /// Opens nothing ([`no_connect`]).
+    fn no_opener() -> Opener<fn(Place, tokio::time::Instant, tokio::time::Instant) -> NoConnect> {
         Opener {
-            places,
             timeout: Duration::ZERO,
             open: |place, until, deadline| Box::pin(no_connect(place, until, deadline)),
         }
@@ -636,7 +641,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_newest_is_taken_first_the_oldest_goes_past_max_and_idle_ones_close() {
-        let pool = Arc::new(IdlePool::new(Duration::from_millis(100), 2));
+        let pool = IdlePool::new(Duration::from_millis(100), 2, &ConnectionPlaces::new(8));
         for connection in [1, 2, 3] {
             check_in(&pool, connection);
         }
@@ -661,7 +666,7 @@ mod tests {
 
     #[test]
     fn a_thread_takes_its_own_connections_first_then_another_threads() {
-        let pool = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
+        let pool = IdlePool::new(Duration::from_secs(60), 4, &ConnectionPlaces::new(8));
         check_in(&pool, 1);
         let other = pool.clone();
         std::thread::spawn(move || {
@@ -687,10 +692,7 @@ mod tests {
             let other = pool.clone();
             std::thread::spawn(move || {
                 runtime().block_on(async {
-                    let (connection, reused) = other
-                        .take_or_connect(later(), &no_opener(&ConnectionPlaces::new(1)))
-                        .await
-                        .unwrap();
+                    let (connection, reused) = other.take_or_connect(later(), &no_opener()).await.unwrap();
                     assert!(reused);
                     other.check_in(connection);
                     // Back in the first thread's list, not in this one's.
@@ -704,7 +706,7 @@ mod tests {
 
     #[test]
     fn a_connection_back_in_a_list_already_searched_is_found() {
-        let pool = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
+        let pool = IdlePool::new(Duration::from_secs(60), 4, &ConnectionPlaces::new(8));
         // This thread's list first (a thread that ends leaves its list to the next thread
         // given its identity).
         assert_eq!(taken(&pool, |_| true), None);
@@ -753,10 +755,7 @@ mod tests {
         std::thread::spawn(move || {
             let borrower = runtime();
             borrower.block_on(async {
-                let (connection, reused) = other
-                    .take_or_connect(later(), &no_opener(&ConnectionPlaces::new(1)))
-                    .await
-                    .unwrap();
+                let (connection, reused) = other.take_or_connect(later(), &no_opener()).await.unwrap();
                 assert!(reused);
                 other.check_in(connection);
             });
@@ -765,10 +764,7 @@ mod tests {
         .unwrap();
         let fired = home.block_on(async {
             let soon = tokio::time::Instant::now() + Duration::from_millis(20);
-            let (mut connection, reused) = pool
-                .take_or_connect(soon, &no_opener(&ConnectionPlaces::new(1)))
-                .await
-                .unwrap();
+            let (mut connection, reused) = pool.take_or_connect(soon, &no_opener()).await.unwrap();
             assert!(reused);
             tokio::spawn(async move { connection.deadline.as_mut().await }).await
         });
@@ -782,7 +778,7 @@ mod tests {
     /// list too: a connection borrowed from this thread may have come back there meanwhile.
     #[test]
     fn a_connection_back_in_this_threads_own_list_during_the_search_is_found() {
-        let pool = Arc::new(IdlePool::new(Duration::from_secs(60), 4));
+        let pool = IdlePool::new(Duration::from_secs(60), 4, &ConnectionPlaces::new(8));
         let own = pool.list().clone();
         // Another thread's list: one connection, which the server has closed (0).
         check_in_on_another_thread(&pool, 0);

@@ -18,7 +18,7 @@
 
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ use super::detach::Exchanging;
 use super::exchange::{Exchange, ExchangeError};
 use super::h1::HttpHead;
 use super::idle::{IdlePool, Opener, PoolError};
-use super::places::{CloseIdle, ConnectionPlaces, Place};
+use super::places::{ConnectionPlaces, Place};
 use crate::proxy::request_body::RequestBody;
 use crate::trace::context::SpanId;
 
@@ -85,14 +85,13 @@ pub(crate) struct Endpoint {
     connect_timeout: Duration,
     tls: Option<Tls>,
     idle: Arc<IdlePool<Connection>>,
-    places: Arc<ConnectionPlaces>,
 }
 
 impl Endpoint {
     /// Keeps `connection` for the next request, unless a request waits for a place (then
-    /// it goes to one for this server, or closes: `IdlePool::check_in_among`).
+    /// it goes to one for this server, or closes: `IdlePool::check_in`).
     pub(super) fn check_in(&self, connection: Connection) {
-        self.idle.check_in_among(&self.places, connection);
+        self.idle.check_in(connection);
     }
 
     /// A new connection in `place`, opened before `until`, its timer set for `deadline`.
@@ -159,15 +158,13 @@ impl Pool {
         places: &Arc<ConnectionPlaces>,
         idle_timeout: Duration,
     ) -> Self {
-        let idle = Arc::new(IdlePool::new(idle_timeout, MAX_IDLE));
-        places.share_idle(Arc::downgrade(&idle) as Weak<dyn CloseIdle>);
+        let idle = IdlePool::new(idle_timeout, MAX_IDLE, places);
         Pool {
             endpoint: Arc::new(Endpoint {
                 address,
                 connect_timeout,
                 tls,
                 idle,
-                places: places.clone(),
             }),
         }
     }
@@ -220,7 +217,6 @@ impl Pool {
         let (exchange, response) = attempt(
             &endpoint.idle,
             Opener {
-                places: &endpoint.places,
                 timeout: endpoint.connect_timeout,
                 open: |place, until, deadline| endpoint.open_in(place, until, deadline),
             },

@@ -11,8 +11,8 @@
 use std::future::poll_fn;
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,7 @@ use crate::proxy::request_body::RequestBody;
 use crate::upstream::attempt::{Try, Unsent, attempt};
 use crate::upstream::detach::Exchanging;
 use crate::upstream::idle::{IdlePool, Opener, PoolError};
-use crate::upstream::places::{CloseIdle, ConnectionPlaces, Place};
+use crate::upstream::places::{ConnectionPlaces, Place};
 
 /// How long an idle connection (and the PHP-FPM worker it holds) is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -73,7 +73,6 @@ pub(crate) struct Endpoint {
     address: Address,
     connect_timeout: Duration,
     idle: Arc<IdlePool<Connection>>,
-    places: Arc<ConnectionPlaces>,
     /// When stderr was last logged, in milliseconds since `started`.
     stderr_logged: AtomicU64,
     started: Instant,
@@ -82,10 +81,10 @@ pub(crate) struct Endpoint {
 impl Endpoint {
     /// Keeps `connection` for the next request, unless something it was sent is unread,
     /// or a request waits for a place (then it goes to one for this server, or closes:
-    /// `IdlePool::check_in_among`).
+    /// `IdlePool::check_in`).
     pub(super) fn check_in(&self, connection: Connection) {
         if connection.read.is_empty() {
-            self.idle.check_in_among(&self.places, connection);
+            self.idle.check_in(connection);
         }
     }
 
@@ -153,14 +152,12 @@ impl Pool {
         max_idle: Option<usize>,
         places: &Arc<ConnectionPlaces>,
     ) -> Self {
-        let idle = Arc::new(IdlePool::new(IDLE_TIMEOUT, max_idle.unwrap_or(MAX_IDLE_UNCAPPED)));
-        places.share_idle(Arc::downgrade(&idle) as Weak<dyn CloseIdle>);
+        let idle = IdlePool::new(IDLE_TIMEOUT, max_idle.unwrap_or(MAX_IDLE_UNCAPPED), places);
         Pool {
             endpoint: Arc::new(Endpoint {
                 address,
                 connect_timeout,
                 idle,
-                places: places.clone(),
                 stderr_logged: AtomicU64::new(0),
                 started: Instant::now(),
             }),
@@ -206,7 +203,6 @@ impl Pool {
         let (exchange, (status, headers)) = attempt(
             &endpoint.idle,
             Opener {
-                places: &endpoint.places,
                 timeout: endpoint.connect_timeout,
                 open: |place, until, deadline| endpoint.open_in(place, until, deadline),
             },
