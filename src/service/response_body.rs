@@ -17,7 +17,7 @@ use crate::access_log::AccessRecord;
 use crate::compression::{self, Accepted, Encoded};
 use crate::connection::{InFlight, ResponseProgress};
 use crate::files::serve::FileBody;
-use crate::limit::store::ConcurrencySlot;
+use crate::limit::store::HeldSlots;
 use crate::upstream::UpstreamBody;
 use crate::upstream::read_ahead::ReadAhead;
 
@@ -39,7 +39,7 @@ pub(crate) enum Payload {
 impl Payload {
     /// Has floodgate's own body hold `slots`, the concurrency slots of the request it
     /// answers, until written (a forwarded request's travel with its upstream exchange).
-    pub(crate) fn hold(&mut self, slots: Vec<ConcurrencySlot>) {
+    pub(crate) fn hold(&mut self, slots: HeldSlots) {
         if let Payload::Own(own) = self {
             own.slots = slots;
         }
@@ -95,7 +95,7 @@ pub(crate) fn compress(
 pub(crate) fn full(bytes: impl Into<Bytes>) -> Payload {
     Payload::Own(Own {
         body: Full::new(bytes.into()),
-        slots: Vec::new(),
+        slots: HeldSlots::default(),
     })
 }
 
@@ -146,7 +146,7 @@ impl Body for Payload {
 /// Floodgate's own bytes, and the concurrency slots of the request they answer.
 pub(crate) struct Own {
     body: Full<Bytes>,
-    slots: Vec<ConcurrencySlot>,
+    slots: HeldSlots,
 }
 
 impl Body for Own {

@@ -60,7 +60,7 @@ use crate::config::{
     Balance, KeyPart, ServerAddress, UpstreamConfig, UpstreamTls, server_name, tls_provider,
 };
 use crate::error::{GatewayError, UpstreamFailure};
-use crate::limit::store::ConcurrencySlot;
+use crate::limit::store::HeldSlots;
 use crate::metrics::Metrics;
 use crate::proxy::request_body::RequestBody;
 use crate::trace::context::SpanId;
@@ -257,7 +257,7 @@ impl Upstream {
         &self,
         request: Outgoing,
         (hash_tuple, instances): (Option<&str>, u64),
-        mut limits: Vec<ConcurrencySlot>,
+        mut limits: HeldSlots,
         tries: &mut Tries<'_>,
     ) -> Result<Response<UpstreamBody>, GatewayError> {
         let trace = tries.trace;
@@ -873,7 +873,7 @@ impl Drop for ServerSlot {
 /// server and its concurrency-limit slots. Dropped, they are given back.
 pub(crate) struct Held {
     server: ServerSlot,
-    limits: Vec<ConcurrencySlot>,
+    limits: HeldSlots,
 }
 
 impl Held {
