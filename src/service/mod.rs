@@ -448,10 +448,13 @@ async fn serve(
         return Err(GatewayError::Forbidden("server.deny").into());
     }
     let route_host = normalize_host(host);
-    let index = state
+    // Not `ok_or`: an error made on every request is dropped by a call.
+    let Some(index) = state
         .router
         .lookup(route_host.as_deref(), &routed, &request.method)
-        .ok_or(GatewayError::NoRoute)?;
+    else {
+        return Err(GatewayError::NoRoute.into());
+    };
     let route_config = &state.router.routes()[index];
     record.route = route_config.name.clone();
     leftovers.route = Some(index);

@@ -263,7 +263,10 @@ fn transfer_coding(value: &HeaderValue) -> Result<(), GatewayError> {
 /// with it. HTTP/2 carries the authority in the target and may omit `Host`.
 fn host<'a>(target: &'a Uri, header: Option<&'a HeaderValue>) -> Result<&'a str, GatewayError> {
     let Some(authority) = target.authority() else {
-        let host = header.ok_or(GatewayError::BadHost("no Host"))?;
+        // Not `ok_or`: an error made on every request is dropped by a call.
+        let Some(host) = header else {
+            return Err(GatewayError::BadHost("no Host"));
+        };
         // A value that parses is ASCII: `to_str` (cheaper than `str::from_utf8` on a few
         // bytes) then never fails.
         return match HostPort::parse(host.as_bytes()).map(|_| host.to_str()) {
