@@ -54,8 +54,8 @@ pub enum OnError {
 pub struct ConcurrencySlot(Held);
 
 /// The concurrency slots a request holds, given back as they are dropped. Most requests
-/// hold none, and an empty set is dropped at no cost where an empty `Vec`'s drop is a
-/// call (about 25 instructions), made at several steps of every request.
+/// hold none, and the drop of an empty set is inlined where an empty `Vec`'s is a call,
+/// made at several steps of every request (docs/performance.md).
 #[derive(Default)]
 pub struct HeldSlots(ManuallyDrop<Option<Vec<ConcurrencySlot>>>);
 
@@ -80,7 +80,7 @@ impl Drop for HeldSlots {
     }
 }
 
-#[cold]
+/// Out of line, so that dropping an empty [`HeldSlots`] is a check.
 #[inline(never)]
 fn give_back(slots: Vec<ConcurrencySlot>) {
     drop(slots);

@@ -284,7 +284,7 @@ pub(crate) async fn handle(
             );
         }
     }
-    // Stepping through none and dropping the empty list cost about 45 instructions.
+    // Not stepped through when empty: that and the empty list's drop are calls.
     if !leftovers.limit_headers.is_empty() {
         for (name, value) in leftovers.limit_headers {
             response.headers_mut().append(name, value);

@@ -113,3 +113,121 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http_body_util::Empty;
+
+    use super::*;
+    use crate::upstream::places::{ConnectionPlaces, Place};
+
+    type Stream = tokio::io::DuplexStream;
+
+    /// An exchange on a pooled connection the server had closed: it fails at once,
+    /// having sent nothing.
+    struct Closed {
+        connection: Connection<Stream>,
+        body: RequestBody,
+    }
+
+    impl Exchanging for Closed {
+        type Head = ();
+        type Error = ();
+        type Body = Empty<Bytes>;
+
+        fn poll_head(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ()>> {
+            Poll::Ready(Err(()))
+        }
+
+        fn poll_deadline(&mut self, _: &mut Context<'_>, _: Duration) -> Poll<()> {
+            Poll::Pending
+        }
+
+        fn deadline(&self) -> Option<Instant> {
+            Some(self.connection.deadline.deadline())
+        }
+
+        fn into_response_body(self: Box<Self>) -> Empty<Bytes> {
+            Empty::new()
+        }
+
+        fn closed((): &()) -> bool {
+            true
+        }
+
+        fn unanswered(&self) -> bool {
+            true
+        }
+
+        fn untouched(&self) -> bool {
+            true
+        }
+
+        fn into_body(self: Box<Self>) -> Option<RequestBody> {
+            Some(self.body)
+        }
+    }
+
+    type Opening = Pin<Box<dyn Future<Output = Result<Connection<Stream>, ()>> + Send>>;
+
+    #[tokio::test]
+    async fn a_resend_after_a_handed_over_connection_keeps_the_deadline_its_wait_moved_on() {
+        let places = ConnectionPlaces::new(1);
+        let pool = IdlePool::new(Duration::from_secs(60), 4, &places);
+        // The one place, held by another request's connection until it is done.
+        let (stream, _server) = tokio::io::duplex(64);
+        let busy = Connection::new(stream, places.free().expect("one place"), Instant::now());
+        let opened_with = Arc::new(Mutex::new(None));
+        let opener = Opener {
+            timeout: Duration::from_secs(5),
+            open: {
+                let opened_with = opened_with.clone();
+                move |_: Place, _: Instant, deadline: Instant| -> Opening {
+                    *opened_with.lock().unwrap() = Some(deadline);
+                    Box::pin(async { Err(()) })
+                }
+            },
+        };
+        let span = SpanId([1; 8]);
+        let mut keep = None::<()>;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let waited = Duration::from_millis(100);
+        let giving_back = async {
+            tokio::time::sleep(waited).await;
+            pool.check_in(busy);
+        };
+        let trying = attempt(
+            &pool,
+            opener,
+            |connection, body| Box::new(Closed { connection, body }),
+            Try {
+                span: &span,
+                body: RequestBody::empty(),
+                repeatable: true,
+                deadline,
+                timeout: Duration::from_secs(1),
+                keep: &mut keep,
+                detach: false,
+                reached: None,
+            },
+        );
+        let ((), tried) = tokio::join!(giving_back, trying);
+        assert!(tried.is_err(), "the resend found no connection to open");
+        let opened_with = opened_with
+            .lock()
+            .unwrap()
+            .expect("the resend opened a connection");
+        // Moved on by the wait (less the moment between the wait's start and the try's).
+        let moved = opened_with - deadline;
+        assert!(
+            moved >= waited / 2,
+            "the resend's deadline is {moved:?} after the first try's, not moved on by the {waited:?} waited for a place"
+        );
+    }
+}
