@@ -128,7 +128,7 @@ fn sliding_window(limit: u64, window: u64, stored: Option<State>, cost: u64, now
     let weight = (window - into) as f64 / window as f64;
     let estimate = previous as f64 * weight + current as f64;
     let admitted = estimate + cost as f64 <= limit as f64;
-    let free = |used: f64| (limit as f64 - used).max(0.0).floor() as u64;
+    let free = |used: f64| floor_count(limit as f64 - used);
     let retry_after = if admitted {
         0
     } else if current + cost > limit || previous == 0 {
@@ -138,12 +138,12 @@ fn sliding_window(limit: u64, window: u64, stored: Option<State>, cost: u64, now
             until_next
         } else {
             let fraction = 1.0 - (limit - cost) as f64 / current as f64;
-            until_next + (window as f64 * fraction).ceil() as u64
+            until_next + ceil_count(window as f64 * fraction)
         }
     } else {
         // Wait until the previous window's weight has dropped enough.
         let needed = window as f64 - window as f64 * (limit - current - cost) as f64 / previous as f64;
-        (needed.ceil() as u64).saturating_sub(into).max(1)
+        ceil_count(needed).saturating_sub(into).max(1)
     };
     let after = if admitted { current + cost } else { current };
     Evaluation {
@@ -159,6 +159,24 @@ fn sliding_window(limit: u64, window: u64, stored: Option<State>, cost: u64, now
             previous,
         },
         ttl: 2 * window - into,
+    }
+}
+
+/// `x` rounded down, as a count: `x.floor() as u64` (negatives and NaN 0, past `u64::MAX`
+/// that), without the call to `floor` that x86-64's baseline instruction set makes of
+/// `f64::floor`; a float's conversion to an integer truncates, which for what the
+/// conversion keeps (zero and up) is the floor.
+fn floor_count(x: f64) -> u64 {
+    x as u64
+}
+
+/// `x` rounded up, as a count: `x.ceil() as u64`, without the call to `ceil`.
+fn ceil_count(x: f64) -> u64 {
+    let down = x as u64;
+    if (down as f64) < x {
+        down.saturating_add(1)
+    } else {
+        down
     }
 }
 
@@ -178,17 +196,17 @@ fn token_bucket(rate: f64, per: u64, burst: u64, stored: Option<State>, cost: u6
     };
     let admitted = tokens >= cost as f64;
     let left = if admitted { tokens - cost as f64 } else { tokens };
-    let until_full = ((capacity - left) * step).ceil() as u64;
+    let until_full = ceil_count((capacity - left) * step);
     Evaluation {
         admitted,
         delay: 0,
-        remaining_after: left.floor() as u64,
-        remaining_before: tokens.floor() as u64,
+        remaining_after: floor_count(left),
+        remaining_before: floor_count(tokens),
         reset: until_full,
         retry_after: if admitted {
             0
         } else {
-            (((cost as f64 - tokens) * step).ceil() as u64).max(1)
+            ceil_count((cost as f64 - tokens) * step).max(1)
         },
         new_state: State::Bucket {
             tokens: left,
@@ -221,17 +239,17 @@ fn leaky_bucket(rate: f64, per: u64, burst: u64, stored: Option<State>, cost: u6
         delay: if admitted { delay.round() as u64 } else { 0 },
         remaining_after: queue_room(new_tat - now as f64),
         remaining_before: queue_room(delay),
-        reset: (new_tat - now as f64).ceil() as u64,
+        reset: ceil_count(new_tat - now as f64),
         retry_after: if admitted {
             0
         } else {
-            ((wait_for_last - depth).ceil() as u64).max(1)
+            ceil_count(wait_for_last - depth).max(1)
         },
         new_state: State::Gcra {
             tat: new_tat.round() as u64,
             step,
         },
-        ttl: ((new_tat - now as f64).ceil() as u64).max(1),
+        ttl: ceil_count(new_tat - now as f64).max(1),
     }
 }
 

@@ -234,3 +234,41 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn counts_round_as_floor_and_ceil_do_at_the_edges() {
+    let edges = [
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        1.0,
+        1.0 - f64::EPSILON,
+        1.0 + f64::EPSILON,
+        2f64.powi(53),
+        2f64.powi(53) - 0.5,
+        2f64.powi(64),
+        2f64.powi(64) - 2048.0,
+        1e300,
+        f64::MAX,
+        f64::MIN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        f64::MIN_POSITIVE,
+    ];
+    for x in edges {
+        assert_eq!(floor_count(x), x.floor() as u64, "floor of {x}");
+        assert_eq!(ceil_count(x), x.ceil() as u64, "ceil of {x}");
+    }
+}
+
+proptest! {
+    #[test]
+    fn counts_round_as_floor_and_ceil_do(bits in any::<u64>(), small in -1e7f64..1e7) {
+        for x in [f64::from_bits(bits), small] {
+            prop_assert_eq!(floor_count(x), x.floor() as u64);
+            prop_assert_eq!(ceil_count(x), x.ceil() as u64);
+        }
+    }
+}
