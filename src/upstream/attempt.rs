@@ -118,6 +118,7 @@ where
 mod tests {
     use std::future::Future;
     use std::pin::Pin;
+    use std::sync::atomic::AtomicUsize;
     use std::sync::{Arc, Mutex};
     use std::task::{Context, Poll};
 
@@ -183,17 +184,20 @@ mod tests {
         // The one place, held by another request's connection until it is done.
         let (stream, _server) = tokio::io::duplex(64);
         let busy = Connection::new(stream, places.free().expect("one place"), Instant::now());
-        let opened_with = Arc::new(Mutex::new(None));
+        // The deadlines new connections were opened with, in order.
+        let opened_with = Arc::new(Mutex::new(Vec::new()));
         let opener = Opener {
             timeout: Duration::from_secs(5),
             open: {
                 let opened_with = opened_with.clone();
                 move |_: Place, _: Instant, deadline: Instant| -> Opening {
-                    *opened_with.lock().unwrap() = Some(deadline);
+                    opened_with.lock().unwrap().push(deadline);
                     Box::pin(async { Err(()) })
                 }
             },
         };
+        // Exchanges made: one on the connection handed over, none on a new one.
+        let exchanges = AtomicUsize::new(0);
         let span = SpanId([1; 8]);
         let mut keep = None::<()>;
         let deadline = Instant::now() + Duration::from_secs(1);
@@ -205,7 +209,10 @@ mod tests {
         let trying = attempt(
             &pool,
             opener,
-            |connection, body| Box::new(Closed { connection, body }),
+            |connection, body| {
+                exchanges.fetch_add(1, Ordering::Relaxed);
+                Box::new(Closed { connection, body })
+            },
             Try {
                 span: &span,
                 body: RequestBody::empty(),
@@ -219,12 +226,15 @@ mod tests {
         );
         let ((), tried) = tokio::join!(giving_back, trying);
         assert!(tried.is_err(), "the resend found no connection to open");
-        let opened_with = opened_with
-            .lock()
-            .unwrap()
-            .expect("the resend opened a connection");
+        assert_eq!(
+            exchanges.load(Ordering::Relaxed),
+            1,
+            "the request went out once, on the connection handed over"
+        );
+        let opened_with = opened_with.lock().unwrap().clone();
+        assert_eq!(opened_with.len(), 1, "one connection opened: the resend's");
         // Moved on by the wait (less the moment between the wait's start and the try's).
-        let moved = opened_with - deadline;
+        let moved = opened_with[0] - deadline;
         assert!(
             moved >= waited / 2,
             "the resend's deadline is {moved:?} after the first try's, not moved on by the {waited:?} waited for a place"
