@@ -319,18 +319,32 @@ async fn streams_at_once_hold_at_most_max_connections_upstream_connections() {
     assert_eq!(gateway.metric(no_place).await, 4.0);
 }
 
+/// A gateway with `max_connections = 2` and two upstreams, each `(name, server, its
+/// options)` and routed under `/name`.
+async fn two_servers_in_two_places(
+    (first, first_server, first_options): (&str, &Upstream, &str),
+    (second, second_server, second_options): (&str, &Upstream, &str),
+) -> TestGateway {
+    let route = |name: &str| format!("path_prefix = \"/{name}\"\nupstream = \"{name}\"");
+    TestGateway::start(
+        GatewayToml::new()
+            .server("max_connections = 2")
+            .upstream(first, &first_server.url(), first_options)
+            .upstream(second, &second_server.url(), second_options)
+            .route(first, &route(first))
+            .route(second, &route(second)),
+    )
+    .await
+}
+
 /// Connections idle to one server give their places up to a connection another server
 /// needs: the places are not held hostage by what the last burst left open.
 #[tokio::test]
 async fn a_connection_idle_to_one_server_gives_its_place_to_another_server() {
     let (first, second) = (Upstream::start().await, Upstream::start().await);
-    let gateway = TestGateway::start(
-        GatewayToml::new()
-            .server("max_connections = 2")
-            .upstream("first", &first.url(), "connect_timeout = \"3s\"")
-            .upstream("second", &second.url(), "connect_timeout = \"3s\"")
-            .route("first", "path_prefix = \"/first\"\nupstream = \"first\"")
-            .route("second", "path_prefix = \"/second\"\nupstream = \"second\""),
+    let gateway = two_servers_in_two_places(
+        ("first", &first, "connect_timeout = \"3s\""),
+        ("second", &second, "connect_timeout = \"3s\""),
     )
     .await;
     // Both places taken by connections to the first, idle once answered.
@@ -358,17 +372,9 @@ async fn a_connection_idle_to_one_server_gives_its_place_to_another_server() {
 #[tokio::test]
 async fn waiting_for_a_place_does_not_count_against_the_servers_timeout() {
     let (first, second) = (Upstream::start().await, Upstream::start().await);
-    let gateway = TestGateway::start(
-        GatewayToml::new()
-            .server("max_connections = 2")
-            .upstream("first", &first.url(), "")
-            .upstream(
-                "second",
-                &second.url(),
-                "timeout = \"300ms\"\nconnect_timeout = \"3s\"",
-            )
-            .route("first", "path_prefix = \"/first\"\nupstream = \"first\"")
-            .route("second", "path_prefix = \"/second\"\nupstream = \"second\""),
+    let gateway = two_servers_in_two_places(
+        ("first", &first, ""),
+        ("second", &second, "timeout = \"300ms\"\nconnect_timeout = \"3s\""),
     )
     .await;
     // Both places held for a second by the first's requests.
@@ -410,13 +416,9 @@ async fn waiting_for_a_place_does_not_count_against_the_servers_timeout() {
 #[tokio::test]
 async fn a_steady_flood_to_one_server_leaves_another_its_turn() {
     let (flooded, other) = (Upstream::start().await, Upstream::start().await);
-    let gateway = TestGateway::start(
-        GatewayToml::new()
-            .server("max_connections = 2")
-            .upstream("flooded", &flooded.url(), "connect_timeout = \"10s\"")
-            .upstream("other", &other.url(), "connect_timeout = \"2s\"")
-            .route("flooded", "path_prefix = \"/flooded\"\nupstream = \"flooded\"")
-            .route("other", "path_prefix = \"/other\"\nupstream = \"other\""),
+    let gateway = two_servers_in_two_places(
+        ("flooded", &flooded, "connect_timeout = \"10s\""),
+        ("other", &other, "connect_timeout = \"2s\""),
     )
     .await;
     let client = crate::common::h2c_client();

@@ -150,13 +150,13 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
         if place.is_none() {
             tokio::select! {
                 biased;
-                Ok(connection) = &mut waiter.receiver => return Waited::Connection(handed(connection, deadline())),
+                Ok(connection) = &mut waiter.receiver => return Waited::Connection(connection.timed_anew(deadline())),
                 given_back = places.given_back(until) => place = given_back,
             }
         }
         // One handed over meanwhile rather than a new one (its place goes back).
         match (waiter.leave(), place) {
-            (Some(connection), _) => Waited::Connection(handed(connection, deadline())),
+            (Some(connection), _) => Waited::Connection(connection.timed_anew(deadline())),
             (None, Some(place)) => Waited::Place(place),
             (None, None) => {
                 places.ran_out();
@@ -173,8 +173,7 @@ impl<S: AsyncRead + Unpin + Send> IdlePool<Connection<S>> {
         if home.is_none() && !connection.timer_elsewhere {
             connection.deadline.as_mut().reset(deadline);
         } else {
-            connection.deadline = Box::pin(tokio::time::sleep_until(deadline));
-            connection.timer_elsewhere = false;
+            connection = connection.timed_anew(deadline);
         }
         connection.home = home;
         Some(connection)
@@ -218,6 +217,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Connection<S> {
 }
 
 impl<S: AsyncRead + Unpin> Connection<S> {
+    /// The connection with a timer of this thread's runtime, set for `deadline`: its
+    /// timer was another request's, perhaps on another thread's runtime (a connection
+    /// borrowed from or handed over by another thread).
+    fn timed_anew(mut self, deadline: tokio::time::Instant) -> Self {
+        self.deadline = Box::pin(tokio::time::sleep_until(deadline));
+        self.timer_elsewhere = false;
+        self
+    }
+
     /// `stream`, in `place`, its timer set for `deadline`.
     pub(super) fn new(stream: S, place: Place, deadline: tokio::time::Instant) -> Self {
         Connection {
@@ -240,14 +248,6 @@ impl<S: AsyncRead + Unpin> Connection<S> {
             Poll::Pending
         )
     }
-}
-
-/// `connection`, handed over by another request, its timer set for `deadline` (it was
-/// another request's, perhaps on another thread's runtime).
-fn handed<S>(mut connection: Connection<S>, deadline: tokio::time::Instant) -> Connection<S> {
-    connection.deadline = Box::pin(tokio::time::sleep_until(deadline));
-    connection.timer_elsewhere = false;
-    connection
 }
 
 /// What a request waiting for a place got.

@@ -179,6 +179,7 @@ mod tests {
     }
 
     /// A pool with `idle` connections, each holding a place.
+    #[derive(Default)]
     struct Idle(Mutex<Vec<Place>>, AtomicUsize);
 
     impl CloseIdle for Idle {
@@ -195,10 +196,10 @@ mod tests {
     async fn a_connection_takes_an_idle_ones_place_else_waits_until_its_deadline() {
         let places = ConnectionPlaces::new(2);
         let soon = || Instant::now() + Duration::from_secs(1);
-        let idle = Arc::new(Idle(Mutex::new(vec![]), AtomicUsize::new(0)));
+        let idle = Arc::new(Idle::default());
         places.share_idle(Arc::downgrade(&idle) as Weak<dyn CloseIdle>);
         // The pool of the server the requests below want a connection to.
-        let own = Idle(Mutex::new(vec![]), AtomicUsize::new(0));
+        let own = Idle::default();
         let first = take(&places, soon(), &own).await.expect("a free place");
         let kept_idle = take(&places, soon(), &own).await.expect("a free place");
         idle.0.lock().unwrap().push(kept_idle);
@@ -227,7 +228,7 @@ mod tests {
         let waiting = tokio::spawn({
             let places = places.clone();
             async move {
-                let own = Idle(Mutex::new(vec![]), AtomicUsize::new(0));
+                let own = Idle::default();
                 take(&places, Instant::now() + Duration::from_secs(5), &own)
                     .await
                     .is_some()
