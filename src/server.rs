@@ -48,7 +48,8 @@ use crate::workers::Workers;
 const MAX_HTTP1_HEAD: usize = 2 * MAX_HEADER_BYTES;
 const MAX_HTTP2_HEADER_LIST: u32 = (MAX_HEADER_BYTES as u32 / 5) * 33 + 4096;
 /// Fields an HTTP/1.1 head may hold: as many as fit in [`MAX_HEADER_BYTES`] (`a:` and its
-/// line end take 4 bytes), so that heads are limited by size alone.
+/// line end take 4 bytes), so that heads are limited by size alone. hyper is given room
+/// for fewer: the framing guard folds the rest ([`crate::connection::fold`]).
 const MAX_HTTP1_FIELDS: usize = MAX_HEADER_BYTES / 4;
 pub(crate) const HTTP1_LIMITS: HeadLimits = HeadLimits {
     bytes: MAX_HTTP1_HEAD,
@@ -268,8 +269,7 @@ pub(crate) fn http1_builder() -> http1::Builder {
     http1
         .timer(TokioTimer::new())
         .header_read_timeout(None)
-        .max_buf_size(HTTP1_LIMITS.bytes)
-        .max_headers(HTTP1_LIMITS.fields);
+        .max_buf_size(HTTP1_LIMITS.bytes);
     http1
 }
 

@@ -71,6 +71,35 @@ async fn each_header_value_has_its_own_counter_and_absence_falls_back_to_the_cli
     assert_eq!(upstream.requests(), 7);
 }
 
+/// A head with more fields than hyper's parser takes hides no key field from the limit:
+/// one past the 100th field counts, and one there besides another is refused.
+#[tokio::test]
+async fn a_key_header_past_the_hundredth_field_is_counted_and_found_twice() {
+    let upstream = Upstream::start().await;
+    let gw = keyed_gateway(&upstream, "\"header:x-api-key\"", 2).await;
+    // The status of a request of 150 fields and the key at the places given, as sent.
+    let status = |keys: &'static [(usize, &'static str)]| {
+        let mut fields: Vec<String> = (0..150).map(|i| format!("x-f{i}: v")).collect();
+        for (at, key) in keys {
+            fields.insert(*at, format!("X-Api-Key: {key}"));
+        }
+        let head = format!(
+            "GET / HTTP/1.1\r\nHost: h\r\n{}\r\nConnection: close\r\n\r\n",
+            fields.join("\r\n")
+        );
+        async move {
+            let answer = raw_request(gw.addr, head.as_bytes()).await;
+            answer.split(' ').nth(1).unwrap_or("none").to_owned()
+        }
+    };
+    assert_eq!(status(&[(140, "alice")]).await, "200");
+    assert_eq!(status(&[(3, "alice")]).await, "200");
+    assert_eq!(status(&[(145, "alice")]).await, "429");
+    assert_eq!(status(&[(3, "bob"), (140, "carol")]).await, "400");
+    assert_eq!(status(&[(140, "bob"), (145, "carol")]).await, "400");
+    assert_eq!(upstream.requests(), 2);
+}
+
 #[tokio::test]
 async fn a_key_header_sent_twice_is_a_400_that_never_reaches_the_upstream() {
     let upstream = Upstream::start().await;

@@ -473,6 +473,94 @@ async fn heads_are_limited_by_size_alike_over_http1_and_http2() {
     assert_eq!(upstream.requests(), 6, "only what fits is forwarded");
 }
 
+/// `count` fields named `f0`, `f1`... (an `x-rep` now and then, on both sides of the
+/// 100th), each value with a space and a tab inside, and `extra` fields at given places.
+fn numbered_fields(count: usize, extra: &[(usize, &str)]) -> Vec<String> {
+    let mut fields: Vec<String> = (0..count)
+        .map(|i| match i {
+            10 | 98 | 99 | 100 | 140 => format!("X-Rep: r{i} \tx"),
+            _ => format!("f{i}: {} \tv", i % 10),
+        })
+        .collect();
+    for (at, field) in extra {
+        fields.insert(*at, (*field).to_owned());
+    }
+    fields
+}
+
+/// What an upstream that lists the fields it got, grouped by name in the order of their
+/// first appearance as a field map holds them, shows of `fields` (the numbered ones).
+fn listed(fields: &[String]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for field in fields {
+        let name = field.split(':').next().unwrap().to_ascii_lowercase();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    let numbered = |name: &str| name == "x-rep" || name.starts_with('f');
+    let mut lines = Vec::new();
+    for name in names.iter().filter(|name| numbered(name)) {
+        for field in fields {
+            let (field_name, value) = field.split_once(':').unwrap();
+            if field_name.eq_ignore_ascii_case(name) {
+                lines.push(format!("{name}: {}", value.trim()));
+            }
+        }
+    }
+    lines
+}
+
+/// The upstream's list of the numbered fields in `description`.
+fn numbered_lines(description: &str) -> Vec<String> {
+    description
+        .lines()
+        .filter(|line| line.starts_with("x-rep: ") || (line.starts_with('f') && line.contains(": ")))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// hyper's parser is given room for 100 fields; the gateway takes any number within 32 KB
+/// (the rest folded past hyper and unfolded before the request is read), and forwards them
+/// all, each value as sent, with the fields that frame a body acted on wherever they stand.
+#[tokio::test]
+async fn a_head_of_many_fields_reaches_the_upstream_whole() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
+    for count in [101, 150, 2000] {
+        let fields = numbered_fields(count, &[(60, "Host: h"), (count, "Connection: close")]);
+        let head = format!("GET /fields HTTP/1.1\r\n{}\r\n\r\n", fields.join("\r\n"));
+        let answer = exchange(gw.addr, head.as_bytes()).await;
+        assert_eq!(status_line(&answer), "HTTP/1.1 200 OK", "{count} fields");
+        assert_eq!(numbered_lines(&answer), listed(&fields), "{count} fields");
+    }
+    // A body framed by a field past the 100th, then a request after it on the connection.
+    for (framing, body) in [
+        (
+            "Transfer-Encoding: chunked",
+            "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+        ),
+        ("Content-Length: 11", "hello world"),
+    ] {
+        let fields = numbered_fields(150, &[(1, "Host: h"), (130, framing)]);
+        let raw = format!(
+            "POST /first HTTP/1.1\r\n{}\r\n\r\n{body}GET /second HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+            fields.join("\r\n")
+        );
+        let answer = exchange(gw.addr, raw.as_bytes()).await;
+        let statuses: Vec<&str> = answer.lines().filter(|l| l.starts_with("HTTP/1.1 ")).collect();
+        assert_eq!(statuses, ["HTTP/1.1 200 OK"; 2], "{framing}: {answer}");
+        let second = answer.find("GET /second").expect("the second request forwarded");
+        assert!(answer[..second].contains("POST /first"), "{answer}");
+        assert!(
+            answer[..second].contains("body-bytes: 11\n"),
+            "{framing}: {answer}"
+        );
+        assert_eq!(numbered_lines(&answer[..second]), listed(&fields), "{framing}");
+    }
+    assert_eq!(upstream.requests(), 7);
+}
+
 #[tokio::test]
 async fn framing_is_checked_on_every_request_after_a_declined_upgrade_or_connect() {
     let upstream = Upstream::start().await;

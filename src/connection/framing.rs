@@ -21,6 +21,8 @@
 //! HTTP/2 connection, and for bytes hyper refuses by itself (and then closes). Before
 //! hyper is given the connection, the guard tells from its first bytes whether it speaks
 //! HTTP/2 ([`FramingGuard::protocol`]), keeping them for hyper.
+//!
+//! A head with more fields than hyper is given room for reaches it folded ([`fold`]).
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -33,6 +35,7 @@ use memchr::memchr;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::ConnectionState;
+use super::fold::{self, HYPER_FIELDS};
 
 /// The HTTP/2 connection preface (prior-knowledge h2c).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -111,7 +114,7 @@ pub(crate) struct FramingGuard<S, A> {
     /// a head sent a byte at a time is searched once, not again at each byte.
     searched: usize,
     state: State,
-    /// The largest head, and the most fields in it, that hyper accepts.
+    /// The largest head, and the most fields in it, that floodgate accepts.
     limits: HeadLimits,
     connection: Arc<ConnectionState>,
     answer: A,
@@ -289,10 +292,12 @@ impl<S, A> FramingGuard<S, A> {
             }
             self.searched = 0;
         }
-        let (head_len, verdict) = match scan_head(pending, self.limits.fields) {
-            Scanned::Complete(head_len, verdict) => (head_len, verdict),
+        // Heads with more fields than hyper takes are read by the parser, and folded.
+        let (head_len, verdict, fields) = match scan_head(pending, HYPER_FIELDS) {
+            Scanned::Complete(head_len, verdict) => (head_len, verdict, 0),
             Scanned::Unusual if let Some(head_len) = head_end(pending) => {
-                (head_len, parse_framing(&pending[..head_len], self.limits.fields))
+                let (verdict, fields) = parse_framing(&pending[..head_len], self.limits.fields);
+                (head_len, verdict, fields)
             }
             Scanned::Incomplete | Scanned::Unusual if pending.len() > self.limits.bytes => {
                 return self.refuse(HeadRefusal::TooLarge);
@@ -300,7 +305,7 @@ impl<S, A> FramingGuard<S, A> {
             // An unusual head is parsed as far as it came: one the parser refuses already
             // is refused now, not when (if ever) it ends.
             Scanned::Unusual
-                if let HeadVerdict::Refuse(refusal) = parse_framing(pending, self.limits.fields) =>
+                if let (HeadVerdict::Refuse(refusal), _) = parse_framing(pending, self.limits.fields) =>
             {
                 return self.refuse(refusal);
             }
@@ -315,6 +320,7 @@ impl<S, A> FramingGuard<S, A> {
             return self.refuse(HeadRefusal::TooLarge);
         }
         match verdict {
+            HeadVerdict::Framing(next) if fields > HYPER_FIELDS => self.fold_head(head_len, next),
             HeadVerdict::Framing(next) => {
                 self.cleared += head_len;
                 self.state = next;
@@ -323,6 +329,26 @@ impl<S, A> FramingGuard<S, A> {
             HeadVerdict::StopInspecting => self.stop_inspecting(),
             HeadVerdict::Refuse(refusal) => self.refuse(refusal),
         }
+    }
+
+    /// Gives hyper the head of `head_len` bytes at `cleared` with its fields past the 99th
+    /// folded into one ([`fold`]), then follows its body's framing, `next`.
+    #[cold]
+    fn fold_head(&mut self, head_len: usize, next: State) -> bool {
+        let head = &self.buf[self.cleared..self.cleared + head_len];
+        let folded = match fold::fold(head, self.limits.fields) {
+            Ok(folded) if folded.len() <= self.limits.bytes => folded,
+            Ok(_) => return self.refuse(HeadRefusal::TooLarge),
+            Err(refusal) => return self.refuse(refusal),
+        };
+        let mut buf = BytesMut::with_capacity(self.buf.len() - head_len + folded.len());
+        buf.extend_from_slice(&self.buf[..self.cleared]);
+        buf.extend_from_slice(&folded);
+        buf.extend_from_slice(&self.buf[self.cleared + head_len..]);
+        self.buf = buf;
+        self.cleared += folded.len();
+        self.state = next;
+        true
     }
 }
 
@@ -511,18 +537,19 @@ const TOKEN: [bool; 256] = byte_set!(|b| {
 /// Fields looked for on the stack; a head with more is parsed again with room for all.
 const USUAL_FIELDS: usize = 64;
 
-/// The framing of `head` as httparse, hyper's parser, reads it.
-fn parse_framing(head: &[u8], max_fields: usize) -> HeadVerdict {
+/// The framing of `head` as httparse, hyper's parser, reads it, and how many fields it
+/// found.
+fn parse_framing(head: &[u8], max_fields: usize) -> (HeadVerdict, usize) {
     let mut usual = [httparse::EMPTY_HEADER; USUAL_FIELDS];
     let mut request = httparse::Request::new(&mut usual);
     match request.parse(head) {
         Err(httparse::Error::TooManyHeaders) if max_fields > USUAL_FIELDS => {}
-        parsed => return verdict_of(parsed, &request),
+        parsed => return (verdict_of(parsed, &request), request.headers.len()),
     }
     let mut all = vec![httparse::EMPTY_HEADER; max_fields];
     let mut request = httparse::Request::new(&mut all);
     let parsed = request.parse(head);
-    verdict_of(parsed, &request)
+    (verdict_of(parsed, &request), request.headers.len())
 }
 
 /// The verdict on a head httparse `parsed` into `request`: what hyper refuses the guard
@@ -895,10 +922,13 @@ mod tests {
         for _ in 0..2_000 {
             long.extend_from_slice(b"a:b\r\n");
         }
-        long.extend_from_slice(b"Content-Length: 2\r\n\r\nhi");
-        long.extend_from_slice(PIPELINE);
+        long.extend_from_slice(b"Content-Length: 2\r\n\r\n");
+        let folded = fold::fold(&long, LIMITS.fields).unwrap();
+        let rest = [&b"hi"[..], PIPELINE].concat();
+        long.extend_from_slice(&rest);
         for piece in [1, 2, 3, 7] {
-            assert_eq!(through_guard(&long, piece).await, long, "pieces of {piece}");
+            let seen = through_guard(&long, piece).await;
+            assert!(seen == [&folded[..], &rest].concat(), "pieces of {piece}");
         }
         let ambiguous = b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
         for piece in [1, 2, 3] {
@@ -1091,6 +1121,24 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         }
         many.extend_from_slice(b"\r\n");
         refused_at(&many, 4096, 0, HeadRefusal::TooLarge).await;
+        // Within the limit as sent, past it folded (each length written takes a byte more
+        // than `: ` and CR).
+        let mut folds_large = b"GET / HTTP/1.1\n".to_vec();
+        while folds_large.len() < LIMITS.bytes - 200 {
+            folds_large.extend_from_slice(b"a:");
+            folds_large.extend_from_slice(&[b'v'; 100]);
+            folds_large.push(b'\n');
+        }
+        folds_large.push(b'\n');
+        assert!(folds_large.len() <= LIMITS.bytes);
+        refused_at(&folds_large, 4096, 0, HeadRefusal::TooLarge).await;
+        // Fields that hyper acts on stay in view beside the folded one: at most 99.
+        let mut connections = b"GET / HTTP/1.1\r\n".to_vec();
+        for _ in 0..=HYPER_FIELDS {
+            connections.extend_from_slice(b"Connection: x\r\n");
+        }
+        connections.extend_from_slice(b"\r\n");
+        refused_at(&connections, 4096, 0, HeadRefusal::TooLarge).await;
     }
 
     /// A refused head is answered only once the responses before it have gone out: while
@@ -1230,16 +1278,54 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
         }
     }
 
-    #[tokio::test]
-    async fn many_fields_do_not_turn_it_transparent() {
-        let mut input = b"GET / HTTP/1.1\r\n".to_vec();
-        for i in 0..1000 {
-            input.extend_from_slice(format!("x-{i}: v\r\n").as_bytes());
+    /// A head of `fields` fields, `Transfer-Encoding: chunked` the one at `chunked_at`.
+    fn many_fields(fields: usize, chunked_at: Option<usize>) -> Vec<u8> {
+        let mut head = b"POST /many HTTP/1.1\r\n".to_vec();
+        for i in 0..fields {
+            match chunked_at == Some(i) {
+                true => head.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+                false => head.extend_from_slice(format!("x-{i}: v\r\n").as_bytes()),
+            }
         }
-        input.extend_from_slice(b"\r\n");
-        let first = input.len();
-        input.extend_from_slice(SMUGGLED);
-        refused_at(&input, 4096, first, HeadRefusal::Ambiguous).await;
+        head.extend_from_slice(b"\r\n");
+        head
+    }
+
+    #[tokio::test]
+    async fn many_fields_are_folded_and_do_not_turn_it_transparent() {
+        let first = many_fields(1000, None);
+        let folded = fold::fold(&first, LIMITS.fields).unwrap();
+        let input = [&first[..], SMUGGLED].concat();
+        let (seen, answered) = through_guard_answering(&input, 4096).await;
+        assert_eq!(seen, folded);
+        assert_eq!(answered, b"Ambiguous");
+    }
+
+    /// A folded head's body is followed by its framing, wherever the field that gives it
+    /// stood, and the heads after it are read where they start.
+    #[tokio::test]
+    async fn a_folded_heads_body_and_the_heads_after_it_are_followed() {
+        let first = many_fields(150, Some(140));
+        let folded = fold::fold(&first, LIMITS.fields).unwrap();
+        let body = b"5\r\nhello\r\n0\r\n\r\n";
+        let input = [&first[..], body, PIPELINE].concat();
+        for piece in [1, 7, 4096] {
+            let seen = through_guard(&input, piece).await;
+            assert_eq!(seen, [&folded[..], body, PIPELINE].concat(), "pieces of {piece}");
+        }
+        // Nor are the bytes of a body that look like a head of many fields one; the head
+        // after the body is folded too.
+        let second = many_fields(120, None);
+        let body = [
+            format!("{:x}\r\n", second.len()).as_bytes(),
+            &second,
+            b"\r\n0\r\n\r\n",
+        ]
+        .concat();
+        let input = [&first[..], &body, &second].concat();
+        let seen = through_guard(&input, 4096).await;
+        let second_folded = fold::fold(&second, LIMITS.fields).unwrap();
+        assert_eq!(seen, [&folded[..], &body, &second_folded].concat());
     }
 
     #[tokio::test]
@@ -1328,7 +1414,7 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
             );
             if accepted && let Scanned::Complete(len, verdict) = scan_head(&head, 100) {
                 proptest::prop_assert_eq!(Some(len), head_end(&head));
-                proptest::prop_assert_eq!(verdict, parse_framing(&head, 100));
+                proptest::prop_assert_eq!(verdict, parse_framing(&head, 100).0);
             }
         }
     }
@@ -1376,7 +1462,7 @@ GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
                     proptest::prop_assert_eq!(Some(len), head_end(&head));
                     verdict
                 }
-                Scanned::Unusual => parse_framing(&head, 100),
+                Scanned::Unusual => parse_framing(&head, 100).0,
                 Scanned::Incomplete => return Ok(()),
             };
             proptest::prop_assert_eq!(

@@ -4,12 +4,14 @@
 //! bodies, chunked bodies with odd chunk-size lines and trailers, odd heads), then a
 //! "canary" carrying both `Content-Length` and `Transfer-Encoding`, delivered in random
 //! reads (with `Pending` between some). The bytes are served twice by hyper's HTTP/1
-//! server configured as floodgate's (`server::http1_builder`): once straight (the
-//! reference: what hyper reads), once through a `FramingGuard`. Through the guard:
+//! server configured as floodgate's (`server::http1_builder`): once straight, with room
+//! for every field (the reference: what hyper reads), once through a `FramingGuard`,
+//! with the fields it folded unfolded (`fold`). Through the guard:
 //! - no request with both headers (the canary, or any request the generator marked) is
 //!   ever served;
 //! - what is served is a prefix of what hyper serves straight, each request the same
-//!   (method, path, body), but for the last, whose body the guard may have made fail.
+//!   (method, path, fields, body), but for the last, whose body the guard may have made
+//!   fail.
 //!
 //! 2,000 cases by default (a few seconds); more, another seed, or one case again:
 //! `FRAMING_DIFF_CASES=50000 FRAMING_DIFF_SEED=2 cargo test --lib framing_diff -- --nocapture`,
@@ -30,6 +32,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::ConnectionState;
+use super::fold::{self, HYPER_FIELDS};
 use super::framing::{AnswerRefusal, FramingGuard, HeadLimits, HeadRefusal};
 use crate::server::{HTTP1_LIMITS, http1_builder};
 
@@ -436,6 +439,12 @@ fn request(rng: &mut Rng, index: usize) -> Vec<u8> {
             fields.push(odd_field(rng));
         }
     }
+    if rng.chance(8) {
+        // More fields than hyper is given room for: the guard folds them.
+        for i in 0..rng.range(HYPER_FIELDS - 3, 300) {
+            fields.push(format!("X-Many-{}: v{i} {}", i % 37, i % 7).into_bytes());
+        }
+    }
     if rng.big(10) {
         // A head near hyper's read buffer limit.
         let n = rng.range(LIMITS.bytes - 200, LIMITS.bytes + 100);
@@ -595,6 +604,8 @@ struct Served {
     method: String,
     path: String,
     both_headers: bool,
+    /// Each field name with its values in order, by name.
+    fields: Vec<(String, Vec<Vec<u8>>)>,
     /// The body read to its end, or `None` when reading it failed.
     body: Option<Vec<u8>>,
 }
@@ -606,13 +617,10 @@ impl Served {
 }
 
 /// What hyper serves of `io`, each request in flight on `connection` as floodgate's
-/// service keeps it, until its response is made.
-async fn serve<S>(
-    io: S,
-    connection: Arc<ConnectionState>,
-    max_buf_size: usize,
-    read_bodies: bool,
-) -> Vec<Served>
+/// service keeps it, until its response is made: `straight`, as the reference, with room
+/// for heads of any size and for every field; else as floodgate configures hyper, the
+/// fields the guard folded unfolded.
+async fn serve<S>(io: S, connection: Arc<ConnectionState>, straight: bool, read_bodies: bool) -> Vec<Served>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -623,7 +631,18 @@ where
         let in_flight = connection.begin();
         async move {
             let _in_flight = in_flight;
+            let mut request = request;
+            fold::unfold(&mut request);
             let (parts, body) = request.into_parts();
+            let mut fields: Vec<_> = parts
+                .headers
+                .keys()
+                .map(|name| {
+                    let values = parts.headers.get_all(name).iter();
+                    (name.to_string(), values.map(|v| v.as_bytes().to_vec()).collect())
+                })
+                .collect();
+            fields.sort();
             let both_headers = parts.headers.contains_key(http::header::CONTENT_LENGTH)
                 && parts.headers.contains_key(http::header::TRANSFER_ENCODING);
             // Unread, the body is drained by hyper if it can be at once, else the
@@ -638,13 +657,17 @@ where
                 method: parts.method.to_string(),
                 path: parts.uri.to_string(),
                 both_headers,
+                fields,
                 body,
             });
             Ok::<_, Infallible>(hyper::Response::new(Empty::<Bytes>::new()))
         }
     });
     let mut builder = http1_builder();
-    builder.max_buf_size(max_buf_size);
+    match straight {
+        true => builder.max_buf_size(1 << 20).max_headers(LIMITS.fields),
+        false => builder.max_buf_size(LIMITS.bytes),
+    };
     let connection = builder
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
@@ -676,7 +699,7 @@ async fn run_case(bytes: &[u8], split: &[(usize, bool)], read_bodies: bool) -> R
     let straight = serve(
         Scripted::new(bytes, split),
         ConnectionState::new(),
-        1 << 20,
+        true,
         read_bodies,
     )
     .await;
@@ -690,7 +713,7 @@ async fn run_case(bytes: &[u8], split: &[(usize, bool)], read_bodies: bool) -> R
             refusals.clone(),
         ),
         connection,
-        LIMITS.bytes,
+        false,
         read_bodies,
     )
     .await;

@@ -19,6 +19,7 @@
 
 #[allow(unsafe_code)] // borrows the socket's descriptor to duplicate it
 pub(crate) mod disconnect;
+pub(crate) mod fold;
 #[allow(unsafe_code)] // reads into spare buffer capacity without zeroing it first
 pub(crate) mod framing;
 #[cfg(test)]

@@ -47,6 +47,7 @@ use crate::config::{
 };
 use crate::connection::InFlight;
 use crate::connection::disconnect::ClientSocket;
+use crate::connection::fold;
 use crate::connection::framing::HeadRefusal;
 use crate::error::{CLIENT_CLOSED_REQUEST, GatewayError, UpstreamFailure};
 use crate::files::choice::Script;
@@ -220,9 +221,11 @@ pub(crate) async fn handle(
     peer: Arc<Peer>,
     socket: Arc<ClientSocket>,
     in_flight: InFlight,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = Instant::now();
+    // Before anything reads the head.
+    fold::unfold(&mut request);
     let state = shared.state.load_full();
     let client_ip = client_ip(peer.ip, request.headers(), &state.trusted_proxies);
     let trusted = state.trusted_proxies.contains(peer.ip);
