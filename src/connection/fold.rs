@@ -7,8 +7,8 @@
 //! folds the fields of a larger head past the 99th into one field whose name only this
 //! process knows ([`fold`]), and the service unfolds them first thing, before anything
 //! reads the head ([`unfold`]). The fields hyper acts on (the body's framing, `Connection`,
-//! `Expect`, `Upgrade`) are never folded, so that hyper frames the body and keeps or
-//! closes the connection as it would have with all the fields in view.
+//! `Expect`, `Upgrade`, `TE`) are never folded, so that hyper frames the body, keeps or
+//! closes the connection and sends trailers as it would have with all the fields in view.
 //!
 //! A folded field holds each field as `name:length,value` (values as the parser trims
 //! them), one after the other. A field of that name that floodgate did not make (which
@@ -45,18 +45,19 @@ fn acted_on(name: &[u8]) -> bool {
         header::CONNECTION,
         header::EXPECT,
         header::UPGRADE,
+        header::TE,
     ]
     .iter()
     .any(|acted| name.eq_ignore_ascii_case(acted.as_str().as_bytes()))
 }
 
 /// `head`, a whole request head (its request line first) that the framing guard took,
-/// with more than [`HYPER_FIELDS`] fields and at most `max_fields`: its request line as
-/// sent, the fields hyper acts on and the first others up to 99 fields, then one field
-/// holding the rest. Refused as hyper would refuse it, or as too large if it has 100 or
-/// more fields that hyper acts on.
-pub(crate) fn fold(head: &[u8], max_fields: usize) -> Result<Vec<u8>, HeadRefusal> {
-    let mut fields = vec![httparse::EMPTY_HEADER; max_fields];
+/// with more than [`HYPER_FIELDS`] fields and at most `room`: its request line as sent,
+/// the fields hyper acts on and the first others up to 99 fields, then one field holding
+/// the rest. Refused as hyper would refuse it, or as too large if it has 100 or more
+/// fields that hyper acts on.
+pub(crate) fn fold(head: &[u8], room: usize) -> Result<Vec<u8>, HeadRefusal> {
+    let mut fields = vec![httparse::EMPTY_HEADER; room];
     let mut request = httparse::Request::new(&mut fields);
     match request.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
@@ -135,10 +136,14 @@ fn unfolded(mut folded: &[u8]) -> Option<Vec<(HeaderName, HeaderValue)>> {
         let name = HeaderName::from_bytes(name).ok()?;
         let after_colon = &folded[colon + 1..];
         let comma = memchr(b',', after_colon)?;
-        let length: usize = std::str::from_utf8(&after_colon[..comma]).ok()?.parse().ok()?;
-        let value = after_colon.get(comma + 1..comma + 1 + length)?;
+        let digits = &after_colon[..comma];
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let length: usize = std::str::from_utf8(digits).ok()?.parse().ok()?;
+        let (value, rest) = after_colon[comma + 1..].split_at_checked(length)?;
         fields.push((name, HeaderValue::from_bytes(value).ok()?));
-        folded = &after_colon[comma + 1 + length..];
+        folded = rest;
     }
     Some(fields)
 }
@@ -249,6 +254,7 @@ mod tests {
         fields[160] = ("connection".into(), b"close".to_vec());
         fields[170] = ("Expect".into(), b"100-continue".to_vec());
         fields[180] = ("upgrade".into(), b"websocket".to_vec());
+        fields[185] = ("TE".into(), b"trailers".to_vec());
         fields[190] = ("content-length".into(), b"5".to_vec());
         let head = head_of(&fields);
         let (folded, request) = through_the_fold(&head);
@@ -258,6 +264,7 @@ mod tests {
             "connection",
             "expect",
             "upgrade",
+            "te",
             "content-length",
         ] {
             assert!(in_view.headers().contains_key(name), "{name} folded");
@@ -306,6 +313,11 @@ mod tests {
             b"x-a",
             b"x a:1,b",
             b"x-a:z,b",
+            b"x-a:+1,b",
+            b"x-a:,",
+            b"x-a:18446744073709551615,b",
+            b"x-a:99999999999999999999999,b",
+            b"te:8,trailers",
         ] {
             let mut request = forged(value, Version::HTTP_11);
             unfold(&mut request);
@@ -336,6 +348,10 @@ mod tests {
             8 => "[!#$%&'*+.^_`|~0-9A-Za-z-]{1,12}",
             1 => Just("Connection".to_owned()),
             1 => Just("upgrade".to_owned()),
+            1 => Just("Transfer-Encoding".to_owned()),
+            1 => Just("content-length".to_owned()),
+            1 => Just("Expect".to_owned()),
+            1 => Just("te".to_owned()),
         ];
         // Values as a parser leaves them: no whitespace at either end.
         let value = proptest::collection::vec(

@@ -320,7 +320,7 @@ impl<S, A> FramingGuard<S, A> {
             return self.refuse(HeadRefusal::TooLarge);
         }
         match verdict {
-            HeadVerdict::Framing(next) if fields > HYPER_FIELDS => self.fold_head(head_len, next),
+            HeadVerdict::Framing(next) if fields > HYPER_FIELDS => self.fold_head(head_len, fields, next),
             HeadVerdict::Framing(next) => {
                 self.cleared += head_len;
                 self.state = next;
@@ -331,12 +331,13 @@ impl<S, A> FramingGuard<S, A> {
         }
     }
 
-    /// Gives hyper the head of `head_len` bytes at `cleared` with its fields past the 99th
-    /// folded into one ([`fold`]), then follows its body's framing, `next`.
+    /// Gives hyper the head of `head_len` bytes and `fields` fields at `cleared` with its
+    /// fields past the 99th folded into one ([`fold`]), then follows its body's framing,
+    /// `next`.
     #[cold]
-    fn fold_head(&mut self, head_len: usize, next: State) -> bool {
+    fn fold_head(&mut self, head_len: usize, fields: usize, next: State) -> bool {
         let head = &self.buf[self.cleared..self.cleared + head_len];
-        let folded = match fold::fold(head, self.limits.fields) {
+        let folded = match fold::fold(head, fields) {
             Ok(folded) if folded.len() <= self.limits.bytes => folded,
             Ok(_) => return self.refuse(HeadRefusal::TooLarge),
             Err(refusal) => return self.refuse(refusal),
