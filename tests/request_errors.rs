@@ -868,6 +868,25 @@ async fn admin_clients_that_never_finish_a_head_are_disconnected() {
     assert!(received.ends_with("ok\n"), "{received}");
 }
 
+/// A request body's trailer section holds at most 100 fields (hyper's limit): one with
+/// more ends the request with an error, the body never complete upstream, and the
+/// connection closes; the next request on it is not read.
+#[tokio::test]
+async fn a_trailer_section_of_more_than_100_fields_ends_the_request() {
+    let upstream = Upstream::start().await;
+    let gw = TestGateway::proxy_to(&upstream, "", "").await;
+    for (count, expected) in [(100, "HTTP/1.1 200 OK"), (101, "HTTP/1.1 400 Bad Request")] {
+        let trailers: String = (0..count).map(|i| format!("t{i}: v\r\n")).collect();
+        let raw = format!(
+            "POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n{trailers}\r\n\
+             GET /after HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+        );
+        let answer = exchange(gw.addr, raw.as_bytes()).await;
+        assert_eq!(status_line(&answer), expected, "{count} trailer fields: {answer}");
+        assert_eq!(answer.contains("GET /after"), count == 100, "{count}: {answer}");
+    }
+}
+
 /// A trailer section that opens with a bare LF: hyper's chunked decoder ends a trailer
 /// line only at CR LF, so what follows is trailers to it, and the framing guard reads
 /// them as trailers too (it took the LF for their end, and the lines after for a head
