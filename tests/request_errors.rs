@@ -869,8 +869,9 @@ async fn admin_clients_that_never_finish_a_head_are_disconnected() {
 }
 
 /// A request body's trailer section holds at most 100 fields (hyper's limit): one with
-/// more ends the request with an error, the body never complete upstream, and the
-/// connection closes; the next request on it is not read.
+/// more ends the request with an error, the body never complete upstream (which answers
+/// only once it has the whole body), and the connection closes; the next request on it
+/// is not read.
 #[tokio::test]
 async fn a_trailer_section_of_more_than_100_fields_ends_the_request() {
     let upstream = Upstream::start().await;
@@ -878,11 +879,16 @@ async fn a_trailer_section_of_more_than_100_fields_ends_the_request() {
     for (count, expected) in [(100, "HTTP/1.1 200 OK"), (101, "HTTP/1.1 400 Bad Request")] {
         let trailers: String = (0..count).map(|i| format!("t{i}: v\r\n")).collect();
         let raw = format!(
-            "POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n{trailers}\r\n\
+            "POST /whole HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n{trailers}\r\n\
              GET /after HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
         );
         let answer = exchange(gw.addr, raw.as_bytes()).await;
         assert_eq!(status_line(&answer), expected, "{count} trailer fields: {answer}");
+        assert_eq!(
+            answer.contains("body-bytes: 5\n"),
+            count == 100,
+            "{count}: {answer}"
+        );
         assert_eq!(answer.contains("GET /after"), count == 100, "{count}: {answer}");
     }
 }

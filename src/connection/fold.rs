@@ -16,6 +16,7 @@
 //! field hyper acts on: it can give a request no field its client could not have sent.
 
 use std::hash::{BuildHasher, Hasher};
+use std::io::Write as _;
 use std::sync::LazyLock;
 
 use http::header::{self, HeaderName, HeaderValue};
@@ -25,7 +26,9 @@ use memchr::memchr;
 use super::framing::HeadRefusal;
 
 /// The fields hyper's HTTP/1 parser takes in a head: its default, which keeps its arrays
-/// on the stack. A folded head holds exactly this many.
+/// on the stack. A folded head holds exactly this many, and so does the map hyper makes
+/// of it: hyper leaves out only a repeated or overridden `Content-Length`, which the
+/// framing guard refuses.
 pub(crate) const HYPER_FIELDS: usize = 100;
 
 /// The folded field's name: `x-floodgate-fold-` and 64 bits that differ in each process
@@ -89,7 +92,7 @@ pub(crate) fn fold(head: &[u8], room: usize) -> Result<Vec<u8>, HeadRefusal> {
             folded.extend_from_slice(b"\r\n");
         } else {
             rest.extend_from_slice(name);
-            rest.extend_from_slice(format!(":{},", field.value.len()).as_bytes());
+            let _ = write!(rest, ":{},", field.value.len());
             rest.extend_from_slice(field.value);
         }
     }
