@@ -81,9 +81,9 @@ pub(crate) fn fold(head: &[u8], room: usize) -> Result<Vec<u8>, HeadRefusal> {
     let mut rest = Vec::with_capacity(head.len());
     for field in request.headers.iter() {
         let name = field.name.as_bytes();
-        let in_view = acted_on(name) || others_in_view > 0;
-        if in_view {
-            if !acted_on(name) {
+        let hyper_reads = acted_on(name);
+        if hyper_reads || others_in_view > 0 {
+            if !hyper_reads {
                 others_in_view -= 1;
             }
             folded.extend_from_slice(name);
